@@ -1,0 +1,431 @@
+//! The graph: inputs, nodes in execution order, and one loss.
+
+use crate::error::GraphError;
+use crate::op::{Cell, Op, PoolKind, RnnBias, Window};
+use crate::shape::{Dim, Shape};
+use serde::Serialize;
+use std::collections::HashMap;
+
+/// What a graph input holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum InputKind {
+    /// Real-valued features.
+    Float,
+    /// Integer token ids below `vocab` (for an embedding).
+    Tokens { vocab: usize },
+}
+
+/// One input of the model.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Input {
+    pub name: String,
+    pub shape: Shape,
+    pub kind: InputKind,
+}
+
+/// One op applied to named tensors, producing the tensor named like the node.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Node {
+    pub name: String,
+    pub op: Op,
+    pub inputs: Vec<String>,
+    /// The shape of one sample of the output.
+    pub shape: Shape,
+}
+
+/// The training objective.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum LossKind {
+    /// Mean squared error against a target of the output's shape.
+    Mse,
+    /// Cross-entropy of logits `[C]` against one class index per sample.
+    CrossEntropy,
+    /// Cross-entropy of logits `[T, C]` against one class index per frame.
+    CrossEntropyPerFrame,
+    /// Connectionist temporal classification over logits `[T, C]`; class `blank` is the blank.
+    Ctc { blank: usize },
+}
+
+impl LossKind {
+    /// Short name (`mse`, `cross_entropy`, ...).
+    pub fn name(&self) -> &'static str {
+        match self {
+            LossKind::Mse => "mse",
+            LossKind::CrossEntropy => "cross_entropy",
+            LossKind::CrossEntropyPerFrame => "cross_entropy_per_frame",
+            LossKind::Ctc { .. } => "ctc",
+        }
+    }
+}
+
+/// The loss and the tensor it reads.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Loss {
+    pub kind: LossKind,
+    pub input: String,
+}
+
+/// A trainable model: inputs, nodes in execution order, one loss.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Graph {
+    pub name: String,
+    pub inputs: Vec<Input>,
+    pub nodes: Vec<Node>,
+    pub loss: Loss,
+    /// The sequence length `T` used when none is given (recurrent models only).
+    pub default_seq_len: Option<usize>,
+}
+
+impl Graph {
+    /// Trainable parameters.
+    pub fn param_count(&self) -> u64 {
+        self.nodes.iter().map(|n| n.op.param_count()).sum()
+    }
+
+    /// The shape of a named tensor (an input or a node output).
+    pub fn shape_of(&self, tensor: &str) -> Option<&Shape> {
+        self.inputs
+            .iter()
+            .find(|i| i.name == tensor)
+            .map(|i| &i.shape)
+            .or_else(|| {
+                self.nodes
+                    .iter()
+                    .find(|n| n.name == tensor)
+                    .map(|n| &n.shape)
+            })
+    }
+
+    /// The node producing the loss's input.
+    pub fn output(&self) -> &Node {
+        self.nodes
+            .iter()
+            .find(|n| n.name == self.loss.input)
+            .expect("the builder checks the loss input")
+    }
+
+    /// Whether any tensor has the symbolic sequence length.
+    pub fn has_seq(&self) -> bool {
+        self.inputs.iter().any(|i| i.shape.has_seq())
+    }
+
+    /// The shape of one sample's training target, for the loss.
+    pub fn target_shape(&self) -> Shape {
+        let out = &self.output().shape;
+        match self.loss.kind {
+            LossKind::Mse => out.clone(),
+            LossKind::CrossEntropy => Shape(vec![]),
+            LossKind::CrossEntropyPerFrame | LossKind::Ctc { .. } => Shape(vec![out.0[0]]),
+        }
+    }
+
+    /// Number of classes for classification losses.
+    pub fn classes(&self) -> Option<usize> {
+        match self.loss.kind {
+            LossKind::Mse => None,
+            _ => self.output().shape.last().and_then(Dim::fixed),
+        }
+    }
+}
+
+/// Builds a [`Graph`] node by node, inferring every shape as it goes so the
+/// first mistake is reported with the node's name.
+pub struct GraphBuilder {
+    name: String,
+    inputs: Vec<Input>,
+    nodes: Vec<Node>,
+    shapes: HashMap<String, Shape>,
+    default_seq_len: Option<usize>,
+}
+
+impl GraphBuilder {
+    /// An empty graph called `name`.
+    pub fn new(name: impl Into<String>) -> GraphBuilder {
+        GraphBuilder {
+            name: name.into(),
+            inputs: Vec::new(),
+            nodes: Vec::new(),
+            shapes: HashMap::new(),
+            default_seq_len: None,
+        }
+    }
+
+    /// Sets the default sequence length of a recurrent model.
+    pub fn seq_len(&mut self, t: usize) -> &mut Self {
+        self.default_seq_len = Some(t);
+        self
+    }
+
+    /// Adds an input of real-valued features and returns its name.
+    pub fn input(&mut self, name: &str, shape: Shape) -> Result<String, GraphError> {
+        self.input_of(name, shape, InputKind::Float)
+    }
+
+    /// Adds an input of the given kind and returns its name.
+    pub fn input_of(
+        &mut self,
+        name: &str,
+        shape: Shape,
+        kind: InputKind,
+    ) -> Result<String, GraphError> {
+        self.claim(name)?;
+        self.shapes.insert(name.to_string(), shape.clone());
+        self.inputs.push(Input {
+            name: name.to_string(),
+            shape,
+            kind,
+        });
+        Ok(name.to_string())
+    }
+
+    fn claim(&self, name: &str) -> Result<(), GraphError> {
+        if name.is_empty() {
+            return Err(GraphError::node("<unnamed>", "a tensor needs a name"));
+        }
+        if self.shapes.contains_key(name) {
+            return Err(GraphError::node(name, "the name is used twice"));
+        }
+        Ok(())
+    }
+
+    /// The shape of a tensor added so far.
+    pub fn shape(&self, tensor: &str) -> Result<&Shape, GraphError> {
+        self.shapes.get(tensor).ok_or_else(|| {
+            GraphError::node(tensor, "no input or earlier node produces this tensor")
+        })
+    }
+
+    /// The most recently added tensor (node output, or input if no node yet).
+    pub fn last(&self) -> Option<&str> {
+        self.nodes
+            .last()
+            .map(|n| n.name.as_str())
+            .or_else(|| self.inputs.last().map(|i| i.name.as_str()))
+    }
+
+    /// Adds a node applying `op` to `inputs`; returns the output's name (= `name`).
+    pub fn push(&mut self, name: &str, op: Op, inputs: &[&str]) -> Result<String, GraphError> {
+        self.claim(name)?;
+        let mut shapes = Vec::with_capacity(inputs.len());
+        for i in inputs {
+            shapes.push(self.shape(i).map_err(|_| {
+                GraphError::node(name, format!("input `{i}` is not produced before this node"))
+            })?);
+        }
+        let shape = op
+            .infer(&shapes)
+            .map_err(|why| GraphError::node(name, format!("{} {why}", op.name())))?;
+        if let Op::Embedding { vocab, .. } = op {
+            self.check_tokens(name, inputs[0], vocab)?;
+        }
+        self.shapes.insert(name.to_string(), shape.clone());
+        self.nodes.push(Node {
+            name: name.to_string(),
+            op,
+            inputs: inputs.iter().map(|s| s.to_string()).collect(),
+            shape,
+        });
+        Ok(name.to_string())
+    }
+
+    fn check_tokens(&self, node: &str, input: &str, vocab: usize) -> Result<(), GraphError> {
+        match self.inputs.iter().find(|i| i.name == input).map(|i| i.kind) {
+            Some(InputKind::Tokens { vocab: v }) if v <= vocab => Ok(()),
+            Some(InputKind::Tokens { vocab: v }) => Err(GraphError::node(
+                node,
+                format!("embedding has {vocab} rows but input `{input}` has token ids up to {v}"),
+            )),
+            _ => Err(GraphError::node(
+                node,
+                format!("embedding needs a token input, `{input}` is not one"),
+            )),
+        }
+    }
+
+    fn last_dim(&self, node: &str, input: &str) -> Result<usize, GraphError> {
+        let s = self.shape(input)?;
+        s.last().and_then(Dim::fixed).ok_or_else(|| {
+            GraphError::node(node, format!("needs a concrete last dimension, got {s}"))
+        })
+    }
+
+    fn channels(&self, node: &str, input: &str) -> Result<usize, GraphError> {
+        let s = self.shape(input)?;
+        s.0.first().and_then(|d| d.fixed()).ok_or_else(|| {
+            GraphError::node(node, format!("needs [B, C, ...] input, got {s}"))
+        })
+    }
+
+    /// Fully connected layer on the last dimension of `input`.
+    pub fn linear(&mut self, name: &str, input: &str, out: usize) -> Result<String, GraphError> {
+        self.linear_with(name, input, out, true)
+    }
+
+    /// Fully connected layer, with or without bias.
+    pub fn linear_with(
+        &mut self,
+        name: &str,
+        input: &str,
+        out: usize,
+        bias: bool,
+    ) -> Result<String, GraphError> {
+        let op = Op::Linear {
+            in_features: self.last_dim(name, input)?,
+            out_features: out,
+            bias,
+        };
+        self.push(name, op, &[input])
+    }
+
+    /// Convolution with a square kernel; `pad = None` means 'same' padding.
+    pub fn conv(
+        &mut self,
+        name: &str,
+        input: &str,
+        out_channels: usize,
+        spatial: usize,
+        kernel: usize,
+        stride: usize,
+        pad: Option<usize>,
+    ) -> Result<String, GraphError> {
+        let mut window = Window::square(spatial, kernel, stride, pad.unwrap_or(0));
+        if pad.is_none() {
+            window.padding = self.same_padding(name, input, &window)?;
+        }
+        let op = Op::Conv {
+            in_channels: self.channels(name, input)?,
+            out_channels,
+            window,
+            groups: 1,
+            bias: true,
+        };
+        self.push(name, op, &[input])
+    }
+
+    /// Pooling with a square window; `pad = None` means 'same' padding.
+    pub fn pool(
+        &mut self,
+        name: &str,
+        input: &str,
+        pool: PoolKind,
+        spatial: usize,
+        kernel: usize,
+        stride: usize,
+        pad: Option<usize>,
+    ) -> Result<String, GraphError> {
+        let mut window = Window::square(spatial, kernel, stride, pad.unwrap_or(0));
+        if pad.is_none() {
+            window.padding = self.same_padding(name, input, &window)?;
+        }
+        self.push(name, Op::Pool { pool, window }, &[input])
+    }
+
+    /// The padding that makes `window` 'same' on `input`'s spatial dimensions.
+    pub fn same_padding(
+        &self,
+        name: &str,
+        input: &str,
+        window: &Window,
+    ) -> Result<Vec<[usize; 2]>, GraphError> {
+        let s = self.shape(input)?;
+        let spatial: Option<Vec<usize>> = s.0.iter().skip(1).map(|d| d.fixed()).collect();
+        match spatial {
+            Some(sp) if sp.len() == window.spatial() => {
+                Ok(Window::same(&sp, &window.kernel, &window.stride))
+            }
+            _ => Err(GraphError::node(
+                name,
+                format!(
+                    "'same' padding needs [B, C] and {} concrete spatial dimension(s), got {s}",
+                    window.spatial()
+                ),
+            )),
+        }
+    }
+
+    /// A recurrent layer over `[B, T, features]`.
+    pub fn rnn(
+        &mut self,
+        name: &str,
+        input: &str,
+        cell: Cell,
+        hidden: usize,
+        bidirectional: bool,
+        bias: RnnBias,
+    ) -> Result<String, GraphError> {
+        let op = Op::Rnn {
+            cell,
+            input_size: self.last_dim(name, input)?,
+            hidden,
+            bidirectional,
+            bias,
+        };
+        self.push(name, op, &[input])
+    }
+
+    /// Batch normalisation over `input`'s channels.
+    pub fn batch_norm(&mut self, name: &str, input: &str) -> Result<String, GraphError> {
+        let features = self.channels(name, input)?;
+        self.push(name, Op::BatchNorm { features }, &[input])
+    }
+
+    /// Layer normalisation over `input`'s last dimension.
+    pub fn layer_norm(&mut self, name: &str, input: &str) -> Result<String, GraphError> {
+        let features = self.last_dim(name, input)?;
+        self.push(name, Op::LayerNorm { features }, &[input])
+    }
+
+    /// Finishes the graph with `kind` applied to tensor `input`.
+    pub fn finish(self, kind: LossKind, input: &str) -> Result<Graph, GraphError> {
+        let shape = self
+            .nodes
+            .iter()
+            .find(|n| n.name == input)
+            .map(|n| &n.shape)
+            .ok_or_else(|| GraphError::node(input, "the loss reads a tensor no node produces"))?;
+        let why = match kind {
+            LossKind::Mse => None,
+            LossKind::CrossEntropy if shape.rank() != 1 => {
+                Some(format!("cross-entropy needs logits [B, classes], got {shape}"))
+            }
+            LossKind::CrossEntropyPerFrame | LossKind::Ctc { .. } if shape.rank() != 2 => Some(
+                format!("{} needs logits [B, T, classes], got {shape}", kind.name()),
+            ),
+            LossKind::Ctc { blank } if shape.last().and_then(Dim::fixed) <= Some(blank) => {
+                Some(format!("CTC blank {blank} is not a class of {shape}"))
+            }
+            _ => None,
+        };
+        if let Some(why) = why {
+            return Err(GraphError::node(input, why));
+        }
+        if self.inputs.is_empty() {
+            return Err(GraphError::Invalid(format!(
+                "model `{}` has no inputs",
+                self.name
+            )));
+        }
+        let has_seq = self.inputs.iter().any(|i| i.shape.has_seq());
+        let default_seq_len = match (has_seq, self.default_seq_len) {
+            (true, None) => Some(DEFAULT_SEQ_LEN),
+            (true, t) => t,
+            (false, _) => None,
+        };
+        Ok(Graph {
+            name: self.name,
+            inputs: self.inputs,
+            nodes: self.nodes,
+            loss: Loss {
+                kind,
+                input: input.to_string(),
+            },
+            default_seq_len,
+        })
+    }
+}
+
+/// Sequence length assumed for a recurrent model that names none: 100 frames
+/// (one second of audio at the usual 10 ms hop).
+pub const DEFAULT_SEQ_LEN: usize = 100;

@@ -1,0 +1,44 @@
+//! The model intermediate representation of batchfit.
+//!
+//! A [`Graph`] is a trainable model: named inputs, nodes in execution order
+//! (each an [`Op`] with its attributes and parameters), and one loss. Every
+//! tensor is batch-first and its [`Shape`] holds one sample, so the batch
+//! stays symbolic; recurrent models also carry a symbolic sequence length.
+//!
+//! Graphs come from three sources that all produce the same IR: the built-in
+//! [`zoo`], a hand-written TOML [`spec`], and [`onnx`] files exported by any
+//! framework. [`load`] picks the source from the model argument.
+
+pub mod error;
+pub mod graph;
+pub mod onnx;
+pub mod op;
+pub mod shape;
+pub mod spec;
+pub mod zoo;
+
+pub use error::GraphError;
+pub use graph::{
+    DEFAULT_SEQ_LEN, Graph, GraphBuilder, Input, InputKind, Loss, LossKind, Node,
+};
+pub use op::{Cell, Op, Param, PoolKind, RnnBias, Window};
+pub use shape::{Dim, Shape};
+
+/// Loads a model from `zoo:NAME`, a `.toml` spec or an `.onnx` file.
+pub fn load(source: &str) -> Result<Graph, GraphError> {
+    if let Some(name) = source.strip_prefix("zoo:") {
+        return zoo::build(name);
+    }
+    let path = std::path::Path::new(source);
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("toml") => spec::load(path),
+        Some("onnx") => onnx::load(path),
+        _ => Err(GraphError::File {
+            path: source.to_string(),
+            why: format!(
+                "not a model: give zoo:NAME ({}), a .toml spec or an .onnx file",
+                zoo::NAMES.join(", ")
+            ),
+        }),
+    }
+}

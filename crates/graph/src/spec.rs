@@ -1,0 +1,461 @@
+//! The TOML layer spec: a model written by hand, one `[[layer]]` per node.
+//! The format is documented in `docs/model-spec.md`.
+
+use crate::error::GraphError;
+use crate::graph::{Graph, GraphBuilder, InputKind, LossKind};
+use crate::op::{Cell, Op, PoolKind, RnnBias, Window};
+use crate::shape::{Dim, Shape};
+use std::collections::BTreeSet;
+use std::path::Path;
+use toml::{Table, Value};
+
+/// Reads and builds the spec at `path`; errors name the file and the layer.
+pub fn load(path: &Path) -> Result<Graph, GraphError> {
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| GraphError::File {
+        path: shown.clone(),
+        why: format!("cannot read: {e}"),
+    })?;
+    parse(&text).map_err(|e| e.in_file(&shown))
+}
+
+/// Builds a graph from spec text.
+pub fn parse(text: &str) -> Result<Graph, GraphError> {
+    let doc: Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| GraphError::Invalid(format!("not valid TOML: {e}")))?;
+    let mut top = Keys::new("the spec", &doc);
+    let name = top.str_or("name", "model")?;
+    let mut g = GraphBuilder::new(name);
+    if let Some(t) = top.usize_opt("seq_len")? {
+        g.seq_len(t);
+    }
+    for (i, input) in top.tables("input")?.iter().enumerate() {
+        let mut k = Keys::new(&format!("input #{}", i + 1), input);
+        let name = k.str("name")?;
+        let shape = k.shape("shape")?;
+        let kind = match k.str_or("kind", "float")?.as_str() {
+            "float" => InputKind::Float,
+            "tokens" => InputKind::Tokens {
+                vocab: k.usize("vocab")?,
+            },
+            other => return Err(k.bad("kind", format!("`{other}`, expected float or tokens"))),
+        };
+        k.done()?;
+        g.input_of(&name, shape, kind)?;
+    }
+    let layers = top.tables("layer")?;
+    if layers.is_empty() {
+        return Err(GraphError::Invalid("the spec has no [[layer]]".into()));
+    }
+    for (i, layer) in layers.iter().enumerate() {
+        let name = match layer.get("name") {
+            Some(Value::String(s)) => s.clone(),
+            _ => format!("layer{}", i + 1),
+        };
+        let mut k = Keys::new(&format!("layer `{name}`"), layer);
+        k.seen.insert("name");
+        add_layer(&mut g, &name, &mut k)?;
+        k.done()?;
+    }
+    let last = g.last().unwrap_or_default().to_string();
+    let loss = top.table_opt("loss")?;
+    let (kind, input) = match loss {
+        None => (LossKind::Mse, last),
+        Some(t) => {
+            let mut k = Keys::new("[loss]", t);
+            let kind = match k.str("kind")?.as_str() {
+                "mse" => LossKind::Mse,
+                "cross_entropy" | "ce" => LossKind::CrossEntropy,
+                "cross_entropy_per_frame" => LossKind::CrossEntropyPerFrame,
+                "ctc" => LossKind::Ctc {
+                    blank: k.usize_opt("blank")?.unwrap_or(0),
+                },
+                other => {
+                    return Err(k.bad(
+                        "kind",
+                        format!("`{other}`, expected mse, cross_entropy, cross_entropy_per_frame or ctc"),
+                    ));
+                }
+            };
+            let input = k.str_or("input", &last)?;
+            k.done()?;
+            (kind, input)
+        }
+    };
+    top.done()?;
+    g.finish(kind, &input)
+}
+
+fn add_layer(g: &mut GraphBuilder, name: &str, k: &mut Keys) -> Result<(), GraphError> {
+    let op = k.str("op")?;
+    let inputs: Vec<String> = match (k.take("inputs"), k.take("input")) {
+        (Some(Value::Array(a)), None) => a
+            .iter()
+            .map(|v| v.as_str().map(String::from))
+            .collect::<Option<_>>()
+            .ok_or_else(|| k.bad("inputs", "must be a list of tensor names"))?,
+        (None, Some(Value::String(s))) => vec![s.clone()],
+        (None, None) => vec![
+            g.last()
+                .ok_or_else(|| GraphError::node(name, "the first layer needs `input`"))?
+                .to_string(),
+        ],
+        _ => return Err(k.bad("input", "give either `input = \"name\"` or `inputs = [..]`")),
+    };
+    let x = inputs[0].as_str();
+    let refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+    match op.as_str() {
+        "linear" | "dense" | "fc" => {
+            let out = k.usize("out_features")?;
+            let bias = k.bool_or("bias", true)?;
+            g.linear_with(name, x, out, bias).map(drop)
+        }
+        "conv1d" | "conv2d" => {
+            let spatial = if op == "conv1d" { 1 } else { 2 };
+            let out_channels = k.usize("out_channels")?;
+            let window = k.window(g, name, x, spatial)?;
+            let groups = k.usize_opt("groups")?.unwrap_or(1);
+            let bias = k.bool_or("bias", true)?;
+            let in_channels = g
+                .shape(x)?
+                .0
+                .first()
+                .and_then(|d| d.fixed())
+                .ok_or_else(|| GraphError::node(name, "needs [B, C, ...] input"))?;
+            g.push(
+                name,
+                Op::Conv {
+                    in_channels,
+                    out_channels,
+                    window,
+                    groups,
+                    bias,
+                },
+                &refs,
+            )
+            .map(drop)
+        }
+        "maxpool" | "avgpool" | "maxpool1d" | "avgpool1d" | "maxpool2d" | "avgpool2d" => {
+            let pool = if op.starts_with("max") {
+                PoolKind::Max
+            } else {
+                PoolKind::Avg
+            };
+            let spatial = if op.ends_with("1d") { 1 } else { 2 };
+            let window = k.window(g, name, x, spatial)?;
+            g.push(name, Op::Pool { pool, window }, &refs).map(drop)
+        }
+        "global_maxpool" | "global_avgpool" => {
+            let pool = if op == "global_maxpool" {
+                PoolKind::Max
+            } else {
+                PoolKind::Avg
+            };
+            g.push(name, Op::GlobalPool { pool }, &refs).map(drop)
+        }
+        "batchnorm" => g.batch_norm(name, x).map(drop),
+        "layernorm" => g.layer_norm(name, x).map(drop),
+        "lstm" | "gru" => {
+            let cell = if op == "lstm" { Cell::Lstm } else { Cell::Gru };
+            let hidden = k.usize("hidden")?;
+            let bidirectional = k.bool_or("bidirectional", false)?;
+            let bias = match k.str_or("bias", "double")?.as_str() {
+                "single" => RnnBias::Single,
+                "double" => RnnBias::Double,
+                other => {
+                    return Err(k.bad("bias", format!("`{other}`, expected single or double")));
+                }
+            };
+            g.rnn(name, x, cell, hidden, bidirectional, bias).map(drop)
+        }
+        simple => {
+            let op = match simple {
+                "matmul" => Op::MatMul,
+                "relu" => Op::Relu,
+                "clipped_relu" => Op::ClippedRelu {
+                    max: k.f64("max")? as f32,
+                },
+                "gelu" => Op::Gelu,
+                "tanh" => Op::Tanh,
+                "sigmoid" => Op::Sigmoid,
+                "softmax" => Op::Softmax {
+                    axis: k.i64_or("axis", -1)?,
+                },
+                "flatten" => Op::Flatten,
+                "reshape" => Op::Reshape {
+                    shape: k.i64_list("shape")?,
+                },
+                "concat" => Op::Concat {
+                    axis: k.i64_or("axis", -1)?,
+                },
+                "add" => Op::Add,
+                "mul" => Op::Mul,
+                "dropout" => Op::Dropout {
+                    p: k.f64("p")? as f32,
+                },
+                "embedding" => Op::Embedding {
+                    vocab: k.usize("vocab")?,
+                    dim: k.usize("dim")?,
+                },
+                other => {
+                    return Err(GraphError::node(
+                        name,
+                        format!(
+                            "unknown op `{other}`; known: {}",
+                            crate::op::OP_NAMES.join(", ")
+                        ),
+                    ));
+                }
+            };
+            g.push(name, op, &refs).map(drop)
+        }
+    }
+}
+
+/// A TOML table whose keys are checked off as they are read, so that a typo
+/// (an unknown key) is an error naming the layer instead of silently ignored.
+struct Keys<'a> {
+    what: String,
+    table: &'a Table,
+    seen: BTreeSet<&'a str>,
+}
+
+impl<'a> Keys<'a> {
+    fn new(what: &str, table: &'a Table) -> Keys<'a> {
+        Keys {
+            what: what.to_string(),
+            table,
+            seen: BTreeSet::new(),
+        }
+    }
+
+    fn bad(&self, key: &str, why: impl std::fmt::Display) -> GraphError {
+        GraphError::Invalid(format!("{}: `{key}` {why}", self.what))
+    }
+
+    fn take(&mut self, key: &'a str) -> Option<&'a Value> {
+        let v = self.table.get(key);
+        if v.is_some() {
+            self.seen.insert(key);
+        }
+        v
+    }
+
+    fn done(&self) -> Result<(), GraphError> {
+        match self.table.keys().find(|k| !self.seen.contains(k.as_str())) {
+            Some(k) => Err(GraphError::Invalid(format!(
+                "{}: unknown key `{k}`",
+                self.what
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    fn str(&mut self, key: &'a str) -> Result<String, GraphError> {
+        match self.take(key) {
+            Some(Value::String(s)) => Ok(s.clone()),
+            Some(_) => Err(self.bad(key, "must be a string")),
+            None => Err(self.bad(key, "is missing")),
+        }
+    }
+
+    fn str_or(&mut self, key: &'a str, default: &str) -> Result<String, GraphError> {
+        match self.take(key) {
+            None => Ok(default.to_string()),
+            Some(_) => self.str(key),
+        }
+    }
+
+    fn usize_opt(&mut self, key: &'a str) -> Result<Option<usize>, GraphError> {
+        match self.take(key) {
+            None => Ok(None),
+            Some(Value::Integer(n)) if *n > 0 => Ok(Some(*n as usize)),
+            Some(_) => Err(self.bad(key, "must be a positive integer")),
+        }
+    }
+
+    fn usize(&mut self, key: &'a str) -> Result<usize, GraphError> {
+        self.usize_opt(key)?
+            .ok_or_else(|| self.bad(key, "is missing"))
+    }
+
+    fn i64_or(&mut self, key: &'a str, default: i64) -> Result<i64, GraphError> {
+        match self.take(key) {
+            None => Ok(default),
+            Some(Value::Integer(n)) => Ok(*n),
+            Some(_) => Err(self.bad(key, "must be an integer")),
+        }
+    }
+
+    fn f64(&mut self, key: &'a str) -> Result<f64, GraphError> {
+        match self.take(key) {
+            Some(Value::Float(x)) => Ok(*x),
+            Some(Value::Integer(n)) => Ok(*n as f64),
+            Some(_) => Err(self.bad(key, "must be a number")),
+            None => Err(self.bad(key, "is missing")),
+        }
+    }
+
+    fn bool_or(&mut self, key: &'a str, default: bool) -> Result<bool, GraphError> {
+        match self.take(key) {
+            None => Ok(default),
+            Some(Value::Boolean(b)) => Ok(*b),
+            Some(_) => Err(self.bad(key, "must be true or false")),
+        }
+    }
+
+    fn i64_list(&mut self, key: &'a str) -> Result<Vec<i64>, GraphError> {
+        match self.take(key) {
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| v.as_integer())
+                .collect::<Option<_>>()
+                .ok_or_else(|| self.bad(key, "must be a list of integers")),
+            _ => Err(self.bad(key, "must be a list of integers")),
+        }
+    }
+
+    /// An integer or a list of `n` integers.
+    fn per_dim(&mut self, key: &'a str, n: usize, default: usize) -> Result<Vec<usize>, GraphError> {
+        match self.take(key) {
+            None => Ok(vec![default; n]),
+            Some(Value::Integer(v)) if *v >= 0 => Ok(vec![*v as usize; n]),
+            Some(Value::Array(a)) if a.len() == n => a
+                .iter()
+                .map(|v| v.as_integer().filter(|&x| x >= 0).map(|x| x as usize))
+                .collect::<Option<_>>()
+                .ok_or_else(|| self.bad(key, "must hold non-negative integers")),
+            Some(_) => Err(self.bad(
+                key,
+                format!("must be a non-negative integer or a list of {n}"),
+            )),
+        }
+    }
+
+    fn shape(&mut self, key: &'a str) -> Result<Shape, GraphError> {
+        let Some(Value::Array(a)) = self.take(key) else {
+            return Err(self.bad(key, "must be a list like [26, 9, 9] or [\"T\", 494]"));
+        };
+        a.iter()
+            .map(|v| match v {
+                Value::Integer(n) if *n > 0 => Ok(Dim::Fixed(*n as usize)),
+                Value::String(s) if s == "T" => Ok(Dim::Seq),
+                _ => Err(self.bad(key, "holds positive integers or \"T\"")),
+            })
+            .collect::<Result<_, _>>()
+            .map(Shape)
+    }
+
+    fn window(
+        &mut self,
+        g: &GraphBuilder,
+        name: &str,
+        input: &str,
+        spatial: usize,
+    ) -> Result<Window, GraphError> {
+        let kernel = self.per_dim("kernel", spatial, 0)?;
+        if kernel.contains(&0) {
+            return Err(self.bad("kernel", "is missing or zero"));
+        }
+        let stride = match self.table.get("stride") {
+            None if self.table.get("op").and_then(Value::as_str).is_some_and(|o| o.contains("pool")) => {
+                kernel.clone()
+            }
+            _ => self.per_dim("stride", spatial, 1)?,
+        };
+        let dilation = self.per_dim("dilation", spatial, 1)?;
+        let mut window = Window {
+            padding: vec![[0, 0]; spatial],
+            kernel,
+            stride,
+            dilation,
+        };
+        match self.take("padding") {
+            Some(Value::String(s)) if s == "same" => {
+                window.padding = g.same_padding(name, input, &window)?;
+            }
+            Some(Value::String(s)) if s == "valid" => {}
+            Some(Value::String(s)) => {
+                return Err(self.bad("padding", format!("`{s}`, expected same, valid or integers")));
+            }
+            Some(_) => {
+                self.seen.remove("padding");
+                let p = self.per_dim("padding", spatial, 0)?;
+                window.padding = p.iter().map(|&x| [x, x]).collect();
+            }
+            None => {}
+        }
+        Ok(window)
+    }
+
+    fn tables(&mut self, key: &'a str) -> Result<Vec<&'a Table>, GraphError> {
+        match self.take(key) {
+            None => Ok(Vec::new()),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| v.as_table())
+                .collect::<Option<_>>()
+                .ok_or_else(|| self.bad(key, format!("must be [[{key}]] tables"))),
+            Some(_) => Err(self.bad(key, format!("must be [[{key}]] tables"))),
+        }
+    }
+
+    fn table_opt(&mut self, key: &'a str) -> Result<Option<&'a Table>, GraphError> {
+        match self.take(key) {
+            None => Ok(None),
+            Some(Value::Table(t)) => Ok(Some(t)),
+            Some(_) => Err(self.bad(key, "must be a [table]")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub const SEED2: &str = include_str!("../../../examples/seed2-dual.toml");
+
+    #[test]
+    fn seed2_spec_equals_the_zoo_model() {
+        let from_spec = parse(SEED2).unwrap();
+        let zoo = crate::zoo::build("seed2-dual").unwrap();
+        assert_eq!(from_spec.param_count(), 87_229);
+        assert_eq!(from_spec.nodes, zoo.nodes);
+        assert_eq!(from_spec.inputs, zoo.inputs);
+    }
+
+    #[test]
+    fn mismatched_shapes_name_the_layer() {
+        let spec = r#"
+            [[input]]
+            name = "x"
+            shape = [8]
+            [[layer]]
+            name = "a"
+            op = "linear"
+            out_features = 4
+            [[layer]]
+            name = "m"
+            op = "add"
+            inputs = ["a", "x"]
+        "#;
+        let err = parse(spec).unwrap_err().to_string();
+        assert!(err.contains("node `m`") && err.contains("broadcast"), "{err}");
+    }
+
+    #[test]
+    fn unknown_keys_are_errors() {
+        let spec = r#"
+            [[input]]
+            name = "x"
+            shape = [8]
+            [[layer]]
+            name = "a"
+            op = "linear"
+            out_feature = 4
+        "#;
+        let err = parse(spec).unwrap_err().to_string();
+        assert!(err.contains("layer `a`"), "{err}");
+    }
+}
