@@ -1,1 +1,17 @@
-//! tune
+//! batchfit's math, free of any framework so it compiles and tests in seconds.
+//!
+//! - [`stats`]: medians, spread and stopping rules for timed steps;
+//! - [`search`]: the largest batch that fits, predicted from a calibrated plan
+//!   and confirmed near the limit (no blind doubling);
+//! - [`knee`]: the smallest batch that runs efficiently;
+//! - [`noise`]: the gradient noise scale (McCandlish et al. 2018) and the
+//!   steps and samples each batch size needs;
+//! - [`lr`]: learning-rate scaling rules;
+//! - [`target`]: predicted time to a target loss per device and batch.
+
+pub mod knee;
+pub mod lr;
+pub mod noise;
+pub mod search;
+pub mod stats;
+pub mod target;

@@ -1,0 +1,243 @@
+//! The gradient noise scale of McCandlish et al. 2018, "An Empirical Model of
+//! Large-Batch Training", appendix A: unbiased estimates of |G|^2 and tr(Sigma)
+//! from gradient norms at two batch sizes, smoothed, and their ratio B_simple.
+
+use serde::Serialize;
+
+/// The two raw estimates from one measurement.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct RawEstimate {
+    /// Unbiased estimate of the true gradient's squared norm |G|^2.
+    pub g2: f64,
+    /// Unbiased estimate of the trace of the per-sample gradient covariance.
+    pub trace: f64,
+}
+
+/// Unbiased estimates from squared gradient norms at a small and a big batch:
+/// `|G|^2 ~ (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small)` and
+/// `tr(Sigma) ~ (|G_small|^2 - |G_big|^2) / (1/B_small - 1/B_big)`.
+pub fn two_batch(b_small: f64, g_small_sq: f64, b_big: f64, g_big_sq: f64) -> RawEstimate {
+    assert!(b_big > b_small && b_small > 0.0, "need B_big > B_small > 0");
+    RawEstimate {
+        g2: (b_big * g_big_sq - b_small * g_small_sq) / (b_big - b_small),
+        trace: (g_small_sq - g_big_sq) / (1.0 / b_small - 1.0 / b_big),
+    }
+}
+
+/// Bias-corrected exponential moving average (as Adam's moments); `beta = 0`
+/// would keep only the last value, `None` is a plain running mean.
+#[derive(Clone, Debug)]
+pub struct Ema {
+    beta: Option<f64>,
+    value: f64,
+    steps: u32,
+}
+
+impl Ema {
+    pub fn new(beta: Option<f64>) -> Ema {
+        Ema {
+            beta,
+            value: 0.0,
+            steps: 0,
+        }
+    }
+
+    pub fn push(&mut self, x: f64) {
+        self.steps += 1;
+        match self.beta {
+            Some(b) => self.value = b * self.value + (1.0 - b) * x,
+            None => self.value += (x - self.value) / self.steps as f64,
+        }
+    }
+
+    /// The bias-corrected average, `None` before the first value.
+    pub fn get(&self) -> Option<f64> {
+        if self.steps == 0 {
+            return None;
+        }
+        Some(match self.beta {
+            Some(b) => self.value / (1.0 - b.powi(self.steps as i32)),
+            None => self.value,
+        })
+    }
+
+    /// Number of values an average of this kind effectively holds.
+    pub fn effective_window(&self) -> usize {
+        match self.beta {
+            Some(b) => ((1.0 + b) / (1.0 - b)).round().max(2.0) as usize,
+            None => self.steps as usize,
+        }
+    }
+}
+
+/// B_simple with an uncertainty band.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct NoiseScale {
+    /// tr(Sigma) / |G|^2 from the smoothed estimates.
+    pub b_simple: f64,
+    /// 90 % band from the spread of the raw estimates in the smoothing window
+    /// (delta method on the ratio of means); `high` is infinite when |G|^2 could be zero.
+    pub low: f64,
+    pub high: f64,
+    pub g2: f64,
+    pub trace: f64,
+}
+
+/// Running estimator over many measurements.
+#[derive(Clone, Debug)]
+pub struct NoiseEstimator {
+    g2: Ema,
+    trace: Ema,
+    raw: Vec<RawEstimate>,
+}
+
+impl NoiseEstimator {
+    /// `beta = Some(0.9)` smooths over about 19 measurements; `None` averages all
+    /// (right when the weights do not move, `--lr 0`).
+    pub fn new(beta: Option<f64>) -> NoiseEstimator {
+        NoiseEstimator {
+            g2: Ema::new(beta),
+            trace: Ema::new(beta),
+            raw: Vec::new(),
+        }
+    }
+
+    pub fn push(&mut self, r: RawEstimate) {
+        self.g2.push(r.g2);
+        self.trace.push(r.trace);
+        self.raw.push(r);
+    }
+
+    /// The current estimate, `None` before any measurement or while |G|^2 <= 0.
+    pub fn estimate(&self) -> Option<NoiseScale> {
+        let g2 = self.g2.get()?;
+        let trace = self.trace.get()?;
+        if g2 <= 0.0 || trace <= 0.0 {
+            return None;
+        }
+        let b = trace / g2;
+        let w = self.g2.effective_window().min(self.raw.len());
+        let tail = &self.raw[self.raw.len() - w..];
+        let (low, high) = if w >= 2 {
+            let n = w as f64;
+            let mg = tail.iter().map(|r| r.g2).sum::<f64>() / n;
+            let ms = tail.iter().map(|r| r.trace).sum::<f64>() / n;
+            let vg = tail.iter().map(|r| (r.g2 - mg).powi(2)).sum::<f64>() / (n - 1.0) / n;
+            let vs = tail.iter().map(|r| (r.trace - ms).powi(2)).sum::<f64>() / (n - 1.0) / n;
+            let cov = tail
+                .iter()
+                .map(|r| (r.g2 - mg) * (r.trace - ms))
+                .sum::<f64>()
+                / (n - 1.0)
+                / n;
+            // Relative variance of S/G: var_S/S^2 + var_G/G^2 - 2 cov/(S G).
+            let rel = (vs / (trace * trace) + vg / (g2 * g2) - 2.0 * cov / (trace * g2)).max(0.0);
+            let half = 1.645 * rel.sqrt();
+            let g_rel = 1.645 * vg.sqrt() / g2;
+            let high = if g_rel >= 1.0 {
+                f64::INFINITY
+            } else {
+                b * (1.0 + half)
+            };
+            ((b * (1.0 - half)).max(0.0), high)
+        } else {
+            (0.0, f64::INFINITY)
+        };
+        Some(NoiseScale {
+            b_simple: b,
+            low,
+            high,
+            g2,
+            trace,
+        })
+    }
+}
+
+/// What a batch size costs relative to the ideal, from the noise scale:
+/// steps `S(B) = S_min (1 + B_noise / B)`, samples `E(B) = E_min (1 + B / B_noise)`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct BatchPrediction {
+    pub batch: u64,
+    /// Steps needed relative to the minimum (infinitely large batch): `1 + B_noise/B`.
+    pub steps_vs_min: f64,
+    /// Samples (hence epochs) needed relative to the minimum (batch 1): `1 + B/B_noise`.
+    pub samples_vs_min: f64,
+}
+
+/// Predictions for each batch.
+pub fn predict(b_noise: f64, batches: &[u64]) -> Vec<BatchPrediction> {
+    batches
+        .iter()
+        .map(|&b| BatchPrediction {
+            batch: b,
+            steps_vs_min: 1.0 + b_noise / b as f64,
+            samples_vs_min: 1.0 + b as f64 / b_noise,
+        })
+        .collect()
+}
+
+/// The critical batch: where steps and samples both sit at twice their minimum,
+/// `B_crit ~ B_noise` (McCandlish et al. use B_simple as its estimate).
+pub fn critical_batch(b_noise: f64) -> u64 {
+    b_noise.round().max(1.0) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Gradients with known |G|^2 and tr(Sigma): E|G_B|^2 = |G|^2 + tr(Sigma)/B.
+    #[test]
+    fn two_batch_estimator_is_exact_on_expected_norms() {
+        let (g2, tr) = (2.0, 300.0);
+        let at = |b: f64| g2 + tr / b;
+        let r = two_batch(8.0, at(8.0), 64.0, at(64.0));
+        assert!((r.g2 - g2).abs() < 1e-9);
+        assert!((r.trace - tr).abs() < 1e-9);
+    }
+
+    #[test]
+    fn ema_bias_correction_recovers_a_constant() {
+        let mut e = Ema::new(Some(0.9));
+        e.push(5.0);
+        assert!((e.get().unwrap() - 5.0).abs() < 1e-12);
+        e.push(5.0);
+        assert!((e.get().unwrap() - 5.0).abs() < 1e-12);
+        let mut m = Ema::new(None);
+        for x in [1.0, 2.0, 3.0] {
+            m.push(x);
+        }
+        assert_eq!(m.get(), Some(2.0));
+    }
+
+    #[test]
+    fn band_contains_the_estimate_and_shrinks_with_data() {
+        let mut est = NoiseEstimator::new(None);
+        let mut seed = 1u64;
+        let mut noise = || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((seed >> 33) as f64 / (1u64 << 31) as f64) - 0.5
+        };
+        for _ in 0..10 {
+            est.push(RawEstimate { g2: 1.0 + 0.5 * noise(), trace: 100.0 + 50.0 * noise() });
+        }
+        let a = est.estimate().unwrap();
+        for _ in 0..990 {
+            est.push(RawEstimate { g2: 1.0 + 0.5 * noise(), trace: 100.0 + 50.0 * noise() });
+        }
+        let b = est.estimate().unwrap();
+        assert!(a.low <= a.b_simple && a.b_simple <= a.high);
+        assert!(b.high - b.low < a.high - a.low);
+        assert!((b.b_simple - 100.0).abs() < 5.0);
+    }
+
+    #[test]
+    fn predictions_follow_the_formulas() {
+        let p = predict(100.0, &[10, 100, 1000]);
+        assert_eq!(p[0].steps_vs_min, 11.0);
+        assert_eq!(p[1].steps_vs_min, 2.0);
+        assert_eq!(p[1].samples_vs_min, 2.0);
+        assert_eq!(p[2].samples_vs_min, 11.0);
+        assert_eq!(critical_batch(99.6), 100);
+    }
+}

@@ -1,0 +1,306 @@
+//! The largest batch that fits: predict from the plan, calibrate the plan's line
+//! with measured peaks at two small batches, run one step at the predicted
+//! limit, and bisect only the gap that remains. No blind doubling.
+
+use batchfit_plan::Bytes;
+use serde::Serialize;
+
+/// What one trial step at some batch found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "outcome")]
+pub enum Trial {
+    /// The step ran; `peak` is the measured high-water mark.
+    Fits { peak: Bytes },
+    /// The step ran out of memory.
+    OutOfMemory,
+}
+
+/// One logged trial.
+#[derive(Clone, Debug, Serialize)]
+pub struct TrialRecord {
+    pub batch: u64,
+    /// Why this batch was tried: calibration, prediction, step-up, bisection.
+    pub reason: &'static str,
+    #[serde(flatten)]
+    pub trial: Trial,
+}
+
+/// `fixed + per_sample x B` fitted to measurements.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Line {
+    pub fixed: f64,
+    pub per_sample: f64,
+}
+
+impl Line {
+    /// Through two `(batch, bytes)` points.
+    pub fn through(a: (u64, f64), b: (u64, f64)) -> Option<Line> {
+        if a.0 == b.0 {
+            return None;
+        }
+        let per_sample = (b.1 - a.1) / (b.0 as f64 - a.0 as f64);
+        (per_sample > 0.0).then(|| Line {
+            fixed: a.1 - per_sample * a.0 as f64,
+            per_sample,
+        })
+    }
+
+    /// Least-squares fit through `(batch, bytes)` points.
+    pub fn fit(points: &[(u64, f64)]) -> Option<Line> {
+        let n = points.len() as f64;
+        if points.len() < 2 {
+            return None;
+        }
+        let mx = points.iter().map(|p| p.0 as f64).sum::<f64>() / n;
+        let my = points.iter().map(|p| p.1).sum::<f64>() / n;
+        let sxx: f64 = points.iter().map(|p| (p.0 as f64 - mx).powi(2)).sum();
+        let sxy: f64 = points.iter().map(|p| (p.0 as f64 - mx) * (p.1 - my)).sum();
+        if sxx == 0.0 || sxy <= 0.0 {
+            return None;
+        }
+        let per_sample = sxy / sxx;
+        Some(Line {
+            fixed: my - per_sample * mx,
+            per_sample,
+        })
+    }
+
+    /// Bytes at batch `b`.
+    pub fn at(&self, b: u64) -> f64 {
+        self.fixed + self.per_sample * b as f64
+    }
+
+    /// The largest batch whose bytes fit `budget` (0 if none).
+    pub fn max_batch(&self, budget: Bytes) -> u64 {
+        let room = budget.as_f64() - self.fixed;
+        if room <= 0.0 {
+            0
+        } else {
+            (room / self.per_sample).floor() as u64
+        }
+    }
+}
+
+/// How the search runs.
+#[derive(Clone, Copy, Debug)]
+pub struct SearchOptions {
+    pub budget: Bytes,
+    /// The answer is within this factor: `ceil(answer x tolerance)` does not fit.
+    pub tolerance: f64,
+    /// Never try a batch above this (dataset size, a sanity cap).
+    pub cap: u64,
+    /// Give up after this many trials.
+    pub max_trials: usize,
+}
+
+/// What the search found, and every trial it took.
+#[derive(Clone, Debug, Serialize)]
+pub struct SearchResult {
+    /// Largest batch that ran; `None` if not even batch 1 did.
+    pub max_batch: Option<u64>,
+    /// Smallest batch that ran out of memory; `None` if the cap was reached first.
+    pub smallest_failure: Option<u64>,
+    /// The plan's line calibrated with the measured peaks.
+    pub calibrated: Option<Line>,
+    pub predicted_limit: u64,
+    pub trials: Vec<TrialRecord>,
+}
+
+/// Finds the largest batch for which `try_batch` fits, starting from the plan's line.
+pub fn find_max_batch(
+    planned: Line,
+    opts: &SearchOptions,
+    mut try_batch: impl FnMut(u64) -> Trial,
+) -> SearchResult {
+    let mut trials: Vec<TrialRecord> = Vec::new();
+    let mut run = |b: u64, reason: &'static str, trials: &mut Vec<TrialRecord>| -> Trial {
+        if let Some(t) = trials.iter().find(|t| t.batch == b) {
+            return t.trial;
+        }
+        let trial = try_batch(b);
+        trials.push(TrialRecord {
+            batch: b,
+            reason,
+            trial,
+        });
+        trial
+    };
+    let cap = opts.cap.max(1);
+    let planned_limit = planned.max_batch(opts.budget).clamp(1, cap);
+
+    // Two small calibration batches, a 64th and a 16th of the planned limit.
+    let b1 = (planned_limit / 64).max(1);
+    let b2 = (planned_limit / 16).max(b1 + 1).min(cap);
+    let mut lo = 0u64; // largest known fit
+    let mut hi: Option<u64> = None; // smallest known failure
+    let mut peaks = Vec::new();
+    for b in [b1, b2] {
+        if b > cap || hi.is_some_and(|h| b >= h) {
+            continue;
+        }
+        match run(b, "calibration", &mut trials) {
+            Trial::Fits { peak } => {
+                lo = lo.max(b);
+                peaks.push((b, peak.as_f64()));
+            }
+            Trial::OutOfMemory => hi = Some(hi.map_or(b, |h| h.min(b))),
+        }
+    }
+    let calibrated = match peaks.as_slice() {
+        [a, b] => Line::through(*a, *b),
+        _ => None,
+    };
+    let line = calibrated.unwrap_or(planned);
+    let predicted_limit = line.max_batch(opts.budget).clamp(1, cap);
+
+    // One step at the predicted limit, then step up by the tolerance while it fits.
+    if hi.is_none() {
+        let mut b = predicted_limit.max(lo + 1).min(cap);
+        let mut reason = "prediction";
+        loop {
+            if b <= lo {
+                break;
+            }
+            match run(b, reason, &mut trials) {
+                Trial::Fits { .. } => {
+                    lo = b;
+                    if b >= cap || trials.len() >= opts.max_trials {
+                        break;
+                    }
+                    b = ((b as f64 * opts.tolerance).ceil() as u64).max(b + 1).min(cap);
+                    reason = "step-up";
+                }
+                Trial::OutOfMemory => {
+                    hi = Some(b);
+                    break;
+                }
+            }
+        }
+    }
+
+    // Bisect (geometrically) the gap between the largest fit and the smallest failure.
+    if lo == 0 {
+        if let Some(h) = hi {
+            // Not even the calibration fitted: search below it.
+            let mut h = h;
+            while h > 1 && trials.len() < opts.max_trials {
+                let b = (h / 2).max(1);
+                match run(b, "bisection", &mut trials) {
+                    Trial::Fits { .. } => {
+                        lo = b;
+                        hi = Some(h);
+                        break;
+                    }
+                    Trial::OutOfMemory => {
+                        h = b;
+                        hi = Some(b);
+                    }
+                }
+            }
+        }
+    }
+    while let Some(h) = hi {
+        if lo == 0 || (lo as f64 * opts.tolerance).ceil() as u64 >= h || h <= lo + 1 {
+            break;
+        }
+        if trials.len() >= opts.max_trials {
+            break;
+        }
+        let mid = ((lo as f64 * h as f64).sqrt().round() as u64).clamp(lo + 1, h - 1);
+        match run(mid, "bisection", &mut trials) {
+            Trial::Fits { .. } => lo = mid,
+            Trial::OutOfMemory => hi = Some(mid),
+        }
+    }
+    SearchResult {
+        max_batch: (lo > 0).then_some(lo),
+        smallest_failure: hi,
+        calibrated,
+        predicted_limit,
+        trials,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn device(fixed: u64, per: u64, budget: u64) -> impl FnMut(u64) -> Trial {
+        move |b| {
+            let peak = fixed + per * b;
+            if peak <= budget {
+                Trial::Fits { peak: Bytes(peak) }
+            } else {
+                Trial::OutOfMemory
+            }
+        }
+    }
+
+    fn opts(budget: u64) -> SearchOptions {
+        SearchOptions {
+            budget: Bytes(budget),
+            tolerance: 1.1,
+            cap: 1 << 30,
+            max_trials: 40,
+        }
+    }
+
+    fn check(res: &SearchResult, truth: u64) {
+        let m = res.max_batch.unwrap();
+        assert!(m <= truth, "{m} > {truth}");
+        assert!((m as f64 * 1.1).ceil() as u64 > truth, "{m} too far below {truth}");
+    }
+
+    #[test]
+    fn exact_plan_needs_few_trials() {
+        let budget = 512 << 20;
+        let planned = Line { fixed: 1e6, per_sample: 1e5 };
+        let res = find_max_batch(planned, &opts(budget), device(1_000_000, 100_000, budget));
+        check(&res, (budget - 1_000_000) / 100_000);
+        assert!(res.trials.len() <= 4, "{:?}", res.trials);
+    }
+
+    #[test]
+    fn plan_off_by_half_is_corrected_by_calibration() {
+        let budget = 512 << 20;
+        // The plan thinks a sample costs half what it does.
+        let planned = Line { fixed: 1e6, per_sample: 5e4 };
+        let res = find_max_batch(planned, &opts(budget), device(3_000_000, 100_000, budget));
+        check(&res, (budget - 3_000_000) / 100_000);
+        assert!(res.trials.len() <= 5, "{:?}", res.trials);
+        let c = res.calibrated.unwrap();
+        assert!((c.per_sample - 1e5).abs() < 1.0);
+    }
+
+    #[test]
+    fn nonlinear_memory_is_bisected() {
+        let budget: u64 = 100 << 20;
+        // Memory grows faster than linear: calibration underestimates the limit's cost.
+        let mut dev = |b: u64| {
+            let peak = 1_000_000 + 10_000 * b + 20 * b * b;
+            if peak <= budget { Trial::Fits { peak: Bytes(peak) } } else { Trial::OutOfMemory }
+        };
+        let truth = (1..100_000u64).take_while(|&b| 1_000_000 + 10_000 * b + 20 * b * b <= budget).last().unwrap();
+        let res = find_max_batch(Line { fixed: 1e6, per_sample: 1e4 }, &opts(budget), &mut dev);
+        check(&res, truth);
+        assert!(res.trials.len() <= 12, "{}", res.trials.len());
+    }
+
+    #[test]
+    fn nothing_fits() {
+        let res = find_max_batch(
+            Line { fixed: 1e6, per_sample: 1e4 },
+            &opts(1 << 20),
+            |_| Trial::OutOfMemory,
+        );
+        assert_eq!(res.max_batch, None);
+        assert_eq!(res.smallest_failure, Some(1));
+    }
+
+    #[test]
+    fn line_fit() {
+        let l = Line::fit(&[(1, 12.0), (2, 14.0), (3, 16.0)]).unwrap();
+        assert!((l.fixed - 10.0).abs() < 1e-9 && (l.per_sample - 2.0).abs() < 1e-9);
+        assert_eq!(l.max_batch(Bytes(20)), 5);
+    }
+}
