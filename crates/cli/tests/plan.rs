@@ -9,7 +9,11 @@ fn batchfit() -> Command {
 
 fn json(args: &[&str]) -> serde_json::Value {
     let out = batchfit().args(args).arg("--json").output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
@@ -46,7 +50,10 @@ fn a_budget_too_small_for_one_sample_gives_null() {
 
 #[test]
 fn the_toml_spec_plans_like_the_zoo_model() {
-    let spec = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/seed2-dual.toml");
+    let spec = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/seed2-dual.toml"
+    );
     let a = json(&["plan", spec, "--memory", "4GiB"]);
     let b = json(&["plan", "zoo:seed2-dual", "--memory", "4GiB"]);
     assert_eq!(a["memory"], b["memory"]);
@@ -69,7 +76,10 @@ fn bad_input_exits_2_with_one_clear_message() {
         (&["plan", "model.h5"], "not a model"),
         (&["plan", "--memory", "0"], "positive size"),
         (&["plan", "--memory=-2GiB"], "--memory"),
-        (&["plan", "--device-preset", "gtx9999"], "unknown device preset `gtx9999`"),
+        (
+            &["plan", "--device-preset", "gtx9999"],
+            "unknown device preset `gtx9999`",
+        ),
         (&["plan", "--optimizer", "lion"], "lion"),
         (&["plan", "--micro-batch", "0"], "positive integer"),
     ];

@@ -211,7 +211,10 @@ impl GraphBuilder {
         let mut shapes = Vec::with_capacity(inputs.len());
         for i in inputs {
             shapes.push(self.shape(i).map_err(|_| {
-                GraphError::node(name, format!("input `{i}` is not produced before this node"))
+                GraphError::node(
+                    name,
+                    format!("input `{i}` is not produced before this node"),
+                )
             })?);
         }
         let shape = op
@@ -253,9 +256,9 @@ impl GraphBuilder {
 
     fn channels(&self, node: &str, input: &str) -> Result<usize, GraphError> {
         let s = self.shape(input)?;
-        s.0.first().and_then(|d| d.fixed()).ok_or_else(|| {
-            GraphError::node(node, format!("needs [B, C, ...] input, got {s}"))
-        })
+        s.0.first()
+            .and_then(|d| d.fixed())
+            .ok_or_else(|| GraphError::node(node, format!("needs [B, C, ...] input, got {s}")))
     }
 
     /// Fully connected layer on the last dimension of `input`.
@@ -280,6 +283,7 @@ impl GraphBuilder {
     }
 
     /// Convolution with a square kernel; `pad = None` means 'same' padding.
+    #[allow(clippy::too_many_arguments)] // mirrors a layer list: name, input, sizes
     pub fn conv(
         &mut self,
         name: &str,
@@ -305,6 +309,7 @@ impl GraphBuilder {
     }
 
     /// Pooling with a square window; `pad = None` means 'same' padding.
+    #[allow(clippy::too_many_arguments)] // mirrors a layer list: name, input, sizes
     pub fn pool(
         &mut self,
         name: &str,
@@ -387,9 +392,9 @@ impl GraphBuilder {
             .ok_or_else(|| GraphError::node(input, "the loss reads a tensor no node produces"))?;
         let why = match kind {
             LossKind::Mse => None,
-            LossKind::CrossEntropy if shape.rank() != 1 => {
-                Some(format!("cross-entropy needs logits [B, classes], got {shape}"))
-            }
+            LossKind::CrossEntropy if shape.rank() != 1 => Some(format!(
+                "cross-entropy needs logits [B, classes], got {shape}"
+            )),
             LossKind::CrossEntropyPerFrame | LossKind::Ctc { .. } if shape.rank() != 2 => Some(
                 format!("{} needs logits [B, T, classes], got {shape}", kind.name()),
             ),

@@ -18,9 +18,7 @@ pub mod spec;
 pub mod zoo;
 
 pub use error::GraphError;
-pub use graph::{
-    DEFAULT_SEQ_LEN, Graph, GraphBuilder, Input, InputKind, Loss, LossKind, Node,
-};
+pub use graph::{DEFAULT_SEQ_LEN, Graph, GraphBuilder, Input, InputKind, Loss, LossKind, Node};
 pub use op::{Cell, Op, Param, PoolKind, RnnBias, Window};
 pub use shape::{Dim, Shape};
 

@@ -131,35 +131,57 @@ pub enum Op {
         bias: bool,
     },
     /// Batch normalisation over the channel dimension (axis 1).
-    BatchNorm { features: usize },
+    BatchNorm {
+        features: usize,
+    },
     /// Layer normalisation over the last dimension.
-    LayerNorm { features: usize },
+    LayerNorm {
+        features: usize,
+    },
     Relu,
     /// `min(max(x, 0), max)` (DeepSpeech's ReLU clipped at 20).
-    ClippedRelu { max: f32 },
+    ClippedRelu {
+        max: f32,
+    },
     Gelu,
     Tanh,
     Sigmoid,
     /// Softmax along `axis` (negative counts from the end).
-    Softmax { axis: i64 },
+    Softmax {
+        axis: i64,
+    },
     /// Max or average pooling over the spatial dimensions.
-    Pool { pool: PoolKind, window: Window },
+    Pool {
+        pool: PoolKind,
+        window: Window,
+    },
     /// Pooling over all spatial dimensions to size 1.
-    GlobalPool { pool: PoolKind },
+    GlobalPool {
+        pool: PoolKind,
+    },
     /// Collapse every sample dimension into one.
     Flatten,
     /// Reshape one sample to `shape` (`-1` inferred, `0` copies the input size).
-    Reshape { shape: Vec<i64> },
+    Reshape {
+        shape: Vec<i64>,
+    },
     /// Concatenation along `axis`.
-    Concat { axis: i64 },
+    Concat {
+        axis: i64,
+    },
     /// Element-wise sum with broadcasting.
     Add,
     /// Element-wise product with broadcasting.
     Mul,
     /// Dropout with drop probability `p`.
-    Dropout { p: f32 },
+    Dropout {
+        p: f32,
+    },
     /// Token embedding lookup.
-    Embedding { vocab: usize, dim: usize },
+    Embedding {
+        vocab: usize,
+        dim: usize,
+    },
     /// LSTM or GRU over `[T, input_size]`, batch-first, returning every step's output.
     Rnn {
         cell: Cell,

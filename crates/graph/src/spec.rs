@@ -74,7 +74,9 @@ pub fn parse(text: &str) -> Result<Graph, GraphError> {
                 other => {
                     return Err(k.bad(
                         "kind",
-                        format!("`{other}`, expected mse, cross_entropy, cross_entropy_per_frame or ctc"),
+                        format!(
+                            "`{other}`, expected mse, cross_entropy, cross_entropy_per_frame or ctc"
+                        ),
                     ));
                 }
             };
@@ -317,7 +319,12 @@ impl<'a> Keys<'a> {
     }
 
     /// An integer or a list of `n` integers.
-    fn per_dim(&mut self, key: &'a str, n: usize, default: usize) -> Result<Vec<usize>, GraphError> {
+    fn per_dim(
+        &mut self,
+        key: &'a str,
+        n: usize,
+        default: usize,
+    ) -> Result<Vec<usize>, GraphError> {
         match self.take(key) {
             None => Ok(vec![default; n]),
             Some(Value::Integer(v)) if *v >= 0 => Ok(vec![*v as usize; n]),
@@ -359,7 +366,12 @@ impl<'a> Keys<'a> {
             return Err(self.bad("kernel", "is missing or zero"));
         }
         let stride = match self.table.get("stride") {
-            None if self.table.get("op").and_then(Value::as_str).is_some_and(|o| o.contains("pool")) => {
+            None if self
+                .table
+                .get("op")
+                .and_then(Value::as_str)
+                .is_some_and(|o| o.contains("pool")) =>
+            {
                 kernel.clone()
             }
             _ => self.per_dim("stride", spatial, 1)?,
@@ -377,7 +389,10 @@ impl<'a> Keys<'a> {
             }
             Some(Value::String(s)) if s == "valid" => {}
             Some(Value::String(s)) => {
-                return Err(self.bad("padding", format!("`{s}`, expected same, valid or integers")));
+                return Err(self.bad(
+                    "padding",
+                    format!("`{s}`, expected same, valid or integers"),
+                ));
             }
             Some(_) => {
                 self.seen.remove("padding");
@@ -441,7 +456,10 @@ mod tests {
             inputs = ["a", "x"]
         "#;
         let err = parse(spec).unwrap_err().to_string();
-        assert!(err.contains("node `m`") && err.contains("broadcast"), "{err}");
+        assert!(
+            err.contains("node `m`") && err.contains("broadcast"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -17,8 +17,12 @@ pub const NAMES: &[&str] = &[
 /// One line per model, for `--help` and the docs.
 pub fn describe(name: &str) -> &'static str {
     match name {
-        "seed2-dual" => "seed 2's dual-input regressor: 26x9x9 image + 8 features, conv, pool, 3 fc, MSE (87,229 parameters)",
-        "rnn-tutorial" => "seed 1's DeepSpeech-style BiLSTM speech model with CTC (RNN-Tutorial), T = 100 frames by default",
+        "seed2-dual" => {
+            "seed 2's dual-input regressor: 26x9x9 image + 8 features, conv, pool, 3 fc, MSE (87,229 parameters)"
+        }
+        "rnn-tutorial" => {
+            "seed 1's DeepSpeech-style BiLSTM speech model with CTC (RNN-Tutorial), T = 100 frames by default"
+        }
         "mnist-mlp" => "Keras' mnist_mlp: 784-512-512-10 with dropout, cross-entropy",
         "mnist-cnn" => "Keras' mnist_cnn: two 3x3 convs, max-pool, fc 128, fc 10, cross-entropy",
         "digits-mlp" => "64-128-64-10 MLP for the shipped 8x8 UCI digits, cross-entropy",
@@ -150,7 +154,10 @@ mod tests {
     #[test]
     fn seed2_shapes() {
         let g = build("seed2-dual").unwrap();
-        assert_eq!(g.shape_of("avgpool2d").unwrap().to_string(), "[B, 26, 3, 3]");
+        assert_eq!(
+            g.shape_of("avgpool2d").unwrap().to_string(),
+            "[B, 26, 3, 3]"
+        );
         assert_eq!(g.shape_of("concat").unwrap().to_string(), "[B, 34]");
         assert_eq!(g.output().shape.to_string(), "[B, 1]");
     }
@@ -158,6 +165,9 @@ mod tests {
     #[test]
     fn unknown_name_lists_the_zoo() {
         let err = build("resnet").unwrap_err().to_string();
-        assert!(err.contains("seed2-dual") && err.contains("resnet"), "{err}");
+        assert!(
+            err.contains("seed2-dual") && err.contains("resnet"),
+            "{err}"
+        );
     }
 }

@@ -17,13 +17,48 @@ const GIB: u64 = Bytes::GIB;
 /// Known devices. Memory is what the card reports in total (`nvidia-smi`), before
 /// the framework's context takes its share; the runtime profile adds that.
 pub const PRESETS: &[DevicePreset] = &[
-    DevicePreset { name: "gtx1050ti-4gb", description: "4 GB consumer card (GTX 1050 Ti), seed 3", memory: Bytes(4 * GIB), gpu: true },
-    DevicePreset { name: "gtx1060-6gb", description: "6 GB consumer card (GTX 1060 6GB), seed 1", memory: Bytes(6 * GIB), gpu: true },
-    DevicePreset { name: "rtx3090", description: "RTX 3090, 24 GB", memory: Bytes(24 * GIB), gpu: true },
-    DevicePreset { name: "a100-40gb", description: "A100 40 GB", memory: Bytes(40 * GIB), gpu: true },
-    DevicePreset { name: "a100-80gb", description: "A100 80 GB", memory: Bytes(80 * GIB), gpu: true },
-    DevicePreset { name: "h100-80gb", description: "H100 80 GB", memory: Bytes(80 * GIB), gpu: true },
-    DevicePreset { name: "h200", description: "H200 141 GB (HBM3e)", memory: Bytes(141_000_000_000), gpu: true },
+    DevicePreset {
+        name: "gtx1050ti-4gb",
+        description: "4 GB consumer card (GTX 1050 Ti), seed 3",
+        memory: Bytes(4 * GIB),
+        gpu: true,
+    },
+    DevicePreset {
+        name: "gtx1060-6gb",
+        description: "6 GB consumer card (GTX 1060 6GB), seed 1",
+        memory: Bytes(6 * GIB),
+        gpu: true,
+    },
+    DevicePreset {
+        name: "rtx3090",
+        description: "RTX 3090, 24 GB",
+        memory: Bytes(24 * GIB),
+        gpu: true,
+    },
+    DevicePreset {
+        name: "a100-40gb",
+        description: "A100 40 GB",
+        memory: Bytes(40 * GIB),
+        gpu: true,
+    },
+    DevicePreset {
+        name: "a100-80gb",
+        description: "A100 80 GB",
+        memory: Bytes(80 * GIB),
+        gpu: true,
+    },
+    DevicePreset {
+        name: "h100-80gb",
+        description: "H100 80 GB",
+        memory: Bytes(80 * GIB),
+        gpu: true,
+    },
+    DevicePreset {
+        name: "h200",
+        description: "H200 141 GB (HBM3e)",
+        memory: Bytes(141_000_000_000),
+        gpu: true,
+    },
 ];
 
 /// The preset called `name`; `host` is this machine's RAM.

@@ -58,7 +58,11 @@ mod tests {
         let g = g.finish(LossKind::Mse, "fc2").unwrap();
         let p = plan(&g, &opts(Optimizer::Sgd));
         // fc1 saves x (8 floats); relu saves its output (4); fc2's input is that same tensor.
-        let saved: Vec<u64> = p.layers.iter().map(|l| l.saved_bytes_per_sample.0).collect();
+        let saved: Vec<u64> = p
+            .layers
+            .iter()
+            .map(|l| l.saved_bytes_per_sample.0)
+            .collect();
         assert_eq!(saved, vec![32, 16, 0]);
         // Loss keeps the 2-float difference; data is 8 inputs + 2 targets.
         assert_eq!(p.per_sample.activations, Bytes(48 + 8));
@@ -105,7 +109,10 @@ mod tests {
         );
         assert!(ckpt.per_sample.total < base.per_sample.total);
         assert!(half.per_sample.activations < base.per_sample.activations);
-        assert!(half.fixed.weights > base.fixed.weights, "master + half copy");
+        assert!(
+            half.fixed.weights > base.fixed.weights,
+            "master + half copy"
+        );
     }
 
     #[test]

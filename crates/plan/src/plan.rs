@@ -152,12 +152,8 @@ pub fn plan(graph: &Graph, opts: &TrainOptions) -> Plan {
         .or(graph.default_seq_len)
         .unwrap_or(batchfit_graph::DEFAULT_SEQ_LEN);
     let act = opts.precision.activation_bytes();
-    let elems = |tensor: &str| -> u64 {
-        graph
-            .shape_of(tensor)
-            .map(|s| s.elements(seq))
-            .unwrap_or(0)
-    };
+    let elems =
+        |tensor: &str| -> u64 { graph.shape_of(tensor).map(|s| s.elements(seq)).unwrap_or(0) };
 
     // Forward pass: what each node saves, counting each tensor once (at its first saver,
     // whose backward comes last and frees it).

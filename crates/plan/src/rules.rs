@@ -207,7 +207,12 @@ mod tests {
     use super::*;
     use batchfit_graph::Window;
 
-    fn sizes<'a>(inputs: &'a [u64], output: u64, in_dims: &'a [usize], out_dims: &'a [usize]) -> Sizes<'a> {
+    fn sizes<'a>(
+        inputs: &'a [u64],
+        output: u64,
+        in_dims: &'a [usize],
+        out_dims: &'a [usize],
+    ) -> Sizes<'a> {
         Sizes {
             inputs,
             output,

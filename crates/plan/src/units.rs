@@ -38,7 +38,11 @@ impl Bytes {
             "mb" => 1e6,
             "gb" => 1e9,
             "tb" => 1e12,
-            other => return Err(format!("`{text}`: unknown unit `{other}` (use B, KiB, MiB, GiB, KB, MB, GB)")),
+            other => {
+                return Err(format!(
+                    "`{text}`: unknown unit `{other}` (use B, KiB, MiB, GiB, KB, MB, GB)"
+                ));
+            }
         };
         let bytes = value * scale;
         if !bytes.is_finite() || bytes < 1.0 {

@@ -64,13 +64,28 @@ pub fn render(plan: &Plan, budgets: &[BudgetFit]) -> String {
         o.optimizer,
         o.precision,
         o.runtime,
-        plan.seq_len.map(|t| format!(", sequence length T = {t}")).unwrap_or_default(),
-        if o.checkpointing { ", checkpointing" } else { "" },
-        o.micro_batch.map(|m| format!(", micro-batch {m}")).unwrap_or_default(),
+        plan.seq_len
+            .map(|t| format!(", sequence length T = {t}"))
+            .unwrap_or_default(),
+        if o.checkpointing {
+            ", checkpointing"
+        } else {
+            ""
+        },
+        o.micro_batch
+            .map(|m| format!(", micro-batch {m}"))
+            .unwrap_or_default(),
     ));
     out.push_str("(predicted: static plan, not measured)\n\n");
 
-    let mut t = table(&["layer", "op", "output", "params", "saved/sample", "fwd FLOPs/sample"]);
+    let mut t = table(&[
+        "layer",
+        "op",
+        "output",
+        "params",
+        "saved/sample",
+        "fwd FLOPs/sample",
+    ]);
     for l in &plan.layers {
         t.add_row(vec![
             l.name.clone(),
@@ -93,16 +108,36 @@ pub fn render(plan: &Plan, budgets: &[BudgetFit]) -> String {
         ("gradients", f.gradients, None),
         ("optimizer state", f.optimizer_state, None),
         ("optimizer update temporaries", f.optimizer_transient, None),
-        ("buffers / accumulation / runtime", f.buffers + f.accumulation + f.runtime, None),
+        (
+            "buffers / accumulation / runtime",
+            f.buffers + f.accumulation + f.runtime,
+            None,
+        ),
         ("batch data (inputs + targets)", Bytes(0), Some(s.data)),
-        ("activations saved for backward", Bytes(0), Some(s.activations)),
-        ("transient at peak (grads, workspace)", Bytes(0), Some(s.transient_at_peak)),
-        ("total", plan.memory.fixed_bytes, Some(plan.memory.per_sample_bytes)),
+        (
+            "activations saved for backward",
+            Bytes(0),
+            Some(s.activations),
+        ),
+        (
+            "transient at peak (grads, workspace)",
+            Bytes(0),
+            Some(s.transient_at_peak),
+        ),
+        (
+            "total",
+            plan.memory.fixed_bytes,
+            Some(plan.memory.per_sample_bytes),
+        ),
     ];
     for (name, fixed, per) in rows {
         t.add_row(vec![
             name.to_string(),
-            if fixed.0 == 0 && per.is_some() { String::new() } else { fixed.to_string() },
+            if fixed.0 == 0 && per.is_some() {
+                String::new()
+            } else {
+                fixed.to_string()
+            },
             per.map(|b| b.to_string()).unwrap_or_default(),
         ]);
     }
@@ -121,7 +156,9 @@ pub fn render(plan: &Plan, budgets: &[BudgetFit]) -> String {
             t.add_row(vec![
                 b.name.clone(),
                 b.budget_bytes.to_string(),
-                b.max_batch.map(thousands).unwrap_or_else(|| "none fits".into()),
+                b.max_batch
+                    .map(thousands)
+                    .unwrap_or_else(|| "none fits".into()),
                 b.peak_bytes.map(|p| p.to_string()).unwrap_or_default(),
             ]);
         }

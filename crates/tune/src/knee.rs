@@ -52,7 +52,13 @@ mod tests {
 
     #[test]
     fn knee_is_smallest_batch_within_efficiency() {
-        let pts = [(16, 100.0), (32, 180.0), (64, 270.0), (128, 300.0), (256, 290.0)];
+        let pts = [
+            (16, 100.0),
+            (32, 180.0),
+            (64, 270.0),
+            (128, 300.0),
+            (256, 290.0),
+        ];
         assert_eq!(knee(&pts, 0.9), Some(64));
         assert_eq!(knee(&pts, 0.5), Some(32));
         assert_eq!(knee(&pts, 1.0), Some(128));

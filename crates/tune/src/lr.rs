@@ -19,7 +19,11 @@ pub enum LrRule {
 impl LrRule {
     /// The rule that suits an optimizer.
     pub fn for_optimizer(adaptive: bool) -> LrRule {
-        if adaptive { LrRule::Sqrt } else { LrRule::Linear }
+        if adaptive {
+            LrRule::Sqrt
+        } else {
+            LrRule::Linear
+        }
     }
 
     /// Human-readable rule and source.

@@ -215,15 +215,23 @@ mod tests {
         let mut est = NoiseEstimator::new(None);
         let mut seed = 1u64;
         let mut noise = || {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((seed >> 33) as f64 / (1u64 << 31) as f64) - 0.5
         };
         for _ in 0..10 {
-            est.push(RawEstimate { g2: 1.0 + 0.5 * noise(), trace: 100.0 + 50.0 * noise() });
+            est.push(RawEstimate {
+                g2: 1.0 + 0.5 * noise(),
+                trace: 100.0 + 50.0 * noise(),
+            });
         }
         let a = est.estimate().unwrap();
         for _ in 0..990 {
-            est.push(RawEstimate { g2: 1.0 + 0.5 * noise(), trace: 100.0 + 50.0 * noise() });
+            est.push(RawEstimate {
+                g2: 1.0 + 0.5 * noise(),
+                trace: 100.0 + 50.0 * noise(),
+            });
         }
         let b = est.estimate().unwrap();
         assert!(a.low <= a.b_simple && a.b_simple <= a.high);

@@ -39,7 +39,7 @@ impl Line {
             return None;
         }
         let per_sample = (b.1 - a.1) / (b.0 as f64 - a.0 as f64);
-        (per_sample > 0.0).then(|| Line {
+        (per_sample > 0.0).then_some(Line {
             fixed: a.1 - per_sample * a.0 as f64,
             per_sample,
         })
@@ -167,7 +167,9 @@ pub fn find_max_batch(
                     if b >= cap || trials.len() >= opts.max_trials {
                         break;
                     }
-                    b = ((b as f64 * opts.tolerance).ceil() as u64).max(b + 1).min(cap);
+                    b = ((b as f64 * opts.tolerance).ceil() as u64)
+                        .max(b + 1)
+                        .min(cap);
                     reason = "step-up";
                 }
                 Trial::OutOfMemory => {
@@ -179,8 +181,10 @@ pub fn find_max_batch(
     }
 
     // Bisect (geometrically) the gap between the largest fit and the smallest failure.
-    if lo == 0 {
-        if let Some(h) = hi {
+    if lo == 0
+        && let Some(h) = hi
+    {
+        {
             // Not even the calibration fitted: search below it.
             let mut h = h;
             while h > 1 && trials.len() < opts.max_trials {
@@ -248,13 +252,19 @@ mod tests {
     fn check(res: &SearchResult, truth: u64) {
         let m = res.max_batch.unwrap();
         assert!(m <= truth, "{m} > {truth}");
-        assert!((m as f64 * 1.1).ceil() as u64 > truth, "{m} too far below {truth}");
+        assert!(
+            (m as f64 * 1.1).ceil() as u64 > truth,
+            "{m} too far below {truth}"
+        );
     }
 
     #[test]
     fn exact_plan_needs_few_trials() {
         let budget = 512 << 20;
-        let planned = Line { fixed: 1e6, per_sample: 1e5 };
+        let planned = Line {
+            fixed: 1e6,
+            per_sample: 1e5,
+        };
         let res = find_max_batch(planned, &opts(budget), device(1_000_000, 100_000, budget));
         check(&res, (budget - 1_000_000) / 100_000);
         assert!(res.trials.len() <= 4, "{:?}", res.trials);
@@ -264,7 +274,10 @@ mod tests {
     fn plan_off_by_half_is_corrected_by_calibration() {
         let budget = 512 << 20;
         // The plan thinks a sample costs half what it does.
-        let planned = Line { fixed: 1e6, per_sample: 5e4 };
+        let planned = Line {
+            fixed: 1e6,
+            per_sample: 5e4,
+        };
         let res = find_max_batch(planned, &opts(budget), device(3_000_000, 100_000, budget));
         check(&res, (budget - 3_000_000) / 100_000);
         assert!(res.trials.len() <= 5, "{:?}", res.trials);
@@ -278,10 +291,24 @@ mod tests {
         // Memory grows faster than linear: calibration underestimates the limit's cost.
         let mut dev = |b: u64| {
             let peak = 1_000_000 + 10_000 * b + 20 * b * b;
-            if peak <= budget { Trial::Fits { peak: Bytes(peak) } } else { Trial::OutOfMemory }
+            if peak <= budget {
+                Trial::Fits { peak: Bytes(peak) }
+            } else {
+                Trial::OutOfMemory
+            }
         };
-        let truth = (1..100_000u64).take_while(|&b| 1_000_000 + 10_000 * b + 20 * b * b <= budget).last().unwrap();
-        let res = find_max_batch(Line { fixed: 1e6, per_sample: 1e4 }, &opts(budget), &mut dev);
+        let truth = (1..100_000u64)
+            .take_while(|&b| 1_000_000 + 10_000 * b + 20 * b * b <= budget)
+            .last()
+            .unwrap();
+        let res = find_max_batch(
+            Line {
+                fixed: 1e6,
+                per_sample: 1e4,
+            },
+            &opts(budget),
+            &mut dev,
+        );
         check(&res, truth);
         assert!(res.trials.len() <= 12, "{}", res.trials.len());
     }
@@ -289,7 +316,10 @@ mod tests {
     #[test]
     fn nothing_fits() {
         let res = find_max_batch(
-            Line { fixed: 1e6, per_sample: 1e4 },
+            Line {
+                fixed: 1e6,
+                per_sample: 1e4,
+            },
             &opts(1 << 20),
             |_| Trial::OutOfMemory,
         );

@@ -66,13 +66,22 @@ mod tests {
     use super::*;
 
     fn opt(device: &str, micro: u64, acc: u64, s: f64) -> TrainingOption {
-        TrainingOption { device: device.into(), micro_batch: micro, accumulation: acc, micro_step_s: s }
+        TrainingOption {
+            device: device.into(),
+            micro_batch: micro,
+            accumulation: acc,
+            micro_step_s: s,
+        }
     }
 
     /// Seed 1 by hand: B_noise = 250. GPU at 25 takes 10 ms a step, CPU at 250 takes 400 ms.
     #[test]
     fn seed1_options_by_hand() {
-        let options = [opt("gpu", 25, 1, 0.010), opt("cpu", 250, 1, 0.400), opt("gpu", 25, 10, 0.010)];
+        let options = [
+            opt("gpu", 25, 1, 0.010),
+            opt("cpu", 250, 1, 0.400),
+            opt("gpu", 25, 10, 0.010),
+        ];
         let r = rank(&options, 250.0, Some(1000.0));
         // GPU at 25: 1000 x (1 + 10) x 0.010 = 110 s; GPU 25x10: 1000 x 2 x 0.1 = 200 s;
         // CPU at 250: 1000 x 2 x 0.4 = 800 s.

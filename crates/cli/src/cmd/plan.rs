@@ -45,7 +45,10 @@ pub fn run(args: PlanArgs) -> CliResult {
     }
     if args.json {
         let doc = PlanDocument::new(&base, &budgets);
-        println!("{}", serde_json::to_string_pretty(&doc).expect("plan serialises"));
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&doc).expect("plan serialises")
+        );
     } else {
         print!("{}", render(&base, &budgets));
     }

@@ -34,7 +34,8 @@ pub struct ModelProto {
     pub graph: Option<GraphProto>,
 }
 
-/// An operator set a model uses: `domain` (empty or `ai.onnx` for the standard ops) and its version.
+/// An operator set a model uses: `domain` (empty or `ai.onnx` for the standard ops)
+/// and its version.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct OperatorSetIdProto {
     #[prost(string, tag = "1")]
