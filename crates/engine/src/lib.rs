@@ -1,1 +1,26 @@
-//! engine
+//! Turns a batchfit graph into a real trainable program on burn and measures it.
+//!
+//! The CPU backend (burn's pure-Rust `flex`) is always built; CUDA and WGPU sit
+//! behind the `cuda` and `wgpu` features. [`trainer::Trainer`] runs forward,
+//! loss, backward and the optimizer; [`measure`] times steps and reads peak
+//! memory from the counting allocator ([`alloc`]); [`worker`] runs each
+//! measurement in a fresh child process, so running out of memory is a result.
+
+pub mod alloc;
+pub mod data;
+pub mod device;
+pub mod measure;
+pub mod model;
+pub mod trainer;
+pub mod worker;
+
+pub use device::DeviceSpec;
+pub use trainer::{EngineError, TrainConfig, Trainer};
+
+/// Sets the number of CPU threads burn's kernels use (rayon's global pool). Call once, early.
+pub fn set_threads(n: usize) -> Result<(), String> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build_global()
+        .map_err(|e| format!("cannot set {n} threads: {e}"))
+}

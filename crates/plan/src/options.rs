@@ -1,9 +1,9 @@
 //! Training options that change the memory a step needs.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The optimizer, which decides the state kept per parameter.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Optimizer {
     Sgd,
@@ -43,7 +43,7 @@ impl Optimizer {
 }
 
 /// Numeric precision of the training step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Precision {
     Fp32,
@@ -82,7 +82,7 @@ impl Precision {
 }
 
 /// The framework whose allocator and autograd the plan models.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Runtime {
     /// batchfit's own engine (burn).

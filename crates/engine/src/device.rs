@@ -1,0 +1,105 @@
+//! Which device a step runs on: `cpu`, `cuda:N`, `wgpu:N`.
+
+use burn::tensor::Device;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A device named on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DeviceSpec {
+    Cpu,
+    Cuda(usize),
+    Wgpu(usize),
+}
+
+impl DeviceSpec {
+    /// Parses `cpu`, `cuda`, `cuda:1`, `wgpu:0`.
+    pub fn parse(s: &str) -> Result<DeviceSpec, String> {
+        let (kind, index) = match s.split_once(':') {
+            Some((k, i)) => (
+                k,
+                i.parse::<usize>().map_err(|_| {
+                    format!("`{s}`: the device index must be a number, as in cuda:0")
+                })?,
+            ),
+            None => (s, 0),
+        };
+        match kind {
+            "cpu" => Ok(DeviceSpec::Cpu),
+            "cuda" | "gpu" => Ok(DeviceSpec::Cuda(index)),
+            "wgpu" | "vulkan" => Ok(DeviceSpec::Wgpu(index)),
+            _ => Err(format!("unknown device `{s}`; use cpu, cuda:N or wgpu:N")),
+        }
+    }
+
+    /// Whether this is a GPU.
+    pub fn is_gpu(self) -> bool {
+        !matches!(self, DeviceSpec::Cpu)
+    }
+
+    /// The burn device with autodiff, or why this build cannot use it.
+    pub fn autodiff_device(self) -> Result<Device, String> {
+        Ok(self.device()?.autodiff())
+    }
+
+    /// The plain burn device.
+    pub fn device(self) -> Result<Device, String> {
+        match self {
+            DeviceSpec::Cpu => Ok(Device::flex()),
+            #[cfg(feature = "cuda")]
+            DeviceSpec::Cuda(i) => Ok(Device::cuda(i)),
+            #[cfg(feature = "wgpu")]
+            DeviceSpec::Wgpu(i) => Ok(Device::wgpu(burn::tensor::WgpuDevice::DiscreteGpu(i))),
+            #[allow(unreachable_patterns)]
+            other => Err(format!(
+                "device `{other}` needs a GPU build: rebuild with `--features {}` (see docs/gpu.md)",
+                if matches!(other, DeviceSpec::Cuda(_)) {
+                    "cuda"
+                } else {
+                    "wgpu"
+                }
+            )),
+        }
+    }
+
+    /// Devices this build can use and this machine has (CPU always).
+    pub fn available() -> Vec<DeviceSpec> {
+        #[allow(unused_mut)] // GPU builds push more
+        let mut v = vec![DeviceSpec::Cpu];
+        #[cfg(feature = "cuda")]
+        if std::path::Path::new("/dev/nvidia0").exists() {
+            v.push(DeviceSpec::Cuda(0));
+        }
+        v
+    }
+}
+
+impl fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceSpec::Cpu => write!(f, "cpu"),
+            DeviceSpec::Cuda(i) => write!(f, "cuda:{i}"),
+            DeviceSpec::Wgpu(i) => write!(f, "wgpu:{i}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_devices() {
+        assert_eq!(DeviceSpec::parse("cpu").unwrap(), DeviceSpec::Cpu);
+        assert_eq!(DeviceSpec::parse("cuda:1").unwrap(), DeviceSpec::Cuda(1));
+        assert!(DeviceSpec::parse("tpu").is_err());
+        assert!(DeviceSpec::parse("cuda:x").is_err());
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn a_gpu_in_a_cpu_build_says_how_to_get_one() {
+        let e = DeviceSpec::Cuda(0).device().unwrap_err();
+        assert!(e.contains("--features cuda"), "{e}");
+    }
+}

@@ -1,0 +1,706 @@
+//! A batchfit graph as a trainable burn program.
+//!
+//! Parameters live in one burn [`Module`] ([`Params`], grouped by rank so the
+//! optimizer sees ordinary tensors); the graph's nodes become a list of
+//! [`Kernel`]s that read them. Every activation is kept as a rank-2 tensor
+//! `[B, elements of one sample]` beside its logical sample shape, and reshaped
+//! to the rank an op needs (a view in burn): elementwise ops then work on any
+//! shape, and the batch stays the leading dimension throughout.
+
+use batchfit_graph::{Cell, Graph, InputKind, LossKind, Node, Op, PoolKind, RnnBias, Window};
+use burn::module::{Module, Param};
+use burn::nn::loss::{CTCLossConfig, Reduction};
+use burn::tensor::activation::{gelu, log_softmax, relu, sigmoid, softmax, tanh};
+use burn::tensor::module::{
+    avg_pool1d, avg_pool2d, conv1d, conv2d, embedding, max_pool1d, max_pool2d,
+};
+use burn::tensor::ops::{AvgPoolOptions, ConvOptions, MaxPoolOptions};
+use burn::tensor::{Device, Distribution, Int, Tensor, TensorData};
+
+/// Every trainable tensor of the model, grouped by rank.
+#[derive(Module, Debug)]
+pub struct Params {
+    pub r1: Vec<Param<Tensor<1>>>,
+    pub r2: Vec<Param<Tensor<2>>>,
+    pub r3: Vec<Param<Tensor<3>>>,
+    pub r4: Vec<Param<Tensor<4>>>,
+}
+
+/// Index of a parameter in [`Params`].
+#[derive(Clone, Copy, Debug)]
+enum P {
+    R1(usize),
+    R2(usize),
+    R3(usize),
+    R4(usize),
+}
+
+impl Params {
+    fn t1(&self, p: P) -> Tensor<1> {
+        match p {
+            P::R1(i) => self.r1[i].val(),
+            _ => unreachable!("rank-1 parameter expected"),
+        }
+    }
+    fn t2(&self, p: P) -> Tensor<2> {
+        match p {
+            P::R2(i) => self.r2[i].val(),
+            _ => unreachable!("rank-2 parameter expected"),
+        }
+    }
+    fn t3(&self, p: P) -> Tensor<3> {
+        match p {
+            P::R3(i) => self.r3[i].val(),
+            _ => unreachable!("rank-3 parameter expected"),
+        }
+    }
+    fn t4(&self, p: P) -> Tensor<4> {
+        match p {
+            P::R4(i) => self.r4[i].val(),
+            _ => unreachable!("rank-4 parameter expected"),
+        }
+    }
+
+    fn push(&mut self, shape: &[usize], fan_in: usize, device: &Device) -> P {
+        // PyTorch's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+        let k = 1.0 / (fan_in.max(1) as f64).sqrt();
+        let dist = Distribution::Uniform(-k, k);
+        match *shape {
+            [a] => {
+                self.r1
+                    .push(Param::from_tensor(Tensor::random([a], dist, device)));
+                P::R1(self.r1.len() - 1)
+            }
+            [a, b] => {
+                self.r2
+                    .push(Param::from_tensor(Tensor::random([a, b], dist, device)));
+                P::R2(self.r2.len() - 1)
+            }
+            [a, b, c] => {
+                self.r3
+                    .push(Param::from_tensor(Tensor::random([a, b, c], dist, device)));
+                P::R3(self.r3.len() - 1)
+            }
+            [a, b, c, d] => {
+                self.r4.push(Param::from_tensor(Tensor::random(
+                    [a, b, c, d],
+                    dist,
+                    device,
+                )));
+                P::R4(self.r4.len() - 1)
+            }
+            _ => unreachable!("parameters have rank 1 to 4"),
+        }
+    }
+
+    fn constant(&mut self, len: usize, value: f32, device: &Device) -> P {
+        self.r1
+            .push(Param::from_tensor(Tensor::full([len], value, device)));
+        P::R1(self.r1.len() - 1)
+    }
+}
+
+/// One node, compiled: where its inputs and parameters are.
+#[derive(Clone, Debug)]
+struct Kernel {
+    op: Op,
+    inputs: Vec<usize>,
+    params: Vec<P>,
+    /// Sample shape of each input, resolved.
+    in_dims: Vec<Vec<usize>>,
+    /// Sample shape of the output, resolved.
+    out_dims: Vec<usize>,
+}
+
+/// A value flowing through the graph.
+#[derive(Clone, Debug)]
+pub enum Value {
+    /// `[B, elements]` with the logical sample shape.
+    Float(Tensor<2>),
+    /// Token ids `[B, T]`.
+    Tokens(Tensor<2, Int>),
+}
+
+/// Targets of a batch.
+#[derive(Clone, Debug)]
+pub enum Target {
+    /// Regression target `[B, elements]`.
+    Dense(Tensor<2>),
+    /// One-hot classes `[B x frames, classes]`.
+    OneHot(Tensor<2>),
+    /// CTC label sequences `[B, L]` with their lengths.
+    Ctc {
+        labels: Tensor<2, Int>,
+        label_lengths: Tensor<1, Int>,
+    },
+}
+
+/// One batch: a value per graph input, and the target.
+#[derive(Clone, Debug)]
+pub struct Batch {
+    pub inputs: Vec<Value>,
+    pub target: Target,
+    pub size: usize,
+}
+
+/// The graph compiled onto a device.
+#[derive(Clone, Debug)]
+pub struct Program {
+    kernels: Vec<Kernel>,
+    /// Slot of each graph input, then one per node.
+    input_slots: usize,
+    output_slot: usize,
+    loss: LossKind,
+    /// Sequence length, or 1 for models without one.
+    pub seq_len: usize,
+    pub out_dims: Vec<usize>,
+}
+
+/// Why a graph cannot be turned into a program.
+#[derive(Debug, thiserror::Error)]
+#[error("node `{node}`: the engine cannot train {what} yet")]
+pub struct Unsupported {
+    pub node: String,
+    pub what: String,
+}
+
+impl Program {
+    /// Compiles `graph` and creates freshly initialised parameters on `device`.
+    pub fn new(
+        graph: &Graph,
+        seq_len: usize,
+        device: &Device,
+    ) -> Result<(Program, Params), Unsupported> {
+        let mut params = Params {
+            r1: Vec::new(),
+            r2: Vec::new(),
+            r3: Vec::new(),
+            r4: Vec::new(),
+        };
+        let mut slot_of: std::collections::HashMap<&str, usize> = Default::default();
+        for (i, input) in graph.inputs.iter().enumerate() {
+            slot_of.insert(&input.name, i);
+        }
+        let mut kernels = Vec::with_capacity(graph.nodes.len());
+        for (k, node) in graph.nodes.iter().enumerate() {
+            let inputs: Vec<usize> = node.inputs.iter().map(|n| slot_of[n.as_str()]).collect();
+            let in_dims = node
+                .inputs
+                .iter()
+                .map(|n| graph.shape_of(n).expect("shapes checked").resolve(seq_len))
+                .collect();
+            let p = compile_params(node, &mut params, device)?;
+            kernels.push(Kernel {
+                op: node.op.clone(),
+                inputs,
+                params: p,
+                in_dims,
+                out_dims: node.shape.resolve(seq_len),
+            });
+            slot_of.insert(&node.name, graph.inputs.len() + k);
+        }
+        let out = graph.output();
+        Ok((
+            Program {
+                kernels,
+                input_slots: graph.inputs.len(),
+                output_slot: slot_of[out.name.as_str()],
+                loss: graph.loss.kind,
+                seq_len,
+                out_dims: out.shape.resolve(seq_len),
+            },
+            params,
+        ))
+    }
+
+    /// Runs the graph and returns the model output `[B, elements]`.
+    pub fn forward(&self, params: &Params, batch: &Batch, train: bool) -> Tensor<2> {
+        let mut slots: Vec<Option<Value>> =
+            Vec::with_capacity(self.input_slots + self.kernels.len());
+        slots.extend(batch.inputs.iter().cloned().map(Some));
+        // Free each value after its last reader, as a framework's graph executor would.
+        let mut last_use = vec![0usize; self.input_slots + self.kernels.len()];
+        for (k, kernel) in self.kernels.iter().enumerate() {
+            for &i in &kernel.inputs {
+                last_use[i] = k;
+            }
+        }
+        last_use[self.output_slot] = usize::MAX;
+        for (k, kernel) in self.kernels.iter().enumerate() {
+            let args: Vec<Value> = kernel
+                .inputs
+                .iter()
+                .map(|&i| {
+                    if last_use[i] == k
+                        && !kernel.inputs[..]
+                            .iter()
+                            .filter(|&&j| j == i)
+                            .nth(1)
+                            .is_some()
+                    {
+                        slots[i].take().expect("value computed")
+                    } else {
+                        slots[i].clone().expect("value computed")
+                    }
+                })
+                .collect();
+            let out = run_kernel(kernel, params, args, batch.size, train);
+            slots.push(Some(Value::Float(out)));
+        }
+        match slots[self.output_slot].take() {
+            Some(Value::Float(t)) => t,
+            _ => unreachable!("the output is a float tensor"),
+        }
+    }
+
+    /// The loss of `output` against the batch's target (a scalar tensor).
+    pub fn loss(&self, output: Tensor<2>, target: &Target) -> Tensor<1> {
+        let b = output.dims()[0];
+        match (self.loss, target) {
+            (LossKind::Mse, Target::Dense(y)) => (output - y.clone()).powi_scalar(2).mean(),
+            (LossKind::CrossEntropy | LossKind::CrossEntropyPerFrame, Target::OneHot(y)) => {
+                let classes = *self.out_dims.last().expect("logits have classes");
+                let rows = output.dims()[0] * output.dims()[1] / classes;
+                let logp = log_softmax(output.reshape([rows, classes]), 1);
+                (logp * y.clone()).sum().neg().div_scalar(rows as f32)
+            }
+            (
+                LossKind::Ctc { blank },
+                Target::Ctc {
+                    labels,
+                    label_lengths,
+                },
+            ) => {
+                let t = self.out_dims[0];
+                let c = self.out_dims[1];
+                let logp = log_softmax(output.reshape([b, t, c]).swap_dims(0, 1), 2);
+                let device = logp.device();
+                let input_lengths =
+                    Tensor::<1, Int>::from_data(TensorData::new(vec![t as i64; b], [b]), &device);
+                CTCLossConfig::new()
+                    .with_blank(blank)
+                    .init()
+                    .forward_with_reduction(
+                        logp,
+                        labels.clone(),
+                        input_lengths,
+                        label_lengths.clone(),
+                        Reduction::Mean,
+                    )
+            }
+            _ => unreachable!("targets are made for the model's loss"),
+        }
+    }
+}
+
+/// Creates the parameters of one node, in the layout the kernels use.
+fn compile_params(
+    node: &Node,
+    params: &mut Params,
+    device: &Device,
+) -> Result<Vec<P>, Unsupported> {
+    let unsupported = |what: &str| Unsupported {
+        node: node.name.clone(),
+        what: what.to_string(),
+    };
+    Ok(match &node.op {
+        Op::Linear {
+            in_features,
+            out_features,
+            bias,
+        } => {
+            // Stored [in, out] so the forward pass is x W (burn's layout).
+            let mut p = vec![params.push(&[*in_features, *out_features], *in_features, device)];
+            if *bias {
+                p.push(params.push(&[*out_features], *in_features, device));
+            }
+            p
+        }
+        Op::Conv {
+            in_channels,
+            out_channels,
+            window,
+            groups,
+            bias,
+        } => {
+            if window.spatial() > 2 {
+                return Err(unsupported("3-d convolution"));
+            }
+            let fan_in = in_channels / groups * window.kernel_elements();
+            let mut shape = vec![*out_channels, in_channels / groups];
+            shape.extend(&window.kernel);
+            let mut p = vec![params.push(&shape, fan_in, device)];
+            if *bias {
+                p.push(params.push(&[*out_channels], fan_in, device));
+            }
+            p
+        }
+        Op::BatchNorm { features } | Op::LayerNorm { features } => vec![
+            params.constant(*features, 1.0, device),
+            params.constant(*features, 0.0, device),
+        ],
+        Op::Embedding { vocab, dim } => vec![params.push(&[*vocab, *dim], 1, device)],
+        Op::Rnn {
+            cell,
+            input_size,
+            hidden,
+            bidirectional,
+            bias,
+        } => {
+            let g = cell.gates() * hidden;
+            let dirs = if *bidirectional { 2 } else { 1 };
+            let mut p = Vec::new();
+            for _ in 0..dirs {
+                p.push(params.push(&[*input_size, g], *hidden, device));
+                p.push(params.push(&[*hidden, g], *hidden, device));
+                p.push(params.push(&[g], *hidden, device));
+                if *bias == RnnBias::Double {
+                    p.push(params.push(&[g], *hidden, device));
+                }
+            }
+            p
+        }
+        Op::Pool { window, .. } if window.spatial() > 2 => {
+            return Err(unsupported("3-d pooling"));
+        }
+        _ => Vec::new(),
+    })
+}
+
+fn float(v: Value) -> Tensor<2> {
+    match v {
+        Value::Float(t) => t,
+        Value::Tokens(_) => unreachable!("token ids feed only an embedding"),
+    }
+}
+
+fn prod(d: &[usize]) -> usize {
+    d.iter().product()
+}
+
+fn run_kernel(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: bool) -> Tensor<2> {
+    let out_elems = prod(&k.out_dims);
+    match &k.op {
+        Op::Linear {
+            in_features,
+            out_features,
+            ..
+        } => {
+            let x = float(args.remove(0));
+            let rows = prod(&k.in_dims[0]) / in_features;
+            let mut y = x
+                .reshape([b * rows, *in_features])
+                .matmul(p.t2(k.params[0]));
+            if let Some(&bias) = k.params.get(1) {
+                y = y + p.t1(bias).unsqueeze::<2>();
+            }
+            y.reshape([b, rows * out_features])
+        }
+        Op::MatMul => {
+            let (a_dims, b_dims) = (&k.in_dims[0], &k.in_dims[1]);
+            let r = a_dims.len();
+            let batch: usize = b * prod(&a_dims[..r - 2]);
+            let a = float(args.remove(0)).reshape([batch, a_dims[r - 2], a_dims[r - 1]]);
+            let c = float(args.remove(0)).reshape([batch, b_dims[r - 2], b_dims[r - 1]]);
+            a.matmul(c).reshape([b, out_elems])
+        }
+        Op::Conv { window, groups, .. } => {
+            let x = float(args.remove(0));
+            let d = &k.in_dims[0];
+            let bias = k.params.get(1).map(|&q| p.t1(q));
+            if window.spatial() == 1 {
+                let opts = ConvOptions::new_with_padding(
+                    [window.stride[0]],
+                    [(window.padding[0][0], window.padding[0][1])],
+                    [window.dilation[0]],
+                    *groups,
+                );
+                conv1d(x.reshape([b, d[0], d[1]]), p.t3(k.params[0]), bias, opts)
+                    .reshape([b, out_elems])
+            } else {
+                let opts = ConvOptions::new_with_padding(
+                    [window.stride[0], window.stride[1]],
+                    pads2(window),
+                    [window.dilation[0], window.dilation[1]],
+                    *groups,
+                );
+                conv2d(
+                    x.reshape([b, d[0], d[1], d[2]]),
+                    p.t4(k.params[0]),
+                    bias,
+                    opts,
+                )
+                .reshape([b, out_elems])
+            }
+        }
+        Op::BatchNorm { features } => {
+            let x = float(args.remove(0)).reshape([b, *features, prod(&k.in_dims[0]) / features]);
+            let mean = x.clone().mean_dim(0).mean_dim(2);
+            let centered = x - mean;
+            let var = centered.clone().powi_scalar(2).mean_dim(0).mean_dim(2);
+            let y = centered / (var + 1e-5).sqrt();
+            let gamma = p.t1(k.params[0]).reshape([1, *features, 1]);
+            let beta = p.t1(k.params[1]).reshape([1, *features, 1]);
+            (y * gamma + beta).reshape([b, out_elems])
+        }
+        Op::LayerNorm { features } => {
+            let rows = b * prod(&k.in_dims[0]) / features;
+            let x = float(args.remove(0)).reshape([rows, *features]);
+            let mean = x.clone().mean_dim(1);
+            let centered = x - mean;
+            let var = centered.clone().powi_scalar(2).mean_dim(1);
+            let y = centered / (var + 1e-5).sqrt();
+            let y = y * p.t1(k.params[0]).unsqueeze::<2>() + p.t1(k.params[1]).unsqueeze::<2>();
+            y.reshape([b, out_elems])
+        }
+        Op::Relu => relu(float(args.remove(0))),
+        Op::ClippedRelu { max } => float(args.remove(0)).clamp(0.0, *max),
+        Op::Gelu => gelu(float(args.remove(0))),
+        Op::Tanh => tanh(float(args.remove(0))),
+        Op::Sigmoid => sigmoid(float(args.remove(0))),
+        Op::Softmax { axis } => {
+            let d = &k.in_dims[0];
+            let a = axis_index(d.len(), *axis);
+            let x = float(args.remove(0)).reshape([b, prod(&d[..a]), d[a], prod(&d[a + 1..])]);
+            softmax(x, 2).reshape([b, out_elems])
+        }
+        Op::Pool { pool, window } => {
+            let x = float(args.remove(0));
+            let d = &k.in_dims[0];
+            if window.spatial() == 1 {
+                let x = x.reshape([b, d[0], d[1]]);
+                let pad = (window.padding[0][0], window.padding[0][1]);
+                let y = match pool {
+                    PoolKind::Max => max_pool1d(
+                        x,
+                        MaxPoolOptions {
+                            kernel_size: [window.kernel[0]],
+                            stride: [window.stride[0]],
+                            padding: [pad],
+                            dilation: [window.dilation[0]],
+                            ceil_mode: false,
+                        },
+                    ),
+                    PoolKind::Avg => avg_pool1d(
+                        x,
+                        AvgPoolOptions {
+                            kernel_size: [window.kernel[0]],
+                            stride: [window.stride[0]],
+                            padding: [pad],
+                            count_include_pad: false,
+                            ceil_mode: false,
+                        },
+                    ),
+                };
+                y.reshape([b, out_elems])
+            } else {
+                let x = x.reshape([b, d[0], d[1], d[2]]);
+                let kernel = [window.kernel[0], window.kernel[1]];
+                let stride = [window.stride[0], window.stride[1]];
+                let y = match pool {
+                    PoolKind::Max => max_pool2d(
+                        x,
+                        MaxPoolOptions {
+                            kernel_size: kernel,
+                            stride,
+                            padding: pads2(window),
+                            dilation: [window.dilation[0], window.dilation[1]],
+                            ceil_mode: false,
+                        },
+                    ),
+                    PoolKind::Avg => avg_pool2d(
+                        x,
+                        AvgPoolOptions {
+                            kernel_size: kernel,
+                            stride,
+                            padding: pads2(window),
+                            count_include_pad: false,
+                            ceil_mode: false,
+                        },
+                    ),
+                };
+                y.reshape([b, out_elems])
+            }
+        }
+        Op::GlobalPool { pool } => {
+            let d = &k.in_dims[0];
+            let x = float(args.remove(0)).reshape([b, d[0], prod(&d[1..])]);
+            let y = match pool {
+                PoolKind::Max => x.max_dim(2),
+                PoolKind::Avg => x.mean_dim(2),
+            };
+            y.reshape([b, out_elems])
+        }
+        Op::Flatten | Op::Reshape { .. } => float(args.remove(0)),
+        Op::Concat { axis } => {
+            let a = axis_index(k.out_dims.len(), *axis);
+            let parts: Vec<Tensor<4>> = args
+                .into_iter()
+                .zip(&k.in_dims)
+                .map(|(v, d)| float(v).reshape([b, prod(&d[..a]), d[a], prod(&d[a + 1..])]))
+                .collect();
+            Tensor::cat(parts, 2).reshape([b, out_elems])
+        }
+        Op::Add | Op::Mul => {
+            let x = float(args.remove(0));
+            let y = float(args.remove(0));
+            let (x, y) = if k.in_dims[0] == k.in_dims[1] {
+                (x, y)
+            } else {
+                return broadcast_binary(&k.op, x, &k.in_dims[0], y, &k.in_dims[1], b, out_elems);
+            };
+            if matches!(k.op, Op::Add) {
+                x + y
+            } else {
+                x * y
+            }
+        }
+        Op::Dropout { p: rate } => {
+            let x = float(args.remove(0));
+            if !train || *rate <= 0.0 {
+                return x;
+            }
+            let keep = 1.0 - *rate as f64;
+            let mask = Tensor::<2>::random(x.dims(), Distribution::Bernoulli(keep), &x.device());
+            x * mask.div_scalar(keep as f32)
+        }
+        Op::Embedding { dim, .. } => {
+            let ids = match args.remove(0) {
+                Value::Tokens(t) => t,
+                Value::Float(_) => unreachable!("embedding reads token ids"),
+            };
+            let steps = ids.dims()[1];
+            embedding(p.t2(k.params[0]), ids).reshape([b, steps * dim])
+        }
+        Op::Rnn {
+            cell,
+            hidden,
+            bidirectional,
+            bias,
+            ..
+        } => {
+            let d = &k.in_dims[0];
+            let x = float(args.remove(0)).reshape([b, d[0], d[1]]);
+            let per_dir = if *bias == RnnBias::Double { 4 } else { 3 };
+            let mut outs = Vec::new();
+            for dir in 0..(if *bidirectional { 2 } else { 1 }) {
+                let q = &k.params[dir * per_dir..(dir + 1) * per_dir];
+                outs.push(rnn_direction(*cell, *hidden, x.clone(), p, q, dir == 1));
+            }
+            let y = if outs.len() == 1 {
+                outs.remove(0)
+            } else {
+                Tensor::cat(outs, 2)
+            };
+            y.reshape([b, out_elems])
+        }
+    }
+}
+
+/// One direction of an LSTM or GRU over `[B, T, I]`, returning `[B, T, H]`.
+/// The input projection of every step is one matrix product; the recurrence
+/// then runs step by step (gate order i, f, g, o for LSTM; r, z, n for GRU).
+fn rnn_direction(
+    cell: Cell,
+    h: usize,
+    x: Tensor<3>,
+    p: &Params,
+    q: &[P],
+    reverse: bool,
+) -> Tensor<3> {
+    let [b, t, i] = x.dims();
+    let g = cell.gates() * h;
+    let w_ih = p.t2(q[0]);
+    let w_hh = p.t2(q[1]);
+    let b_ih = p.t1(q[2]).unsqueeze::<2>();
+    let b_hh = q.get(3).map(|&r| p.t1(r).unsqueeze::<2>());
+    let xp = (x.reshape([b * t, i]).matmul(w_ih) + b_ih).reshape([b, t, g]);
+    let device = xp.device();
+    let mut hs: Vec<Tensor<2>> = Vec::with_capacity(t);
+    let mut h_t = Tensor::<2>::zeros([b, h], &device);
+    let mut c_t = Tensor::<2>::zeros([b, h], &device);
+    for s in 0..t {
+        let step = if reverse { t - 1 - s } else { s };
+        let xs = xp.clone().narrow(1, step, 1).reshape([b, g]);
+        let mut rec = h_t.clone().matmul(w_hh.clone());
+        if let Some(bh) = &b_hh {
+            rec = rec + bh.clone();
+        }
+        match cell {
+            Cell::Lstm => {
+                let gates = xs + rec;
+                let mut c = gates.chunk(4, 1);
+                let o = sigmoid(c.pop().expect("4 gates"));
+                let gg = tanh(c.pop().expect("4 gates"));
+                let f = sigmoid(c.pop().expect("4 gates"));
+                let ig = sigmoid(c.pop().expect("4 gates"));
+                c_t = f * c_t + ig * gg;
+                h_t = o * tanh(c_t.clone());
+            }
+            Cell::Gru => {
+                let mut xc = xs.chunk(3, 1);
+                let mut rc = rec.chunk(3, 1);
+                let (xn, rn) = (xc.pop().expect("3 gates"), rc.pop().expect("3 gates"));
+                let z = sigmoid(xc.pop().expect("3 gates") + rc.pop().expect("3 gates"));
+                let r = sigmoid(xc.pop().expect("3 gates") + rc.pop().expect("3 gates"));
+                let n = tanh(xn + r * rn);
+                h_t = (z.clone().neg() + 1.0) * n + z * h_t;
+            }
+        }
+        hs.push(h_t.clone());
+    }
+    if reverse {
+        hs.reverse();
+    }
+    Tensor::stack(hs, 1)
+}
+
+fn pads2(w: &Window) -> [(usize, usize); 2] {
+    [
+        (w.padding[0][0], w.padding[0][1]),
+        (w.padding[1][0], w.padding[1][1]),
+    ]
+}
+
+/// A full-tensor axis (batch = 0, negative from the end) as an index into the sample dims.
+fn axis_index(sample_rank: usize, axis: i64) -> usize {
+    let full = sample_rank as i64 + 1;
+    let a = if axis < 0 { axis + full } else { axis };
+    (a - 1) as usize
+}
+
+/// Element-wise op with numpy broadcasting, through rank-6 tensors `[B, d1..d5]`.
+fn broadcast_binary(
+    op: &Op,
+    x: Tensor<2>,
+    xd: &[usize],
+    y: Tensor<2>,
+    yd: &[usize],
+    b: usize,
+    out_elems: usize,
+) -> Tensor<2> {
+    let pad = |d: &[usize]| -> [usize; 6] {
+        let mut s = [1usize; 6];
+        s[0] = b;
+        let off = 6 - d.len();
+        s[off..].copy_from_slice(d);
+        s
+    };
+    assert!(
+        xd.len() <= 5 && yd.len() <= 5,
+        "broadcasting supports up to 5 sample dims"
+    );
+    let x6: Tensor<6> = x.reshape(pad(xd));
+    let y6: Tensor<6> = y.reshape(pad(yd));
+    let z = if matches!(op, Op::Add) {
+        x6 + y6
+    } else {
+        x6 * y6
+    };
+    z.reshape([b, out_elems])
+}
+
+/// Whether the inputs of `graph` can be synthesised (every input is float or tokens).
+pub fn input_kinds(graph: &Graph) -> Vec<InputKind> {
+    graph.inputs.iter().map(|i| i.kind).collect()
+}
