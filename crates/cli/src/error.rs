@@ -8,7 +8,6 @@ pub enum CliError {
     /// Bad input: exit code 2.
     Input(String),
     /// Something failed that the input did not cause: exit code 1.
-    #[allow(dead_code)] // used by the measuring commands
     Failure(String),
 }
 

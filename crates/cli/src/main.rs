@@ -7,6 +7,12 @@ mod options;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+/// Counts every heap byte, so CPU peak memory is measured, not guessed
+/// (and `--memory-limit` is enforced in the measuring child processes).
+#[global_allocator]
+static ALLOCATOR: batchfit_engine::alloc::CountingAllocator =
+    batchfit_engine::alloc::CountingAllocator;
+
 /// Which mini-batch size to train with, on the hardware you have — measured, not guessed.
 #[derive(Parser)]
 #[command(name = "batchfit", version, about, long_about = None)]
@@ -19,12 +25,21 @@ struct Cli {
 enum Command {
     /// Static memory and FLOP plan of a model: per layer, totals, largest batch per budget.
     Plan(cmd::plan::PlanArgs),
+    /// Real timed training steps across batch sizes: throughput, peak memory, largest batch, knee.
+    Probe(cmd::probe::ProbeArgs),
+    /// Internal: measures one batch size in a fresh process (started by probe).
+    #[command(name = "__measure-worker", hide = true)]
+    Worker { request: String },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Plan(args) => cmd::plan::run(args),
+        Command::Probe(args) => cmd::probe::run(args),
+        Command::Worker { request } => {
+            batchfit_engine::worker::serve(&request).map_err(error::CliError::Failure)
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -16,6 +16,16 @@ impl Optimizer {
     /// Names accepted on the command line.
     pub const NAMES: &'static [&'static str] = &["sgd", "momentum", "adam", "adamw"];
 
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Optimizer::Sgd => "sgd",
+            Optimizer::Momentum => "momentum",
+            Optimizer::Adam => "adam",
+            Optimizer::Adamw => "adamw",
+        }
+    }
+
     /// fp32 state tensors per parameter: none for SGD, one velocity for momentum,
     /// first and second moments for Adam and AdamW.
     pub fn state_per_param(self) -> u64 {

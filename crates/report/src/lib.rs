@@ -1,6 +1,7 @@
 //! Reports: terminal tables and JSON documents (schema in `docs/json.md`).
 
 pub mod plan;
+pub mod probe;
 
 /// Version of the JSON documents; bumped when a field changes meaning or is removed.
 pub const SCHEMA_VERSION: u32 = 1;

@@ -1,0 +1,252 @@
+//! The `probe` report: measured throughput and memory per batch, per device.
+
+use crate::{align_numbers, table, thousands};
+use batchfit_plan::Bytes;
+use batchfit_tune::search::TrialRecord;
+use batchfit_tune::stats::Summary;
+use serde::Serialize;
+
+/// One measured batch size.
+#[derive(Clone, Debug, Serialize)]
+pub struct ProbePoint {
+    pub batch: u64,
+    /// Median seconds per training step (measured).
+    pub step_time_s: f64,
+    pub step_time_p10_s: f64,
+    pub step_time_p90_s: f64,
+    pub steps_timed: usize,
+    /// batch / median step time (measured).
+    pub samples_per_s: f64,
+    /// Counting-allocator high-water mark (measured); null where not measurable.
+    pub peak_bytes: Option<Bytes>,
+    /// Peak RSS of the measuring process (measured).
+    pub peak_rss_bytes: Option<Bytes>,
+    /// The plan's peak at this batch (predicted).
+    pub planned_bytes: Bytes,
+    /// (planned - measured) / measured, percent.
+    pub plan_error_pct: Option<f64>,
+    /// Whether the spread of the timings is wide (outliers, p10-p90 over 25 % of the median).
+    pub noisy: bool,
+    /// Out of memory, crashed or timed out instead of measured.
+    pub failure: Option<String>,
+}
+
+impl ProbePoint {
+    /// A measured point from its timing summary.
+    pub fn measured(
+        batch: u64,
+        s: &Summary,
+        peak: Option<u64>,
+        rss: Option<u64>,
+        planned: Bytes,
+    ) -> ProbePoint {
+        ProbePoint {
+            batch,
+            step_time_s: s.median,
+            step_time_p10_s: s.p10,
+            step_time_p90_s: s.p90,
+            steps_timed: s.n,
+            samples_per_s: batch as f64 / s.median,
+            peak_bytes: peak.map(Bytes),
+            peak_rss_bytes: rss.map(Bytes),
+            planned_bytes: planned,
+            plan_error_pct: peak
+                .filter(|&p| p > 0)
+                .map(|p| 100.0 * (planned.as_f64() - p as f64) / p as f64),
+            noisy: s.noisy(),
+            failure: None,
+        }
+    }
+
+    /// A batch that did not run.
+    pub fn failed(batch: u64, planned: Bytes, why: String) -> ProbePoint {
+        ProbePoint {
+            batch,
+            step_time_s: f64::NAN,
+            step_time_p10_s: f64::NAN,
+            step_time_p90_s: f64::NAN,
+            steps_timed: 0,
+            samples_per_s: 0.0,
+            peak_bytes: None,
+            peak_rss_bytes: None,
+            planned_bytes: planned,
+            plan_error_pct: None,
+            noisy: false,
+            failure: Some(why),
+        }
+    }
+
+    pub fn ok(&self) -> bool {
+        self.failure.is_none()
+    }
+}
+
+/// The search for the largest batch that fits.
+#[derive(Clone, Debug, Serialize)]
+pub struct MaxBatchSearch {
+    pub budget_bytes: Bytes,
+    /// Largest batch that ran (measured).
+    pub max_batch: Option<u64>,
+    /// Smallest batch that ran out of memory (measured).
+    pub smallest_failure: Option<u64>,
+    /// The plan's limit before calibration (predicted).
+    pub planned_limit: Option<u64>,
+    /// The limit from the calibrated line (predicted, then confirmed).
+    pub predicted_limit: u64,
+    pub trials: Vec<TrialRecord>,
+    pub seconds: f64,
+}
+
+/// Everything measured on one device.
+#[derive(Clone, Debug, Serialize)]
+pub struct DeviceProbe {
+    pub device: String,
+    /// CPU threads, for the CPU.
+    pub threads: Option<usize>,
+    pub points: Vec<ProbePoint>,
+    /// Largest batch that fits (measured by the search), else null.
+    pub max_batch: Option<u64>,
+    /// Smallest batch within `efficiency` of the best throughput (measured).
+    pub knee_batch: Option<u64>,
+    pub efficiency: f64,
+    /// Trial steps the max-batch search took (0 when it did not run).
+    pub search_trials: usize,
+    pub search: Option<MaxBatchSearch>,
+    pub seconds: f64,
+}
+
+/// The JSON document of `batchfit probe --json`.
+#[derive(Serialize)]
+pub struct ProbeDocument<'a> {
+    pub schema_version: u32,
+    pub kind: &'static str,
+    pub model: &'a str,
+    pub parameters: u64,
+    pub optimizer: &'a str,
+    pub devices: &'a [DeviceProbe],
+}
+
+fn ms(s: f64) -> String {
+    if s.is_nan() {
+        "-".into()
+    } else if s < 0.01 {
+        format!("{:.3} ms", s * 1e3)
+    } else if s < 1.0 {
+        format!("{:.1} ms", s * 1e3)
+    } else {
+        format!("{s:.2} s")
+    }
+}
+
+/// One table per device, then the side-by-side summary.
+pub fn render(model: &str, devices: &[DeviceProbe]) -> String {
+    let mut out = String::new();
+    for d in devices {
+        out.push_str(&format!(
+            "\n{} on {}{} (measured: real training steps, device synchronised)\n",
+            model,
+            d.device,
+            d.threads
+                .map(|t| format!(", {t} threads"))
+                .unwrap_or_default()
+        ));
+        let mut t = table(&[
+            "batch",
+            "step (median)",
+            "p10 – p90",
+            "samples/s",
+            "peak memory",
+            "planned",
+            "plan error",
+            "",
+        ]);
+        for p in &d.points {
+            let mut mark = Vec::new();
+            if Some(p.batch) == d.knee_batch {
+                mark.push("knee");
+            }
+            if Some(p.batch) == d.max_batch {
+                mark.push("max fit");
+            }
+            if p.noisy {
+                mark.push("noisy");
+            }
+            match &p.failure {
+                Some(why) => t.add_row(vec![
+                    thousands(p.batch),
+                    why.clone(),
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                    p.planned_bytes.to_string(),
+                    String::new(),
+                    String::new(),
+                ]),
+                None => t.add_row(vec![
+                    thousands(p.batch),
+                    ms(p.step_time_s),
+                    format!("{} – {}", ms(p.step_time_p10_s), ms(p.step_time_p90_s)),
+                    format!("{:.0}", p.samples_per_s),
+                    p.peak_bytes
+                        .map(|b| b.to_string())
+                        .unwrap_or_else(|| "n/a".into()),
+                    p.planned_bytes.to_string(),
+                    p.plan_error_pct
+                        .map(|e| format!("{e:+.1}%"))
+                        .unwrap_or_default(),
+                    mark.join(", "),
+                ]),
+            };
+        }
+        align_numbers(&mut t, 0);
+        out.push_str(&t.to_string());
+        out.push('\n');
+        if d.points.iter().any(|p| p.noisy) {
+            out.push_str("warning: statistical outliers were detected in rows marked noisy; consider re-running on a quiet system.\n");
+        }
+        if let Some(s) = &d.search {
+            out.push_str(&format!(
+                "largest batch under {}: {} (measured; next size up {}), found in {} trial steps, {:.1} s; plan predicted {}, calibrated line {}\n",
+                s.budget_bytes,
+                s.max_batch.map(thousands).unwrap_or_else(|| "none".into()),
+                s.smallest_failure
+                    .map(|b| format!("{} ran out of memory", thousands(b)))
+                    .unwrap_or_else(|| "not reached".into()),
+                s.trials.len(),
+                s.seconds,
+                s.planned_limit.map(thousands).unwrap_or_else(|| "none".into()),
+                thousands(s.predicted_limit),
+            ));
+        }
+        if let Some(k) = d.knee_batch {
+            out.push_str(&format!(
+                "knee: batch {} is the smallest reaching {:.0} % of the best measured throughput\n",
+                thousands(k),
+                d.efficiency * 100.0
+            ));
+        }
+    }
+    if devices.len() > 1 {
+        out.push_str("\nside by side (measured):\n");
+        let mut t = table(&["device", "max batch", "knee", "best samples/s", "at batch"]);
+        for d in devices {
+            let best = d
+                .points
+                .iter()
+                .filter(|p| p.ok())
+                .max_by(|a, b| a.samples_per_s.total_cmp(&b.samples_per_s));
+            t.add_row(vec![
+                d.device.clone(),
+                d.max_batch.map(thousands).unwrap_or_else(|| "-".into()),
+                d.knee_batch.map(thousands).unwrap_or_else(|| "-".into()),
+                best.map(|p| format!("{:.0}", p.samples_per_s))
+                    .unwrap_or_default(),
+                best.map(|p| thousands(p.batch)).unwrap_or_default(),
+            ]);
+        }
+        align_numbers(&mut t, 1);
+        out.push_str(&t.to_string());
+        out.push('\n');
+    }
+    out
+}
