@@ -32,6 +32,11 @@ pub struct Node {
     pub inputs: Vec<String>,
     /// The shape of one sample of the output.
     pub shape: Shape,
+    /// Trained values of the op's parameters, when the source has them (ONNX
+    /// initializers): one flat row-major vector per [`Op::params`] entry, in that
+    /// order and shape. `None`: the engine initialises randomly.
+    #[serde(skip)]
+    pub weights: Option<Vec<Vec<f32>>>,
 }
 
 /// The training objective.
@@ -229,8 +234,32 @@ impl GraphBuilder {
             op,
             inputs: inputs.iter().map(|s| s.to_string()).collect(),
             shape,
+            weights: None,
         });
         Ok(name.to_string())
+    }
+
+    /// Attaches trained parameter values to the node `name` (see [`Node::weights`]).
+    pub fn set_weights(&mut self, name: &str, weights: Vec<Vec<f32>>) -> Result<(), GraphError> {
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.name == name)
+            .ok_or_else(|| GraphError::node(name, "no such node"))?;
+        let params = node.op.params();
+        if params.len() != weights.len()
+            || params
+                .iter()
+                .zip(&weights)
+                .any(|(p, w)| p.elements() as usize != w.len())
+        {
+            return Err(GraphError::node(
+                name,
+                "weights do not match the op's parameter shapes",
+            ));
+        }
+        node.weights = Some(weights);
+        Ok(())
     }
 
     fn check_tokens(&self, node: &str, input: &str, vocab: usize) -> Result<(), GraphError> {
