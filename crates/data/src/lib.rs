@@ -1,0 +1,396 @@
+//! Training data for batchfit.
+//!
+//! Readers for `.npy`/`.npz`, CSV and IDX (MNIST's format, gzip or not)
+//! ([`read`]); binding the arrays to a model's inputs and loss with every shape,
+//! label range and value checked before training ([`Dataset::bind`]); shuffled
+//! batching with a seed ([`Batcher`]); and the UCI optical digits set shipped
+//! as the built-in default ([`digits`]).
+
+pub mod read;
+
+use batchfit_graph::{Graph, InputKind, LossKind};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use read::Array;
+use std::path::Path;
+
+/// Why data cannot be used; each names the file, key or row.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    #[error("{path}: {why}")]
+    File { path: String, why: String },
+}
+
+/// Targets, checked against the model's loss.
+#[derive(Clone, Debug)]
+pub enum Targets {
+    /// Regression values, `elems` per row.
+    Dense { values: Vec<f32>, elems: usize },
+    /// Class indices, `per_row` per row (frames for per-frame losses), each below `classes`.
+    Classes {
+        labels: Vec<usize>,
+        per_row: usize,
+        classes: usize,
+    },
+}
+
+/// Rows bound to a model: one array per model input, in the model's input order.
+#[derive(Clone, Debug)]
+pub struct Dataset {
+    pub source: String,
+    pub rows: usize,
+    /// Row-major values of each input; `input_elems[i]` per row.
+    pub inputs: Vec<Vec<f32>>,
+    pub input_elems: Vec<usize>,
+    pub targets: Targets,
+}
+
+/// How to read `--data`.
+#[derive(Clone, Debug, Default)]
+pub struct ReadOptions {
+    /// Labels for single-array formats (`.npy`, IDX).
+    pub labels: Option<String>,
+    /// CSV label column (negative counts from the end; default: the last).
+    pub label_col: Option<isize>,
+}
+
+impl Dataset {
+    /// Reads `path` (by extension) and binds it to `graph`, whose sequence length is `seq_len`.
+    pub fn load(
+        path: &str,
+        opts: &ReadOptions,
+        graph: &Graph,
+        seq_len: usize,
+    ) -> Result<Dataset, DataError> {
+        let p = Path::new(path);
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or(path);
+        let arrays: Vec<(String, Array)> = if name.ends_with(".npz") {
+            read::npz(p)?
+        } else if name.ends_with(".npy") {
+            let mut v = vec![("x".to_string(), read::npy(p)?)];
+            if let Some(l) = &opts.labels {
+                v.push(("target".to_string(), read_single(l)?));
+            }
+            v
+        } else if name.ends_with(".csv") || name.ends_with(".csv.gz") {
+            let (x, y) = read::csv(p, opts.label_col)?;
+            vec![("x".to_string(), x), ("target".to_string(), y)]
+        } else if name.contains("idx") || name.contains("ubyte") {
+            let mut v = vec![("x".to_string(), read::idx(p)?)];
+            if let Some(l) = &opts.labels {
+                v.push(("target".to_string(), read_single(l)?));
+            }
+            v
+        } else {
+            return Err(DataError::File {
+                path: path.to_string(),
+                why: "unknown data format: use .npy, .npz, .csv (.csv.gz) or an IDX file (*idx*, *ubyte*)".into(),
+            });
+        };
+        Dataset::bind(path, arrays, graph, seq_len)
+    }
+
+    /// Matches named arrays to the model's inputs and loss, checking everything.
+    pub fn bind(
+        source: &str,
+        arrays: Vec<(String, Array)>,
+        graph: &Graph,
+        seq_len: usize,
+    ) -> Result<Dataset, DataError> {
+        let fail = |why: String| DataError::File {
+            path: source.to_string(),
+            why,
+        };
+        let keys: Vec<&str> = arrays.iter().map(|(k, _)| k.as_str()).collect();
+        let find = |names: &[&str]| {
+            arrays
+                .iter()
+                .find(|(k, _)| names.contains(&k.as_str()))
+                .map(|(k, a)| (k.as_str(), a))
+        };
+        let single = graph.inputs.len() == 1;
+        let mut inputs = Vec::new();
+        let mut input_elems = Vec::new();
+        let mut rows: Option<(usize, String)> = None;
+        let mut check_rows = |key: &str, n: usize| -> Result<(), DataError> {
+            match &rows {
+                None => {
+                    rows = Some((n, key.to_string()));
+                    Ok(())
+                }
+                Some((m, k)) if *m != n => {
+                    Err(fail(format!("key `{key}` has {n} rows but `{k}` has {m}")))
+                }
+                _ => Ok(()),
+            }
+        };
+        for input in &graph.inputs {
+            let names: Vec<&str> = if single {
+                vec![input.name.as_str(), "x", "inputs", "data", "features"]
+            } else {
+                vec![input.name.as_str()]
+            };
+            let (key, a) = find(&names).ok_or_else(|| {
+                fail(format!(
+                    "no array for model input `{}` (the file has {}); name it `{}`",
+                    input.name,
+                    keys.join(", "),
+                    input.name
+                ))
+            })?;
+            let want = input.shape.resolve(seq_len);
+            let elems: usize = want.iter().product();
+            if a.row_elems() != elems {
+                return Err(fail(format!(
+                    "key `{key}`: expected rows of shape {want:?} ({elems} values) for input `{}`, found {:?} ({} values)",
+                    input.name,
+                    a.row_shape(),
+                    a.row_elems()
+                )));
+            }
+            check_rows(key, a.rows())?;
+            check_finite(key, a, &fail)?;
+            if let InputKind::Tokens { vocab } = input.kind
+                && let Some(i) = a
+                    .values
+                    .iter()
+                    .position(|&v| v < 0.0 || v.fract() != 0.0 || v as usize >= vocab)
+            {
+                return Err(fail(format!(
+                    "key `{key}` row {}: token id {} is not in 0..{vocab}",
+                    i / elems + 1,
+                    a.values[i]
+                )));
+            }
+            inputs.push(a.values.clone());
+            input_elems.push(elems);
+        }
+        let (key, t) = find(&["target", "y", "labels", "label"]).ok_or_else(|| {
+            fail(format!("no `target` array (the file has {}); labels for single-array formats come from --labels", keys.join(", ")))
+        })?;
+        check_rows(key, t.rows())?;
+        check_finite(key, t, &fail)?;
+        let out = graph.output().shape.resolve(seq_len);
+        let targets = match graph.loss.kind {
+            LossKind::Mse => {
+                let elems: usize = out.iter().product();
+                if t.row_elems() != elems {
+                    return Err(fail(format!(
+                        "key `{key}`: the model's output has {elems} values per row ({out:?}), the target {:?}",
+                        t.row_shape()
+                    )));
+                }
+                Targets::Dense {
+                    values: t.values.clone(),
+                    elems,
+                }
+            }
+            LossKind::CrossEntropy | LossKind::CrossEntropyPerFrame => {
+                let classes = *out.last().expect("logits have classes");
+                let per_row: usize = out[..out.len() - 1].iter().product();
+                if t.row_elems() != per_row {
+                    return Err(fail(format!(
+                        "key `{key}`: expected {per_row} class label(s) per row, found shape {:?}",
+                        t.row_shape()
+                    )));
+                }
+                let mut labels = Vec::with_capacity(t.values.len());
+                for (i, &v) in t.values.iter().enumerate() {
+                    if v < 0.0 || v.fract() != 0.0 || v as usize >= classes {
+                        return Err(fail(format!(
+                            "key `{key}` row {}: label {v} is not a class of the model (0..{classes})",
+                            i / per_row + 1
+                        )));
+                    }
+                    labels.push(v as usize);
+                }
+                Targets::Classes {
+                    labels,
+                    per_row,
+                    classes,
+                }
+            }
+            LossKind::Ctc { .. } => {
+                return Err(fail("CTC targets (label sequences) cannot be read from files yet; use synthetic data".into()));
+            }
+        };
+        let rows = rows.map(|r| r.0).unwrap_or(0);
+        if rows == 0 {
+            return Err(fail("no rows".into()));
+        }
+        Ok(Dataset {
+            source: source.to_string(),
+            rows,
+            inputs,
+            input_elems,
+            targets,
+        })
+    }
+
+    /// The rows `idx` of input `i`.
+    pub fn gather_input(&self, i: usize, idx: &[usize]) -> Vec<f32> {
+        let e = self.input_elems[i];
+        let mut out = Vec::with_capacity(idx.len() * e);
+        for &r in idx {
+            out.extend_from_slice(&self.inputs[i][r * e..(r + 1) * e]);
+        }
+        out
+    }
+
+    /// A subset of rows (for train/validation splits).
+    pub fn subset(&self, idx: &[usize]) -> Dataset {
+        let targets = match &self.targets {
+            Targets::Dense { values, elems } => Targets::Dense {
+                values: idx
+                    .iter()
+                    .flat_map(|&r| values[r * elems..(r + 1) * elems].iter().copied())
+                    .collect(),
+                elems: *elems,
+            },
+            Targets::Classes {
+                labels,
+                per_row,
+                classes,
+            } => Targets::Classes {
+                labels: idx
+                    .iter()
+                    .flat_map(|&r| labels[r * per_row..(r + 1) * per_row].iter().copied())
+                    .collect(),
+                per_row: *per_row,
+                classes: *classes,
+            },
+        };
+        Dataset {
+            source: self.source.clone(),
+            rows: idx.len(),
+            inputs: (0..self.inputs.len())
+                .map(|i| self.gather_input(i, idx))
+                .collect(),
+            input_elems: self.input_elems.clone(),
+            targets,
+        }
+    }
+}
+
+fn read_single(path: &str) -> Result<Array, DataError> {
+    let p = Path::new(path);
+    if path.ends_with(".npy") {
+        read::npy(p)
+    } else {
+        read::idx(p)
+    }
+}
+
+fn check_finite(key: &str, a: &Array, fail: &dyn Fn(String) -> DataError) -> Result<(), DataError> {
+    if let Some(i) = a.values.iter().position(|v| !v.is_finite()) {
+        let e = a.row_elems().max(1);
+        return Err(fail(format!(
+            "key `{key}` row {}: value {} is not finite",
+            i / e + 1,
+            a.values[i]
+        )));
+    }
+    Ok(())
+}
+
+/// Draws batches by shuffling the rows each epoch with a seed.
+pub struct Batcher {
+    order: Vec<usize>,
+    pos: usize,
+    pub epoch: usize,
+    rng: StdRng,
+}
+
+impl Batcher {
+    pub fn new(rows: usize, seed: u64) -> Batcher {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut order: Vec<usize> = (0..rows).collect();
+        order.shuffle(&mut rng);
+        Batcher {
+            order,
+            pos: 0,
+            epoch: 0,
+            rng,
+        }
+    }
+
+    /// The next `b` row indices, reshuffling when an epoch runs out (a batch
+    /// never straddles two epochs; the remainder of an epoch is dropped).
+    pub fn next(&mut self, b: usize) -> Vec<usize> {
+        let b = b.min(self.order.len());
+        if self.pos + b > self.order.len() {
+            self.order.shuffle(&mut self.rng);
+            self.pos = 0;
+            self.epoch += 1;
+        }
+        let out = self.order[self.pos..self.pos + b].to_vec();
+        self.pos += b;
+        out
+    }
+}
+
+/// The UCI optical digits set (1,797 8x8 images, 10 classes; the scikit-learn
+/// copy, BSD-3, see `data/DIGITS.rst`), pixels scaled from 0..16 to 0..1.
+pub mod digits {
+    use super::*;
+
+    /// The gzipped CSV: 64 pixel columns then the label.
+    pub const CSV_GZ: &[u8] = include_bytes!("../data/digits.csv.gz");
+    /// The name `--data` accepts for it.
+    pub const NAME: &str = "builtin:digits";
+
+    /// The digits bound to `graph` (which must take 64 inputs and predict 10 classes).
+    pub fn load(graph: &Graph) -> Result<Dataset, DataError> {
+        let (mut x, y) = read::csv_bytes(
+            &read::gunzip(CSV_GZ).map_err(|why| DataError::File {
+                path: NAME.into(),
+                why,
+            })?,
+            None,
+        )
+        .map_err(|why| DataError::File {
+            path: NAME.into(),
+            why,
+        })?;
+        for v in &mut x.values {
+            *v /= 16.0;
+        }
+        Dataset::bind(NAME, vec![("x".into(), x), ("target".into(), y)], graph, 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use batchfit_graph::zoo;
+
+    #[test]
+    fn shipped_digits_bind_to_digits_mlp() {
+        let g = zoo::build("digits-mlp").unwrap();
+        let d = digits::load(&g).unwrap();
+        assert_eq!(d.rows, 1797);
+        assert_eq!(d.input_elems, vec![64]);
+        match &d.targets {
+            Targets::Classes {
+                labels, classes, ..
+            } => {
+                assert_eq!(*classes, 10);
+                assert!(labels.iter().all(|&l| l < 10));
+                assert_eq!(labels[..3], [0, 1, 2]);
+            }
+            _ => panic!("classification"),
+        }
+        assert!(d.inputs[0].iter().all(|&v| (0.0..=1.0).contains(&v)));
+    }
+
+    #[test]
+    fn batcher_covers_each_epoch_once() {
+        let mut b = Batcher::new(10, 1);
+        let mut seen: Vec<usize> = (0..5).flat_map(|_| b.next(2)).collect();
+        seen.sort();
+        assert_eq!(seen, (0..10).collect::<Vec<_>>());
+        let _ = b.next(2);
+        assert_eq!(b.epoch, 1);
+    }
+}

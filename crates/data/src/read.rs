@@ -1,0 +1,326 @@
+//! Readers: each turns a file into named arrays, with the file named in every error.
+
+use crate::DataError;
+use flate2::read::GzDecoder;
+use std::io::Read;
+use std::path::Path;
+
+/// An array read from a file: shape including the leading row dimension.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Array {
+    pub shape: Vec<usize>,
+    pub values: Vec<f32>,
+    /// Whether the file stored integers (labels, token ids).
+    pub integral: bool,
+}
+
+impl Array {
+    /// Rows (the leading dimension).
+    pub fn rows(&self) -> usize {
+        self.shape.first().copied().unwrap_or(0)
+    }
+
+    /// Shape of one row.
+    pub fn row_shape(&self) -> &[usize] {
+        &self.shape[1.min(self.shape.len())..]
+    }
+
+    /// Elements per row.
+    pub fn row_elems(&self) -> usize {
+        self.row_shape().iter().product()
+    }
+}
+
+fn err(path: &Path, why: impl Into<String>) -> DataError {
+    DataError::File {
+        path: path.display().to_string(),
+        why: why.into(),
+    }
+}
+
+fn read_bytes(path: &Path) -> Result<Vec<u8>, DataError> {
+    std::fs::read(path).map_err(|e| err(path, format!("cannot read: {e}")))
+}
+
+/// Reads one `.npy` array of f32, f64, u8, i32 or i64.
+pub fn npy(path: &Path) -> Result<Array, DataError> {
+    let bytes = read_bytes(path)?;
+    npy_bytes(&bytes).map_err(|why| err(path, why))
+}
+
+fn npy_bytes(bytes: &[u8]) -> Result<Array, String> {
+    let file = npyz::NpyFile::new(bytes).map_err(|e| format!("not a valid .npy file: {e}"))?;
+    npy_file(file)
+}
+
+fn npy_file<R: Read>(file: npyz::NpyFile<R>) -> Result<Array, String> {
+    if file.order() == npyz::Order::Fortran {
+        return Err("Fortran-ordered arrays are not supported; save with C order".into());
+    }
+    let shape: Vec<usize> = file.shape().iter().map(|&d| d as usize).collect();
+    let type_str = match file.dtype() {
+        npyz::DType::Plain(t) => t.to_string(),
+        other => {
+            return Err(format!(
+                "unsupported dtype {other:?}; use f32, f64, u8 or integers"
+            ));
+        }
+    };
+    let bad = |e: std::io::Error| format!("cannot decode the array ({type_str}): {e}");
+    let kind = type_str.trim_start_matches(['<', '>', '|', '=']);
+    let (values, integral): (Vec<f32>, bool) = match kind {
+        "f4" => (file.into_vec::<f32>().map_err(bad)?, false),
+        "f8" => (
+            file.into_vec::<f64>()
+                .map_err(bad)?
+                .into_iter()
+                .map(|x| x as f32)
+                .collect(),
+            false,
+        ),
+        "u1" => (
+            file.into_vec::<u8>()
+                .map_err(bad)?
+                .into_iter()
+                .map(f32::from)
+                .collect(),
+            true,
+        ),
+        "i4" => (
+            file.into_vec::<i32>()
+                .map_err(bad)?
+                .into_iter()
+                .map(|x| x as f32)
+                .collect(),
+            true,
+        ),
+        "i8" => (
+            file.into_vec::<i64>()
+                .map_err(bad)?
+                .into_iter()
+                .map(|x| x as f32)
+                .collect(),
+            true,
+        ),
+        "u4" => (
+            file.into_vec::<u32>()
+                .map_err(bad)?
+                .into_iter()
+                .map(|x| x as f32)
+                .collect(),
+            true,
+        ),
+        "u8" => (
+            file.into_vec::<u64>()
+                .map_err(bad)?
+                .into_iter()
+                .map(|x| x as f32)
+                .collect(),
+            true,
+        ),
+        other => {
+            return Err(format!(
+                "unsupported dtype `{other}`; use f32, f64, u8 or integers"
+            ));
+        }
+    };
+    if shape.is_empty() {
+        return Err("a 0-d array has no rows".into());
+    }
+    Ok(Array {
+        shape,
+        values,
+        integral,
+    })
+}
+
+/// Reads every array of an `.npz` archive, by key.
+pub fn npz(path: &Path) -> Result<Vec<(String, Array)>, DataError> {
+    let mut archive = npyz::npz::NpzArchive::open(path)
+        .map_err(|e| err(path, format!("not a valid .npz archive: {e}")))?;
+    let names: Vec<String> = archive.array_names().map(String::from).collect();
+    if names.is_empty() {
+        return Err(err(path, "the archive holds no arrays"));
+    }
+    let mut out = Vec::new();
+    for name in names {
+        let file = archive
+            .by_name(&name)
+            .map_err(|e| err(path, format!("key `{name}`: {e}")))?
+            .ok_or_else(|| err(path, format!("key `{name}` is listed but missing")))?;
+        let array = npy_file(file).map_err(|why| err(path, format!("key `{name}`: {why}")))?;
+        out.push((name, array));
+    }
+    Ok(out)
+}
+
+/// Reads a CSV file: one row per sample, a header optional (detected when the
+/// first line does not parse as numbers). Returns (features, labels).
+pub fn csv(path: &Path, label_col: Option<isize>) -> Result<(Array, Array), DataError> {
+    let bytes = read_maybe_gz(path)?;
+    csv_bytes(&bytes, label_col).map_err(|why| err(path, why))
+}
+
+/// CSV text to (features, labels); see [`csv`].
+pub fn csv_bytes(bytes: &[u8], label_col: Option<isize>) -> Result<(Array, Array), String> {
+    let mut reader = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .from_reader(bytes);
+    let mut rows: Vec<Vec<f32>> = Vec::new();
+    let mut integral = Vec::new();
+    for (i, rec) in reader.records().enumerate() {
+        let rec = rec.map_err(|e| format!("row {}: {e}", i + 1))?;
+        let parsed: Result<Vec<f32>, _> = rec.iter().map(|f| f.trim().parse::<f32>()).collect();
+        match parsed {
+            Ok(v) => {
+                integral.push(rec.iter().all(|f| !f.contains(['.', 'e', 'E'])));
+                rows.push(v);
+            }
+            Err(_) if i == 0 => continue, // a header
+            Err(_) => {
+                return Err(format!("row {}: a field is not a number", i + 1));
+            }
+        }
+    }
+    let width = rows.first().map(Vec::len).ok_or("no data rows")?;
+    if width < 2 {
+        return Err("needs at least one feature column and a label column".into());
+    }
+    if let Some((i, r)) = rows.iter().enumerate().find(|(_, r)| r.len() != width) {
+        return Err(format!(
+            "row {} has {} fields, the first has {width}",
+            i + 1,
+            r.len()
+        ));
+    }
+    let col = match label_col.unwrap_or(-1) {
+        c if c < 0 && (-c) as usize <= width => width - (-c) as usize,
+        c if c >= 0 && (c as usize) < width => c as usize,
+        c => return Err(format!("--label-col {c} is outside the {width} columns")),
+    };
+    let n = rows.len();
+    let mut x = Vec::with_capacity(n * (width - 1));
+    let mut y = Vec::with_capacity(n);
+    for r in &rows {
+        for (j, v) in r.iter().enumerate() {
+            if j == col {
+                y.push(*v);
+            } else {
+                x.push(*v);
+            }
+        }
+    }
+    let labels_integral = y.iter().all(|v| v.fract() == 0.0);
+    Ok((
+        Array {
+            shape: vec![n, width - 1],
+            values: x,
+            integral: integral.iter().all(|&b| b),
+        },
+        Array {
+            shape: vec![n],
+            values: y,
+            integral: labels_integral,
+        },
+    ))
+}
+
+/// Reads an IDX file (MNIST's format), gzipped or not.
+pub fn idx(path: &Path) -> Result<Array, DataError> {
+    let bytes = read_maybe_gz(path)?;
+    idx_bytes(&bytes).map_err(|why| err(path, why))
+}
+
+fn idx_bytes(b: &[u8]) -> Result<Array, String> {
+    if b.len() < 4 || b[0] != 0 || b[1] != 0 {
+        return Err("not an IDX file (bad magic number)".into());
+    }
+    let (type_code, rank) = (b[2], b[3] as usize);
+    let head = 4 + 4 * rank;
+    if rank == 0 || b.len() < head {
+        return Err("truncated IDX header".into());
+    }
+    let shape: Vec<usize> = (0..rank)
+        .map(|i| u32::from_be_bytes(b[4 + 4 * i..8 + 4 * i].try_into().expect("4 bytes")) as usize)
+        .collect();
+    let n: usize = shape.iter().product();
+    let width = match type_code {
+        0x08 | 0x09 => 1,
+        0x0B => 2,
+        0x0C | 0x0D => 4,
+        0x0E => 8,
+        t => return Err(format!("unknown IDX element type 0x{t:02X}")),
+    };
+    let body = &b[head..];
+    if body.len() < n * width {
+        return Err(format!(
+            "truncated: {} bytes of data for {n} elements",
+            body.len()
+        ));
+    }
+    let values: Vec<f32> = match type_code {
+        0x08 => body[..n].iter().map(|&v| f32::from(v)).collect(),
+        0x09 => body[..n].iter().map(|&v| f32::from(v as i8)).collect(),
+        0x0B => body
+            .chunks_exact(2)
+            .take(n)
+            .map(|c| f32::from(i16::from_be_bytes([c[0], c[1]])))
+            .collect(),
+        0x0C => body
+            .chunks_exact(4)
+            .take(n)
+            .map(|c| i32::from_be_bytes(c.try_into().expect("4")) as f32)
+            .collect(),
+        0x0D => body
+            .chunks_exact(4)
+            .take(n)
+            .map(|c| f32::from_be_bytes(c.try_into().expect("4")))
+            .collect(),
+        _ => body
+            .chunks_exact(8)
+            .take(n)
+            .map(|c| f64::from_be_bytes(c.try_into().expect("8")) as f32)
+            .collect(),
+    };
+    Ok(Array {
+        shape,
+        values,
+        integral: type_code <= 0x0C,
+    })
+}
+
+/// The file's bytes, gunzipped when they start with the gzip magic.
+fn read_maybe_gz(path: &Path) -> Result<Vec<u8>, DataError> {
+    let bytes = read_bytes(path)?;
+    if bytes.starts_with(&[0x1f, 0x8b]) {
+        gunzip(&bytes).map_err(|why| err(path, why))
+    } else {
+        Ok(bytes)
+    }
+}
+
+/// Decompresses gzip bytes.
+pub fn gunzip(bytes: &[u8]) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    GzDecoder::new(bytes)
+        .read_to_end(&mut out)
+        .map_err(|e| format!("bad gzip data: {e}"))?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idx_roundtrip() {
+        // 2 x 3 unsigned bytes.
+        let mut b = vec![0, 0, 0x08, 2, 0, 0, 0, 2, 0, 0, 0, 3];
+        b.extend([1, 2, 3, 4, 5, 6]);
+        let a = idx_bytes(&b).unwrap();
+        assert_eq!(a.shape, vec![2, 3]);
+        assert_eq!(a.values, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        assert!(idx_bytes(&b[..14]).is_err());
+        assert!(idx_bytes(b"PK\x03\x04").is_err());
+    }
+}
