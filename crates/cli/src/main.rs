@@ -27,6 +27,8 @@ enum Command {
     Plan(cmd::plan::PlanArgs),
     /// Real timed training steps across batch sizes: throughput, peak memory, largest batch, knee.
     Probe(cmd::probe::ProbeArgs),
+    /// Gradient noise scale on your data: critical batch, steps and epochs per batch, learning rates.
+    Noise(cmd::noise::NoiseArgs),
     /// Internal: measures one batch size in a fresh process (started by probe).
     #[command(name = "__measure-worker", hide = true)]
     Worker { request: String },
@@ -37,6 +39,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Plan(args) => cmd::plan::run(args),
         Command::Probe(args) => cmd::probe::run(args),
+        Command::Noise(args) => cmd::noise::run(args),
         Command::Worker { request } => {
             batchfit_engine::worker::serve(&request).map_err(error::CliError::Failure)
         }

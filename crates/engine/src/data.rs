@@ -80,3 +80,60 @@ pub fn one_hot(labels: &[usize], classes: usize, device: &Device) -> Tensor<2> {
     }
     Tensor::from_data(TensorData::new(v, [labels.len(), classes]), device)
 }
+
+/// The rows `idx` of a real dataset as a batch on `device`.
+pub fn from_rows(
+    dataset: &batchfit_data::Dataset,
+    graph: &Graph,
+    idx: &[usize],
+    device: &Device,
+) -> Batch {
+    let b = idx.len();
+    let inputs = graph
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(i, input)| {
+            let values = dataset.gather_input(i, idx);
+            let elems = dataset.input_elems[i];
+            match input.kind {
+                InputKind::Float => Value::Float(Tensor::from_data(
+                    TensorData::new(values, [b, elems]),
+                    device,
+                )),
+                InputKind::Tokens { .. } => {
+                    let ids: Vec<i64> = values.into_iter().map(|v| v as i64).collect();
+                    Value::Tokens(Tensor::<2, Int>::from_data(
+                        TensorData::new(ids, [b, elems]),
+                        device,
+                    ))
+                }
+            }
+        })
+        .collect();
+    let target = match &dataset.targets {
+        batchfit_data::Targets::Dense { values, elems } => {
+            let mut v = Vec::with_capacity(b * elems);
+            for &r in idx {
+                v.extend_from_slice(&values[r * elems..(r + 1) * elems]);
+            }
+            Target::Dense(Tensor::from_data(TensorData::new(v, [b, *elems]), device))
+        }
+        batchfit_data::Targets::Classes {
+            labels,
+            per_row,
+            classes,
+        } => {
+            let mut l = Vec::with_capacity(b * per_row);
+            for &r in idx {
+                l.extend_from_slice(&labels[r * per_row..(r + 1) * per_row]);
+            }
+            Target::OneHot(one_hot(&l, *classes, device))
+        }
+    };
+    Batch {
+        inputs,
+        target,
+        size: b,
+    }
+}

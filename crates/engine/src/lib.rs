@@ -11,6 +11,7 @@ pub mod data;
 pub mod device;
 pub mod measure;
 pub mod model;
+pub mod noise;
 pub mod trainer;
 pub mod worker;
 

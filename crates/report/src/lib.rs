@@ -1,5 +1,6 @@
 //! Reports: terminal tables and JSON documents (schema in `docs/json.md`).
 
+pub mod noise;
 pub mod plan;
 pub mod probe;
 

@@ -153,6 +153,20 @@ impl NoiseEstimator {
     }
 }
 
+/// The estimate after one step.
+#[derive(Clone, Debug, Serialize)]
+pub struct NoiseRecord {
+    pub step: usize,
+    /// Mean training loss of the step's micro-batches.
+    pub loss: f64,
+    pub b_simple: Option<f64>,
+    pub b_simple_low: Option<f64>,
+    pub b_simple_high: Option<f64>,
+    pub g2: Option<f64>,
+    pub trace: Option<f64>,
+    pub epoch: usize,
+}
+
 /// What a batch size costs relative to the ideal, from the noise scale:
 /// steps `S(B) = S_min (1 + B_noise / B)`, samples `E(B) = E_min (1 + B / B_noise)`.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
