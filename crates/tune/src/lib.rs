@@ -9,6 +9,7 @@
 //! - [`lr`]: learning-rate scaling rules;
 //! - [`target`]: predicted time to a target loss per device and batch.
 
+pub mod diagnose;
 pub mod knee;
 pub mod lr;
 pub mod noise;
