@@ -23,6 +23,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The answer: which batch (and learning rate) to train with on each device, with the evidence.
+    Advise(cmd::advise::AdviseArgs),
     /// Static memory and FLOP plan of a model: per layer, totals, largest batch per budget.
     Plan(cmd::plan::PlanArgs),
     /// Real timed training steps across batch sizes: throughput, peak memory, largest batch, knee.
@@ -37,6 +39,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Advise(args) => cmd::advise::run(args),
         Command::Plan(args) => cmd::plan::run(args),
         Command::Probe(args) => cmd::probe::run(args),
         Command::Noise(args) => cmd::noise::run(args),

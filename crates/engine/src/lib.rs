@@ -15,6 +15,7 @@ pub mod noise;
 pub mod trainer;
 pub mod worker;
 
+pub use burn;
 pub use device::DeviceSpec;
 pub use trainer::{EngineError, TrainConfig, Trainer};
 

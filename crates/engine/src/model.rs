@@ -6,6 +6,11 @@
 //! `[B, elements of one sample]` beside its logical sample shape, and reshaped
 //! to the rank an op needs (a view in burn): elementwise ops then work on any
 //! shape, and the batch stays the leading dimension throughout.
+//!
+//! Parameters start from the graph's trained values when its nodes carry them
+//! ([`Node::weights`], read from an ONNX file) and [`Init::FromGraph`] is
+//! asked for; otherwise, and for nodes without values, they are drawn as
+//! PyTorch's default initialisation would.
 
 use batchfit_graph::{Cell, Graph, InputKind, LossKind, Node, Op, PoolKind, RnnBias, Window};
 use burn::module::{Module, Param};
@@ -93,11 +98,104 @@ impl Params {
         }
     }
 
+    /// A parameter holding `values` (row-major, `shape.iter().product()` of them).
+    fn load(&mut self, shape: &[usize], values: Vec<f32>, device: &Device) -> P {
+        let data = TensorData::new(values, shape.to_vec());
+        match shape.len() {
+            1 => {
+                self.r1
+                    .push(Param::from_tensor(Tensor::from_data(data, device)));
+                P::R1(self.r1.len() - 1)
+            }
+            2 => {
+                self.r2
+                    .push(Param::from_tensor(Tensor::from_data(data, device)));
+                P::R2(self.r2.len() - 1)
+            }
+            3 => {
+                self.r3
+                    .push(Param::from_tensor(Tensor::from_data(data, device)));
+                P::R3(self.r3.len() - 1)
+            }
+            4 => {
+                self.r4
+                    .push(Param::from_tensor(Tensor::from_data(data, device)));
+                P::R4(self.r4.len() - 1)
+            }
+            _ => unreachable!("parameters have rank 1 to 4"),
+        }
+    }
+
     fn constant(&mut self, len: usize, value: f32, device: &Device) -> P {
         self.r1
             .push(Param::from_tensor(Tensor::full([len], value, device)));
         P::R1(self.r1.len() - 1)
     }
+}
+
+/// Where a program's parameters start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Init {
+    /// From the trained values the graph's nodes carry ([`Node::weights`]);
+    /// randomly for nodes without them.
+    #[default]
+    FromGraph,
+    /// Randomly everywhere (PyTorch's default initialisation), ignoring any values.
+    Random,
+}
+
+/// The trained values of one node's parameters, handed out in [`Op::params`] order.
+struct Values<'a> {
+    weights: Option<&'a [Vec<f32>]>,
+    next: usize,
+}
+
+impl Values<'_> {
+    /// The next parameter: `shape` in the engine's layout, `fan_in` for random
+    /// initialisation; `transposed` when the engine stores the transpose of the
+    /// IR's `[shape[1], shape[0]]` matrix.
+    fn param(
+        &mut self,
+        params: &mut Params,
+        shape: &[usize],
+        fan_in: usize,
+        transposed: bool,
+        device: &Device,
+    ) -> P {
+        match self.take(shape, transposed) {
+            Some(v) => params.load(shape, v, device),
+            None => params.push(shape, fan_in, device),
+        }
+    }
+
+    /// Like [`Values::param`] for a norm's scale or shift, `value` when there is none.
+    fn constant(&mut self, params: &mut Params, len: usize, value: f32, device: &Device) -> P {
+        match self.take(&[len], false) {
+            Some(v) => params.load(&[len], v, device),
+            None => params.constant(len, value, device),
+        }
+    }
+
+    fn take(&mut self, shape: &[usize], transposed: bool) -> Option<Vec<f32>> {
+        let w = &self.weights?[self.next];
+        self.next += 1;
+        Some(if transposed {
+            transpose(w, shape[1], shape[0])
+        } else {
+            w.clone()
+        })
+    }
+}
+
+/// The transpose of a row-major `[rows, cols]` matrix.
+fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0.0; v.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            out[c * rows + r] = v[r * cols + c];
+        }
+    }
+    out
 }
 
 /// One node, compiled: where its inputs and parameters are.
@@ -122,6 +220,8 @@ pub enum Value {
 }
 
 /// Targets of a batch.
+// One per batch, beside tensors far larger than the enum: boxing buys nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum Target {
     /// Regression target `[B, elements]`.
@@ -165,10 +265,12 @@ pub struct Unsupported {
 }
 
 impl Program {
-    /// Compiles `graph` and creates freshly initialised parameters on `device`.
+    /// Compiles `graph` and creates its parameters on `device`, from the graph's
+    /// trained values or randomly as `init` says.
     pub fn new(
         graph: &Graph,
         seq_len: usize,
+        init: Init,
         device: &Device,
     ) -> Result<(Program, Params), Unsupported> {
         let mut params = Params {
@@ -189,7 +291,7 @@ impl Program {
                 .iter()
                 .map(|n| graph.shape_of(n).expect("shapes checked").resolve(seq_len))
                 .collect();
-            let p = compile_params(node, &mut params, device)?;
+            let p = compile_params(node, init, &mut params, device)?;
             kernels.push(Kernel {
                 op: node.op.clone(),
                 inputs,
@@ -232,11 +334,11 @@ impl Program {
                 .iter()
                 .map(|&i| {
                     if last_use[i] == k
-                        && !kernel.inputs[..]
+                        && kernel.inputs[..]
                             .iter()
                             .filter(|&&j| j == i)
                             .nth(1)
-                            .is_some()
+                            .is_none()
                     {
                         slots[i].take().expect("value computed")
                     } else {
@@ -293,9 +395,12 @@ impl Program {
     }
 }
 
-/// Creates the parameters of one node, in the layout the kernels use.
+/// Creates the parameters of one node, in the layout the kernels use: from
+/// the node's trained values (IR layout, converted) under [`Init::FromGraph`]
+/// when it has them, else randomly.
 fn compile_params(
     node: &Node,
+    init: Init,
     params: &mut Params,
     device: &Device,
 ) -> Result<Vec<P>, Unsupported> {
@@ -303,16 +408,42 @@ fn compile_params(
         node: node.name.clone(),
         what: what.to_string(),
     };
+    let weights = match (init, &node.weights) {
+        (Init::FromGraph, Some(w)) => {
+            let shapes = node.op.params();
+            let fits = shapes.len() == w.len()
+                && shapes
+                    .iter()
+                    .zip(w)
+                    .all(|(p, v)| p.elements() as usize == v.len());
+            if !fits {
+                return Err(unsupported(
+                    "trained weights that do not match its parameter shapes",
+                ));
+            }
+            Some(w.as_slice())
+        }
+        _ => None,
+    };
+    let mut values = Values { weights, next: 0 };
+    let mut param = |params: &mut Params, shape: &[usize], fan_in: usize, transposed: bool| {
+        values.param(params, shape, fan_in, transposed, device)
+    };
     Ok(match &node.op {
         Op::Linear {
             in_features,
             out_features,
             bias,
         } => {
-            // Stored [in, out] so the forward pass is x W (burn's layout).
-            let mut p = vec![params.push(&[*in_features, *out_features], *in_features, device)];
+            // Stored [in, out] so the forward pass is x W (burn's layout); the IR's is [out, in].
+            let mut p = vec![param(
+                params,
+                &[*in_features, *out_features],
+                *in_features,
+                true,
+            )];
             if *bias {
-                p.push(params.push(&[*out_features], *in_features, device));
+                p.push(param(params, &[*out_features], *in_features, false));
             }
             p
         }
@@ -329,17 +460,17 @@ fn compile_params(
             let fan_in = in_channels / groups * window.kernel_elements();
             let mut shape = vec![*out_channels, in_channels / groups];
             shape.extend(&window.kernel);
-            let mut p = vec![params.push(&shape, fan_in, device)];
+            let mut p = vec![param(params, &shape, fan_in, false)];
             if *bias {
-                p.push(params.push(&[*out_channels], fan_in, device));
+                p.push(param(params, &[*out_channels], fan_in, false));
             }
             p
         }
         Op::BatchNorm { features } | Op::LayerNorm { features } => vec![
-            params.constant(*features, 1.0, device),
-            params.constant(*features, 0.0, device),
+            values.constant(params, *features, 1.0, device),
+            values.constant(params, *features, 0.0, device),
         ],
-        Op::Embedding { vocab, dim } => vec![params.push(&[*vocab, *dim], 1, device)],
+        Op::Embedding { vocab, dim } => vec![param(params, &[*vocab, *dim], 1, false)],
         Op::Rnn {
             cell,
             input_size,
@@ -350,12 +481,13 @@ fn compile_params(
             let g = cell.gates() * hidden;
             let dirs = if *bidirectional { 2 } else { 1 };
             let mut p = Vec::new();
+            // Stored [in, gates * H] so each step is x W; the IR's are [gates * H, in].
             for _ in 0..dirs {
-                p.push(params.push(&[*input_size, g], *hidden, device));
-                p.push(params.push(&[*hidden, g], *hidden, device));
-                p.push(params.push(&[g], *hidden, device));
+                p.push(param(params, &[*input_size, g], *hidden, true));
+                p.push(param(params, &[*hidden, g], *hidden, true));
+                p.push(param(params, &[g], *hidden, false));
                 if *bias == RnnBias::Double {
-                    p.push(params.push(&[g], *hidden, device));
+                    p.push(param(params, &[g], *hidden, false));
                 }
             }
             p

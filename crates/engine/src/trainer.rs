@@ -1,7 +1,7 @@
 //! A training step: forward, loss, backward, optimizer.
 
 use crate::device::DeviceSpec;
-use crate::model::{Batch, Params, Program, Unsupported};
+use crate::model::{Batch, Init, Params, Program, Unsupported};
 use batchfit_graph::Graph;
 use batchfit_plan::Optimizer;
 use burn::module::{Module, ModuleVisitor, Param};
@@ -26,6 +26,9 @@ pub struct TrainConfig {
     pub seq_len: usize,
     pub seed: u64,
     pub device: DeviceSpec,
+    /// Start from random parameters even when the graph carries trained
+    /// values (an ONNX file's weights); `false` starts from those values.
+    pub init_random: bool,
 }
 
 /// A model with its parameters and optimizer on a device.
@@ -44,7 +47,12 @@ impl Trainer {
             .autodiff_device()
             .map_err(EngineError::Device)?;
         device.seed(config.seed);
-        let (program, params) = Program::new(graph, config.seq_len, &device)?;
+        let init = if config.init_random {
+            Init::Random
+        } else {
+            Init::FromGraph
+        };
+        let (program, params) = Program::new(graph, config.seq_len, init, &device)?;
         // PyTorch's defaults, not burn's (burn: momentum dampening 0.1, Adam epsilon 1e-5).
         let optim = match config.optimizer {
             Optimizer::Sgd => SgdConfig::new().init(),

@@ -79,6 +79,7 @@ pub fn serve(request_json: &str) -> Result<(), String> {
             seq_len: req.seq_len,
             seed: req.seed,
             device: req.device,
+            init_random: false,
         },
     )
     .map_err(|e| e.to_string())?;

@@ -134,6 +134,7 @@ fn trainer(g: &Graph, lr: f64) -> Trainer {
             seq_len: g.default_seq_len.unwrap_or(1),
             seed: 7,
             device: DeviceSpec::Cpu,
+            init_random: false,
         },
     )
     .unwrap()

@@ -263,7 +263,15 @@ fn seed2_from_onnx_equals_the_zoo_model() {
             .collect()
     };
     assert_eq!(shapes(&g), shapes(&z));
-    assert_eq!(g.nodes, z.nodes, "same ops, attributes and inputs");
+    assert!(
+        g.nodes
+            .iter()
+            .all(|n| n.weights.is_some() == (n.op.param_count() > 0)),
+        "the initializers' values are attached to every layer"
+    );
+    let mut nodes = g.nodes.clone();
+    nodes.iter_mut().for_each(|n| n.weights = None);
+    assert_eq!(nodes, z.nodes, "same ops, attributes and inputs");
     assert_eq!(g.loss, z.loss);
     assert_eq!(g.name, "seed2-dual");
 }
@@ -957,4 +965,211 @@ fn onnx_file_loads_through_the_crate_entry_point() {
         }
     ));
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+// ----- trained weights ------------------------------------------------------
+
+/// A float initializer with these values in `float_data`.
+fn floats(name: &str, dims: &[i64], values: &[f32]) -> TensorProto {
+    TensorProto {
+        name: name.into(),
+        dims: dims.to_vec(),
+        data_type: DataType::Float as i32,
+        float_data: values.to_vec(),
+        ..Default::default()
+    }
+}
+
+/// A float initializer with these values little-endian in `raw_data`.
+fn raw_floats(name: &str, dims: &[i64], values: &[f32]) -> TensorProto {
+    TensorProto {
+        name: name.into(),
+        dims: dims.to_vec(),
+        data_type: DataType::Float as i32,
+        raw_data: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        ..Default::default()
+    }
+}
+
+fn float(name: &str, v: f32) -> AttributeProto {
+    AttributeProto {
+        f: v,
+        ..attr(name, AttributeType::Float)
+    }
+}
+
+/// Gemm (both `transB`, `alpha`/`beta`, a broadcast bias), MatMul with a
+/// double weight and a folded bias, a weight transposed in the graph: every
+/// weight lands in the IR's `[out, in]` layout; an f16 weight is not read.
+#[test]
+fn linear_weights_land_in_ir_layout() {
+    let mut n = Net::new("linear-weights");
+    n.input("x", "batch,3");
+    // B [in = 3, out = 2]
+    n.init(raw_floats("g1.B", &[3, 2], &[1., 2., 3., 4., 5., 6.]))
+        .init(floats("g1.C", &[2], &[0.5, -0.5]));
+    n.node("Gemm", "g1", &["x", "g1.B", "g1.C"], &["h1"], vec![]);
+    // B [out = 2, in = 2], scaled by alpha; scalar C scaled by beta
+    n.init(floats("g2.B", &[2, 2], &[1., 2., 3., 4.]))
+        .init(floats("g2.C", &[1], &[1.0]));
+    n.node(
+        "Gemm",
+        "g2",
+        &["h1", "g2.B", "g2.C"],
+        &["h2"],
+        vec![int("transB", 1), float("alpha", 2.0), float("beta", 3.0)],
+    );
+    n.init(TensorProto {
+        name: "m.W".into(),
+        dims: vec![2, 2],
+        data_type: DataType::Double as i32,
+        raw_data: [1f64, 2., 3., 4.]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        ..Default::default()
+    })
+    .init(floats("m.b", &[1, 2], &[7., 8.]));
+    n.node("MatMul", "m", &["h2", "m.W"], &["h3"], vec![]);
+    n.node("Add", "m_bias", &["h3", "m.b"], &["h4"], vec![]);
+    // W [out = 3, in = 2] transposed in the graph to [in, out] for a MatMul.
+    n.init(floats("t.W", &[3, 2], &[1., 2., 3., 4., 5., 6.]));
+    n.node(
+        "Transpose",
+        "t_w",
+        &["t.W"],
+        &["t.Wt"],
+        vec![ints("perm", &[1, 0])],
+    );
+    n.node("MatMul", "t", &["h4", "t.Wt"], &["h5"], vec![]);
+    n.init(TensorProto {
+        name: "half.B".into(),
+        dims: vec![2, 3],
+        data_type: DataType::Float16 as i32,
+        int32_data: vec![0x3c00; 6], // 1.0
+        ..Default::default()
+    });
+    n.node(
+        "Gemm",
+        "half",
+        &["h5", "half.B"],
+        &["y"],
+        vec![int("transB", 1)],
+    );
+    n.output("y");
+
+    let g = onnx::parse(&n.bytes()).unwrap();
+    let names: Vec<&str> = g.nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, ["g1", "g2", "m", "t", "half"]);
+    let w = |k: usize| g.nodes[k].weights.clone();
+    assert_eq!(
+        w(0),
+        Some(vec![vec![1., 3., 5., 2., 4., 6.], vec![0.5, -0.5]]),
+        "transB = 0: B transposed"
+    );
+    assert_eq!(
+        w(1),
+        Some(vec![vec![2., 4., 6., 8.], vec![3., 3.]]),
+        "transB = 1: B as is, times alpha; C broadcast, times beta"
+    );
+    assert_eq!(
+        w(2),
+        Some(vec![vec![1., 3., 2., 4.], vec![7., 8.]]),
+        "MatMul weight transposed, double converted, folded bias"
+    );
+    assert_eq!(w(3), Some(vec![vec![1., 2., 3., 4., 5., 6.]]));
+    assert_eq!(w(4), None, "f16 values are not read");
+    for node in &g.nodes[..4] {
+        let params = node.op.params();
+        let weights = node.weights.as_ref().unwrap();
+        for (p, v) in params.iter().zip(weights) {
+            assert_eq!(p.elements() as usize, v.len(), "{}.{}", node.name, p.name);
+        }
+    }
+}
+
+/// ONNX gate blocks (LSTM i, o, f, c; GRU z, r, h) come out in PyTorch's order
+/// (i, f, g, o; r, z, n), `B` splits into input and recurrent biases per
+/// direction, and a missing `B` is zeros.
+#[test]
+fn lstm_and_gru_weights_in_pytorch_gate_order() {
+    let mut n = Net::new("rnn-weights");
+    n.input("x", "batch,seq,2");
+    // LSTM, hidden 1, input 2: rows i, o, f, c.
+    n.init(floats("l.W", &[1, 4, 2], &[1., 2., 3., 4., 5., 6., 7., 8.]))
+        .init(floats("l.R", &[1, 4, 1], &[10., 20., 30., 40.]))
+        .init(raw_floats(
+            "l.B",
+            &[1, 8],
+            &[0.1, 0.2, 0.3, 0.4, 1., 2., 3., 4.],
+        ));
+    n.node(
+        "LSTM",
+        "lstm",
+        &["x", "l.W", "l.R", "l.B"],
+        &["ly"],
+        vec![int("hidden_size", 1), int("layout", 1)],
+    );
+    n.init(int64s("merge", &[0, 0, -1]));
+    n.node("Reshape", "l_merge", &["ly", "merge"], &["l"], vec![]);
+    // Bidirectional GRU, hidden 1, input 1, no B: rows z, r, h per direction.
+    n.init(floats("g.W", &[2, 3, 1], &[1., 2., 3., 4., 5., 6.]))
+        .init(floats("g.R", &[2, 3, 1], &[10., 20., 30., 40., 50., 60.]));
+    n.node(
+        "GRU",
+        "gru",
+        &["l", "g.W", "g.R"],
+        &["gy"],
+        vec![
+            int("hidden_size", 1),
+            int("layout", 1),
+            string("direction", "bidirectional"),
+            int("linear_before_reset", 1),
+        ],
+    );
+    n.node("Reshape", "g_merge", &["gy", "merge"], &["y"], vec![]);
+    n.output("y");
+
+    let g = onnx::parse(&n.bytes()).unwrap();
+    let names: Vec<&str> = g.nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, ["lstm", "gru"]);
+    let lstm = g.nodes[0].weights.clone().unwrap();
+    assert_eq!(
+        lstm,
+        vec![
+            vec![1., 2., 5., 6., 7., 8., 3., 4.], // weight_ih [4, 2]: i, f, g, o
+            vec![10., 30., 40., 20.],             // weight_hh [4, 1]
+            vec![0.1, 0.3, 0.4, 0.2],             // bias_ih
+            vec![1., 3., 4., 2.],                 // bias_hh
+        ]
+    );
+    let gru = g.nodes[1].weights.clone().unwrap();
+    let z = vec![0.0; 3];
+    assert_eq!(
+        gru,
+        vec![
+            vec![2., 1., 3.],
+            vec![20., 10., 30.],
+            z.clone(),
+            z.clone(),
+            vec![5., 4., 6.],
+            vec![50., 40., 60.],
+            z.clone(),
+            z,
+        ]
+    );
+    let names: Vec<String> = g.nodes[1].op.params().into_iter().map(|p| p.name).collect();
+    assert_eq!(
+        names,
+        [
+            "weight_ih",
+            "weight_hh",
+            "bias_ih",
+            "bias_hh",
+            "weight_ih_reverse",
+            "weight_hh_reverse",
+            "bias_ih_reverse",
+            "bias_hh_reverse"
+        ]
+    );
 }

@@ -1,7 +1,9 @@
 //! Reports: terminal tables and JSON documents (schema in `docs/json.md`).
 
+pub mod advise;
 pub mod noise;
 pub mod plan;
+pub mod plots;
 pub mod probe;
 
 /// Version of the JSON documents; bumped when a field changes meaning or is removed.

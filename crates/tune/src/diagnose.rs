@@ -126,7 +126,10 @@ mod tests {
     fn curve(f: impl Fn(u64) -> f64) -> Vec<StepPoint> {
         [16, 64, 256, 1024, 4096]
             .iter()
-            .map(|&b| StepPoint { batch: b, step_s: f(b) })
+            .map(|&b| StepPoint {
+                batch: b,
+                step_s: f(b),
+            })
             .collect()
     }
 
@@ -144,7 +147,12 @@ mod tests {
     #[test]
     fn fixed_overhead_fires_when_the_step_barely_depends_on_the_batch() {
         let overhead = curve(|b| 0.005 + b as f64 * 1e-7);
-        assert!(fixed_overhead(&overhead, "cuda:0").unwrap().message.contains("CPU"));
+        assert!(
+            fixed_overhead(&overhead, "cuda:0")
+                .unwrap()
+                .message
+                .contains("CPU")
+        );
         let compute = curve(|b| 1e-5 + b as f64 * 1e-4);
         assert!(fixed_overhead(&compute, "cpu").is_none());
     }

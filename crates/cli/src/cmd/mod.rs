@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod advise;
 pub mod noise;
 pub mod plan;
 pub mod probe;

@@ -29,8 +29,8 @@ pub struct ProbeArgs {
 /// Flags of every command that measures training steps.
 #[derive(Args, Clone, Debug)]
 pub struct MeasureFlags {
-    /// Devices to measure, comma-separated: cpu, cuda:0, wgpu:0.
-    #[arg(long, value_delimiter = ',', default_value = "cpu")]
+    /// Devices to measure, comma-separated: cpu, cuda:0, wgpu:0 [probe: cpu; advise: every device present].
+    #[arg(long, value_delimiter = ',')]
     pub device: Vec<String>,
     /// Measure exactly these batch sizes (comma-separated) instead of sampling.
     #[arg(long, value_delimiter = ',', value_parser = positive_u64)]
@@ -102,7 +102,13 @@ impl MeasureFlags {
     /// The devices, checked: unknown names and GPUs absent from this build are bad input.
     pub fn devices(&self) -> CliResult<Vec<DeviceSpec>> {
         let mut out = Vec::new();
-        for d in &self.device {
+        let cpu = ["cpu".to_string()];
+        let names: &[String] = if self.device.is_empty() {
+            &cpu
+        } else {
+            &self.device
+        };
+        for d in names {
             let spec = DeviceSpec::parse(d).map_err(input)?;
             spec.device()
                 .map_err(|e| CliError::Input(format!("--device {d}: {e}")))?;

@@ -15,9 +15,21 @@
 //!   dimension when the model has an LSTM/GRU or the input holds token ids;
 //!   any other symbolic dimension is an error. An input whose ids feed a
 //!   `Gather` embedding is a token input.
-//! * **Weights** come from initializers or `Constant` nodes; only their
-//!   shapes matter, except for small tensors whose values are read (Reshape
-//!   targets, axes, Clip bounds, dropout ratios).
+//! * **Weights** come from initializers or `Constant` nodes. Their shapes
+//!   give the IR's parameters; small tensors' values are read as attributes
+//!   (Reshape targets, axes, Clip bounds, dropout ratios).
+//! * **Trained values.** Each layer's weights are attached to its IR node
+//!   ([`crate::graph::Node::weights`]) in the IR's PyTorch layout, so training
+//!   can start from them: `Gemm` weights are transposed unless `transB = 1`
+//!   and scaled by `alpha` (the bias by `beta`), `MatMul` weights `[in, out]`
+//!   are transposed, folded biases are broadcast to `[out]`, `LSTM`/`GRU`
+//!   gate blocks are reordered from ONNX's `i, o, f, c` / `z, r, h` to
+//!   PyTorch's `i, f, g, o` / `r, z, n` and `B` is split into the input and
+//!   recurrent biases (zeros when absent), a missing `LayerNormalization` bias
+//!   is zeros. Values are read from `float` or `double` tensors (raw or typed
+//!   data); a layer with any other element type, external data or a weight
+//!   that is not a constant keeps `weights = None` (random initialisation).
+//!   `BatchNormalization`'s running mean and variance are not kept.
 //! * **Names.** An IR node is named like its ONNX node (the first output's
 //!   name when the node has none); ONNX tensor names are mapped onto IR
 //!   tensor names, so aliases (`Identity`, `Cast`, folded biases, layout
@@ -55,9 +67,11 @@
 //! zeros / multiplying by ones), no arithmetic on the symbolic batch in shape
 //! computations, `Conv`/pools over 1 or 2 spatial dimensions only,
 //! `LSTM` peepholes rejected, `direction = reverse` counted as forward (same
-//! cost), a recurrent layer without `B` still counted with both bias vectors,
-//! non-default recurrent activations and `Gemm` `alpha`/`beta` scaling ignored
-//! (they do not change shapes or parameters).
+//! cost), a recurrent layer without `B` still counted with both bias vectors
+//! (zeros), non-default recurrent activations and `GRU`
+//! `linear_before_reset = 0` ignored (they do not change shapes or
+//! parameters; the trained weights of such layers are attached all the same,
+//! so the IR computes a somewhat different function from them).
 
 pub mod proto;
 
@@ -812,8 +826,12 @@ impl Importer {
     }
 
     /// If the only use of output 0 of node `i` is an `Add` of a constant whose
-    /// shape `is_bias` accepts, skips that `Add` and returns its output.
-    fn bias_fold(&mut self, i: usize, is_bias: impl Fn(&[i64]) -> bool) -> Option<String> {
+    /// shape `is_bias` accepts, skips that `Add` and returns its output and the constant.
+    fn bias_fold(
+        &mut self,
+        i: usize,
+        is_bias: impl Fn(&[i64]) -> bool,
+    ) -> Option<(String, Rc<TensorProto>)> {
         let out = self.nodes[i].output.first()?;
         if self.outputs.contains(out) {
             return None;
@@ -831,9 +849,30 @@ impl Importer {
         if !is_bias(&c.dims) {
             return None;
         }
+        let c = Rc::clone(c);
         let folded = add.output.first()?.clone();
         self.skip.insert(j);
-        Some(folded)
+        Some((folded, c))
+    }
+
+    /// Attaches trained values to IR node `name` when every parameter could be read
+    /// (in [`Op::params`] order and layout); otherwise the node keeps random initialisation.
+    fn attach(&mut self, name: &str, weights: Vec<Option<Vec<f32>>>) {
+        if let Some(weights) = weights.into_iter().collect::<Option<Vec<_>>>() {
+            // Values whose sizes do not fit the op's parameters are not attached.
+            let _ = self.b.set_weights(name, weights);
+        }
+    }
+
+    /// The `f32` values of constant input `pos`, when it is one and they can be read.
+    fn const_f32(&self, n: &NodeProto, pos: usize) -> Option<Vec<f32>> {
+        if !Self::has_input(n, pos) {
+            return None;
+        }
+        match self.vals.get(&n.input[pos])? {
+            Val::Const(t) => tensor_f32(t),
+            _ => None,
+        }
     }
 
     // ----- ops ------------------------------------------------------------
@@ -863,16 +902,20 @@ impl Importer {
                 let w = self.konst(n, 1, "Gemm weight B")?;
                 let [d0, d1] = dims2(&w.dims)
                     .ok_or_else(|| err(format!("Gemm weight B must be 2-D, got {:?}", w.dims)))?;
-                let (k, out) = if a.int("transB", 0) != 0 {
-                    (d1, d0)
+                let trans_b = a.int("transB", 0) != 0;
+                let (k, out) = if trans_b { (d1, d0) } else { (d0, d1) };
+                // IR layout [out, in]: B itself with transB = 1, else its transpose.
+                let weight = tensor_f32(&w).map(|v| {
+                    let v = if trans_b { v } else { transpose2(&v, d0, d1) };
+                    scaled(v, a.float("alpha", 1.0))
+                });
+                let beta = a.float("beta", 1.0);
+                let bias = if Self::has_input(n, 2) && beta != 0.0 {
+                    Some((self.konst(n, 2, "Gemm bias C")?, beta))
                 } else {
-                    (d0, d1)
+                    None
                 };
-                let bias = Self::has_input(n, 2) && a.float("beta", 1.0) != 0.0;
-                if bias {
-                    self.konst(n, 2, "Gemm bias C")?;
-                }
-                self.linear(i, n, &x, k, out, bias)?;
+                self.linear(i, n, &x, k, out, weight, bias)?;
             }
             "MatMul" => match (self.val(n, 0)?, self.val(n, 1)?) {
                 (_, Val::Const(w)) => {
@@ -883,7 +926,9 @@ impl Importer {
                             w.dims
                         ))
                     })?;
-                    self.linear(i, n, &x, k, out, false)?;
+                    // ONNX [in, out] -> IR [out, in].
+                    let weight = tensor_f32(w).map(|v| transpose2(&v, k, out));
+                    self.linear(i, n, &x, k, out, weight, None)?;
                 }
                 (Val::Const(_), _) => {
                     return Err(err(
@@ -937,7 +982,9 @@ impl Importer {
                         scale.dims
                     )));
                 }
-                self.emit(n, Op::BatchNorm { features }, &[&x])?;
+                let name = self.emit(n, Op::BatchNorm { features }, &[&x])?;
+                let weights = vec![self.const_f32(n, 1), self.const_f32(n, 2)];
+                self.attach(&name, weights);
             }
             "LayerNormalization" => {
                 let x = self.act(n, 0)?;
@@ -950,7 +997,14 @@ impl Importer {
                     )));
                 }
                 let features = self.last_dim(n, &x)?;
-                self.emit(n, Op::LayerNorm { features }, &[&x])?;
+                let name = self.emit(n, Op::LayerNorm { features }, &[&x])?;
+                let bias = if Self::has_input(n, 2) {
+                    self.const_f32(n, 2)
+                } else {
+                    Some(vec![0.0; features])
+                };
+                let weights = vec![self.const_f32(n, 1), bias];
+                self.attach(&name, weights);
             }
             "Relu" | "Gelu" | "Tanh" | "Sigmoid" => {
                 let x = self.act(n, 0)?;
@@ -1195,7 +1249,8 @@ impl Importer {
                     ));
                 }
                 let ids = self.act(n, 1)?;
-                self.emit(n, Op::Embedding { vocab, dim }, &[&ids])?;
+                let name = self.emit(n, Op::Embedding { vocab, dim }, &[&ids])?;
+                self.attach(&name, vec![tensor_f32(&table)]);
             }
             "LSTM" | "GRU" => self.rnn(n, &a)?,
             other => {
@@ -1209,6 +1264,9 @@ impl Importer {
     }
 
     /// A linear layer `k -> out` on `x`, folding a following bias `Add` when there is no bias.
+    /// `weight` holds the trained values in IR layout `[out, k]` when readable; `bias` is
+    /// the constant bias with the factor it is scaled by (Gemm's `beta`).
+    #[allow(clippy::too_many_arguments)] // the layer's sizes and its two weights
     fn linear(
         &mut self,
         i: usize,
@@ -1216,7 +1274,8 @@ impl Importer {
         x: &str,
         k: usize,
         out: usize,
-        bias: bool,
+        weight: Option<Vec<f32>>,
+        bias: Option<(Rc<TensorProto>, f32)>,
     ) -> Result<(), GraphError> {
         let have = self.last_dim(n, x)?;
         if have != k {
@@ -1228,22 +1287,28 @@ impl Importer {
                 ),
             ));
         }
-        let folded = if bias {
+        let folded = if bias.is_some() {
             None
         } else {
             self.bias_fold(i, |d| {
                 d.last() == Some(&(out as i64)) && d.iter().rev().skip(1).all(|&v| v == 1)
             })
         };
+        let bias = bias.or_else(|| folded.as_ref().map(|(_, t)| (Rc::clone(t), 1.0)));
         let op = Op::Linear {
             in_features: k,
             out_features: out,
-            bias: bias || folded.is_some(),
+            bias: bias.is_some(),
         };
         let name = self.emit(n, op, &[x])?;
-        if let Some(f) = folded {
-            self.vals.insert(f, Val::Ir(name));
+        if let Some((f, _)) = folded {
+            self.vals.insert(f, Val::Ir(name.clone()));
         }
+        let mut weights = vec![weight];
+        if let Some((t, beta)) = bias {
+            weights.push(bias_values(&t, out).map(|v| scaled(v, beta)));
+        }
+        self.attach(&name, weights);
         Ok(())
     }
 
@@ -1278,6 +1343,7 @@ impl Importer {
         let window = self.window(n, a, &x, kernel, false)?;
         let out_channels = wd[0];
         let mut bias = Self::has_input(n, 2);
+        let mut bias_vals = if bias { self.const_f32(n, 2) } else { None };
         let mut folded = None;
         if !bias {
             folded = self.bias_fold(i, |d| {
@@ -1289,6 +1355,9 @@ impl Importer {
                     && full.iter().enumerate().all(|(k, &v)| k == 1 || v == 1)
             });
             bias = folded.is_some();
+            if let Some((_, t)) = &folded {
+                bias_vals = bias_values(t, out_channels);
+            }
         }
         let op = Op::Conv {
             in_channels,
@@ -1298,9 +1367,14 @@ impl Importer {
             bias,
         };
         let name = self.emit(n, op, &[&x])?;
-        if let Some(f) = folded {
-            self.vals.insert(f, Val::Ir(name));
+        if let Some((f, _)) = folded {
+            self.vals.insert(f, Val::Ir(name.clone()));
         }
+        let mut weights = vec![tensor_f32(&w)];
+        if bias {
+            weights.push(bias_vals);
+        }
+        self.attach(&name, weights);
         Ok(())
     }
 
@@ -1487,6 +1561,15 @@ impl Importer {
         };
         let name = self.fresh(n);
         self.b.push(&name, op, &[&x])?;
+        let b = if Self::has_input(n, 3) {
+            self.const_f32(n, 3)
+        } else {
+            Some(vec![0.0; dirs * 2 * g])
+        };
+        if let (Some(w), Some(r), Some(b)) = (self.const_f32(n, 1), self.const_f32(n, 2), b) {
+            let weights = rnn_weights(cell, dirs, hidden, input_size, &w, &r, &b);
+            self.attach(&name, weights.into_iter().map(Some).collect());
+        }
         let axes = if layout == 1 {
             vec![Ax::B, Ax::T, Ax::D, Ax::H]
         } else {
@@ -1652,12 +1735,14 @@ fn topological(nodes: Vec<NodeProto>) -> Result<Vec<NodeProto>, GraphError> {
 }
 
 /// A constant with its axes permuted (old exports transpose weights in the graph).
-/// Only the dimensions move: the values of a permuted tensor of rank 2 or more
-/// are dropped, as no op reads the values of a weight.
+/// The values of a `float`/`double` tensor move with its axes (as `float`, the
+/// trained weights' type); those of other types of rank 2 or more are dropped,
+/// as no op reads them as attributes.
 fn transpose_const(t: &TensorProto, perm: &[i64]) -> Result<TensorProto, String> {
     let rank = t.dims.len();
     let mut seen = vec![false; rank];
     let mut dims = Vec::with_capacity(rank);
+    let mut order = Vec::with_capacity(rank);
     for &p in perm {
         let p = usize::try_from(p)
             .ok()
@@ -1665,6 +1750,7 @@ fn transpose_const(t: &TensorProto, perm: &[i64]) -> Result<TensorProto, String>
             .ok_or_else(|| format!("perm {perm:?} is not a permutation of {rank} axes"))?;
         seen[p] = true;
         dims.push(t.dims[p]);
+        order.push(p);
     }
     if dims.len() != rank {
         return Err(format!("perm {perm:?} is not a permutation of {rank} axes"));
@@ -1672,12 +1758,114 @@ fn transpose_const(t: &TensorProto, perm: &[i64]) -> Result<TensorProto, String>
     if rank <= 1 {
         return Ok(t.clone());
     }
-    Ok(TensorProto {
-        dims,
-        data_type: t.data_type,
-        name: t.name.clone(),
-        ..Default::default()
+    let values = tensor_f32(t).and_then(|v| {
+        let sizes = positive(&t.dims)?;
+        Some(permute(&v, &sizes, &order))
+    });
+    Ok(match values {
+        Some(float_data) => TensorProto {
+            dims,
+            data_type: DataType::Float as i32,
+            name: t.name.clone(),
+            float_data,
+            ..Default::default()
+        },
+        None => TensorProto {
+            dims,
+            data_type: t.data_type,
+            name: t.name.clone(),
+            ..Default::default()
+        },
     })
+}
+
+/// Row-major `values` of shape `dims` with the axes reordered: output axis `k` is input axis `perm[k]`.
+fn permute(values: &[f32], dims: &[usize], perm: &[usize]) -> Vec<f32> {
+    let rank = dims.len();
+    let mut strides = vec![1usize; rank];
+    for d in (0..rank.saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * dims[d + 1];
+    }
+    let out_dims: Vec<usize> = perm.iter().map(|&p| dims[p]).collect();
+    let in_strides: Vec<usize> = perm.iter().map(|&p| strides[p]).collect();
+    let mut out = Vec::with_capacity(values.len());
+    let mut idx = vec![0usize; rank];
+    for _ in 0..values.len() {
+        out.push(
+            values[idx
+                .iter()
+                .zip(&in_strides)
+                .map(|(i, s)| i * s)
+                .sum::<usize>()],
+        );
+        for d in (0..rank).rev() {
+            idx[d] += 1;
+            if idx[d] < out_dims[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    out
+}
+
+/// The transpose of a row-major `[rows, cols]` matrix.
+fn transpose2(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    permute(values, &[rows, cols], &[1, 0])
+}
+
+fn scaled(mut v: Vec<f32>, factor: f32) -> Vec<f32> {
+    if factor != 1.0 {
+        v.iter_mut().for_each(|x| *x *= factor);
+    }
+    v
+}
+
+/// A bias constant broadcast to `[out]` (it may be `[out]`, `[1, out]`, `[1, out, 1, 1]`, a scalar, ...).
+fn bias_values(t: &TensorProto, out: usize) -> Option<Vec<f32>> {
+    let v = tensor_f32(t)?;
+    match v.len() {
+        n if n == out => Some(v),
+        1 => Some(vec![v[0]; out]),
+        _ => None,
+    }
+}
+
+/// The IR parameters of an ONNX `LSTM`/`GRU` (see [`Op::params`]): per direction
+/// `weight_ih [G*H, I]`, `weight_hh [G*H, H]`, `bias_ih [G*H]`, `bias_hh [G*H]`, from
+/// `W [dirs, G*H, I]`, `R [dirs, G*H, H]` and `B [dirs, 2*G*H]`, with the gate blocks
+/// moved from ONNX's order (LSTM `i, o, f, c`; GRU `z, r, h`) to PyTorch's
+/// (LSTM `i, f, g, o`; GRU `r, z, n`).
+fn rnn_weights(
+    cell: Cell,
+    dirs: usize,
+    hidden: usize,
+    input: usize,
+    w: &[f32],
+    r: &[f32],
+    b: &[f32],
+) -> Vec<Vec<f32>> {
+    // For each PyTorch gate, the ONNX gate block it comes from.
+    let from: &[usize] = match cell {
+        Cell::Lstm => &[0, 2, 3, 1],
+        Cell::Gru => &[1, 0, 2],
+    };
+    let g = cell.gates() * hidden;
+    let reorder = |block: &[f32], cols: usize| -> Vec<f32> {
+        from.iter()
+            .flat_map(|&k| &block[k * hidden * cols..(k + 1) * hidden * cols])
+            .copied()
+            .collect()
+    };
+    let mut out = Vec::with_capacity(4 * dirs);
+    for d in 0..dirs {
+        out.push(reorder(&w[d * g * input..(d + 1) * g * input], input));
+        out.push(reorder(&r[d * g * hidden..(d + 1) * g * hidden], hidden));
+        let bd = &b[d * 2 * g..(d + 1) * 2 * g];
+        out.push(reorder(&bd[..g], 1));
+        out.push(reorder(&bd[g..], 1));
+    }
+    out
 }
 
 fn is_default(n: &NodeProto) -> bool {
@@ -1881,6 +2069,25 @@ fn tensor_floats(t: &TensorProto) -> Result<Vec<f64>, String> {
         other => return Err(format!("tensor `{}` has element type {other:?}", t.name)),
     };
     check_len(t, v)
+}
+
+/// The values of a `float` or `double` tensor as `f32` (trained weights); `None` for
+/// other element types, external data or a value count that does not fit the dims.
+fn tensor_f32(t: &TensorProto) -> Option<Vec<f32>> {
+    if t.data_location == 1 {
+        return None;
+    }
+    let raw = &t.raw_data;
+    let v: Vec<f32> = match DataType::try_from(t.data_type).ok()? {
+        DataType::Float if raw.is_empty() => t.float_data.clone(),
+        DataType::Float => le_chunks::<4>(raw).map(f32::from_le_bytes).collect(),
+        DataType::Double if raw.is_empty() => t.double_data.iter().map(|&x| x as f32).collect(),
+        DataType::Double => le_chunks::<8>(raw)
+            .map(|b| f64::from_le_bytes(b) as f32)
+            .collect(),
+        _ => return None,
+    };
+    check_len(t, v).ok()
 }
 
 fn is_int_type(data_type: i32) -> bool {

@@ -13,6 +13,11 @@
 //! written unpacked here too; prost reads both encodings either way. Optional
 //! scalars are plain values: an absent field reads as its default.
 
+/// prost's trait for encoding and decoding these messages, re-exported so that
+/// crates without their own prost dependency can write ONNX files (the engine's
+/// tests do).
+pub use prost::Message;
+
 /// A model file: metadata, the opsets it uses and its graph.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ModelProto {

@@ -1,0 +1,385 @@
+//! The `advise` report: the recommendation first, then the evidence, as a
+//! terminal summary, JSON, and a self-contained HTML page with SVG figures.
+
+use crate::noise::NoiseDocument;
+use crate::plots::{Figure, Marker, Series, SeriesKind};
+use crate::probe::DeviceProbe;
+use crate::{align_numbers, table, thousands};
+use batchfit_plan::{Bytes, Plan};
+use batchfit_tune::diagnose::Finding;
+use batchfit_tune::target::TimeToTarget;
+use serde::Serialize;
+
+/// What to do on one device.
+#[derive(Clone, Debug, Serialize)]
+pub struct Recommendation {
+    pub device: String,
+    /// Largest batch that fits, and whether it was measured or predicted by the plan.
+    pub max_batch: Option<u64>,
+    pub max_batch_source: &'static str,
+    pub knee_batch: Option<u64>,
+    pub recommended_batch: Option<u64>,
+    /// Why this batch.
+    pub reason: String,
+    /// Learning rate for the recommended batch, when a reference was given.
+    pub learning_rate: Option<f64>,
+    /// How to state the learning rate without a reference.
+    pub learning_rate_rule: String,
+    /// Gradient accumulation when memory caps the batch below the critical batch.
+    pub accumulation: Option<Accumulation>,
+}
+
+/// Micro-batches accumulated into one update.
+#[derive(Clone, Debug, Serialize)]
+pub struct Accumulation {
+    pub micro_batch: u64,
+    pub steps: u64,
+    pub effective_batch: u64,
+    /// Measured seconds of one micro-batch step x steps (predicted update time).
+    pub update_s: f64,
+}
+
+/// The JSON document of `batchfit advise --json`, also rendered to HTML.
+#[derive(Clone, Debug, Serialize)]
+pub struct AdviseDocument {
+    pub schema_version: u32,
+    pub kind: &'static str,
+    pub model: String,
+    pub parameters: u64,
+    pub command: String,
+    pub machine: String,
+    pub data: Option<String>,
+    pub plan: Plan,
+    pub devices: Vec<DeviceProbe>,
+    pub noise: Option<NoiseDocument>,
+    pub recommendations: Vec<Recommendation>,
+    /// Every (device, batch, accumulation) option ranked by predicted time to target.
+    pub time_to_target: Vec<TimeToTarget>,
+    /// The loss the noise run reached; time to target is predicted for it.
+    pub target_loss: Option<f64>,
+    pub findings: Vec<Finding>,
+    /// Memory budget per device, for the memory figure: (device, bytes).
+    pub budgets: Vec<(String, Bytes)>,
+}
+
+fn secs(s: f64) -> String {
+    if s < 1.0 {
+        format!("{:.0} ms", s * 1e3)
+    } else if s < 120.0 {
+        format!("{s:.1} s")
+    } else {
+        format!("{:.1} min", s / 60.0)
+    }
+}
+
+/// The terminal summary: recommendation first.
+pub fn render(d: &AdviseDocument) -> String {
+    let mut out = format!(
+        "batchfit advice for {} ({} parameters){}\n\n",
+        d.model,
+        thousands(d.parameters),
+        d.data
+            .as_ref()
+            .map(|s| format!(" on {s}"))
+            .unwrap_or_default()
+    );
+    out.push_str("RECOMMENDATION\n");
+    for r in &d.recommendations {
+        let batch = r
+            .recommended_batch
+            .map(thousands)
+            .unwrap_or_else(|| "-".into());
+        out.push_str(&format!("  {}: train with batch {batch}", r.device));
+        match r.learning_rate {
+            Some(lr) => out.push_str(&format!(" at learning rate {lr:.3e}")),
+            None => out.push_str(&format!(" ({})", r.learning_rate_rule)),
+        }
+        out.push('\n');
+        out.push_str(&format!("    why: {}\n", r.reason));
+        out.push_str(&format!(
+            "    largest batch that fits: {} ({}); smallest efficient batch (knee): {}\n",
+            r.max_batch
+                .map(thousands)
+                .unwrap_or_else(|| "unknown".into()),
+            r.max_batch_source,
+            r.knee_batch.map(thousands).unwrap_or_else(|| "-".into()),
+        ));
+        if let Some(a) = &r.accumulation {
+            out.push_str(&format!(
+                "    memory caps the batch below the critical batch: accumulate {} micro-batches of {} = effective {} ({} per update, predicted)\n",
+                a.steps,
+                thousands(a.micro_batch),
+                thousands(a.effective_batch),
+                secs(a.update_s)
+            ));
+        }
+    }
+    if let Some(n) = &d.noise
+        && let Some(c) = n.critical_batch
+    {
+        out.push_str(&format!(
+            "  critical batch ≈ {} (gradient noise scale measured on the data; 90 % band {}–{})\n",
+            thousands(c),
+            n.b_simple_low
+                .map(|x| format!("{x:.0}"))
+                .unwrap_or_else(|| "?".into()),
+            n.b_simple_high
+                .map(|x| format!("{x:.0}"))
+                .unwrap_or_else(|| "∞".into()),
+        ));
+    }
+    if !d.time_to_target.is_empty() {
+        out.push_str(&format!(
+            "\nPREDICTED TIME TO TARGET{} (steps from the noise scale x measured step time)\n",
+            d.target_loss
+                .map(|l| format!(" (loss {l:.4})"))
+                .unwrap_or_default()
+        ));
+        let mut t = table(&[
+            "device",
+            "batch",
+            "accumulation",
+            "effective",
+            "updates vs min",
+            "time / update",
+            "time to target",
+            "vs best",
+        ]);
+        for o in d.time_to_target.iter().take(14) {
+            t.add_row(vec![
+                o.option.device.clone(),
+                thousands(o.option.micro_batch),
+                format!("x{}", o.option.accumulation),
+                thousands(o.option.effective_batch()),
+                format!("{:.2}x", o.steps_vs_min),
+                secs(o.option.update_s()),
+                o.seconds.map(secs).unwrap_or_else(|| "-".into()),
+                if o.vs_best <= 1.0 + 1e-9 {
+                    "best".into()
+                } else {
+                    format!("{:.2}x", o.vs_best)
+                },
+            ]);
+        }
+        align_numbers(&mut t, 1);
+        out.push_str(&t.to_string());
+        out.push('\n');
+    }
+    if !d.findings.is_empty() {
+        out.push_str("\nDIAGNOSIS (from the measurements)\n");
+        for f in &d.findings {
+            out.push_str(&format!("  - {}\n", f.message));
+        }
+    }
+    out.push_str("\nEvidence: `batchfit probe` and `batchfit noise` print the full tables; --html writes the report with plots.\n");
+    out
+}
+
+/// The figures of the report, each with a caption that says measured or predicted.
+pub fn figures(d: &AdviseDocument) -> Vec<(Figure, String)> {
+    let mut figs = Vec::new();
+
+    // 1. Throughput vs batch, per device, knee and max marked.
+    let mut series = Vec::new();
+    let mut markers = Vec::new();
+    for (i, dev) in d.devices.iter().enumerate() {
+        let pts: Vec<(f64, f64)> = dev
+            .points
+            .iter()
+            .filter(|p| p.ok())
+            .map(|p| (p.batch as f64, p.samples_per_s))
+            .collect();
+        if let Some(k) = dev.knee_batch
+            && let Some(p) = pts.iter().find(|p| p.0 == k as f64)
+        {
+            markers.push(Marker {
+                x: p.0,
+                y: p.1,
+                text: format!(" knee {k}"),
+                color: i,
+            });
+        }
+        if let Some(m) = dev.max_batch
+            && let Some(p) = pts.iter().find(|p| p.0 == m as f64)
+        {
+            markers.push(Marker {
+                x: p.0,
+                y: p.1,
+                text: format!(" max {m}"),
+                color: i,
+            });
+        }
+        series.push(Series {
+            label: format!("{} (measured)", dev.device),
+            points: pts,
+            kind: SeriesKind::LineAndPoints,
+            color: i,
+        });
+    }
+    figs.push((
+        Figure { title: "Training throughput vs batch size".into(), x_label: "batch size".into(), y_label: "samples / s".into(), log_x: true, series, markers },
+        "Measured: median of timed training steps (forward, backward, optimizer) after warm-up, per device. Triangles mark the knee (smallest batch within the efficiency share of the best) and the largest batch that fits.".into(),
+    ));
+
+    // 2. Memory vs batch: planned line, measured points, budgets.
+    let mib = |b: f64| b / Bytes::MIB as f64;
+    let max_b = d
+        .devices
+        .iter()
+        .flat_map(|dv| dv.points.iter().map(|p| p.batch))
+        .max()
+        .unwrap_or(1)
+        .max(2) as f64;
+    let planned: Vec<(f64, f64)> = (0..=20)
+        .map(|i| {
+            let b = (max_b.ln() * i as f64 / 20.0).exp().max(1.0);
+            (b, mib(d.plan.bytes_at(b.round() as u64).as_f64()))
+        })
+        .collect();
+    let mut series = vec![Series {
+        label: "planned peak (predicted)".into(),
+        points: planned,
+        kind: SeriesKind::DashedLine,
+        color: 5,
+    }];
+    for (i, dev) in d.devices.iter().enumerate() {
+        let pts: Vec<(f64, f64)> = dev
+            .points
+            .iter()
+            .filter_map(|p| p.peak_bytes.map(|b| (p.batch as f64, mib(b.as_f64()))))
+            .collect();
+        if !pts.is_empty() {
+            series.push(Series {
+                label: format!("{} peak (measured)", dev.device),
+                points: pts,
+                kind: SeriesKind::Points,
+                color: i,
+            });
+        }
+    }
+    for (i, (dev, budget)) in d.budgets.iter().enumerate() {
+        series.push(Series {
+            label: format!("{dev} budget {budget}"),
+            points: vec![(1.0, mib(budget.as_f64())), (max_b, mib(budget.as_f64()))],
+            kind: SeriesKind::Line,
+            color: 3 + i,
+        });
+    }
+    figs.push((
+        Figure { title: "Peak memory of a training step vs batch size".into(), x_label: "batch size".into(), y_label: "MiB".into(), log_x: true, series, markers: vec![] },
+        "Dashed: the static plan (predicted). Points: the counting allocator's high-water mark during timed steps (measured). Horizontal lines: memory budgets.".into(),
+    ));
+
+    // 3. Noise scale over the run.
+    if let Some(n) = &d.noise {
+        let get = |f: fn(&batchfit_tune::noise::NoiseRecord) -> Option<f64>| -> Vec<(f64, f64)> {
+            n.history
+                .iter()
+                .filter_map(|r| f(r).map(|v| (r.step as f64, v)))
+                .collect()
+        };
+        let series = vec![
+            Series {
+                label: "B_simple (measured)".into(),
+                points: get(|r| r.b_simple),
+                kind: SeriesKind::Line,
+                color: 0,
+            },
+            Series {
+                label: "90 % band".into(),
+                points: get(|r| r.b_simple_low),
+                kind: SeriesKind::DashedLine,
+                color: 5,
+            },
+            Series {
+                label: "".into(),
+                points: get(|r| r.b_simple_high),
+                kind: SeriesKind::DashedLine,
+                color: 5,
+            },
+        ];
+        figs.push((
+            Figure { title: "Gradient noise scale over the training run".into(), x_label: "step".into(), y_label: "B_simple (samples)".into(), log_x: false, series, markers: vec![] },
+            format!("Measured: B_simple = tr(Σ)/|G|² from the two-batch estimator (B_small {}, B_big {}), smoothed; it grows as the loss falls (loss {:.3} → {:.3}).",
+                n.b_small, n.b_big,
+                n.history.first().map_or(f64::NAN, |r| r.loss),
+                n.history.last().map_or(f64::NAN, |r| r.loss)),
+        ));
+    }
+
+    // 4. Predicted time to target vs batch, per device.
+    if !d.time_to_target.is_empty() {
+        let mut series = Vec::new();
+        for (i, dev) in d.devices.iter().enumerate() {
+            let mut pts: Vec<(f64, f64)> = d
+                .time_to_target
+                .iter()
+                .filter(|o| o.option.device == dev.device && o.option.accumulation == 1)
+                .map(|o| (o.option.micro_batch as f64, o.vs_best))
+                .collect();
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            series.push(Series {
+                label: format!("{} (predicted)", dev.device),
+                points: pts,
+                kind: SeriesKind::LineAndPoints,
+                color: i,
+            });
+        }
+        figs.push((
+            Figure { title: "Predicted time to target vs batch size".into(), x_label: "batch size".into(), y_label: "time relative to the best option".into(), log_x: true, series, markers: vec![] },
+            "Predicted: updates needed S(B) = S_min (1 + B_noise/B) from the measured noise scale, times the measured step time at B; 1.0 is the fastest option.".into(),
+        ));
+    }
+    figs
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// The self-contained HTML page: inline SVG, no scripts, no external fonts.
+pub fn html(d: &AdviseDocument) -> String {
+    let mut body = String::new();
+    body.push_str(&format!(
+        "<h1>batchfit: {}</h1>\n<p class=\"meta\">{} parameters · data: {} · machine: {}<br>command: <code>{}</code></p>\n",
+        esc(&d.model),
+        thousands(d.parameters),
+        esc(d.data.as_deref().unwrap_or("synthetic")),
+        esc(&d.machine),
+        esc(&d.command)
+    ));
+    body.push_str("<h2>Recommendation</h2>\n<pre>");
+    body.push_str(&esc(&render(d)));
+    body.push_str("</pre>\n<h2>Figures</h2>\n");
+    for (fig, caption) in figures(d) {
+        body.push_str("<figure>\n");
+        body.push_str(&fig.svg(760, 420));
+        body.push_str(&format!(
+            "\n<figcaption>{}</figcaption>\n</figure>\n",
+            esc(&caption)
+        ));
+    }
+    body.push_str("<h2>Measurements</h2>\n<pre>");
+    body.push_str(&esc(&crate::probe::render(&d.model, &d.devices)));
+    body.push_str("</pre>\n");
+    if let Some(n) = &d.noise {
+        body.push_str("<h2>Noise scale</h2>\n<pre>");
+        body.push_str(&esc(&crate::noise::render(n)));
+        body.push_str("</pre>\n");
+    }
+    body.push_str("<h2>Plan</h2>\n<pre>");
+    body.push_str(&esc(&crate::plan::render(&d.plan, &[])));
+    body.push_str("</pre>\n");
+    format!(
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>batchfit — {}</title>\n<style>\n\
+         body {{ font-family: sans-serif; max-width: 1100px; margin: 2em auto; color: #222; }}\n\
+         pre {{ background: #f6f6f6; padding: 1em; overflow-x: auto; font-size: 12px; line-height: 1.25; }}\n\
+         figure {{ margin: 1.5em 0; }} figcaption {{ font-size: 13px; color: #555; max-width: 760px; }}\n\
+         .meta {{ color: #555; font-size: 13px; }} code {{ font-size: 12px; }}\n\
+         </style>\n</head>\n<body>\n{}</body>\n</html>\n",
+        esc(&d.model),
+        body
+    )
+}
