@@ -63,7 +63,9 @@ pub struct AdviseDocument {
 }
 
 fn secs(s: f64) -> String {
-    if s < 1.0 {
+    if s < 0.01 {
+        format!("{:.2} ms", s * 1e3)
+    } else if s < 1.0 {
         format!("{:.0} ms", s * 1e3)
     } else if s < 120.0 {
         format!("{s:.1} s")
