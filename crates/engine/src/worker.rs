@@ -33,6 +33,8 @@ pub struct WorkerRequest {
     pub seed: u64,
     pub warmup: usize,
     pub min_steps: usize,
+    /// Seconds of timed steps at least (0 for single-step trials).
+    pub min_time_s: f64,
     pub max_steps: usize,
     pub time_cap_s: f64,
     pub target_rel_err: f64,
@@ -86,6 +88,7 @@ pub fn serve(request_json: &str) -> Result<(), String> {
     let stop = StopRule {
         target_rel_err: req.target_rel_err,
         min_steps: req.min_steps,
+        min_time_s: req.min_time_s,
         max_steps: req.max_steps,
         time_cap_s: req.time_cap_s,
     };

@@ -377,7 +377,7 @@ pub fn html(d: &AdviseDocument) -> String {
     format!(
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>batchfit — {}</title>\n<style>\n\
          body {{ font-family: sans-serif; max-width: 1100px; margin: 2em auto; color: #222; }}\n\
-         pre {{ background: #f6f6f6; padding: 1em; overflow-x: auto; font-size: 12px; line-height: 1.25; }}\n\
+         pre {{ background: #f6f6f6; padding: 1em; white-space: pre-wrap; font-size: 12px; line-height: 1.25; }}\n\
          figure {{ margin: 1.5em 0; }} figcaption {{ font-size: 13px; color: #555; max-width: 760px; }}\n\
          .meta {{ color: #555; font-size: 13px; }} code {{ font-size: 12px; }}\n\
          </style>\n</head>\n<body>\n{}</body>\n</html>\n",

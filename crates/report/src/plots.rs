@@ -142,18 +142,24 @@ impl Figure {
             let style = ShapeStyle::from(&c).stroke_width(2);
             match s.kind {
                 SeriesKind::Line | SeriesKind::LineAndPoints => {
-                    chart
+                    let drawn = chart
                         .draw_series(LineSeries::new(pts.clone(), style))
-                        .map_err(err)?
-                        .label(s.label.clone())
-                        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c));
+                        .map_err(err)?;
+                    if !s.label.is_empty() {
+                        drawn
+                            .label(s.label.clone())
+                            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c));
+                    }
                 }
                 SeriesKind::DashedLine => {
-                    chart
+                    let drawn = chart
                         .draw_series(DashedLineSeries::new(pts.clone(), 6, 4, style))
-                        .map_err(err)?
-                        .label(s.label.clone())
-                        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c));
+                        .map_err(err)?;
+                    if !s.label.is_empty() {
+                        drawn
+                            .label(s.label.clone())
+                            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c));
+                    }
                 }
                 SeriesKind::Points => {
                     chart
@@ -210,7 +216,7 @@ pub fn format_tick(v: f64) -> String {
         format!("{:.1}M", v / 1e6)
     } else if a >= 1e4 {
         format!("{:.0}k", v / 1e3)
-    } else if a >= 100.0 || a == 0.0 {
+    } else if a >= 100.0 || v.fract() == 0.0 {
         format!("{v:.0}")
     } else if a >= 1.0 {
         format!("{v:.1}")

@@ -83,6 +83,8 @@ pub struct StopRule {
     pub target_rel_err: f64,
     /// ... but time at least this many steps,
     pub min_steps: usize,
+    /// ... and at least this many seconds (many steps for sub-millisecond ones),
+    pub min_time_s: f64,
     /// ... at most this many,
     pub max_steps: usize,
     /// ... and stop after this many seconds of timed steps.
@@ -94,7 +96,8 @@ impl Default for StopRule {
         StopRule {
             target_rel_err: 0.02,
             min_steps: 5,
-            max_steps: 200,
+            min_time_s: 0.25,
+            max_steps: 5000,
             time_cap_s: 3.0,
         }
     }
@@ -107,7 +110,9 @@ impl StopRule {
         if n >= self.max_steps || times.iter().sum::<f64>() >= self.time_cap_s {
             return n >= 1;
         }
-        n >= self.min_steps && summarize(times).rel_std_err < self.target_rel_err
+        n >= self.min_steps
+            && times.iter().sum::<f64>() >= self.min_time_s
+            && summarize(times).rel_std_err < self.target_rel_err
     }
 }
 
@@ -138,10 +143,12 @@ mod tests {
     #[test]
     fn stop_rule_waits_for_a_stable_median_or_the_cap() {
         let rule = StopRule::default();
-        assert!(!rule.done(&[0.01; 3]));
-        assert!(rule.done(&[0.01; 5]));
-        let noisy = [0.01, 0.03, 0.01, 0.03, 0.01, 0.03];
+        assert!(!rule.done(&[0.1; 2]));
+        assert!(!rule.done(&[0.01; 5]), "under the minimum time");
+        assert!(rule.done(&[0.1; 5]));
+        let noisy = [0.1, 0.3, 0.1, 0.3, 0.1, 0.3];
         assert!(!rule.done(&noisy));
         assert!(rule.done(&[1.0, 2.5]), "time cap reached");
+        assert!(rule.done(&[0.0001; 5000]), "step cap reached");
     }
 }

@@ -140,7 +140,16 @@ impl MeasureFlags {
             seed: self.seed,
             warmup: if short { 1 } else { self.warmup },
             min_steps: if short { 1 } else { 5 },
-            max_steps: if short { 1 } else { 200 },
+            min_time_s: if short {
+                0.0
+            } else {
+                StopRule::default().min_time_s.min(self.time_cap / 2.0)
+            },
+            max_steps: if short {
+                1
+            } else {
+                StopRule::default().max_steps
+            },
             time_cap_s: self.time_cap,
             target_rel_err: StopRule::default().target_rel_err,
             memory_limit: if device.is_gpu() {
