@@ -190,3 +190,155 @@ fn a_diverging_run_stops_and_names_the_step() {
         .stderr(contains("the loss became"))
         .stderr(contains("at step"));
 }
+
+/// Deterministic N(0, 1) draws (splitmix64 + Box-Muller), so the test needs no RNG crate.
+struct Normal(u64);
+
+impl Normal {
+    fn uniform(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    fn next(&mut self) -> f64 {
+        let (u, v) = (self.uniform().max(1e-300), self.uniform());
+        (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
+    }
+}
+
+/// An ONNX model `y = x W^T` (Gemm, transB = 1, no bias) whose weight is all zeros.
+fn zero_linear_onnx(path: &Path, d: usize) {
+    use batchfit_graph::onnx::proto::tensor_shape_proto::{Dimension, dimension};
+    use batchfit_graph::onnx::proto::{
+        AttributeProto, AttributeType, DataType, GraphProto, Message, ModelProto, NodeProto,
+        OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto, ValueInfoProto, type_proto,
+    };
+    let info = |name: &str, dims: Vec<dimension::Value>| ValueInfoProto {
+        name: name.into(),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: DataType::Float as i32,
+                shape: Some(TensorShapeProto {
+                    dim: dims
+                        .into_iter()
+                        .map(|v| Dimension {
+                            value: Some(v),
+                            ..Default::default()
+                        })
+                        .collect(),
+                }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let graph = GraphProto {
+        name: "linreg".into(),
+        input: vec![info(
+            "x",
+            vec![
+                dimension::Value::DimParam("batch".into()),
+                dimension::Value::DimValue(d as i64),
+            ],
+        )],
+        output: vec![info(
+            "y",
+            vec![
+                dimension::Value::DimParam("batch".into()),
+                dimension::Value::DimValue(1),
+            ],
+        )],
+        initializer: vec![TensorProto {
+            name: "w".into(),
+            dims: vec![1, d as i64],
+            data_type: DataType::Float as i32,
+            raw_data: vec![0; 4 * d],
+            ..Default::default()
+        }],
+        node: vec![NodeProto {
+            op_type: "Gemm".into(),
+            name: "fc".into(),
+            input: vec!["x".into(), "w".into()],
+            output: vec!["y".into()],
+            attribute: vec![AttributeProto {
+                name: "transB".into(),
+                i: 1,
+                r#type: AttributeType::Int as i32,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let model = ModelProto {
+        ir_version: 8,
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: 17,
+        }],
+        graph: Some(graph),
+        ..Default::default()
+    };
+    std::fs::write(path, model.encode_to_vec()).unwrap();
+}
+
+/// Linear regression without bias, y = w*.x + e, x ~ N(0, I_d), e ~ N(0, s^2), at
+/// w = 0: per-sample gradients -2 x y have |G|^2 = 4|w*|^2 and
+/// tr(Sigma) = 4((d + 1)|w*|^2 + d s^2), so B_simple = (d + 1) + d s^2 / |w*|^2,
+/// 201 for d = 100, |w*| = 1, s = 1.
+#[test]
+fn noise_scale_of_linear_regression_at_zero_is_201() {
+    let (d, n) = (100usize, 16384usize);
+    let mut rng = Normal(42);
+    let w: Vec<f64> = {
+        let raw: Vec<f64> = (0..d).map(|_| rng.next()).collect();
+        let norm = raw.iter().map(|v| v * v).sum::<f64>().sqrt();
+        raw.iter().map(|v| v / norm).collect()
+    };
+    let mut x = Vec::with_capacity(n * d);
+    let mut y = Vec::with_capacity(n);
+    for _ in 0..n {
+        let row: Vec<f64> = (0..d).map(|_| rng.next()).collect();
+        y.push((row.iter().zip(&w).map(|(a, b)| a * b).sum::<f64>() + rng.next()) as f32);
+        x.extend(row.into_iter().map(|v| v as f32));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (model, xs, ys) = (
+        dir.path().join("linreg.onnx"),
+        dir.path().join("x.npy"),
+        dir.path().join("y.npy"),
+    );
+    zero_linear_onnx(&model, d);
+    write_npy(&xs, &[n, d], &x);
+    write_npy(&ys, &[n, 1], &y);
+    let v = json(&[
+        "noise",
+        model.to_str().unwrap(),
+        "--data",
+        xs.to_str().unwrap(),
+        "--labels",
+        ys.to_str().unwrap(),
+        "--loss",
+        "mse",
+        "--lr",
+        "0",
+        "--steps",
+        "400",
+        "--b-small",
+        "32",
+        "--k",
+        "8",
+    ]);
+    let b = v["b_simple"].as_f64().unwrap();
+    assert!(
+        (b - 201.0).abs() < 20.1,
+        "B_simple = {b}, expected 201 within 10 %"
+    );
+    assert!(
+        v["b_simple_low"].as_f64().unwrap() < 201.0
+            && 201.0 < v["b_simple_high"].as_f64().unwrap_or(f64::INFINITY)
+    );
+}
