@@ -395,6 +395,27 @@ impl Program {
     }
 }
 
+/// Checks, without allocating anything, that the engine can train every node of `graph`.
+pub fn check_trainable(graph: &Graph) -> Result<(), Unsupported> {
+    for node in &graph.nodes {
+        let what = match &node.op {
+            Op::Conv { window, .. } if window.spatial() > 2 => Some("3-d convolution"),
+            Op::Pool { window, .. } if window.spatial() > 2 => Some("3-d pooling"),
+            Op::Add | Op::Mul if node.shape.rank() > 5 => {
+                Some("broadcasting over more than 5 dimensions")
+            }
+            _ => None,
+        };
+        if let Some(what) = what {
+            return Err(Unsupported {
+                node: node.name.clone(),
+                what: format!("{what} ({})", node.op.name()),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Creates the parameters of one node, in the layout the kernels use: from
 /// the node's trained values (IR layout, converted) under [`Init::FromGraph`]
 /// when it has them, else randomly.

@@ -263,3 +263,30 @@ fn gradients_match_finite_differences() {
         );
     }
 }
+
+#[test]
+fn an_op_the_engine_cannot_train_is_named() {
+    let mut g = GraphBuilder::new("volumes");
+    g.input("x", Shape::fixed(&[1, 4, 4, 4])).unwrap();
+    g.push(
+        "c3",
+        Op::Conv {
+            in_channels: 1,
+            out_channels: 2,
+            window: Window::square(3, 3, 1, 1),
+            groups: 1,
+            bias: true,
+        },
+        &["x"],
+    )
+    .unwrap();
+    g.push("f", Op::Flatten, &["c3"]).unwrap();
+    let g = g.finish(LossKind::Mse, "f").unwrap();
+    let err = batchfit_engine::model::check_trainable(&g)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("node `c3`") && err.contains("3-d convolution"),
+        "{err}"
+    );
+}

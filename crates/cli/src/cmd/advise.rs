@@ -56,6 +56,7 @@ pub fn run(mut args: AdviseArgs) -> CliResult {
         .unwrap_or_else(|| DEFAULT_MODEL.to_string());
     let mut graph = crate::options::load_model(Some(&source))?;
     apply_loss(&mut graph, args.data.loss.as_deref())?;
+    batchfit_engine::model::check_trainable(&graph).map_err(crate::options::input)?;
     if args.measure.device.is_empty() {
         args.measure.device = DeviceSpec::available()
             .iter()

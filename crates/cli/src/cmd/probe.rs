@@ -340,6 +340,7 @@ pub fn run(args: ProbeArgs) -> CliResult {
         .clone()
         .unwrap_or_else(|| crate::options::DEFAULT_MODEL.to_string());
     let graph = load_model(Some(&source))?;
+    batchfit_engine::model::check_trainable(&graph).map_err(input)?;
     let devices = args.measure.devices()?;
     let seq_len = args.measure.seq_len.or(graph.default_seq_len).unwrap_or(1);
     let target = Target {
