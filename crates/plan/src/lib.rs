@@ -47,16 +47,27 @@ mod tests {
         }
     }
 
-    /// x[8] -> linear 4 -> relu -> linear 2, MSE: every byte by hand.
-    #[test]
-    fn tiny_mlp_by_hand() {
+    /// x[8] -> linear 4 -> relu -> linear 2, MSE.
+    fn tiny() -> batchfit_graph::Graph {
         let mut g = GraphBuilder::new("tiny");
         g.input("x", Shape::fixed(&[8])).unwrap();
         g.linear("fc1", "x", 4).unwrap();
         g.push("relu", batchfit_graph::Op::Relu, &["fc1"]).unwrap();
         g.linear("fc2", "relu", 2).unwrap();
-        let g = g.finish(LossKind::Mse, "fc2").unwrap();
-        let p = plan(&g, &opts(Optimizer::Sgd));
+        g.finish(LossKind::Mse, "fc2").unwrap()
+    }
+
+    /// The tiny MLP under PyTorch's rules: every byte by hand.
+    #[test]
+    fn tiny_mlp_by_hand() {
+        let g = tiny();
+        let p = plan(
+            &g,
+            &TrainOptions {
+                runtime: Runtime::Pytorch,
+                ..opts(Optimizer::Sgd)
+            },
+        );
         // fc1 saves x (8 floats); relu saves its output (4); fc2's input is that same tensor.
         let saved: Vec<u64> = p
             .layers
@@ -68,11 +79,49 @@ mod tests {
         assert_eq!(p.per_sample.activations, Bytes(48 + 8));
         assert_eq!(p.per_sample.data, Bytes(40));
         // Params 8*4+4 + 4*2+2 = 46; weights + grads, no state; the optimizer
-        // transient is the largest tensor (32) once.
+        // transient is the largest tensor (32) once; the allocator's small segment.
         assert_eq!(p.parameters, 46);
-        assert_eq!(p.memory.fixed_bytes, Bytes(46 * 4 * 2 + 32 * 4));
+        assert_eq!(
+            p.memory.fixed_bytes,
+            Bytes(46 * 4 * 2 + 32 * 4) + plan::PYTORCH_SMALL_SEGMENT
+        );
         // Linear conv FLOPs: 4*(2*8+1) + 4 + 2*(2*4+1) = 68 + 4 + 18, plus 4 per logit for the loss.
         assert_eq!(p.forward_flops_per_sample.0, 90.0 + 8.0);
+    }
+
+    /// The tiny MLP under burn's rules, on a 2-thread CPU with 512 KiB of L2: by hand.
+    #[test]
+    fn tiny_mlp_by_hand_on_burn() {
+        let g = tiny();
+        let host = plan::CpuHost {
+            threads: 2,
+            l2_bytes: 512 * 1024,
+        };
+        let p = plan::plan_on(&g, &opts(Optimizer::Sgd), host);
+        // x is the batch (counted as data); relu keeps its input fc1 (4 floats), fc2 its
+        // input relu (4 floats): burn keeps both sides of the ReLU.
+        let saved: Vec<u64> = p
+            .layers
+            .iter()
+            .map(|l| l.saved_bytes_per_sample.0)
+            .collect();
+        assert_eq!(saved, vec![0, 16, 16]);
+        assert_eq!(p.per_sample.data, Bytes(40));
+        // Fixed for every moment: weights 46 * 4 and one gemm packing buffer (L2).
+        let base = 46 * 4 + 512 * 1024;
+        // Largest per sample: fc2's dx = dy W^T (the output's gradient, 2 floats, and dx,
+        // 4 floats, twice while it is copied aligned) over everything kept (32 B), plus data.
+        assert_eq!(p.memory.fixed_bytes, Bytes(base));
+        assert_eq!(p.memory.per_sample_bytes, Bytes(40 + 32 + (2 + 2 * 4) * 4));
+        assert_eq!(p.peak_at, "fc2");
+        // At small batches another moment is larger: fc1's dW (8 x 4 floats) being made,
+        // with its zeroed twin, after fc2's gradients (10 floats): nothing kept is left but
+        // the output's gradient (4 floats). At batch 1 every product is matrix-vector, so
+        // gemm never packs and its buffer is not there.
+        let fc1_dw = |b: u64| base + (10 + 36 + 32) * 4 + b * (40 + 4 * 4);
+        assert_eq!(p.bytes_at(2), Bytes(fc1_dw(2)));
+        assert_eq!(p.bytes_at(1), Bytes(fc1_dw(1) - 512 * 1024));
+        assert_eq!(p.bytes_at(1000), Bytes(base + 1000 * (40 + 32 + 40)));
     }
 
     #[test]
@@ -107,7 +156,22 @@ mod tests {
                 ..TrainOptions::default()
             },
         );
-        assert!(ckpt.per_sample.total < base.per_sample.total);
+        // Checkpointing keeps fewer activations; under PyTorch's rules that lowers the peak.
+        // (Under burn's the peak of this model is the BiLSTM's own per-step tensors, which
+        // one layer's recomputation cannot spread.)
+        assert!(ckpt.per_sample.activations < base.per_sample.activations);
+        assert!(ckpt.per_sample.total <= base.per_sample.total);
+        let torch = |checkpointing| {
+            plan(
+                &g,
+                &TrainOptions {
+                    checkpointing,
+                    runtime: Runtime::Pytorch,
+                    ..TrainOptions::default()
+                },
+            )
+        };
+        assert!(torch(true).per_sample.total < torch(false).per_sample.total);
         assert!(half.per_sample.activations < base.per_sample.activations);
         assert!(
             half.fixed.weights > base.fixed.weights,
