@@ -333,6 +333,7 @@ fn noise_scale_of_linear_regression_at_zero_is_201() {
         "8",
     ]);
     let b = v["b_simple"].as_f64().unwrap();
+    eprintln!("linear regression at w = 0: B_simple = {b:.1} (exact: 201)");
     assert!(
         (b - 201.0).abs() < 20.1,
         "B_simple = {b}, expected 201 within 10 %"
