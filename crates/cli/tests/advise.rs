@@ -1,11 +1,9 @@
 //! `batchfit advise`: the recommendation, its JSON, and the HTML report.
 
-use assert_cmd::Command;
-use scraper::{Html, Selector};
+mod common;
 
-fn batchfit() -> Command {
-    Command::cargo_bin("batchfit").unwrap()
-}
+use common::batchfit;
+use scraper::{Html, Selector};
 
 const QUICK: &[&str] = &[
     "--noise-steps",

@@ -1,23 +1,11 @@
 //! `batchfit noise` through the real binary: the noise scale on real and generated data.
 
-use assert_cmd::Command;
+mod common;
+
+use common::{batchfit, json};
 use predicates::str::contains;
 use std::io::Write;
 use std::path::Path;
-
-fn batchfit() -> Command {
-    Command::cargo_bin("batchfit").unwrap()
-}
-
-fn json(args: &[&str]) -> serde_json::Value {
-    let out = batchfit().args(args).arg("--json").output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
 
 /// A minimal .npy writer (format version 1.0, little-endian f32, C order).
 fn write_npy(path: &Path, shape: &[usize], values: &[f32]) {

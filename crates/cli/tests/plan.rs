@@ -1,21 +1,9 @@
 //! `batchfit plan` driven as a user would, through the real binary.
 
-use assert_cmd::Command;
+mod common;
+
+use common::{batchfit, json};
 use predicates::str::contains;
-
-fn batchfit() -> Command {
-    Command::cargo_bin("batchfit").unwrap()
-}
-
-fn json(args: &[&str]) -> serde_json::Value {
-    let out = batchfit().args(args).arg("--json").output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
 
 #[test]
 fn default_model_plans_without_arguments() {

@@ -1,21 +1,9 @@
 //! `batchfit probe` through the real binary, on models and limits small enough for CI.
 
-use assert_cmd::Command;
+mod common;
+
+use common::{batchfit, json};
 use predicates::str::contains;
-
-fn batchfit() -> Command {
-    Command::cargo_bin("batchfit").unwrap()
-}
-
-fn json(args: &[&str]) -> serde_json::Value {
-    let out = batchfit().args(args).arg("--json").output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
 
 const FAST: &[&str] = &["--time-cap", "0.2", "--warmup", "1"];
 

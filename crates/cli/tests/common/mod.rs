@@ -1,0 +1,21 @@
+//! Helpers shared by the integration tests: the real binary, and its JSON output.
+
+#![allow(dead_code)] // each test file uses its own subset
+
+use assert_cmd::Command;
+
+/// The `batchfit` binary built for these tests.
+pub fn batchfit() -> Command {
+    Command::cargo_bin("batchfit").unwrap()
+}
+
+/// Runs `batchfit ARGS --json`, asserts success, and parses the document.
+pub fn json(args: &[&str]) -> serde_json::Value {
+    let out = batchfit().args(args).arg("--json").output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
