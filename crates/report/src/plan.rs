@@ -102,7 +102,7 @@ pub fn render(plan: &Plan, budgets: &[BudgetFit]) -> String {
 
     let f = &plan.fixed;
     let s = &plan.per_sample;
-    let mut t = table(&["memory", "fixed", "per sample"]);
+    let mut t = table(&["memory at the peak", "fixed", "per sample"]);
     let rows: [(&str, Bytes, Option<Bytes>); 9] = [
         ("weights", f.weights, None),
         ("gradients", f.gradients, None),
@@ -144,9 +144,17 @@ pub fn render(plan: &Plan, budgets: &[BudgetFit]) -> String {
     align_numbers(&mut t, 1);
     out.push_str(&t.to_string());
     out.push_str(&format!(
-        "\nmemory(B) = {} + {} x B   (peak during {})\ncompute: {} forward, {} per training sample\n",
-        plan.memory.fixed_bytes, plan.memory.per_sample_bytes, plan.peak_at,
-        plan.forward_flops_per_sample, plan.train_flops_per_sample,
+        "\nmemory(B) = {} + {} x B   (peak during {}){}\ncompute: {} forward, {} per training sample\n",
+        plan.memory.fixed_bytes,
+        plan.memory.per_sample_bytes,
+        plan.peak_at,
+        if plan.options.runtime == batchfit_plan::Runtime::Burn {
+            "\n(burn frees and creates gradients during backward, so only what is alive at that moment is\n counted; at small batches another moment can peak higher, which max batch and planned peak use)"
+        } else {
+            ""
+        },
+        plan.forward_flops_per_sample,
+        plan.train_flops_per_sample,
     ));
 
     if !budgets.is_empty() {
