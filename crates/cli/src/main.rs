@@ -1,4 +1,4 @@
-//! The `batchfit` command line: plan, probe, noise, advise.
+//! The `batchfit` command line: advise, plan, probe, noise, run.
 
 mod cmd;
 mod error;
@@ -31,6 +31,8 @@ enum Command {
     Probe(cmd::probe::ProbeArgs),
     /// Gradient noise scale on your data: critical batch, steps and epochs per batch, learning rates.
     Noise(cmd::noise::NoiseArgs),
+    /// Your own training command (any framework), once per batch size in fresh processes.
+    Run(cmd::run::RunArgs),
     /// Internal: measures one batch size in a fresh process (started by probe).
     #[command(name = "__measure-worker", hide = true)]
     Worker { request: String },
@@ -43,6 +45,7 @@ fn main() -> ExitCode {
         Command::Plan(args) => cmd::plan::run(args),
         Command::Probe(args) => cmd::probe::run(args),
         Command::Noise(args) => cmd::noise::run(args),
+        Command::Run(args) => cmd::run::run(args),
         Command::Worker { request } => {
             batchfit_engine::worker::serve(&request).map_err(error::CliError::Failure)
         }

@@ -86,3 +86,28 @@ pub fn positive_usize(s: &str) -> Result<usize, String> {
 pub fn input<E: std::fmt::Display>(e: E) -> CliError {
     CliError::Input(e.to_string())
 }
+
+/// Checks an output file's folder exists before any work starts.
+pub fn check_output_folder(flag: &str, path: &std::path::Path) -> CliResult {
+    match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() && !parent.is_dir() => Err(CliError::Input(
+            format!("{flag}: folder {} does not exist", parent.display()),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Writes `contents` beside `path`, then renames: never a half-written file,
+/// also when interrupted.
+pub fn write_atomically(flag: &str, path: &std::path::Path, contents: &str) -> CliResult {
+    let tmp = path.with_extension("partial");
+    #[cfg(unix)]
+    batchfit_exec::interrupt::register_partial(tmp.clone());
+    let result = std::fs::write(&tmp, contents).and_then(|_| std::fs::rename(&tmp, path));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    #[cfg(unix)]
+    batchfit_exec::interrupt::unregister_partial(&tmp);
+    result.map_err(|e| CliError::Input(format!("{flag} {}: {e}", path.display())))
+}

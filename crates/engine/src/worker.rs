@@ -103,26 +103,6 @@ pub fn serve(request_json: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Text by which frameworks and the OS report running out of memory.
-const OOM_MARKERS: &[&str] = &[
-    "memory allocation of", // Rust's handle_alloc_error (our allocator's limit)
-    "out of memory",        // CUDA, cubecl, MATLAB
-    "OutOfMemory",          // cubecl's error variant
-    "CUDA_ERROR_OUT_OF_MEMORY",
-    "RESOURCE_EXHAUSTED", // JAX, TensorFlow
-    "ResourceExhaustedError",
-    "Cannot allocate memory",
-];
-
-/// Whether a child's end looks like running out of memory.
-pub fn looks_like_oom(stderr: &str, signal: Option<i32>) -> Option<String> {
-    if let Some(m) = OOM_MARKERS.iter().find(|m| stderr.contains(*m)) {
-        return Some(format!("the step reported `{m}`"));
-    }
-    // SIGKILL with no message: the kernel's OOM killer.
-    (signal == Some(9)).then(|| "killed by SIGKILL (the kernel's OOM killer)".to_string())
-}
-
 /// Runs `req` in a child process of `exe` and classifies how it ended.
 pub fn run_child(exe: &Path, req: &WorkerRequest, timeout: Duration) -> Outcome {
     let json = serde_json::to_string(req).expect("request serialises");
@@ -179,7 +159,7 @@ pub fn run_child(exe: &Path, req: &WorkerRequest, timeout: Duration) -> Outcome 
     let signal = std::os::unix::process::ExitStatusExt::signal(&status);
     #[cfg(not(unix))]
     let signal = None;
-    if let Some(why) = looks_like_oom(&stderr, signal) {
+    if let Some(why) = batchfit_exec::looks_like_oom(&stderr, signal, status.code()) {
         return Outcome::OutOfMemory(why);
     }
     let tail: String = {
@@ -187,19 +167,4 @@ pub fn run_child(exe: &Path, req: &WorkerRequest, timeout: Duration) -> Outcome 
         lines[lines.len().saturating_sub(8)..].join("\n")
     };
     Outcome::Crashed(format!("worker exited with {status}: {tail}"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn recognises_out_of_memory_but_not_other_crashes() {
-        assert!(looks_like_oom("memory allocation of 1024 bytes failed", Some(6)).is_some());
-        assert!(
-            looks_like_oom("RuntimeError: CUDA out of memory. Tried to allocate", None).is_some()
-        );
-        assert!(looks_like_oom("", Some(9)).is_some());
-        assert!(looks_like_oom("thread 'main' panicked at index out of bounds", Some(6)).is_none());
-    }
 }

@@ -2,9 +2,9 @@
 //! terminal summary, JSON, and a self-contained HTML page with SVG figures.
 
 use crate::noise::NoiseDocument;
-use crate::plots::{Figure, Marker, Series, SeriesKind};
+use crate::plots::{Figure, Series, SeriesKind};
 use crate::probe::DeviceProbe;
-use crate::{align_numbers, table, thousands};
+use crate::{align_numbers, esc, table, thousands};
 use batchfit_plan::{Bytes, Plan};
 use batchfit_tune::diagnose::Finding;
 use batchfit_tune::target::TimeToTarget;
@@ -182,46 +182,7 @@ pub fn figures(d: &AdviseDocument) -> Vec<(Figure, String)> {
     let mut figs = Vec::new();
 
     // 1. Throughput vs batch, per device, knee and max marked.
-    let mut series = Vec::new();
-    let mut markers = Vec::new();
-    for (i, dev) in d.devices.iter().enumerate() {
-        let pts: Vec<(f64, f64)> = dev
-            .points
-            .iter()
-            .filter(|p| p.ok())
-            .map(|p| (p.batch as f64, p.samples_per_s))
-            .collect();
-        if let Some(k) = dev.knee_batch
-            && let Some(p) = pts.iter().find(|p| p.0 == k as f64)
-        {
-            markers.push(Marker {
-                x: p.0,
-                y: p.1,
-                text: format!(" knee {k}"),
-                color: i,
-            });
-        }
-        if let Some(m) = dev.max_batch
-            && let Some(p) = pts.iter().find(|p| p.0 == m as f64)
-        {
-            markers.push(Marker {
-                x: p.0,
-                y: p.1,
-                text: format!(" max {m}"),
-                color: i,
-            });
-        }
-        series.push(Series {
-            label: format!("{} (measured)", dev.device),
-            points: pts,
-            kind: SeriesKind::LineAndPoints,
-            color: i,
-        });
-    }
-    figs.push((
-        Figure { title: "Training throughput vs batch size".into(), x_label: "batch size".into(), y_label: "samples / s".into(), log_x: true, series, markers },
-        "Measured: median of timed training steps (forward, backward, optimizer) after warm-up, per device. Triangles mark the knee (smallest batch within the efficiency share of the best) and the largest batch that fits.".into(),
-    ));
+    figs.push(crate::probe::throughput_figure(&d.devices));
 
     // 2. Memory vs batch: planned line, measured points, budgets.
     let mib = |b: f64| b / Bytes::MIB as f64;
@@ -335,12 +296,6 @@ pub fn figures(d: &AdviseDocument) -> Vec<(Figure, String)> {
     figs
 }
 
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-}
-
 /// The self-contained HTML page: inline SVG, no scripts, no external fonts.
 pub fn html(d: &AdviseDocument) -> String {
     let mut body = String::new();
@@ -355,14 +310,7 @@ pub fn html(d: &AdviseDocument) -> String {
     body.push_str("<h2>Recommendation</h2>\n<pre>");
     body.push_str(&esc(&render(d)));
     body.push_str("</pre>\n<h2>Figures</h2>\n");
-    for (fig, caption) in figures(d) {
-        body.push_str("<figure>\n");
-        body.push_str(&fig.svg(760, 420));
-        body.push_str(&format!(
-            "\n<figcaption>{}</figcaption>\n</figure>\n",
-            esc(&caption)
-        ));
-    }
+    body.push_str(&crate::figures_html(figures(d)));
     body.push_str("<h2>Measurements</h2>\n<pre>");
     body.push_str(&esc(&crate::probe::render(&d.model, &d.devices)));
     body.push_str("</pre>\n");
@@ -374,14 +322,5 @@ pub fn html(d: &AdviseDocument) -> String {
     body.push_str("<h2>Plan</h2>\n<pre>");
     body.push_str(&esc(&crate::plan::render(&d.plan, &[])));
     body.push_str("</pre>\n");
-    format!(
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>batchfit — {}</title>\n<style>\n\
-         body {{ font-family: sans-serif; max-width: 1100px; margin: 2em auto; color: #222; }}\n\
-         pre {{ background: #f6f6f6; padding: 1em; white-space: pre-wrap; font-size: 12px; line-height: 1.25; }}\n\
-         figure {{ margin: 1.5em 0; }} figcaption {{ font-size: 13px; color: #555; max-width: 760px; }}\n\
-         .meta {{ color: #555; font-size: 13px; }} code {{ font-size: 12px; }}\n\
-         </style>\n</head>\n<body>\n{}</body>\n</html>\n",
-        esc(&d.model),
-        body
-    )
+    crate::page(&d.model, &body)
 }

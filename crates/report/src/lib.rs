@@ -5,6 +5,7 @@ pub mod noise;
 pub mod plan;
 pub mod plots;
 pub mod probe;
+pub mod run;
 
 /// Version of the JSON documents; bumped when a field changes meaning or is removed.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -37,6 +38,42 @@ pub fn thousands(n: u64) -> String {
             out.push(',');
         }
         out.push(c);
+    }
+    out
+}
+
+/// Escapes text for HTML.
+pub fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// A self-contained HTML page in batchfit's report style: inline SVG, no
+/// scripts, no external fonts, so it opens offline.
+pub fn page(title: &str, body: &str) -> String {
+    format!(
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>batchfit — {}</title>\n<style>\n\
+         body {{ font-family: sans-serif; max-width: 1100px; margin: 2em auto; color: #222; }}\n\
+         pre {{ background: #f6f6f6; padding: 1em; white-space: pre-wrap; font-size: 12px; line-height: 1.25; }}\n\
+         figure {{ margin: 1.5em 0; }} figcaption {{ font-size: 13px; color: #555; max-width: 760px; }}\n\
+         .meta {{ color: #555; font-size: 13px; }} code {{ font-size: 12px; }}\n\
+         </style>\n</head>\n<body>\n{}</body>\n</html>\n",
+        esc(title),
+        body
+    )
+}
+
+/// Figures with captions as HTML `<figure>` elements.
+pub fn figures_html(figs: Vec<(plots::Figure, String)>) -> String {
+    let mut out = String::new();
+    for (fig, caption) in figs {
+        out.push_str("<figure>\n");
+        out.push_str(&fig.svg(760, 420));
+        out.push_str(&format!(
+            "\n<figcaption>{}</figcaption>\n</figure>\n",
+            esc(&caption)
+        ));
     }
     out
 }

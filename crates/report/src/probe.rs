@@ -1,5 +1,6 @@
 //! The `probe` report: measured throughput and memory per batch, per device.
 
+use crate::plots::{Figure, Marker, Series, SeriesKind};
 use crate::{align_numbers, table, thousands};
 use batchfit_plan::Bytes;
 use batchfit_tune::search::TrialRecord;
@@ -21,8 +22,8 @@ pub struct ProbePoint {
     pub peak_bytes: Option<Bytes>,
     /// Peak RSS of the measuring process (measured).
     pub peak_rss_bytes: Option<Bytes>,
-    /// The plan's peak at this batch (predicted).
-    pub planned_bytes: Bytes,
+    /// The plan's peak at this batch (predicted); null where nothing was planned (`run`).
+    pub planned_bytes: Option<Bytes>,
     /// (planned - measured) / measured, percent.
     pub plan_error_pct: Option<f64>,
     /// Whether the spread of the timings is wide (outliers, p10-p90 over 25 % of the median).
@@ -38,7 +39,7 @@ impl ProbePoint {
         s: &Summary,
         peak: Option<u64>,
         rss: Option<u64>,
-        planned: Bytes,
+        planned: Option<Bytes>,
     ) -> ProbePoint {
         ProbePoint {
             batch,
@@ -52,14 +53,15 @@ impl ProbePoint {
             planned_bytes: planned,
             plan_error_pct: peak
                 .filter(|&p| p > 0)
-                .map(|p| 100.0 * (planned.as_f64() - p as f64) / p as f64),
+                .zip(planned)
+                .map(|(p, planned)| 100.0 * (planned.as_f64() - p as f64) / p as f64),
             noisy: s.noisy(),
             failure: None,
         }
     }
 
     /// A batch that did not run.
-    pub fn failed(batch: u64, planned: Bytes, why: String) -> ProbePoint {
+    pub fn failed(batch: u64, planned: Option<Bytes>, why: String) -> ProbePoint {
         ProbePoint {
             batch,
             step_time_s: f64::NAN,
@@ -138,6 +140,12 @@ fn ms(s: f64) -> String {
     }
 }
 
+fn planned(p: &ProbePoint) -> String {
+    p.planned_bytes
+        .map(|b| b.to_string())
+        .unwrap_or_else(|| "-".into())
+}
+
 /// One table per device, then the side-by-side summary.
 pub fn render(model: &str, devices: &[DeviceProbe]) -> String {
     let mut out = String::new();
@@ -178,7 +186,7 @@ pub fn render(model: &str, devices: &[DeviceProbe]) -> String {
                     String::new(),
                     String::new(),
                     String::new(),
-                    p.planned_bytes.to_string(),
+                    planned(p),
                     String::new(),
                     String::new(),
                 ]),
@@ -190,7 +198,7 @@ pub fn render(model: &str, devices: &[DeviceProbe]) -> String {
                     p.peak_bytes
                         .map(|b| b.to_string())
                         .unwrap_or_else(|| "n/a".into()),
-                    p.planned_bytes.to_string(),
+                    planned(p),
                     p.plan_error_pct
                         .map(|e| format!("{e:+.1}%"))
                         .unwrap_or_default(),
@@ -249,4 +257,49 @@ pub fn render(model: &str, devices: &[DeviceProbe]) -> String {
         out.push('\n');
     }
     out
+}
+
+/// Throughput vs batch, one series per device, knee and largest batch marked.
+pub fn throughput_figure(devices: &[DeviceProbe]) -> (Figure, String) {
+    let mut series = Vec::new();
+    let mut markers = Vec::new();
+    for (i, dev) in devices.iter().enumerate() {
+        let pts: Vec<(f64, f64)> = dev
+            .points
+            .iter()
+            .filter(|p| p.ok() && p.samples_per_s.is_finite())
+            .map(|p| (p.batch as f64, p.samples_per_s))
+            .collect();
+        let mut mark = |batch: Option<u64>, what: &str| {
+            if let Some(b) = batch
+                && let Some(p) = pts.iter().find(|p| p.0 == b as f64)
+            {
+                markers.push(Marker {
+                    x: p.0,
+                    y: p.1,
+                    text: format!(" {what} {b}"),
+                    color: i,
+                });
+            }
+        };
+        mark(dev.knee_batch, "knee");
+        mark(dev.max_batch, "max");
+        series.push(Series {
+            label: format!("{} (measured)", dev.device),
+            points: pts,
+            kind: SeriesKind::LineAndPoints,
+            color: i,
+        });
+    }
+    (
+        Figure {
+            title: "Training throughput vs batch size".into(),
+            x_label: "batch size".into(),
+            y_label: "samples / s".into(),
+            log_x: true,
+            series,
+            markers,
+        },
+        "Measured: median of timed training steps (forward, backward, optimizer) after warm-up, per device. Triangles mark the knee (smallest batch within the efficiency share of the best) and the largest batch that fits.".into(),
+    )
 }

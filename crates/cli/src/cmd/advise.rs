@@ -2,7 +2,7 @@
 
 use crate::cmd::noise::{DataFlags, NoiseFlags, apply_loss, document, load_data, run_noise};
 use crate::cmd::probe::{MeasureFlags, Target, probe_device, progress};
-use crate::error::{CliError, CliResult};
+use crate::error::CliResult;
 use crate::options::{DEFAULT_MODEL, positive_u64, positive_usize};
 use batchfit_data::Dataset;
 use batchfit_engine::DeviceSpec;
@@ -64,14 +64,8 @@ pub fn run(mut args: AdviseArgs) -> CliResult {
             .collect();
     }
     let devices = args.measure.devices()?;
-    if let Some(parent) = args.html.as_ref().and_then(|p| p.parent())
-        && !parent.as_os_str().is_empty()
-        && !parent.is_dir()
-    {
-        return Err(CliError::Input(format!(
-            "--html: folder {} does not exist",
-            parent.display()
-        )));
+    if let Some(path) = &args.html {
+        crate::options::check_output_folder("--html", path)?;
     }
     let seq_len = args.measure.seq_len.or(graph.default_seq_len).unwrap_or(1);
     let data: Option<Dataset> = if args.data.data.is_some() || default_model {
@@ -212,14 +206,7 @@ pub fn run(mut args: AdviseArgs) -> CliResult {
         budgets,
     };
     if let Some(path) = &args.html {
-        // Write beside the target, then rename: never leave a half-written report.
-        let tmp = path.with_extension("html.partial");
-        std::fs::write(&tmp, html(&doc))
-            .and_then(|_| std::fs::rename(&tmp, path))
-            .map_err(|e| {
-                let _ = std::fs::remove_file(&tmp);
-                CliError::Input(format!("--html {}: {e}", path.display()))
-            })?;
+        crate::options::write_atomically("--html", path, &html(&doc))?;
     }
     if args.json {
         println!(

@@ -4,3 +4,4 @@ pub mod advise;
 pub mod noise;
 pub mod plan;
 pub mod probe;
+pub mod run;

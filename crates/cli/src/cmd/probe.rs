@@ -71,14 +71,14 @@ pub struct MeasureFlags {
     pub timeout: f64,
 }
 
-fn parse_share(s: &str) -> Result<f64, String> {
+pub fn parse_share(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(x) if x > 0.0 && x <= 1.0 => Ok(x),
         _ => Err(format!("`{s}` must be a share in (0, 1], e.g. 0.9")),
     }
 }
 
-fn parse_seconds(s: &str) -> Result<f64, String> {
+pub fn parse_seconds(s: &str) -> Result<f64, String> {
     let t = s.trim_end_matches('s');
     match t.parse::<f64>() {
         Ok(x) if x > 0.0 && x.is_finite() => Ok(x),
@@ -200,7 +200,7 @@ pub fn probe_device(
     let mut points: Vec<ProbePoint> = Vec::new();
     let measure = |b: u64, points: &mut Vec<ProbePoint>| {
         bar.set_message(format!("{device}: timing batch {b}"));
-        let planned = plan.bytes_at(b);
+        let planned = Some(plan.bytes_at(b));
         let point = match run_child(&exe, &flags.request(t, device, b, false), timeout) {
             Outcome::Measured(r) => {
                 ProbePoint::measured(b, &r.summary(), r.peak_bytes, r.peak_rss_bytes, planned)

@@ -1,0 +1,270 @@
+//! `batchfit run` against a stand-in training script (tests/fixtures/fake_trainer.sh)
+//! that reports steps through the protocol and fails like PyTorch above a batch.
+
+mod common;
+
+use common::batchfit;
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn trainer() -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/fake_trainer.sh")
+        .display()
+        .to_string()
+}
+
+/// `batchfit run FLAGS --json -- sh fake_trainer.sh {batch}` with `env`; the parsed document.
+fn run_json(flags: &[&str], env: &[(&str, &str)]) -> Value {
+    let out = batchfit()
+        .arg("run")
+        .args(flags)
+        .args(["--json", "--", "sh", &trainer(), "{batch}"])
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn trials(doc: &Value) -> Vec<(u64, String)> {
+    doc["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["batch"].as_u64().unwrap(),
+                t["outcome"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// A process that exists and is not a zombie.
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            let state = s[s.rfind(')').unwrap() + 2..].chars().next();
+            state != Some('Z')
+        })
+        .unwrap_or(false)
+}
+
+fn pids(file: &std::path::Path) -> Vec<u32> {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn finds_the_exact_threshold_and_the_knee() {
+    let doc = run_json(&[], &[("FAKE_OOM_ABOVE", "100")]);
+    assert_eq!(doc["kind"], "run");
+    assert_eq!(doc["max_batch"], 100);
+    assert_eq!(doc["smallest_failure"], 101);
+    let t = trials(&doc);
+    assert!(t.contains(&(100, "ran".into())) && t.contains(&(101, "out_of_memory".into())));
+    // 8 doubling rungs, 6 bisection steps of 64..128, at most 2 knee refinements.
+    assert!(t.len() <= 16, "{t:?}");
+
+    // Step statistics: warm-up step left out, the reported 2 ms + 10 us/sample.
+    let dev = &doc["devices"][0];
+    let points = dev["points"].as_array().unwrap();
+    let mut curve = Vec::new();
+    for p in points.iter().filter(|p| p["failure"].is_null()) {
+        let b = p["batch"].as_u64().unwrap() as f64;
+        let step = p["step_time_s"].as_f64().unwrap();
+        assert!((step - (2000.0 + 10.0 * b) * 1e-6).abs() < 1e-12, "{p}");
+        assert!((p["samples_per_s"].as_f64().unwrap() - b / step).abs() < 1e-6 * b / step);
+        curve.push((b as u64, b / step));
+    }
+    let best = curve.iter().map(|c| c.1).fold(0.0, f64::max);
+    let expected_knee = curve
+        .iter()
+        .filter(|c| c.1 >= 0.9 * best)
+        .map(|c| c.0)
+        .min();
+    assert_eq!(dev["knee_batch"].as_u64(), expected_knee);
+    assert_eq!(dev["max_batch"], 100);
+    let oom = &doc["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["batch"] == 101)
+        .unwrap();
+    assert!(
+        oom["detail"].as_str().unwrap().contains("out of memory"),
+        "{oom}"
+    );
+}
+
+#[test]
+fn table_and_html_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let html = dir.path().join("run.html");
+    let out = batchfit()
+        .args(["run", "--batches", "8,64,512", "--html"])
+        .arg(&html)
+        .args(["--", "sh", &trainer(), "{batch}"])
+        .env("FAKE_OOM_ABOVE", "100")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("out of memory") && text.contains("knee"),
+        "{text}"
+    );
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("<svg") && page.contains("Training throughput vs batch size"));
+    assert!(page.contains("fake_trainer.sh {batch}"));
+}
+
+#[test]
+fn a_hanging_trial_is_ended_at_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pids");
+    let started = Instant::now();
+    let doc = run_json(
+        &["--batches", "2,4", "--timeout", "1s"],
+        &[
+            ("FAKE_HANG_AT", "4"),
+            ("FAKE_PIDS", pid_file.to_str().unwrap()),
+        ],
+    );
+    assert!(started.elapsed() < Duration::from_secs(30));
+    assert_eq!(trials(&doc), [(2, "ran".into()), (4, "timed_out".into())]);
+    // The script and the child it started are gone.
+    let p = pids(&pid_file);
+    assert_eq!(p.len(), 3, "{p:?}");
+    assert!(p.iter().all(|&pid| !alive(pid)), "{p:?}");
+}
+
+#[test]
+fn a_crash_is_not_mistaken_for_out_of_memory() {
+    let doc = run_json(&[], &[("FAKE_CRASH_AT", "8")]);
+    // Doubling up to the crash, then at most knee refinements below it.
+    let t = trials(&doc);
+    assert_eq!(
+        t[..4],
+        [
+            (1, "ran".into()),
+            (2, "ran".into()),
+            (4, "ran".into()),
+            (8, "crashed".into())
+        ]
+    );
+    assert!(t[4..].iter().all(|(b, o)| *b < 8 && o == "ran"), "{t:?}");
+    assert_eq!(doc["max_batch"], 4);
+    assert!(doc["smallest_failure"].is_null());
+    assert_eq!(doc["stopped_at"], 8);
+    let detail = doc["trials"][3]["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("exit status 1") && detail.contains("ValueError"),
+        "{detail}"
+    );
+}
+
+#[test]
+fn peak_memory_covers_the_whole_process_tree() {
+    // The shell starts dd as its child: dd's 64 MiB buffer is not the shell's.
+    let out = batchfit()
+        .args(["run", "--batches", "64", "--json", "--", "sh", "-c"])
+        .arg("dd if=/dev/zero of=/dev/null bs={batch}M count=150 2>/dev/null; true")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let peak = doc["trials"][0]["peak_host_bytes"].as_u64().unwrap();
+    assert!(peak >= 60 << 20, "peak {peak}");
+}
+
+#[test]
+fn bad_commands_are_refused_before_anything_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pids");
+    let out = batchfit()
+        .args(["run", "--", "sh", &trainer(), "64"])
+        .env("FAKE_PIDS", &pid_file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("{batch}"));
+    assert!(!pid_file.exists(), "the command ran");
+
+    let out = batchfit()
+        .args(["run", "--", "no-such-trainer-xyz", "{batch}"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no-such-trainer-xyz"));
+
+    let out = batchfit()
+        .args([
+            "run",
+            "--throughput-regex",
+            "([0-9]+) it/s",
+            "--",
+            "sh",
+            &trainer(),
+            "{batch}",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--throughput-regex"));
+}
+
+#[test]
+fn interrupting_ends_the_process_tree_and_leaves_no_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let pid_file = dir.path().join("pids");
+    let html = dir.path().join("report.html");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_batchfit"))
+        .args(["run", "--html"])
+        .arg(&html)
+        .args(["--", "sh", &trainer(), "{batch}"])
+        .env("FAKE_HANG_AT", "1")
+        .env("FAKE_PIDS", &pid_file)
+        .env("TMPDIR", &tmp)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let waited = Instant::now();
+    while pids(&pid_file).len() < 2 {
+        assert!(
+            waited.elapsed() < Duration::from_secs(60),
+            "trainer never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: signals the batchfit process this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    let p = pids(&pid_file);
+    let waited = Instant::now();
+    while p.iter().any(|&pid| alive(pid)) && waited.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(p.iter().all(|&pid| !alive(pid)), "left running: {p:?}");
+    assert!(!html.exists());
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .chain(std::fs::read_dir(&tmp).unwrap())
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left.len(), 2, "{left:?}"); // tmp/ and pids only
+}

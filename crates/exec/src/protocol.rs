@@ -1,0 +1,178 @@
+//! How a training command tells batchfit its step times.
+//!
+//! The protocol is one line per training step, on stdout or stderr:
+//!
+//! ```text
+//! BATCHFIT {"step": 12, "samples": 64, "seconds": 0.031}
+//! ```
+//!
+//! `seconds` (the step's wall time, device synchronised) is required; `samples`
+//! defaults to the batch size and `step` to the line's position. Commands that
+//! already print their speed can be read with a regular expression instead
+//! (`--throughput-regex`), one match per step, with a named group `seconds` or
+//! `samples_per_s` and optionally `samples`.
+
+use batchfit_tune::stats::{Summary, summarize};
+use regex::Regex;
+use serde::{Deserialize, Serialize};
+
+/// Prefix of a protocol line.
+pub const PREFIX: &str = "BATCHFIT ";
+
+/// One training step as the command reported it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StepReport {
+    pub step: Option<u64>,
+    pub samples: Option<u64>,
+    pub seconds: f64,
+}
+
+/// Reads step reports out of a command's output lines.
+#[derive(Clone, Debug)]
+pub enum StepReader {
+    Protocol,
+    Regex(Regex),
+}
+
+impl StepReader {
+    /// A reader for `--throughput-regex PATTERN`, checked: it must compile and
+    /// name a `seconds` or `samples_per_s` group.
+    pub fn regex(pattern: &str) -> Result<StepReader, String> {
+        let re = Regex::new(pattern).map_err(|e| format!("not a regular expression: {e}"))?;
+        let named = |n: &str| re.capture_names().flatten().any(|c| c == n);
+        if !named("seconds") && !named("samples_per_s") {
+            return Err(
+                "needs a named group `(?P<seconds>...)` (seconds per step) or `(?P<samples_per_s>...)`, e.g. '(?P<samples_per_s>[0-9.]+) samples/s'"
+                    .into(),
+            );
+        }
+        Ok(StepReader::Regex(re))
+    }
+
+    /// The step reported on `line`, if any; `Err` for a protocol line that
+    /// does not parse (the caller counts these and says so).
+    pub fn read(&self, line: &str, batch: u64) -> Option<Result<StepReport, String>> {
+        match self {
+            StepReader::Protocol => {
+                let json = line.trim_start().strip_prefix(PREFIX)?;
+                Some(
+                    serde_json::from_str::<StepReport>(json)
+                        .map_err(|e| format!("bad protocol line `{}`: {e}", line.trim()))
+                        .and_then(|r| {
+                            if r.seconds.is_finite() && r.seconds > 0.0 {
+                                Ok(r)
+                            } else {
+                                Err(format!("`seconds` must be positive in `{}`", line.trim()))
+                            }
+                        }),
+                )
+            }
+            StepReader::Regex(re) => {
+                let c = re.captures(line)?;
+                let num = |n: &str| c.name(n).and_then(|m| m.as_str().parse::<f64>().ok());
+                let samples = num("samples").map(|s| s as u64);
+                let seconds = match (num("seconds"), num("samples_per_s")) {
+                    (Some(s), _) => s,
+                    (None, Some(rate)) if rate > 0.0 => samples.unwrap_or(batch) as f64 / rate,
+                    _ => return Some(Err(format!("no number in the match on `{}`", line.trim()))),
+                };
+                (seconds.is_finite() && seconds > 0.0).then_some(Ok(StepReport {
+                    step: None,
+                    samples,
+                    seconds,
+                }))
+            }
+        }
+    }
+}
+
+/// Step-time statistics of one trial, warm-up steps left out.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StepStats {
+    pub steps_reported: usize,
+    /// Steps the statistics use (after the warm-up ones).
+    pub steps_used: usize,
+    pub step_time: Summary,
+    /// Samples of the used steps / their seconds.
+    pub samples_per_s: f64,
+}
+
+/// Statistics of `steps`, skipping the first `warmup` (all are used when
+/// fewer remain, which the caller can see from `steps_used`).
+pub fn step_stats(steps: &[StepReport], batch: u64, warmup: usize) -> Option<StepStats> {
+    if steps.is_empty() {
+        return None;
+    }
+    let used = if steps.len() > warmup {
+        &steps[warmup..]
+    } else {
+        steps
+    };
+    let times: Vec<f64> = used.iter().map(|s| s.seconds).collect();
+    let samples: f64 = used.iter().map(|s| s.samples.unwrap_or(batch) as f64).sum();
+    Some(StepStats {
+        steps_reported: steps.len(),
+        steps_used: used.len(),
+        step_time: summarize(&times),
+        samples_per_s: samples / times.iter().sum::<f64>(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_protocol_lines() {
+        let r = StepReader::Protocol;
+        let s = r
+            .read(
+                r#"BATCHFIT {"step": 12, "samples": 64, "seconds": 0.031}"#,
+                64,
+            )
+            .unwrap()
+            .unwrap();
+        assert_eq!((s.step, s.samples, s.seconds), (Some(12), Some(64), 0.031));
+        let s = r
+            .read(r#"  BATCHFIT {"seconds": 2e-3}"#, 8)
+            .unwrap()
+            .unwrap();
+        assert_eq!((s.step, s.samples, s.seconds), (None, None, 0.002));
+        assert!(r.read("Epoch 1/3 - loss 0.2", 8).is_none());
+        assert!(r.read(r#"BATCHFIT {"step": 1}"#, 8).unwrap().is_err());
+        assert!(r.read(r#"BATCHFIT {"seconds": 0}"#, 8).unwrap().is_err());
+    }
+
+    #[test]
+    fn reads_a_regex_for_rate_or_seconds() {
+        assert!(StepReader::regex("([0-9.]+) samples/s").is_err());
+        assert!(StepReader::regex("(?P<seconds>[0-9.+").is_err());
+        let r = StepReader::regex(r"(?P<samples_per_s>[0-9.]+) samples/s").unwrap();
+        let s = r.read("step 3: 1600.0 samples/s", 32).unwrap().unwrap();
+        assert!((s.seconds - 0.02).abs() < 1e-12);
+        let r = StepReader::regex(r"(?P<seconds>[0-9.]+)s/step").unwrap();
+        assert_eq!(
+            r.read("10/10 - 0.25s/step", 32).unwrap().unwrap().seconds,
+            0.25
+        );
+    }
+
+    #[test]
+    fn statistics_skip_the_warmup_steps() {
+        let steps: Vec<StepReport> = [1.0, 0.5, 0.1, 0.1, 0.1, 0.1]
+            .iter()
+            .map(|&seconds| StepReport {
+                step: None,
+                samples: None,
+                seconds,
+            })
+            .collect();
+        let s = step_stats(&steps, 10, 2).unwrap();
+        assert_eq!((s.steps_reported, s.steps_used), (6, 4));
+        assert!((s.step_time.median - 0.1).abs() < 1e-12);
+        assert!((s.samples_per_s - 100.0).abs() < 1e-9);
+        // Too few steps to skip any: all are used.
+        assert_eq!(step_stats(&steps[..2], 10, 2).unwrap().steps_used, 2);
+        assert!(step_stats(&[], 10, 2).is_none());
+    }
+}

@@ -1,0 +1,91 @@
+//! What one trial of the user's command measured.
+
+use crate::protocol::StepStats;
+use serde::Serialize;
+
+/// How a trial ended.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "outcome", content = "detail", rename_all = "snake_case")]
+pub enum Outcome {
+    /// Exited with status 0.
+    Ran,
+    /// Ran out of memory; how it was recognised.
+    OutOfMemory(String),
+    /// Failed for another reason: exit status and the tail of its output.
+    Crashed(String),
+    /// Still running at the time-out; its process tree was ended.
+    TimedOut,
+    /// The program could not be started at all.
+    NotStarted(String),
+}
+
+/// Everything measured in one trial.
+#[derive(Clone, Debug, Serialize)]
+pub struct TrialResult {
+    pub batch: u64,
+    #[serde(flatten)]
+    pub outcome: Outcome,
+    /// Wall time from start to exit, process start-up included.
+    pub wall_s: f64,
+    /// Statistics of the steps the command reported, warm-up left out.
+    pub steps: Option<StepStats>,
+    /// Output lines that looked like protocol lines but did not parse.
+    pub bad_step_lines: usize,
+    /// Peak resident memory of the whole process tree (sampled; at least the
+    /// command's own peak from the kernel).
+    pub peak_host_bytes: Option<u64>,
+    /// Peak GPU memory of the tree's processes (NVML), when on an NVIDIA GPU.
+    pub peak_gpu_bytes: Option<u64>,
+    /// Mean and highest utilisation of that GPU while the trial ran (whole device).
+    pub gpu_util_mean_pct: Option<f64>,
+    pub gpu_util_max_pct: Option<u32>,
+    pub gpu_device: Option<u32>,
+}
+
+impl TrialResult {
+    pub(crate) fn not_started(batch: u64, why: String) -> TrialResult {
+        TrialResult {
+            batch,
+            outcome: Outcome::NotStarted(why),
+            wall_s: 0.0,
+            steps: None,
+            bad_step_lines: 0,
+            peak_host_bytes: None,
+            peak_gpu_bytes: None,
+            gpu_util_mean_pct: None,
+            gpu_util_max_pct: None,
+            gpu_device: None,
+        }
+    }
+}
+
+impl Outcome {
+    /// How the max-batch search reads this outcome.
+    pub fn verdict(&self) -> batchfit_tune::search::Verdict {
+        use batchfit_tune::search::Verdict;
+        match self {
+            Outcome::Ran => Verdict::Runs,
+            Outcome::OutOfMemory(_) => Verdict::OutOfMemory,
+            _ => Verdict::Broken,
+        }
+    }
+
+    /// One line for tables: "ran", "out of memory", ...
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::Ran => "ran",
+            Outcome::OutOfMemory(_) => "out of memory",
+            Outcome::Crashed(_) => "crashed",
+            Outcome::TimedOut => "timed out",
+            Outcome::NotStarted(_) => "not started",
+        }
+    }
+
+    /// The detail: how out-of-memory was recognised, or the crash's output.
+    pub fn detail(&self) -> Option<&str> {
+        match self {
+            Outcome::OutOfMemory(s) | Outcome::Crashed(s) | Outcome::NotStarted(s) => Some(s),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! The `run` report: every trial of the user's own training command, the
+//! largest batch that runs and the knee, as a table, JSON and an HTML page.
+
+use crate::plots::{Figure, Series, SeriesKind};
+use crate::probe::DeviceProbe;
+use crate::{align_numbers, esc, table, thousands};
+use batchfit_exec::TrialResult;
+use batchfit_plan::Bytes;
+use serde::Serialize;
+
+/// One trial and why it was run.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunTrial {
+    /// doubling, bisection, knee refinement or listed (--batches).
+    pub reason: &'static str,
+    #[serde(flatten)]
+    pub result: TrialResult,
+}
+
+/// The JSON document of `batchfit run --json`.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunDocument {
+    pub schema_version: u32,
+    pub kind: &'static str,
+    /// The command as given, with its `{batch}` placeholder.
+    pub command: String,
+    /// The same shape as `probe`'s devices (one entry: where the command ran).
+    pub devices: Vec<DeviceProbe>,
+    /// Every trial in the order it ran.
+    pub trials: Vec<RunTrial>,
+    /// Largest batch that ran (measured), exact when `smallest_failure` = it + 1.
+    pub max_batch: Option<u64>,
+    /// Smallest batch that ran out of memory (measured).
+    pub smallest_failure: Option<u64>,
+    /// A crash or time-out that stopped the search, if one did.
+    pub stopped_at: Option<u64>,
+    /// The search reached --max-batch still running.
+    pub capped: bool,
+    pub seconds: f64,
+}
+
+fn secs(s: f64) -> String {
+    if !s.is_finite() {
+        "-".into()
+    } else if s < 0.01 {
+        format!("{:.3} ms", s * 1e3)
+    } else if s < 1.0 {
+        format!("{:.1} ms", s * 1e3)
+    } else {
+        format!("{s:.2} s")
+    }
+}
+
+fn bytes(b: Option<u64>) -> String {
+    b.map(|b| Bytes(b).to_string())
+        .unwrap_or_else(|| "-".into())
+}
+
+/// The trial log, then what it found.
+pub fn render(d: &RunDocument) -> String {
+    let mut out = format!(
+        "\n{} (measured: each trial a fresh process tree)\n",
+        d.command
+    );
+    let mut t = table(&[
+        "#",
+        "batch",
+        "why",
+        "outcome",
+        "wall",
+        "step (median)",
+        "samples/s",
+        "peak host",
+        "peak GPU",
+        "GPU util",
+        "",
+    ]);
+    let dev = d.devices.first();
+    for (i, tr) in d.trials.iter().enumerate() {
+        let r = &tr.result;
+        let mut mark = Vec::new();
+        if dev.and_then(|d| d.knee_batch) == Some(r.batch) && r.outcome.label() == "ran" {
+            mark.push("knee");
+        }
+        if d.max_batch == Some(r.batch) && r.outcome.label() == "ran" {
+            mark.push("max");
+        }
+        if r.steps.as_ref().is_some_and(|s| s.step_time.noisy()) {
+            mark.push("noisy");
+        }
+        t.add_row(vec![
+            (i + 1).to_string(),
+            thousands(r.batch),
+            tr.reason.to_string(),
+            r.outcome.label().to_string(),
+            secs(r.wall_s),
+            r.steps
+                .as_ref()
+                .map(|s| secs(s.step_time.median))
+                .unwrap_or_else(|| "-".into()),
+            r.steps
+                .as_ref()
+                .map(|s| format!("{:.0}", s.samples_per_s))
+                .unwrap_or_else(|| "-".into()),
+            bytes(r.peak_host_bytes),
+            bytes(r.peak_gpu_bytes),
+            r.gpu_util_mean_pct
+                .zip(r.gpu_util_max_pct)
+                .map(|(m, x)| format!("{m:.0} % (max {x})"))
+                .unwrap_or_else(|| "-".into()),
+            mark.join(", "),
+        ]);
+    }
+    align_numbers(&mut t, 0);
+    out.push_str(&t.to_string());
+    out.push('\n');
+
+    match (d.max_batch, d.smallest_failure) {
+        (Some(m), Some(f)) if f == m + 1 => out.push_str(&format!(
+            "largest batch that runs: {} (exact: {} ran out of memory)",
+            thousands(m),
+            thousands(f)
+        )),
+        (Some(m), _) if d.capped => out.push_str(&format!(
+            "largest batch that runs: at least {} (--max-batch; the limit lies above)",
+            thousands(m)
+        )),
+        (Some(m), Some(f)) => out.push_str(&format!(
+            "largest batch that ran: {}; smallest out of memory: {}",
+            thousands(m),
+            thousands(f)
+        )),
+        (Some(m), None) => out.push_str(&format!("largest batch that ran: {}", thousands(m))),
+        (None, Some(f)) => out.push_str(&format!(
+            "no batch ran: batch {} already ran out of memory",
+            thousands(f)
+        )),
+        (None, None) => out.push_str("no batch ran"),
+    }
+    out.push_str(&format!(
+        "; {} trials, {:.1} s\n",
+        d.trials.len(),
+        d.seconds
+    ));
+    if let Some(b) = d.stopped_at {
+        out.push_str(&format!(
+            "the search stopped at batch {}: it crashed or timed out for a reason other than memory (see below)\n",
+            thousands(b)
+        ));
+    }
+    if let Some(dev) = dev {
+        match dev.knee_batch {
+            Some(k) => out.push_str(&format!(
+                "knee: batch {} is the smallest reaching {:.0} % of the best measured throughput\n",
+                thousands(k),
+                dev.efficiency * 100.0
+            )),
+            None if d.trials.iter().any(|t| t.result.outcome.label() == "ran") => out.push_str(
+                "no throughput: the command reported no step times; print `BATCHFIT {\"seconds\": ...}` per step or pass --throughput-regex (see examples/)\n",
+            ),
+            None => {}
+        }
+    }
+    for tr in &d.trials {
+        let r = &tr.result;
+        if r.bad_step_lines > 0 {
+            out.push_str(&format!(
+                "batch {}: {} BATCHFIT lines did not parse and were skipped\n",
+                thousands(r.batch),
+                r.bad_step_lines
+            ));
+        }
+        if r.outcome.label() != "out of memory"
+            && let Some(detail) = r.outcome.detail()
+        {
+            out.push_str(&format!(
+                "\nbatch {} {}: {}\n",
+                thousands(r.batch),
+                r.outcome.label(),
+                detail
+            ));
+        }
+    }
+    out
+}
+
+/// Figures: throughput (as `probe`), and peak memory per batch.
+pub fn figures(d: &RunDocument) -> Vec<(Figure, String)> {
+    let mut figs = vec![crate::probe::throughput_figure(&d.devices)];
+    let mib = |b: u64| b as f64 / Bytes::MIB as f64;
+    let ran = || {
+        d.trials
+            .iter()
+            .filter(|t| t.result.outcome.label() == "ran")
+    };
+    let host: Vec<(f64, f64)> = ran()
+        .filter_map(|t| {
+            t.result
+                .peak_host_bytes
+                .map(|b| (t.result.batch as f64, mib(b)))
+        })
+        .collect();
+    let gpu: Vec<(f64, f64)> = ran()
+        .filter_map(|t| {
+            t.result
+                .peak_gpu_bytes
+                .map(|b| (t.result.batch as f64, mib(b)))
+        })
+        .collect();
+    let mut series = Vec::new();
+    for (label, mut pts, color) in [
+        ("host, whole process tree (measured)", host, 0),
+        ("GPU, NVML (measured)", gpu, 1),
+    ] {
+        if !pts.is_empty() {
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            series.push(Series {
+                label: label.into(),
+                points: pts,
+                kind: SeriesKind::LineAndPoints,
+                color,
+            });
+        }
+    }
+    if !series.is_empty() {
+        figs.push((
+            Figure {
+                title: "Peak memory of the training command vs batch size".into(),
+                x_label: "batch size".into(),
+                y_label: "MiB".into(),
+                log_x: true,
+                series,
+                markers: vec![],
+            },
+            "Measured: the largest resident memory of the command's process tree seen during each trial (sampled every 100 ms, at least the kernel's peak for the command itself), and the GPU memory NVML attributes to those processes.".into(),
+        ));
+    }
+    figs
+}
+
+/// The HTML page: findings, figures, the trial log.
+pub fn html(d: &RunDocument) -> String {
+    let mut body = format!(
+        "<h1>batchfit run</h1>\n<p class=\"meta\">command: <code>{}</code></p>\n<h2>Figures</h2>\n",
+        esc(&d.command)
+    );
+    body.push_str(&crate::figures_html(figures(d)));
+    body.push_str("<h2>Trials</h2>\n<pre>");
+    body.push_str(&esc(&render(d)));
+    body.push_str("</pre>\n");
+    crate::page("run", &body)
+}
