@@ -1,4 +1,4 @@
-//! The `batchfit` command line: advise, plan, probe, noise, run.
+//! The `batchfit` command line: advise, plan, probe, noise, run, sweep.
 
 mod cmd;
 mod error;
@@ -31,6 +31,8 @@ enum Command {
     Probe(cmd::probe::ProbeArgs),
     /// Gradient noise scale on your data: critical batch, steps and epochs per batch, learning rates.
     Noise(cmd::noise::NoiseArgs),
+    /// Real short trainings per batch size and seed on your data: steps to target vs prediction, quality.
+    Sweep(cmd::sweep::SweepArgs),
     /// Your own training command (any framework), once per batch size in fresh processes.
     Run(cmd::run::RunArgs),
     /// Internal: measures one batch size in a fresh process (started by probe).
@@ -46,6 +48,7 @@ fn main() -> ExitCode {
         Command::Probe(args) => cmd::probe::run(args),
         Command::Noise(args) => cmd::noise::run(args),
         Command::Run(args) => cmd::run::run(args),
+        Command::Sweep(args) => cmd::sweep::run(args),
         Command::Worker { request } => {
             batchfit_engine::worker::serve(&request).map_err(error::CliError::Failure)
         }

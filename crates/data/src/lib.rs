@@ -238,6 +238,16 @@ impl Dataset {
         out
     }
 
+    /// Training and validation rows: a seeded shuffle, the first `share`
+    /// (at least one row, at most all but one) held out.
+    pub fn split(&self, share: f64, seed: u64) -> (Dataset, Dataset) {
+        let mut idx: Vec<usize> = (0..self.rows).collect();
+        idx.shuffle(&mut StdRng::seed_from_u64(seed));
+        let n_val = ((self.rows as f64 * share).ceil() as usize)
+            .clamp(1, self.rows.saturating_sub(1).max(1));
+        (self.subset(&idx[n_val..]), self.subset(&idx[..n_val]))
+    }
+
     /// A subset of rows (for train/validation splits).
     pub fn subset(&self, idx: &[usize]) -> Dataset {
         let targets = match &self.targets {

@@ -12,6 +12,7 @@ pub mod device;
 pub mod measure;
 pub mod model;
 pub mod noise;
+pub mod sweep;
 pub mod trainer;
 pub mod worker;
 

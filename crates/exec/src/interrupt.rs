@@ -18,9 +18,10 @@ static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 /// Exit status after an interruption (128 + SIGINT, as shells report it).
 pub const INTERRUPTED_EXIT: i32 = 130;
 
-/// Installs the handler; call once, before the first trial.
-pub fn install() -> Result<(), String> {
-    ctrlc::set_handler(|| {
+/// Installs the handler, which prints `message` on its way out; call once,
+/// before the first trial.
+pub fn install(message: String) -> Result<(), String> {
+    ctrlc::set_handler(move || {
         INTERRUPTED.store(true, Ordering::SeqCst);
         let groups: Vec<i32> = GROUPS.lock().map(|g| g.clone()).unwrap_or_default();
         for g in groups {
@@ -29,7 +30,7 @@ pub fn install() -> Result<(), String> {
         for f in PARTIAL_FILES.lock().map(|f| f.clone()).unwrap_or_default() {
             let _ = std::fs::remove_file(f);
         }
-        eprintln!("\ninterrupted: the running trial's processes were ended; nothing was written");
+        eprintln!("\ninterrupted: {message}");
         std::process::exit(INTERRUPTED_EXIT);
     })
     .map_err(|e| format!("cannot install the Ctrl-C handler: {e}"))

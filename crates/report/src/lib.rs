@@ -6,6 +6,7 @@ pub mod plan;
 pub mod plots;
 pub mod probe;
 pub mod run;
+pub mod sweep;
 
 /// Version of the JSON documents; bumped when a field changes meaning or is removed.
 pub const SCHEMA_VERSION: u32 = 1;

@@ -8,6 +8,8 @@
 //!   steps and samples each batch size needs;
 //! - [`lr`]: learning-rate scaling rules;
 //! - [`target`]: predicted time to a target loss per device and batch.
+//! - [`sweep`]: records of real training runs, the fit of steps to target
+//!   against the batch, and whether batch size changes final quality.
 
 pub mod diagnose;
 pub mod knee;
@@ -15,4 +17,5 @@ pub mod lr;
 pub mod noise;
 pub mod search;
 pub mod stats;
+pub mod sweep;
 pub mod target;

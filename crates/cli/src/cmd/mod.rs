@@ -5,3 +5,4 @@ pub mod noise;
 pub mod plan;
 pub mod probe;
 pub mod run;
+pub mod sweep;

@@ -75,7 +75,10 @@ pub fn run(args: RunArgs) -> CliResult {
     if let Some(path) = &args.html {
         check_output_folder("--html", path)?;
     }
-    batchfit_exec::interrupt::install().map_err(CliError::Failure)?;
+    batchfit_exec::interrupt::install(
+        "the running trial's process tree was ended; no report was written".into(),
+    )
+    .map_err(CliError::Failure)?;
 
     let opts = TrialOptions {
         timeout: Duration::from_secs_f64(args.timeout),

@@ -1,0 +1,222 @@
+//! `batchfit sweep` on the shipped digits: records, reproducibility,
+//! divergence, interruption and --resume, bad input.
+
+mod common;
+
+use common::batchfit;
+use serde_json::Value;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn sweep_json(args: &[&str]) -> Value {
+    let out = batchfit()
+        .arg("sweep")
+        .args(args)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// What must repeat exactly: everything but the clock.
+fn trajectory(run: &Value) -> Vec<(u64, f64)> {
+    run["record"]["curve"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["step"].as_u64().unwrap(), p["loss"].as_f64().unwrap()))
+        .collect()
+}
+
+#[test]
+fn records_runs_fits_and_repeats_with_the_same_seed() {
+    let args = [
+        "--batches",
+        "16,64,256",
+        "--seeds",
+        "2",
+        "--epochs",
+        "6",
+        "--no-noise",
+    ];
+    let a = sweep_json(&args);
+    assert_eq!(a["kind"], "sweep");
+    let runs = a["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 6);
+    let target = a["target_loss"].as_f64().unwrap();
+    for r in runs {
+        let rec = &r["record"];
+        assert_eq!(rec["status"], "budget");
+        let epochs = rec["epochs"].as_array().unwrap();
+        assert_eq!(epochs.len(), 6);
+        assert!(epochs[0]["val_accuracy"].as_f64().unwrap() > 0.0);
+        // The chosen target is one every run reached; its steps are measured.
+        let steps = r["steps_to_target"].as_f64().unwrap();
+        assert!(steps > 0.0 && steps <= rec["steps"].as_f64().unwrap());
+        let min = trajectory(r)
+            .iter()
+            .map(|p| p.1)
+            .fold(f64::INFINITY, f64::min);
+        assert!(min <= target + 1e-12);
+    }
+    // Larger batches need fewer steps to the same loss on this data.
+    let steps: Vec<f64> = a["per_batch"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["steps_mean"].as_f64().unwrap())
+        .collect();
+    assert!(steps[0] > steps[1] && steps[1] > steps[2], "{steps:?}");
+    assert!(a["quality_accuracy"]["z"].as_f64().is_some());
+    assert!(a["quality_statement"].as_str().unwrap().contains("seed"));
+
+    // Same seeds, same trajectories.
+    let b = sweep_json(&args);
+    for (ra, rb) in runs.iter().zip(b["runs"].as_array().unwrap()) {
+        assert_eq!(trajectory(ra), trajectory(rb));
+        assert_eq!(
+            ra["record"]["final_val_loss"],
+            rb["record"]["final_val_loss"]
+        );
+    }
+}
+
+#[test]
+fn a_run_that_turns_nan_is_recorded_as_diverged_and_the_sweep_goes_on() {
+    let d = sweep_json(&[
+        "--batches",
+        "8,64",
+        "--seeds",
+        "1",
+        "--epochs",
+        "2",
+        "--optimizer",
+        "sgd",
+        "--lr-rule",
+        "fixed",
+        "--ref-lr",
+        "1e4",
+        "--no-noise",
+    ]);
+    let runs = d["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2, "the sweep stopped early");
+    let r8 = &runs[0]["record"];
+    assert_eq!(
+        (r8["batch"].as_u64(), r8["status"].as_str()),
+        (Some(8), Some("diverged"))
+    );
+    assert_eq!(r8["lr"].as_f64(), Some(1e4));
+    assert!(r8["step"].as_u64().unwrap() >= 1);
+    assert!(r8["final_val_loss"].is_null());
+    assert_eq!(d["per_batch"][0]["diverged"], 1);
+}
+
+#[test]
+fn resume_after_an_interruption_trains_only_the_missing_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("sweep");
+    let args = |resume: bool| {
+        let mut a: Vec<String> = [
+            "sweep",
+            "--batches",
+            "256,8",
+            "--seeds",
+            "1",
+            "--epochs",
+            "40",
+            "--no-noise",
+            "--out",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        a.push(out.display().to_string());
+        if resume {
+            a.push("--resume".into());
+        }
+        a
+    };
+    let mut child = Command::new(env!("CARGO_BIN_EXE_batchfit"))
+        .args(args(false))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Interrupt once the first run (batch 256) is written and the second trains.
+    let first = out.join("run-b256-s0.json");
+    let waited = Instant::now();
+    while !first.exists() {
+        assert!(
+            waited.elapsed() < Duration::from_secs(120),
+            "no run finished"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // SAFETY: signals the batchfit process this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = child.wait().unwrap();
+    let names = |dir: &std::path::Path| {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    if status.code() == Some(130) {
+        assert_eq!(names(&out), ["run-b256-s0.json", "sweep.json"]);
+    } // else the whole sweep finished before the signal: nothing to resume, still valid.
+    let before = std::fs::read_to_string(&first).unwrap();
+
+    // Without --resume the folder is refused.
+    let refused = batchfit().args(args(false)).output().unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--resume"));
+
+    let resumed = batchfit().args(args(true)).arg("--json").output().unwrap();
+    assert!(
+        resumed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+    let d: Value = serde_json::from_slice(&resumed.stdout).unwrap();
+    let runs = d["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[0]["record"]["batch"], 256);
+    assert_eq!(runs[0]["resumed"], true);
+    if status.code() == Some(130) {
+        assert_eq!(runs[1]["resumed"], false);
+    }
+    assert_eq!(std::fs::read_to_string(&first).unwrap(), before);
+    assert_eq!(
+        names(&out),
+        ["run-b256-s0.json", "run-b8-s0.json", "sweep.json"]
+    );
+
+    // Other settings in the same folder are refused, naming the difference.
+    let mut other = args(true);
+    other[4] = "9".into(); // --seeds
+    let refused = batchfit().args(&other[..]).output().unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("seeds"));
+}
+
+#[test]
+fn bad_sweep_input_gets_exit_code_2() {
+    for (args, says) in [
+        (vec!["--batches", "5000"], "training rows"),
+        (vec!["--resume"], "--out"),
+        (vec!["--val-split", "0.9"], "0.5"),
+        (vec!["--ref-lr", "0"], "positive"),
+    ] {
+        let out = batchfit().arg("sweep").args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}

@@ -1,0 +1,205 @@
+//! One run of a sweep: a real short training at one batch size on real data,
+//! with warm-up, a target loss, validation per epoch and divergence caught.
+
+use crate::data::from_rows;
+use crate::trainer::{EngineError, TrainConfig, Trainer};
+use batchfit_data::{Batcher, Dataset, Targets};
+use batchfit_graph::Graph;
+use batchfit_tune::sweep::{CurvePoint, EpochRecord, RunRecord, RunStatus, first_reach};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use std::time::Instant;
+
+/// Training rows whose loss decides when the target is reached: a fixed
+/// subset, so every run is judged on the same rows and evaluation stays cheap.
+pub const TARGET_ROWS: usize = 1024;
+/// Evaluations of that loss per epoch (the resolution of steps to target).
+pub const CHECKS_PER_EPOCH: u64 = 10;
+/// Rows per forward pass when evaluating.
+const EVAL_CHUNK: usize = 512;
+
+/// One run.
+#[derive(Clone, Debug)]
+pub struct RunSpec {
+    pub batch: usize,
+    /// Learning rate after warm-up.
+    pub lr: f64,
+    /// Learning rate at the first step; it rises linearly to `lr` over
+    /// `warmup_steps` (Goyal et al. 2017 start from the small-batch rate).
+    pub lr_start: f64,
+    pub warmup_steps: u64,
+    /// Initial weights and data order.
+    pub seed: u64,
+    pub target_loss: Option<f64>,
+    pub max_epochs: u32,
+}
+
+/// Loss (and accuracy, for single-label classification) on rows `idx`.
+fn evaluate(trainer: &Trainer, graph: &Graph, data: &Dataset, idx: &[usize]) -> (f64, Option<f64>) {
+    let (mut loss, mut correct) = (0.0, 0usize);
+    let labels = match &data.targets {
+        Targets::Classes {
+            labels, per_row: 1, ..
+        } => Some(labels),
+        _ => None,
+    };
+    for chunk in idx.chunks(EVAL_CHUNK) {
+        let batch = from_rows(data, graph, chunk, &trainer.device);
+        let out = trainer.program.forward(trainer.params(), &batch, false);
+        if let Some(labels) = labels {
+            let classes = out.dims()[1];
+            let v = out
+                .clone()
+                .into_data()
+                .try_to_vec::<f32>()
+                .expect("outputs are f32");
+            for (row, &r) in v.chunks(classes).zip(chunk) {
+                let arg = row
+                    .iter()
+                    .enumerate()
+                    .max_by(|a, b| a.1.total_cmp(b.1))
+                    .map(|(i, _)| i);
+                correct += usize::from(arg == Some(labels[r]));
+            }
+        }
+        let l = trainer
+            .program
+            .loss(out, &batch.target)
+            .into_scalar::<f32>();
+        loss += f64::from(l) * chunk.len() as f64;
+    }
+    let n = idx.len() as f64;
+    (loss / n, labels.map(|_| correct as f64 / n))
+}
+
+/// Trains `spec` on `train`, validating on `val`. `progress` sees the share of
+/// the epoch budget done (a run that reaches its target ends early).
+pub fn train_run(
+    graph: &Graph,
+    base: &TrainConfig,
+    train: &Dataset,
+    val: &Dataset,
+    spec: &RunSpec,
+    mut progress: impl FnMut(f64),
+) -> Result<RunRecord, EngineError> {
+    let mut trainer = Trainer::new(
+        graph,
+        TrainConfig {
+            lr: spec.lr_start,
+            seed: spec.seed,
+            ..base.clone()
+        },
+    )?;
+    // The same training subset for every run, whatever its seed.
+    let mut order: Vec<usize> = (0..train.rows).collect();
+    order.shuffle(&mut StdRng::seed_from_u64(0x5eed));
+    order.truncate(TARGET_ROWS);
+    let val_rows: Vec<usize> = (0..val.rows).collect();
+
+    let steps_per_epoch = (train.rows / spec.batch).max(1) as u64;
+    let check_every = (steps_per_epoch / CHECKS_PER_EPOCH).max(1);
+    let mut batcher = Batcher::new(train.rows, spec.seed);
+    let mut curve = vec![CurvePoint {
+        step: 0,
+        seconds: 0.0,
+        samples: 0,
+        loss: evaluate(&trainer, graph, train, &order).0,
+    }];
+    let mut epochs = Vec::new();
+    let (mut step, mut seconds) = (0u64, 0.0f64);
+    let mut status = RunStatus::Budget;
+    let reached = |loss: f64| spec.target_loss.is_some_and(|t| loss <= t);
+    'epochs: for epoch in 1..=spec.max_epochs {
+        let mut epoch_loss = 0.0;
+        let mut epoch_steps = 0u64;
+        for _ in 0..steps_per_epoch {
+            trainer.config.lr = if step < spec.warmup_steps {
+                let t = (step + 1) as f64 / spec.warmup_steps as f64;
+                spec.lr_start + t * (spec.lr - spec.lr_start)
+            } else {
+                spec.lr
+            };
+            let started = Instant::now();
+            let idx = batcher.next(spec.batch);
+            let batch = from_rows(train, graph, &idx, &trainer.device);
+            let loss = f64::from(trainer.step(&batch));
+            trainer.sync();
+            seconds += started.elapsed().as_secs_f64();
+            step += 1;
+            if !loss.is_finite() {
+                status = RunStatus::Diverged {
+                    step,
+                    loss: (!loss.is_nan()).then_some(loss),
+                };
+                break 'epochs;
+            }
+            epoch_loss += loss;
+            epoch_steps += 1;
+            if step % check_every == 0 {
+                let loss = evaluate(&trainer, graph, train, &order).0;
+                curve.push(CurvePoint {
+                    step,
+                    seconds,
+                    samples: step * spec.batch as u64,
+                    loss,
+                });
+                if !loss.is_finite() {
+                    status = RunStatus::Diverged {
+                        step,
+                        loss: (!loss.is_nan()).then_some(loss),
+                    };
+                    break 'epochs;
+                }
+                if reached(loss) {
+                    status = RunStatus::Reached;
+                    break 'epochs;
+                }
+            }
+            progress(
+                ((epoch - 1) as f64 + epoch_steps as f64 / steps_per_epoch as f64)
+                    / spec.max_epochs as f64,
+            );
+        }
+        let (val_loss, val_accuracy) = evaluate(&trainer, graph, val, &val_rows);
+        epochs.push(EpochRecord {
+            epoch,
+            step,
+            seconds,
+            train_loss: epoch_loss / epoch_steps.max(1) as f64,
+            val_loss,
+            val_accuracy,
+        });
+    }
+    let (final_val_loss, final_val_accuracy) = match status {
+        RunStatus::Diverged { .. } => (None, None),
+        // Ended mid-epoch at the target: validate where it stopped.
+        RunStatus::Reached => {
+            let (l, a) = evaluate(&trainer, graph, val, &val_rows);
+            (Some(l), a)
+        }
+        RunStatus::Budget => epochs
+            .last()
+            .map_or((None, None), |e| (Some(e.val_loss), e.val_accuracy)),
+    };
+    let at_target = spec.target_loss.and_then(|t| first_reach(&curve, t));
+    let per_epoch = steps_per_epoch as f64;
+    Ok(RunRecord {
+        batch: spec.batch as u64,
+        seed: spec.seed,
+        lr: spec.lr,
+        warmup_steps: spec.warmup_steps,
+        target_loss: spec.target_loss,
+        status,
+        steps_to_target: at_target.map(|a| a.0),
+        epochs_to_target: at_target.map(|a| a.0 / per_epoch),
+        samples_to_target: at_target.map(|a| a.2),
+        seconds_to_target: at_target.map(|a| a.1),
+        steps: step,
+        seconds,
+        curve,
+        epochs,
+        final_val_loss,
+        final_val_accuracy,
+    })
+}
