@@ -86,7 +86,7 @@ fn spawn_reader(
     std::thread::spawn(move || {
         let mut r = BufReader::new(stream);
         let mut buf = Vec::new();
-        while r.read_until(b'\n', &mut buf).map_or(false, |n| n > 0) {
+        while r.read_until(b'\n', &mut buf).is_ok_and(|n| n > 0) {
             let line = String::from_utf8_lossy(&buf).trim_end().to_string();
             buf.clear();
             if echo {
