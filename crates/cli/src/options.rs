@@ -111,3 +111,28 @@ pub fn write_atomically(flag: &str, path: &std::path::Path, contents: &str) -> C
     batchfit_exec::interrupt::unregister_partial(&tmp);
     result.map_err(|e| CliError::Input(format!("{flag} {}: {e}", path.display())))
 }
+
+/// A command's result: the HTML page (when asked) first, then JSON or the
+/// terminal text on stdout.
+pub fn emit<T: serde::Serialize>(
+    doc: &T,
+    json: bool,
+    text: impl FnOnce(&T) -> String,
+    html: Option<(&std::path::Path, &dyn Fn(&T) -> String)>,
+) -> CliResult {
+    if let Some((path, page)) = html {
+        write_atomically("--html", path, &page(doc))?;
+    }
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(doc).expect("documents serialise")
+        );
+    } else {
+        print!("{}", text(doc));
+        if let Some((path, _)) = html {
+            println!("report written to {}", path.display());
+        }
+    }
+    Ok(())
+}

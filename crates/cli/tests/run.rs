@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::batchfit;
+use common::{batchfit, document};
 use serde_json::Value;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -18,19 +18,15 @@ fn trainer() -> String {
 
 /// `batchfit run FLAGS --json -- sh fake_trainer.sh {batch}` with `env`; the parsed document.
 fn run_json(flags: &[&str], env: &[(&str, &str)]) -> Value {
-    let out = batchfit()
-        .arg("run")
-        .args(flags)
-        .args(["--json", "--", "sh", &trainer(), "{batch}"])
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    document(
+        batchfit()
+            .arg("run")
+            .args(flags)
+            .args(["--json", "--", "sh", &trainer(), "{batch}"])
+            .envs(env.iter().copied())
+            .output()
+            .unwrap(),
+    )
 }
 
 fn trials(doc: &Value) -> Vec<(u64, String)> {
@@ -177,13 +173,13 @@ fn a_crash_is_not_mistaken_for_out_of_memory() {
 #[test]
 fn peak_memory_covers_the_whole_process_tree() {
     // The shell starts dd as its child: dd's 64 MiB buffer is not the shell's.
-    let out = batchfit()
-        .args(["run", "--batches", "64", "--json", "--", "sh", "-c"])
-        .arg("dd if=/dev/zero of=/dev/null bs={batch}M count=150 2>/dev/null; true")
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let doc = document(
+        batchfit()
+            .args(["run", "--batches", "64", "--json", "--", "sh", "-c"])
+            .arg("dd if=/dev/zero of=/dev/null bs={batch}M count=150 2>/dev/null; true")
+            .output()
+            .unwrap(),
+    );
     let peak = doc["trials"][0]["peak_host_bytes"].as_u64().unwrap();
     assert!(peak >= 60 << 20, "peak {peak}");
 }

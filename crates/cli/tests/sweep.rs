@@ -3,24 +3,20 @@
 
 mod common;
 
-use common::batchfit;
+use common::{batchfit, document};
 use serde_json::Value;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn sweep_json(args: &[&str]) -> Value {
-    let out = batchfit()
-        .arg("sweep")
-        .args(args)
-        .arg("--json")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    document(
+        batchfit()
+            .arg("sweep")
+            .args(args)
+            .arg("--json")
+            .output()
+            .unwrap(),
+    )
 }
 
 /// What must repeat exactly: everything but the clock.
@@ -178,13 +174,7 @@ fn resume_after_an_interruption_trains_only_the_missing_runs() {
     assert_eq!(refused.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&refused.stderr).contains("--resume"));
 
-    let resumed = batchfit().args(args(true)).arg("--json").output().unwrap();
-    assert!(
-        resumed.status.success(),
-        "{}",
-        String::from_utf8_lossy(&resumed.stderr)
-    );
-    let d: Value = serde_json::from_slice(&resumed.stdout).unwrap();
+    let d = document(batchfit().args(args(true)).arg("--json").output().unwrap());
     let runs = d["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 2);
     assert_eq!(runs[0]["record"]["batch"], 256);

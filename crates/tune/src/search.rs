@@ -246,8 +246,8 @@ pub enum Verdict {
     Broken,
 }
 
-/// Result of [`ladder_then_bisect`].
-#[derive(Clone, Debug, PartialEq, Serialize)]
+/// Result of [`ladder_then_bisect`] or [`each_listed`].
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct LadderResult {
     /// Largest batch that ran.
     pub max_batch: Option<u64>,
@@ -261,6 +261,27 @@ pub struct LadderResult {
     pub trials: Vec<(u64, &'static str, Verdict)>,
 }
 
+/// Runs exactly `batches`, in order, and summarises them: the largest that
+/// ran, the smallest out of memory (not necessarily adjacent).
+pub fn each_listed(
+    batches: &[u64],
+    mut trial: impl FnMut(u64, &'static str) -> Verdict,
+) -> LadderResult {
+    let mut r = LadderResult::default();
+    for &b in batches {
+        let v = trial(b, "listed");
+        r.trials.push((b, "listed", v));
+        match v {
+            Verdict::Runs => r.max_batch = r.max_batch.max(Some(b)),
+            Verdict::OutOfMemory => {
+                r.smallest_failure = Some(r.smallest_failure.map_or(b, |f| f.min(b)))
+            }
+            Verdict::Broken => {}
+        }
+    }
+    r
+}
+
 /// Largest batch that runs, exactly, when nothing predicts memory (an external
 /// command): doubling from `start` up to `cap` until the first out-of-memory,
 /// then integer bisection of the gap, so `max_batch + 1` is a measured failure.
@@ -271,13 +292,7 @@ pub fn ladder_then_bisect(
     cap: u64,
     mut trial: impl FnMut(u64, &'static str) -> Verdict,
 ) -> LadderResult {
-    let mut r = LadderResult {
-        max_batch: None,
-        smallest_failure: None,
-        stopped_at: None,
-        capped: false,
-        trials: Vec::new(),
-    };
+    let mut r = LadderResult::default();
     let mut run = |b: u64, why: &'static str, r: &mut LadderResult| {
         let v = trial(b, why);
         r.trials.push((b, why, v));

@@ -205,20 +205,14 @@ pub fn run(mut args: AdviseArgs) -> CliResult {
         findings,
         budgets,
     };
-    if let Some(path) = &args.html {
-        crate::options::write_atomically("--html", path, &html(&doc))?;
-    }
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&doc).expect("serialises")
-        );
-    } else {
-        print!("{}", render(&doc));
-        if let Some(p) = &args.html {
-            println!("report written to {}", p.display());
-        }
-    }
+    crate::options::emit(
+        &doc,
+        args.json,
+        render,
+        args.html
+            .as_deref()
+            .map(|p| (p, &html as &dyn Fn(&_) -> String)),
+    )?;
     Ok(())
 }
 

@@ -217,14 +217,7 @@ pub fn run(args: NoiseArgs) -> CliResult {
     })?;
     bar.finish_and_clear();
     let doc = document(&args.noise, &graph, &data, outcome);
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&doc).expect("serialises")
-        );
-    } else {
-        print!("{}", render(&doc));
-    }
+    crate::options::emit(&doc, args.json, render, None)?;
     Ok(())
 }
 

@@ -3,12 +3,12 @@
 //! throughput curve and its knee.
 
 use crate::error::{CliError, CliResult};
-use crate::options::{check_output_folder, positive_u64, write_atomically};
+use crate::options::{check_output_folder, positive_u64};
 use batchfit_exec::{CommandTemplate, Outcome, StepReader, TrialOptions, TrialResult, run_trial};
 use batchfit_report::probe::{DeviceProbe, ProbePoint};
 use batchfit_report::run::{RunDocument, RunTrial, html, render};
 use batchfit_tune::knee::{knee, refine_between};
-use batchfit_tune::search::{LadderResult, Verdict, ladder_then_bisect};
+use batchfit_tune::search::{LadderResult, Verdict, each_listed, ladder_then_bisect};
 use clap::Args;
 use std::cell::RefCell;
 use std::path::PathBuf;
@@ -114,23 +114,7 @@ pub fn run(args: RunArgs) -> CliResult {
             trial(b, why, &mut trials)
         })
     } else {
-        let mut r = LadderResult {
-            max_batch: None,
-            smallest_failure: None,
-            stopped_at: None,
-            capped: false,
-            trials: Vec::new(),
-        };
-        for &b in &args.batches {
-            match trial(b, "listed", &mut trials) {
-                Verdict::Runs => r.max_batch = r.max_batch.max(Some(b)),
-                Verdict::OutOfMemory => {
-                    r.smallest_failure = Some(r.smallest_failure.map_or(b, |f: u64| f.min(b)))
-                }
-                Verdict::Broken => {}
-            }
-        }
-        r
+        each_listed(&args.batches, |b, why| trial(b, why, &mut trials))
     };
     if let Some(why) = not_started.take() {
         bar.finish_and_clear();
@@ -184,20 +168,14 @@ pub fn run(args: RunArgs) -> CliResult {
         capped: search.capped,
         seconds: started.elapsed().as_secs_f64(),
     };
-    if let Some(path) = &args.html {
-        write_atomically("--html", path, &html(&doc))?;
-    }
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&doc).expect("serialises")
-        );
-    } else {
-        print!("{}", render(&doc));
-        if let Some(p) = &args.html {
-            println!("report written to {}", p.display());
-        }
-    }
+    crate::options::emit(
+        &doc,
+        args.json,
+        render,
+        args.html
+            .as_deref()
+            .map(|p| (p, &html as &dyn Fn(&_) -> String)),
+    )?;
     Ok(())
 }
 

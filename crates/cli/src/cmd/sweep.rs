@@ -319,20 +319,14 @@ pub fn run(args: SweepArgs) -> CliResult {
         measure_noise(&args, &graph, &train, seq_len)?
     };
     let doc = document(settings, runs, noise, started);
-    if let Some(p) = &args.html {
-        write_atomically("--html", p, &html(&doc))?;
-    }
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&doc).expect("serialises")
-        );
-    } else {
-        print!("{}", render(&doc));
-        if let Some(p) = &args.html {
-            println!("report written to {}", p.display());
-        }
-    }
+    crate::options::emit(
+        &doc,
+        args.json,
+        render,
+        args.html
+            .as_deref()
+            .map(|p| (p, &html as &dyn Fn(&_) -> String)),
+    )?;
     Ok(())
 }
 

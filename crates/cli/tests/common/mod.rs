@@ -11,7 +11,11 @@ pub fn batchfit() -> Command {
 
 /// Runs `batchfit ARGS --json`, asserts success, and parses the document.
 pub fn json(args: &[&str]) -> serde_json::Value {
-    let out = batchfit().args(args).arg("--json").output().unwrap();
+    document(batchfit().args(args).arg("--json").output().unwrap())
+}
+
+/// The JSON document a successful run printed (the run's stderr if it failed).
+pub fn document(out: std::process::Output) -> serde_json::Value {
     assert!(
         out.status.success(),
         "{}",
