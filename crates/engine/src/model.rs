@@ -932,7 +932,8 @@ mod tests {
     fn im2col_conv_matches_burn_conv() {
         let device = Device::flex().autodiff();
         device.seed(3);
-        let cases: [([usize; 4], [usize; 4], [usize; 2], [(usize, usize); 2]); 3] = [
+        // (x, weight, stride, padding)
+        let cases = [
             ([3, 4, 7, 6], [5, 4, 3, 2], [1, 2], [(1, 0), (2, 1)]),
             ([2, 26, 9, 9], [26, 26, 3, 3], [1, 1], [(1, 1), (1, 1)]),
             ([4, 3, 1, 10], [2, 3, 1, 3], [1, 2], [(0, 0), (1, 2)]),
