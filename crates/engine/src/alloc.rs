@@ -104,6 +104,22 @@ pub fn set_limit(limit: Option<u64>) {
     LIMIT.store(limit.unwrap_or(u64::MAX), Ordering::Relaxed);
 }
 
+/// Keeps freed memory in the process for reuse instead of returning it to
+/// the system. glibc serves blocks over 32 MiB with a fresh `mmap` and unmaps
+/// them on free, so every step of a large batch page-faults and zero-fills its
+/// big tensors again (measured: a third of a seed2-dual step at batch 8192).
+/// Counted bytes and the limit are unaffected; the resident size stays near
+/// the step's peak between steps.
+pub fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes glibc's allocation policy; called before
+    // the process allocates tensors.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_MAX, 0);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+    }
+}
+
 /// Whether an allocation was refused for the limit.
 pub fn hit_limit() -> bool {
     HIT_LIMIT.load(Ordering::Relaxed)

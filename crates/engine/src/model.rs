@@ -19,7 +19,7 @@ use burn::tensor::activation::{gelu, log_softmax, relu, sigmoid, softmax, tanh};
 use burn::tensor::module::{
     avg_pool1d, avg_pool2d, conv1d, conv2d, embedding, max_pool1d, max_pool2d,
 };
-use burn::tensor::ops::{AvgPoolOptions, ConvOptions, MaxPoolOptions};
+use burn::tensor::ops::{AvgPoolOptions, ConvOptions, MaxPoolOptions, PadMode};
 use burn::tensor::{Device, Distribution, Int, Tensor, TensorData};
 
 /// Every trainable tensor of the model, grouped by rank.
@@ -561,6 +561,29 @@ fn run_kernel(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: boo
             let x = float(args.remove(0));
             let d = &k.in_dims[0];
             let bias = k.params.get(1).map(|&q| p.t1(q));
+            // Only where the input needs no gradient (a graph input): the window
+            // views' gradient (zeros, then a slice add per window) is slower than
+            // burn's transposed convolution, and would keep the im2col matrix.
+            if !x.is_tracked() && *groups == 1 && window.dilation.iter().all(|&r| r == 1) {
+                // A 1-d convolution is a 2-d one over a single row.
+                let (x, w, stride, pads) = if window.spatial() == 1 {
+                    let [co, ci, kw] = p.t3(k.params[0]).dims();
+                    (
+                        x.reshape([b, d[0], 1, d[1]]),
+                        p.t3(k.params[0]).reshape([co, ci, 1, kw]),
+                        [1, window.stride[0]],
+                        [(0, 0), (window.padding[0][0], window.padding[0][1])],
+                    )
+                } else {
+                    (
+                        x.reshape([b, d[0], d[1], d[2]]),
+                        p.t4(k.params[0]),
+                        [window.stride[0], window.stride[1]],
+                        pads2(window),
+                    )
+                };
+                return conv_im2col(x, w, bias, stride, pads).reshape([b, out_elems]);
+            }
             if window.spatial() == 1 {
                 let opts = ConvOptions::new_with_padding(
                     [window.stride[0]],
@@ -808,6 +831,42 @@ fn rnn_direction(
     Tensor::stack(hs, 1)
 }
 
+/// A 2-d convolution without dilation or groups as one matrix product of the
+/// im2col matrix `[B·OH·OW, kh·kw·C]` (copied from window views) and the
+/// weight, returning `[B, C_out, OH·OW]`. burn-flex has no native conv weight
+/// gradient (burn's fallback transposes and repacks serially, then runs skinny
+/// GEMMs); here it is one GEMM over all `B·OH·OW` rows.
+fn conv_im2col(
+    x: Tensor<4>,
+    w: Tensor<4>,
+    bias: Option<Tensor<1>>,
+    stride: [usize; 2],
+    pads: [(usize, usize); 2],
+) -> Tensor<3> {
+    let [b, c, _, _] = x.dims();
+    let [co, _, kh, kw] = w.dims();
+    // Channels last, so that each row of the im2col matrix is kh runs of kw·C
+    // contiguous values (the weight is permuted to match, a tiny copy).
+    let x = x.permute([0, 2, 3, 1]);
+    let x = if pads == [(0, 0); 2] {
+        x
+    } else {
+        x.pad([pads[0], pads[1], (0, 0)], PadMode::Constant(0.0))
+    };
+    // [B, OH, OW, C, kh, kw], a view of x.
+    let win: Tensor<6> = x.unfold::<5, _>(1, kh, stride[0]).unfold(2, kw, stride[1]);
+    let [_, oh, ow, _, _, _] = win.dims();
+    let cols = win
+        .permute([0, 1, 2, 4, 5, 3])
+        .reshape([b * oh * ow, kh * kw * c]);
+    let w = w.permute([0, 2, 3, 1]).reshape([co, kh * kw * c]);
+    let mut y = cols.matmul(w.transpose());
+    if let Some(bias) = bias {
+        y = y + bias.unsqueeze::<2>();
+    }
+    y.reshape([b, oh * ow, co]).swap_dims(1, 2)
+}
+
 fn pads2(w: &Window) -> [(usize, usize); 2] {
     [
         (w.padding[0][0], w.padding[0][1]),
@@ -856,4 +915,47 @@ fn broadcast_binary(
 /// Whether the inputs of `graph` can be synthesised (every input is float or tokens).
 pub fn input_kinds(graph: &Graph) -> Vec<InputKind> {
     graph.inputs.iter().map(|i| i.kind).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn max_rel_err<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
+        let scale = b.clone().abs().max().into_scalar::<f32>().max(1e-6);
+        (a - b).abs().max().into_scalar::<f32>() / scale
+    }
+
+    /// The im2col product against burn's convolution: output, weight and bias
+    /// gradients, with asymmetric padding and a stride, in 2-d and as a 1-d row.
+    #[test]
+    fn im2col_conv_matches_burn_conv() {
+        let device = Device::flex().autodiff();
+        device.seed(3);
+        // (x, weight, stride, padding)
+        let cases = [
+            ([3, 4, 7, 6], [5, 4, 3, 2], [1, 2], [(1, 0), (2, 1)]),
+            ([2, 26, 9, 9], [26, 26, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+            ([4, 3, 1, 10], [2, 3, 1, 3], [1, 2], [(0, 0), (1, 2)]),
+        ];
+        for (xd, wd, stride, pads) in cases {
+            let x = Tensor::<4>::random(xd, Distribution::Normal(0.0, 1.0), &device);
+            let w = Tensor::<4>::random(wd, Distribution::Normal(0.0, 1.0), &device).require_grad();
+            let bias = Tensor::<1>::random([wd[0]], Distribution::Normal(0.0, 1.0), &device)
+                .require_grad();
+            let opts = ConvOptions::new_with_padding(stride, pads, [1, 1], 1);
+            let want = conv2d(x.clone(), w.clone(), Some(bias.clone()), opts);
+            let [b, co, oh, ow] = want.dims();
+            let got = conv_im2col(x, w.clone(), Some(bias.clone()), stride, pads)
+                .reshape([b, co, oh, ow]);
+            assert!(max_rel_err(got.clone(), want.clone()) < 1e-4);
+            let r = Tensor::<4>::random([b, co, oh, ow], Distribution::Normal(0.0, 1.0), &device);
+            let g_want = (want * r.clone()).sum().backward();
+            let g_got = (got * r).sum().backward();
+            let grad = |g: &burn::tensor::Gradients| w.grad(g).expect("weight gradient");
+            assert!(max_rel_err(grad(&g_got), grad(&g_want)) < 1e-4);
+            let grad = |g: &burn::tensor::Gradients| bias.grad(g).expect("bias gradient");
+            assert!(max_rel_err(grad(&g_got), grad(&g_want)) < 1e-4);
+        }
+    }
 }

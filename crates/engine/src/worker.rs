@@ -73,6 +73,7 @@ pub fn serve(request_json: &str) -> Result<(), String> {
     }
     let graph = batchfit_graph::load(&req.model).map_err(|e| e.to_string())?;
     alloc::set_limit(req.memory_limit);
+    alloc::keep_freed_memory();
     let mut trainer = Trainer::new(
         &graph,
         TrainConfig {

@@ -311,11 +311,17 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
             .unwrap_or_default();
         let out_dims = node.shape.resolve(seq);
         let out = node.shape.elements(seq);
+        let in_tracked: Vec<bool> = node
+            .inputs
+            .iter()
+            .map(|i| tracked.get(i.as_str()).copied().unwrap_or(true))
+            .collect();
         let sizes = Sizes {
             inputs: &in_elems,
             output: out,
             out_dims: &out_dims,
             in_dims: &in_dims,
+            input_tracked: in_tracked.first().copied().unwrap_or(true),
         };
         // Burn: a view (flatten, reshape) shares its input's buffer; a layer keeping the
         // view keeps that buffer, counted under the input's name.
@@ -353,11 +359,6 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         saved.push(bytes);
         param_bytes.push(node.op.param_count() * 4);
         if burn {
-            let in_tracked: Vec<bool> = node
-                .inputs
-                .iter()
-                .map(|i| tracked.get(i.as_str()).copied().unwrap_or(true))
-                .collect();
             tracked.insert(
                 node.name.as_str(),
                 node.op.param_count() > 0 || in_tracked.iter().any(|&t| t),

@@ -34,6 +34,28 @@ pub struct Sizes<'a> {
     pub out_dims: &'a [usize],
     /// Resolved dimensions of one sample of the first input.
     pub in_dims: &'a [usize],
+    /// Burn: whether the first input needs a gradient (batch inputs do not).
+    pub input_tracked: bool,
+}
+
+/// Burn: whether the engine runs `op` as one im2col matrix product (model.rs
+/// `conv_im2col`): a convolution without dilation or groups whose input needs no gradient.
+pub fn burn_im2col(op: &Op, s: &Sizes) -> bool {
+    matches!(op, Op::Conv { window, groups: 1, .. }
+        if !s.input_tracked && window.dilation.iter().all(|&d| d == 1))
+}
+
+/// Per-sample elements of the im2col matrix `[OH·OW, k·C]` of a convolution.
+fn im2col_elems(op: &Op, s: &Sizes) -> u64 {
+    match op {
+        Op::Conv {
+            in_channels,
+            out_channels,
+            window,
+            ..
+        } => s.output / *out_channels as u64 * (*in_channels * window.kernel_elements()) as u64,
+        _ => 0,
+    }
 }
 
 /// The tensors `op` saves for backward. Sources per arm.
@@ -131,6 +153,12 @@ fn saved_burn(op: &Op, s: &Sizes) -> Saved {
         ..none
     };
     match op {
+        // The im2col product keeps its matrix (`float_matmul` checkpoints the lhs when the
+        // weight is tracked); the untracked input's pad and window views are not recorded.
+        Op::Conv { .. } if burn_im2col(op, s) => Saved {
+            extra_elems: im2col_elems(op, s),
+            ..none
+        },
         // burn-autodiff `float_matmul` (ops/tensor.rs): checkpoints lhs (x) and rhs (W);
         // `conv2d`/`conv1d` (ops/module.rs): x, weight, bias.
         Op::Linear { .. } | Op::Conv { .. } | Op::MatMul => inputs,
@@ -365,6 +393,13 @@ pub fn burn_backward(
         }]
     };
     match op {
+        // The im2col product: dy made contiguous as `[B·OH·OW, C_out]`, then dW = cols^T dy
+        // with its twin.
+        Op::Conv { .. } if burn_im2col(op, s) => vec![BurnMoment {
+            bytes: 2 * out * act,
+            param_elems: params + largest,
+            ..BurnMoment::default()
+        }],
         // `float_matmul` backward: dx = dy W^T, a new matmul output (two copies for a
         // moment); then dW = x^T dy, parameter-sized, also with its twin for a moment.
         Op::Linear { .. } => vec![
@@ -521,6 +556,17 @@ pub fn burn_forward(op: &Op, s: &Sizes, act: u64) -> u64 {
     match op {
         // `matmul` output from `FlexTensor::empty`: zeroed, then copied aligned.
         Op::Linear { .. } | Op::MatMul => out * act,
+        // The im2col product: the padded channels-last input while the matrix is copied out
+        // of it, then the product (two copies for a moment) before its transposed copy.
+        Op::Conv { window, .. } if burn_im2col(op, s) => {
+            let channels = s.in_dims.first().copied().unwrap_or(1) as u64;
+            let padded: u64 = s.in_dims[1..]
+                .iter()
+                .zip(&window.padding)
+                .map(|(&d, p)| (d + p[0] + p[1]) as u64)
+                .product();
+            (channels * padded).max(out) * act
+        }
         // flex `conv3d_impl`: the input converted to NHWC (`x_nhwc`).
         Op::Conv { .. } => input * act,
         // flex `max_pool2d_with_indices` returns i64 indices, cast to the device's i32.
@@ -544,6 +590,7 @@ pub fn burn_forward(op: &Op, s: &Sizes, act: u64) -> u64 {
 /// (C_in/groups x k by up to 512 output positions) and gemm's result for it.
 pub fn burn_forward_workspace(op: &Op, s: &Sizes, cpu: BurnCpu, act: u64) -> u64 {
     match op {
+        Op::Conv { .. } if burn_im2col(op, s) => 0,
         Op::Conv {
             in_channels,
             out_channels,
@@ -576,6 +623,7 @@ mod tests {
             output,
             in_dims,
             out_dims,
+            input_tracked: true,
         }
     }
 
@@ -619,10 +667,13 @@ mod tests {
         assert_eq!((clip.inputs, clip.extra_bytes), (false, 1024));
     }
 
-    /// seed2-dual's conv on a 2-thread CPU: the weight gradient's moment, as measured with
-    /// the engine (47,952 B per sample: dy, the copies of x and dy, x in NHWC, two tiles).
+    /// seed2-dual's conv on a 2-thread CPU. Its input is a batch input: the engine's im2col
+    /// product keeps the `[81, 234]` matrix per sample, and its backward holds dy and dy's
+    /// contiguous copy. With a tracked input, burn's convolution: dx and its transposed
+    /// convolution's column buffers, then the weight gradient (as measured with the engine
+    /// before the im2col path: dy, the copies of x and dy, x in NHWC, two tiles).
     #[test]
-    fn burn_conv_weight_gradient_moment() {
+    fn burn_conv_moments() {
         let op = Op::Conv {
             in_channels: 26,
             out_channels: 26,
@@ -630,16 +681,21 @@ mod tests {
             groups: 1,
             bias: true,
         };
-        let s = sizes(&[2106], 2106, &[26, 9, 9], &[26, 9, 9]);
         let cpu = BurnCpu { threads: 2 };
-        // The batch input needs no gradient: no dx moment.
+        let mut s = sizes(&[2106], 2106, &[26, 9, 9], &[26, 9, 9]);
+        s.input_tracked = false;
+        assert!(burn_im2col(&op, &s));
+        assert_eq!(saved(&op, &s, Runtime::Burn).extra_elems, 81 * 234);
         let m = burn_backward(&op, &s, &[false], cpu, 4);
         assert_eq!(m.len(), 1);
-        assert_eq!(m[0].bytes, (5 * 2106 + 2 * 81 * 9) * 4);
-        // A tracked input adds dx and its transposed convolution's column buffers.
+        assert_eq!(m[0].bytes, 2 * 2106 * 4);
+        assert_eq!(burn_forward(&op, &s, 4), 26 * 11 * 11 * 4);
+        let s = sizes(&[2106], 2106, &[26, 9, 9], &[26, 9, 9]);
+        assert!(!burn_im2col(&op, &s));
         let m = burn_backward(&op, &s, &[true], cpu, 4);
         assert_eq!(m[0].bytes, 2 * 2106 * 4);
         assert_eq!(m[0].fixed_workspace, 2 * 26 * 9 * 81 * 4);
+        assert_eq!(m[1].bytes, (6 * 2106 + 2 * 81 * 9) * 4);
     }
 
     #[test]
