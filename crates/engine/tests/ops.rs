@@ -8,7 +8,8 @@ use batchfit_graph::{
 };
 use batchfit_plan::Optimizer;
 use burn::module::Param;
-use burn::tensor::{Distribution, Tensor};
+use burn::tensor::Tensor;
+use std::sync::Mutex;
 
 /// One small model per op family.
 fn families() -> Vec<Graph> {
@@ -125,6 +126,10 @@ fn families() -> Vec<Graph> {
     out
 }
 
+/// The backend's random generator is global: tests that seed it and draw
+/// initial weights take turns, so each one's weights are the same every run.
+static SEEDED: Mutex<()> = Mutex::new(());
+
 fn trainer(g: &Graph, lr: f64) -> Trainer {
     Trainer::new(
         g,
@@ -142,6 +147,7 @@ fn trainer(g: &Graph, lr: f64) -> Trainer {
 
 #[test]
 fn every_op_family_learns_a_fixed_batch() {
+    let _turn = SEEDED.lock().unwrap_or_else(|e| e.into_inner());
     for g in families() {
         let mut t = trainer(&g, 0.01);
         let batch = data::synthetic(&g, t.program.seq_len, 16, 3, &t.device);
@@ -189,24 +195,34 @@ fn shifted(p: &Params, dir: &Params, eps: f32) -> Params {
     }
 }
 
+/// A direction of the same shapes, from its own seeded generator: the
+/// backend's generator is shared by the tests running in parallel, and a
+/// direction drawn from it would change from run to run.
 fn random_like(p: &Params) -> Params {
-    fn r<const D: usize>(v: &[Param<Tensor<D>>]) -> Vec<Param<Tensor<D>>> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    fn r<const D: usize>(
+        v: &[Param<Tensor<D>>],
+        rng: &mut rand::rngs::StdRng,
+    ) -> Vec<Param<Tensor<D>>> {
         v.iter()
             .map(|a| {
                 let t = a.val();
-                Param::from_tensor(Tensor::random(
-                    t.dims(),
-                    Distribution::Normal(0.0, 1.0),
+                let dims = t.dims();
+                let n: usize = dims.iter().product();
+                let values: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
+                Param::from_tensor(Tensor::from_data(
+                    burn::tensor::TensorData::new(values, dims),
                     &t.device(),
                 ))
             })
             .collect()
     }
     Params {
-        r1: r(&p.r1),
-        r2: r(&p.r2),
-        r3: r(&p.r3),
-        r4: r(&p.r4),
+        r1: r(&p.r1, &mut rng),
+        r2: r(&p.r2, &mut rng),
+        r3: r(&p.r3, &mut rng),
+        r4: r(&p.r4, &mut rng),
     }
 }
 
@@ -214,6 +230,7 @@ fn random_like(p: &Params) -> Params {
 /// differences, f32; a 2 % tolerance catches a wrong or missing gradient).
 #[test]
 fn gradients_match_finite_differences() {
+    let _turn = SEEDED.lock().unwrap_or_else(|e| e.into_inner());
     for g in families() {
         let mut t = trainer(&g, 0.0);
         let batch = data::synthetic(&g, t.program.seq_len, 4, 5, &t.device);
