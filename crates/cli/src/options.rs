@@ -112,13 +112,16 @@ pub fn write_atomically(flag: &str, path: &std::path::Path, contents: &str) -> C
     result.map_err(|e| CliError::Input(format!("{flag} {}: {e}", path.display())))
 }
 
+/// Where an HTML report goes, and how to render it.
+pub type HtmlReport<'a, T> = (&'a std::path::Path, &'a dyn Fn(&T) -> String);
+
 /// A command's result: the HTML page (when asked) first, then JSON or the
 /// terminal text on stdout.
 pub fn emit<T: serde::Serialize>(
     doc: &T,
     json: bool,
     text: impl FnOnce(&T) -> String,
-    html: Option<(&std::path::Path, &dyn Fn(&T) -> String)>,
+    html: Option<HtmlReport<T>>,
 ) -> CliResult {
     if let Some((path, page)) = html {
         write_atomically("--html", path, &page(doc))?;
