@@ -174,6 +174,7 @@ pub fn render(d: &AdviseDocument) -> String {
         }
     }
     out.push_str("\nEvidence: `batchfit probe` and `batchfit noise` print the full tables; --html writes the report with plots.\n");
+    out.push_str("Check it: `batchfit sweep` trains at several batches and compares steps to target with the prediction; `batchfit run -- CMD {batch}` measures your own training script.\n");
     out
 }
 
