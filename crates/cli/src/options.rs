@@ -112,18 +112,20 @@ pub fn write_atomically(flag: &str, path: &std::path::Path, contents: &str) -> C
     result.map_err(|e| CliError::Input(format!("{flag} {}: {e}", path.display())))
 }
 
-/// Where an HTML report goes, and how to render it.
-pub type HtmlReport<'a, T> = (&'a std::path::Path, &'a dyn Fn(&T) -> String);
+/// A command's result on stdout: JSON or the terminal text.
+pub fn emit<T: serde::Serialize>(doc: &T, json: bool, text: fn(&T) -> String) -> CliResult {
+    emit_with_html(doc, json, text, None, |_| String::new())
+}
 
-/// A command's result: the HTML page (when asked) first, then JSON or the
-/// terminal text on stdout.
-pub fn emit<T: serde::Serialize>(
+/// As [`emit`], after writing the HTML page to `html` when one is asked for.
+pub fn emit_with_html<T: serde::Serialize>(
     doc: &T,
     json: bool,
-    text: impl FnOnce(&T) -> String,
-    html: Option<HtmlReport<T>>,
+    text: fn(&T) -> String,
+    html: Option<&std::path::Path>,
+    page: fn(&T) -> String,
 ) -> CliResult {
-    if let Some((path, page)) = html {
+    if let Some(path) = html {
         write_atomically("--html", path, &page(doc))?;
     }
     if json {
@@ -133,7 +135,7 @@ pub fn emit<T: serde::Serialize>(
         );
     } else {
         print!("{}", text(doc));
-        if let Some((path, _)) = html {
+        if let Some(path) = html {
             println!("report written to {}", path.display());
         }
     }

@@ -205,14 +205,7 @@ pub fn run(mut args: AdviseArgs) -> CliResult {
         findings,
         budgets,
     };
-    crate::options::emit(
-        &doc,
-        args.json,
-        render,
-        args.html
-            .as_deref()
-            .map(|p| (p, &html as &dyn Fn(&_) -> String)),
-    )?;
+    crate::options::emit_with_html(&doc, args.json, render, args.html.as_deref(), html)?;
     Ok(())
 }
 

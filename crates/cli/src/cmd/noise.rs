@@ -217,7 +217,7 @@ pub fn run(args: NoiseArgs) -> CliResult {
     })?;
     bar.finish_and_clear();
     let doc = document(&args.noise, &graph, &data, outcome);
-    crate::options::emit(&doc, args.json, render, None)?;
+    crate::options::emit(&doc, args.json, render)?;
     Ok(())
 }
 

@@ -168,14 +168,7 @@ pub fn run(args: RunArgs) -> CliResult {
         capped: search.capped,
         seconds: started.elapsed().as_secs_f64(),
     };
-    crate::options::emit(
-        &doc,
-        args.json,
-        render,
-        args.html
-            .as_deref()
-            .map(|p| (p, &html as &dyn Fn(&_) -> String)),
-    )?;
+    crate::options::emit_with_html(&doc, args.json, render, args.html.as_deref(), html)?;
     Ok(())
 }
 

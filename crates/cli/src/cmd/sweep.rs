@@ -319,14 +319,7 @@ pub fn run(args: SweepArgs) -> CliResult {
         measure_noise(&args, &graph, &train, seq_len)?
     };
     let doc = document(settings, runs, noise, started);
-    crate::options::emit(
-        &doc,
-        args.json,
-        render,
-        args.html
-            .as_deref()
-            .map(|p| (p, &html as &dyn Fn(&_) -> String)),
-    )?;
+    crate::options::emit_with_html(&doc, args.json, render, args.html.as_deref(), html)?;
     Ok(())
 }
 
