@@ -13,6 +13,7 @@
 //! PyTorch's default initialisation would.
 
 use batchfit_graph::{Cell, Graph, InputKind, LossKind, Node, Op, PoolKind, RnnBias, Window};
+use batchfit_plan::rules::im2col_chunks;
 use burn::module::{Module, Param};
 use burn::nn::loss::{CTCLossConfig, Reduction};
 use burn::tensor::activation::{gelu, log_softmax, relu, sigmoid, softmax, tanh};
@@ -208,6 +209,8 @@ struct Kernel {
     in_dims: Vec<Vec<usize>>,
     /// Sample shape of the output, resolved.
     out_dims: Vec<usize>,
+    /// An average pool's window as a matrix (see [`avg_pool_matrix`]).
+    pool_matrix: Option<Tensor<2>>,
 }
 
 /// A value flowing through the graph.
@@ -215,8 +218,41 @@ struct Kernel {
 pub enum Value {
     /// `[B, elements]` with the logical sample shape.
     Float(Tensor<2>),
+    /// A convolution's output in the layout [`conv_im2col`] makes it in; element-wise
+    /// ops and average pooling keep it, every other op reads it as [`Value::Float`].
+    ConvRows(ConvRows),
     /// Token ids `[B, T]`.
     Tokens(Tensor<2, Int>),
+}
+
+/// `[chunks · C · samples per chunk, spatial]`: one row of spatial values per
+/// (chunk, channel, sample of the chunk), as the chunked im2col product leaves
+/// them. Turning it into NCHW is a copy, which element-wise ops and pooling can
+/// do without: they work on rows, and pooling shrinks the rows first.
+#[derive(Clone, Debug)]
+pub struct ConvRows {
+    rows: Tensor<2>,
+    chunks: usize,
+    channels: usize,
+    per_chunk: usize,
+}
+
+impl ConvRows {
+    fn map(self, f: impl FnOnce(Tensor<2>) -> Tensor<2>) -> ConvRows {
+        ConvRows {
+            rows: f(self.rows),
+            ..self
+        }
+    }
+
+    /// `[B, C · spatial]` in NCHW order.
+    fn canonical(self) -> Tensor<2> {
+        let spatial = self.rows.dims()[1];
+        self.rows
+            .reshape([self.chunks, self.channels, self.per_chunk, spatial])
+            .swap_dims(1, 2)
+            .reshape([self.chunks * self.per_chunk, self.channels * spatial])
+    }
 }
 
 /// Targets of a batch.
@@ -286,18 +322,30 @@ impl Program {
         let mut kernels = Vec::with_capacity(graph.nodes.len());
         for (k, node) in graph.nodes.iter().enumerate() {
             let inputs: Vec<usize> = node.inputs.iter().map(|n| slot_of[n.as_str()]).collect();
-            let in_dims = node
+            let in_dims: Vec<Vec<usize>> = node
                 .inputs
                 .iter()
                 .map(|n| graph.shape_of(n).expect("shapes checked").resolve(seq_len))
                 .collect();
             let p = compile_params(node, init, &mut params, device)?;
+            let out_dims = node.shape.resolve(seq_len);
+            let pool_matrix = match &node.op {
+                Op::Pool {
+                    pool: PoolKind::Avg,
+                    window,
+                } => avg_pool_matrix(&in_dims[0][1..], &out_dims[1..], window).map(|m| {
+                    let shape = [m.len() / prod(&out_dims[1..]), prod(&out_dims[1..])];
+                    Tensor::from_data(TensorData::new(m, shape), device)
+                }),
+                _ => None,
+            };
             kernels.push(Kernel {
                 op: node.op.clone(),
                 inputs,
                 params: p,
                 in_dims,
-                out_dims: node.shape.resolve(seq_len),
+                out_dims,
+                pool_matrix,
             });
             slot_of.insert(&node.name, graph.inputs.len() + k);
         }
@@ -346,13 +394,9 @@ impl Program {
                     }
                 })
                 .collect();
-            let out = run_kernel(kernel, params, args, batch.size, train);
-            slots.push(Some(Value::Float(out)));
+            slots.push(Some(run_kernel(kernel, params, args, batch.size, train)));
         }
-        match slots[self.output_slot].take() {
-            Some(Value::Float(t)) => t,
-            _ => unreachable!("the output is a float tensor"),
-        }
+        float(slots[self.output_slot].take().expect("output computed"))
     }
 
     /// The loss of `output` against the batch's target (a scalar tensor).
@@ -523,6 +567,7 @@ fn compile_params(
 fn float(v: Value) -> Tensor<2> {
     match v {
         Value::Float(t) => t,
+        Value::ConvRows(r) => r.canonical(),
         Value::Tokens(_) => unreachable!("token ids feed only an embedding"),
     }
 }
@@ -531,7 +576,50 @@ fn prod(d: &[usize]) -> usize {
     d.iter().product()
 }
 
-fn run_kernel(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: bool) -> Tensor<2> {
+/// Runs one node. Convolutions of a batch input, element-wise ops after them and
+/// average pooling keep the convolution's own layout ([`Value::ConvRows`]); the
+/// rest of the ops are in [`run_canonical`].
+fn run_kernel(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: bool) -> Value {
+    let elementwise =
+        |mut args: Vec<Value>, f: &dyn Fn(Tensor<2>) -> Tensor<2>| match args.remove(0) {
+            Value::ConvRows(r) => Value::ConvRows(r.map(f)),
+            v => Value::Float(f(float(v))),
+        };
+    match &k.op {
+        Op::Conv { window, groups, .. }
+            if *groups == 1 && window.dilation.iter().all(|&r| r == 1) =>
+        {
+            match args.remove(0) {
+                // Only where the input needs no gradient (a graph input): the window
+                // views' gradient (zeros, then a slice add per window) is slower than
+                // burn's transposed convolution, and would keep the im2col matrix.
+                Value::Float(x) if !x.is_tracked() => Value::ConvRows(conv_im2col_node(k, p, x, b)),
+                x => Value::Float(run_canonical(k, p, vec![x], b, train)),
+            }
+        }
+        Op::Relu => elementwise(args, &|t| relu(t)),
+        Op::ClippedRelu { max } => elementwise(args, &|t| t.clamp(0.0, *max)),
+        Op::Gelu => elementwise(args, &|t| gelu(t)),
+        Op::Tanh => elementwise(args, &|t| tanh(t)),
+        Op::Sigmoid => elementwise(args, &|t| sigmoid(t)),
+        // One product with the window matrix, on rows of spatial values in either layout.
+        Op::Pool { .. } if k.pool_matrix.is_some() => {
+            let m = k.pool_matrix.clone().expect("checked");
+            match args.remove(0) {
+                Value::ConvRows(r) => Value::ConvRows(r.map(|rows| rows.matmul(m))),
+                v => {
+                    let (channels, spatial) = (k.in_dims[0][0], prod(&k.in_dims[0][1..]));
+                    let rows = float(v).reshape([b * channels, spatial]).matmul(m);
+                    Value::Float(rows.reshape([b, prod(&k.out_dims)]))
+                }
+            }
+        }
+        _ => Value::Float(run_canonical(k, p, args, b, train)),
+    }
+}
+
+/// Ops on `[B, elements]` tensors in the graph's logical (NCHW) layout.
+fn run_canonical(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: bool) -> Tensor<2> {
     let out_elems = prod(&k.out_dims);
     match &k.op {
         Op::Linear {
@@ -561,29 +649,6 @@ fn run_kernel(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: boo
             let x = float(args.remove(0));
             let d = &k.in_dims[0];
             let bias = k.params.get(1).map(|&q| p.t1(q));
-            // Only where the input needs no gradient (a graph input): the window
-            // views' gradient (zeros, then a slice add per window) is slower than
-            // burn's transposed convolution, and would keep the im2col matrix.
-            if !x.is_tracked() && *groups == 1 && window.dilation.iter().all(|&r| r == 1) {
-                // A 1-d convolution is a 2-d one over a single row.
-                let (x, w, stride, pads) = if window.spatial() == 1 {
-                    let [co, ci, kw] = p.t3(k.params[0]).dims();
-                    (
-                        x.reshape([b, d[0], 1, d[1]]),
-                        p.t3(k.params[0]).reshape([co, ci, 1, kw]),
-                        [1, window.stride[0]],
-                        [(0, 0), (window.padding[0][0], window.padding[0][1])],
-                    )
-                } else {
-                    (
-                        x.reshape([b, d[0], d[1], d[2]]),
-                        p.t4(k.params[0]),
-                        [window.stride[0], window.stride[1]],
-                        pads2(window),
-                    )
-                };
-                return conv_im2col(x, w, bias, stride, pads).reshape([b, out_elems]);
-            }
             if window.spatial() == 1 {
                 let opts = ConvOptions::new_with_padding(
                     [window.stride[0]],
@@ -743,7 +808,7 @@ fn run_kernel(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: boo
         Op::Embedding { dim, .. } => {
             let ids = match args.remove(0) {
                 Value::Tokens(t) => t,
-                Value::Float(_) => unreachable!("embedding reads token ids"),
+                Value::Float(_) | Value::ConvRows(_) => unreachable!("embedding reads token ids"),
             };
             let steps = ids.dims()[1];
             embedding(p.t2(k.params[0]), ids).reshape([b, steps * dim])
@@ -843,22 +908,144 @@ fn rnn_direction(
     Tensor::stack(hs, 1)
 }
 
-/// A 2-d convolution without dilation or groups as one matrix product of the
+/// A 2-d convolution without dilation or groups as matrix products of the
 /// im2col matrix `[B·OH·OW, kh·kw·C]` (copied from window views) and the
 /// weight, returning `[B, C_out, OH·OW]`. burn-flex has no native conv weight
 /// gradient (burn's fallback transposes and repacks serially, then runs skinny
-/// GEMMs); here it is one GEMM over all `B·OH·OW` rows.
+/// GEMMs). Here the rows go in [`im2col_chunks`] (the plan's rule) chunks of whole samples,
+/// `W [C_out, k] x cols_chunkᵀ` each: flex runs the chunks' GEMMs on separate
+/// threads, so the weight gradient `dy_chunk x cols_chunk` (a long-K product with
+/// a tiny result, which one GEMM parallelises poorly) is split over the cores,
+/// and each output is channel-major, so NCHW is a copy of `OH·OW`-long runs
+/// rather than an element-wise transpose. Measured on 2 cores at batch 512
+/// (bench note in bench/README.md): 23 ms for both products against 31 ms as one
+/// `cols x Wᵀ` product.
 fn conv_im2col(
     x: Tensor<4>,
     w: Tensor<4>,
     bias: Option<Tensor<1>>,
     stride: [usize; 2],
     pads: [(usize, usize); 2],
-) -> Tensor<3> {
+) -> ConvRows {
     let [b, c, _, _] = x.dims();
     let [co, _, kh, kw] = w.dims();
-    // Channels last, so that each row of the im2col matrix is kh runs of kw·C
-    // contiguous values (the weight is permuted to match, a tiny copy).
+    let (cols, [oh, ow]) = if x.device() == Device::flex() {
+        im2col_host(x, [kh, kw], stride, pads)
+    } else {
+        im2col_views(x, [kh, kw], stride, pads)
+    };
+    let (k, spatial) = (kh * kw * c, oh * ow);
+    let chunks = im2col_chunks(b);
+    let per_chunk = b / chunks;
+    let cols = cols.reshape([chunks, per_chunk * spatial, k]);
+    let w = w.permute([0, 2, 3, 1]).reshape([1, co, k]);
+    // [chunks, C_out, samples·OH·OW]
+    let mut y = w.matmul(cols.swap_dims(1, 2));
+    if let Some(bias) = bias {
+        y = y + bias.reshape([1, co, 1]);
+    }
+    ConvRows {
+        rows: y.reshape([chunks * co * per_chunk, spatial]),
+        chunks,
+        channels: co,
+        per_chunk,
+    }
+}
+
+/// [`conv_im2col`] for a graph node (1-d convolutions as 2-d ones over a single row).
+fn conv_im2col_node(k: &Kernel, p: &Params, x: Tensor<2>, b: usize) -> ConvRows {
+    let Op::Conv { window, .. } = &k.op else {
+        unreachable!("a convolution node")
+    };
+    let d = &k.in_dims[0];
+    let bias = k.params.get(1).map(|&q| p.t1(q));
+    if window.spatial() == 1 {
+        let [co, ci, kw] = p.t3(k.params[0]).dims();
+        conv_im2col(
+            x.reshape([b, d[0], 1, d[1]]),
+            p.t3(k.params[0]).reshape([co, ci, 1, kw]),
+            bias,
+            [1, window.stride[0]],
+            [(0, 0), (window.padding[0][0], window.padding[0][1])],
+        )
+    } else {
+        conv_im2col(
+            x.reshape([b, d[0], d[1], d[2]]),
+            p.t4(k.params[0]),
+            bias,
+            [window.stride[0], window.stride[1]],
+            pads2(window),
+        )
+    }
+}
+
+/// Largest window matrix [`avg_pool_matrix`] builds (elements); larger pools use
+/// burn's kernel.
+const POOL_MATRIX_MAX: usize = 1 << 16;
+
+/// An average pool as the matrix `[in spatial, out spatial]` whose product with a row
+/// of input values gives the row of window means (padding left out of the count, as
+/// `count_include_pad: false`). One small GEMM each way instead of flex's pooling
+/// kernels (its backward scatters element by element); `None` for dilated windows or
+/// a matrix over [`POOL_MATRIX_MAX`].
+fn avg_pool_matrix(input: &[usize], output: &[usize], w: &Window) -> Option<Vec<f32>> {
+    let (n_in, n_out) = (prod(input), prod(output));
+    if w.dilation.iter().any(|&d| d != 1) || n_in * n_out > POOL_MATRIX_MAX {
+        return None;
+    }
+    let mut m = vec![0.0f32; n_in * n_out];
+    let mut out_idx = vec![0usize; output.len()];
+    for o in 0..n_out {
+        // The window's valid input range along each spatial axis.
+        let ranges: Vec<(usize, usize)> = (0..output.len())
+            .map(|a| {
+                let start = (out_idx[a] * w.stride[a]) as i64 - w.padding[a][0] as i64;
+                let end = (start + w.kernel[a] as i64).min(input[a] as i64);
+                (start.max(0) as usize, end.max(0) as usize)
+            })
+            .collect();
+        let count: usize = ranges.iter().map(|(a, b)| b.saturating_sub(*a)).product();
+        if count > 0 {
+            let mut in_idx: Vec<usize> = ranges.iter().map(|r| r.0).collect();
+            'window: loop {
+                let flat = in_idx
+                    .iter()
+                    .zip(input)
+                    .fold(0, |acc, (&i, &n)| acc * n + i);
+                m[flat * n_out + o] = 1.0 / count as f32;
+                for a in (0..in_idx.len()).rev() {
+                    in_idx[a] += 1;
+                    if in_idx[a] < ranges[a].1 {
+                        continue 'window;
+                    }
+                    in_idx[a] = ranges[a].0;
+                }
+                break;
+            }
+        }
+        for a in (0..out_idx.len()).rev() {
+            out_idx[a] += 1;
+            if out_idx[a] < output[a] {
+                break;
+            }
+            out_idx[a] = 0;
+        }
+    }
+    Some(m)
+}
+
+/// The im2col matrix `[B·OH·OW, kh·kw·C]` of `x` `[B, C, H, W]` (row: the window at one
+/// output position, kh·kw runs of C channels), and `[OH, OW]`, from window views
+/// of the padded channels-last input (any backend).
+fn im2col_views(
+    x: Tensor<4>,
+    [kh, kw]: [usize; 2],
+    stride: [usize; 2],
+    pads: [(usize, usize); 2],
+) -> (Tensor<2>, [usize; 2]) {
+    let [b, c, _, _] = x.dims();
+    // Channels last, so that each row of the matrix is kh runs of kw·C
+    // contiguous values.
     let x = x.permute([0, 2, 3, 1]);
     let x = if pads == [(0, 0); 2] {
         x
@@ -871,12 +1058,60 @@ fn conv_im2col(
     let cols = win
         .permute([0, 1, 2, 4, 5, 3])
         .reshape([b * oh * ow, kh * kw * c]);
-    let w = w.permute([0, 2, 3, 1]).reshape([co, kh * kw * c]);
-    let mut y = cols.matmul(w.transpose());
-    if let Some(bias) = bias {
-        y = y + bias.unsqueeze::<2>();
-    }
-    y.reshape([b, oh * ow, co]).swap_dims(1, 2)
+    (cols, [oh, ow])
+}
+
+/// [`im2col_views`] on the CPU, written by hand: flex copies overlapping window views
+/// element by element (its strided copy takes them for transposes), 8.7 ms for
+/// seed 2's matrix at batch 512 here. This builds each sample's padded
+/// channels-last image in a small buffer that stays in cache and copies every row
+/// as kh runs of kw·C values; samples run in parallel on rayon's pool.
+fn im2col_host(
+    x: Tensor<4>,
+    [kh, kw]: [usize; 2],
+    stride: [usize; 2],
+    pads: [(usize, usize); 2],
+) -> (Tensor<2>, [usize; 2]) {
+    use rayon::prelude::*;
+    let [b, c, h, w] = x.dims();
+    let device = x.device();
+    let data = x.into_data();
+    let x: &[f32] = data.as_slice().expect("the engine computes in f32");
+    let (hp, wp) = (h + pads[0].0 + pads[0].1, w + pads[1].0 + pads[1].1);
+    let (oh, ow) = ((hp - kh) / stride[0] + 1, (wp - kw) / stride[1] + 1);
+    let (k, run) = (kh * kw * c, kw * c);
+    let n = b * oh * ow * k;
+    // Not zeroed first: a pass over the largest tensor of the step for nothing.
+    let mut cols: Vec<f32> = Vec::with_capacity(n);
+    cols.spare_capacity_mut()[..n]
+        .par_chunks_mut(oh * ow * k)
+        .zip(x.par_chunks(c * h * w))
+        .for_each_init(
+            || vec![0.0f32; hp * wp * c],
+            |padded, (out, image)| {
+                // Channels last, zero border.
+                for (ch, plane) in image.chunks_exact(h * w).enumerate() {
+                    for (y, line) in plane.chunks_exact(w).enumerate() {
+                        let row = (y + pads[0].0) * wp + pads[1].0;
+                        for (xi, &v) in line.iter().enumerate() {
+                            padded[(row + xi) * c + ch] = v;
+                        }
+                    }
+                }
+                for (pos, dst) in out.chunks_exact_mut(k).enumerate() {
+                    let (y, xo) = (pos / ow * stride[0], pos % ow * stride[1]);
+                    for (i, part) in dst.chunks_exact_mut(run).enumerate() {
+                        let start = ((y + i) * wp + xo) * c;
+                        part.write_copy_of_slice(&padded[start..start + run]);
+                    }
+                }
+            },
+        );
+    // SAFETY: every one of the n elements was written above: each of the B·OH·OW rows
+    // of k = kh·kw·C values is kh runs of kw·C.
+    unsafe { cols.set_len(n) };
+    let cols = Tensor::from_data(TensorData::new(cols, [b * oh * ow, k]), &device);
+    (cols, [oh, ow])
 }
 
 fn pads2(w: &Window) -> [(usize, usize); 2] {
@@ -938,6 +1173,47 @@ mod tests {
         (a - b).abs().max().into_scalar::<f32>() / scale
     }
 
+    /// The window matrix against burn's average pooling, with padding (left out of
+    /// the count), strides, overlapping windows and a 1-d pool.
+    #[test]
+    fn avg_pool_matrix_matches_burn_pooling() {
+        let device = Device::flex();
+        device.seed(5);
+        // (input [B, C, H, W], kernel, stride, padding)
+        let cases = [
+            ([2, 3, 9, 9], [3, 3], [3, 3], [(0, 0), (0, 0)]),
+            ([2, 2, 7, 6], [3, 2], [2, 1], [(1, 1), (1, 0)]),
+            ([3, 2, 1, 10], [1, 3], [1, 2], [(0, 0), (1, 1)]),
+        ];
+        for (xd, kernel, stride, pads) in cases {
+            let x = Tensor::<4>::random(xd, Distribution::Normal(0.0, 1.0), &device);
+            let opts = AvgPoolOptions {
+                kernel_size: kernel,
+                stride,
+                padding: pads,
+                count_include_pad: false,
+                ceil_mode: false,
+            };
+            let want = avg_pool2d(x.clone(), opts);
+            let [b, c, oh, ow] = want.dims();
+            let window = Window {
+                kernel: kernel.to_vec(),
+                stride: stride.to_vec(),
+                padding: pads.iter().map(|&(a, z)| [a, z]).collect(),
+                dilation: vec![1, 1],
+            };
+            let m = avg_pool_matrix(&xd[2..], &[oh, ow], &window).expect("small");
+            let m = Tensor::<2>::from_data(TensorData::new(m, [xd[2] * xd[3], oh * ow]), &device);
+            let got = x
+                .reshape([b * c, xd[2] * xd[3]])
+                .matmul(m)
+                .reshape([b, c, oh, ow]);
+            assert!(max_rel_err(got, want) < 1e-5, "{xd:?} {kernel:?}");
+        }
+        let big = Window::square(2, 2, 2, 0);
+        assert!(avg_pool_matrix(&[224, 224], &[112, 112], &big).is_none());
+    }
+
     /// The im2col product against burn's convolution: output, weight and bias
     /// gradients, with asymmetric padding and a stride, in 2-d and as a 1-d row.
     #[test]
@@ -949,6 +1225,8 @@ mod tests {
             ([3, 4, 7, 6], [5, 4, 3, 2], [1, 2], [(1, 0), (2, 1)]),
             ([2, 26, 9, 9], [26, 26, 3, 3], [1, 1], [(1, 1), (1, 1)]),
             ([4, 3, 1, 10], [2, 3, 1, 3], [1, 2], [(0, 0), (1, 2)]),
+            // 2 chunks of 17 samples.
+            ([34, 3, 5, 5], [4, 3, 3, 3], [1, 1], [(1, 1), (1, 1)]),
         ];
         for (xd, wd, stride, pads) in cases {
             let x = Tensor::<4>::random(xd, Distribution::Normal(0.0, 1.0), &device);
@@ -959,6 +1237,7 @@ mod tests {
             let want = conv2d(x.clone(), w.clone(), Some(bias.clone()), opts);
             let [b, co, oh, ow] = want.dims();
             let got = conv_im2col(x, w.clone(), Some(bias.clone()), stride, pads)
+                .canonical()
                 .reshape([b, co, oh, ow]);
             assert!(max_rel_err(got.clone(), want.clone()) < 1e-4);
             let r = Tensor::<4>::random([b, co, oh, ow], Distribution::Normal(0.0, 1.0), &device);

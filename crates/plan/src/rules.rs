@@ -45,6 +45,20 @@ pub fn burn_im2col(op: &Op, s: &Sizes) -> bool {
         if !s.input_tracked && window.dilation.iter().all(|&d| d == 1))
 }
 
+/// Burn: how many chunks of whole samples the engine's im2col product splits a batch
+/// of `b` into (their GEMMs run on separate threads, each leaving a weight-gradient
+/// partial): the largest divisor of `b` up to [`IM2COL_MAX_CHUNKS`].
+pub fn im2col_chunks(b: usize) -> usize {
+    (1..=IM2COL_MAX_CHUNKS.min(b))
+        .rev()
+        .find(|&n| b.is_multiple_of(n))
+        .unwrap_or(1)
+}
+
+/// Most chunks [`im2col_chunks`] makes: enough for the cores of a desktop CPU, and
+/// the weight-gradient partials stay a small fixed cost (the plan counts this many).
+pub const IM2COL_MAX_CHUNKS: usize = 16;
+
 /// Per-sample elements of the im2col matrix `[OH·OW, k·C]` of a convolution.
 fn im2col_elems(op: &Op, s: &Sizes) -> u64 {
     match op {
@@ -393,11 +407,12 @@ pub fn burn_backward(
         }]
     };
     match op {
-        // The im2col product: dy made contiguous as `[B·OH·OW, C_out]`, then dW = cols^T dy
-        // with its twin.
+        // The im2col product: dy and the gradient of the bias add, then dW as one partial
+        // per chunk (up to IM2COL_MAX_CHUNKS, counted as a fixed cost) summed into its twin.
         Op::Conv { .. } if burn_im2col(op, s) => vec![BurnMoment {
             bytes: 2 * out * act,
             param_elems: params + largest,
+            fixed_workspace: IM2COL_MAX_CHUNKS as u64 * largest * act,
             ..BurnMoment::default()
         }],
         // `float_matmul` backward: dx = dy W^T, a new matmul output (two copies for a
@@ -689,6 +704,7 @@ mod tests {
         let m = burn_backward(&op, &s, &[false], cpu, 4);
         assert_eq!(m.len(), 1);
         assert_eq!(m[0].bytes, 2 * 2106 * 4);
+        assert_eq!(m[0].fixed_workspace, 16 * 6084 * 4);
         assert_eq!(burn_forward(&op, &s, 4), 26 * 11 * 11 * 4);
         let s = sizes(&[2106], 2106, &[26, 9, 9], &[26, 9, 9]);
         assert!(!burn_im2col(&op, &s));
@@ -696,6 +712,19 @@ mod tests {
         assert_eq!(m[0].bytes, 2 * 2106 * 4);
         assert_eq!(m[0].fixed_workspace, 2 * 26 * 9 * 81 * 4);
         assert_eq!(m[1].bytes, (6 * 2106 + 2 * 81 * 9) * 4);
+    }
+
+    #[test]
+    fn im2col_chunks_divide_the_batch() {
+        assert_eq!(im2col_chunks(1), 1);
+        assert_eq!(im2col_chunks(34), 2);
+        assert_eq!(im2col_chunks(512), 16);
+        assert_eq!(im2col_chunks(12), 12);
+        assert_eq!(im2col_chunks(509), 1);
+        for b in 1..2000 {
+            let n = im2col_chunks(b);
+            assert!(b % n == 0 && n <= IM2COL_MAX_CHUNKS);
+        }
     }
 
     #[test]
