@@ -929,10 +929,9 @@ fn conv_im2col(
 ) -> ConvRows {
     let [b, c, _, _] = x.dims();
     let [co, _, kh, kw] = w.dims();
-    let (cols, [oh, ow]) = if x.device() == Device::flex() {
-        im2col_host(x, [kh, kw], stride, pads)
-    } else {
-        im2col_views(x, [kh, kw], stride, pads)
+    let (cols, [oh, ow]) = match im2col_host(&x, [kh, kw], stride, pads) {
+        Some(done) => done,
+        None => im2col_views(x, [kh, kw], stride, pads),
     };
     let (k, spatial) = (kh * kw * c, oh * ow);
     let chunks = im2col_chunks(b);
@@ -1061,22 +1060,29 @@ fn im2col_views(
     (cols, [oh, ow])
 }
 
-/// [`im2col_views`] on the CPU, written by hand: flex copies overlapping window views
-/// element by element (its strided copy takes them for transposes), 8.7 ms for
-/// seed 2's matrix at batch 512 here. This builds each sample's padded
+/// [`im2col_views`] on the CPU (`None` elsewhere), written by hand: flex copies
+/// overlapping window views element by element (its strided copy takes them for
+/// transposes), 10.6 ms with the channels-last copy for seed 2's matrix at batch 512
+/// here, 7.6 ms this way. It reads the input in place, builds each sample's padded
 /// channels-last image in a small buffer that stays in cache and copies every row
 /// as kh runs of kw·C values; samples run in parallel on rayon's pool.
 fn im2col_host(
-    x: Tensor<4>,
+    x: &Tensor<4>,
     [kh, kw]: [usize; 2],
     stride: [usize; 2],
     pads: [(usize, usize); 2],
-) -> (Tensor<2>, [usize; 2]) {
+) -> Option<(Tensor<2>, [usize; 2])> {
     use rayon::prelude::*;
     let [b, c, h, w] = x.dims();
     let device = x.device();
-    let data = x.into_data();
-    let x: &[f32] = data.as_slice().expect("the engine computes in f32");
+    // The flex tensor behind a batch input (not tracked, so `inner` is free).
+    let flex = x
+        .clone()
+        .inner()
+        .try_into_primitive::<burn::backend::Flex>()
+        .ok()?;
+    let (start, end) = flex.layout().contiguous_offsets()?;
+    let x: &[f32] = &flex.storage::<f32>()[start..end];
     let (hp, wp) = (h + pads[0].0 + pads[0].1, w + pads[1].0 + pads[1].1);
     let (oh, ow) = ((hp - kh) / stride[0] + 1, (wp - kw) / stride[1] + 1);
     let (k, run) = (kh * kw * c, kw * c);
@@ -1111,7 +1117,7 @@ fn im2col_host(
     // of k = kh·kw·C values is kh runs of kw·C.
     unsafe { cols.set_len(n) };
     let cols = Tensor::from_data(TensorData::new(cols, [b * oh * ow, k]), &device);
-    (cols, [oh, ow])
+    Some((cols, [oh, ow]))
 }
 
 fn pads2(w: &Window) -> [(usize, usize); 2] {
@@ -1230,6 +1236,12 @@ mod tests {
         ];
         for (xd, wd, stride, pads) in cases {
             let x = Tensor::<4>::random(xd, Distribution::Normal(0.0, 1.0), &device);
+            // The CPU's hand-written matrix is the window views' (other devices') exactly.
+            let kernel = [wd[2], wd[3]];
+            let (host, hw) = im2col_host(&x, kernel, stride, pads).expect("a CPU tensor");
+            let (views, vw) = im2col_views(x.clone(), kernel, stride, pads);
+            assert_eq!(hw, vw);
+            assert_eq!(host.into_data(), views.into_data());
             let w = Tensor::<4>::random(wd, Distribution::Normal(0.0, 1.0), &device).require_grad();
             let bias = Tensor::<1>::random([wd[0]], Distribution::Normal(0.0, 1.0), &device)
                 .require_grad();
