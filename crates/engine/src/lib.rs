@@ -9,6 +9,7 @@
 pub mod alloc;
 pub mod data;
 pub mod device;
+pub mod lstm;
 pub mod measure;
 pub mod model;
 pub mod noise;

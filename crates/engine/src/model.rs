@@ -823,11 +823,33 @@ fn run_canonical(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: 
             let d = &k.in_dims[0];
             let x = float(args.remove(0)).reshape([b, d[0], d[1]]);
             let per_dir = if *bias == RnnBias::Double { 4 } else { 3 };
-            let mut outs = Vec::new();
-            for dir in 0..(if *bidirectional { 2 } else { 1 }) {
-                let q = &k.params[dir * per_dir..(dir + 1) * per_dir];
-                outs.push(rnn_direction(*cell, *hidden, x.clone(), p, q, dir == 1));
+            let dirs = if *bidirectional { 2 } else { 1 };
+            let qs: Vec<&[P]> = (0..dirs)
+                .map(|dir| &k.params[dir * per_dir..(dir + 1) * per_dir])
+                .collect();
+            let projections: Vec<Tensor<3>> =
+                qs.iter().map(|q| rnn_projection(x.clone(), p, q)).collect();
+            if *cell == Cell::Lstm && crate::lstm::available(&x) {
+                // Both biases go into the projection; the fused op adds h W_hh per step.
+                let with_biases = projections
+                    .into_iter()
+                    .zip(&qs)
+                    .map(|(xp, q)| match q.get(3) {
+                        Some(&b_hh) => xp + p.t1(b_hh).reshape([1, 1, cell.gates() * hidden]),
+                        None => xp,
+                    })
+                    .collect::<Vec<_>>();
+                let w_hh: Vec<Tensor<2>> = qs.iter().map(|q| p.t2(q[1])).collect();
+                let y = crate::lstm::lstm_layer(&with_biases, &w_hh)
+                    .expect("available() checked the device");
+                return y.reshape([b, out_elems]);
             }
+            let mut outs: Vec<Tensor<3>> = projections
+                .into_iter()
+                .zip(&qs)
+                .enumerate()
+                .map(|(dir, (xp, q))| rnn_direction(*cell, *hidden, xp, p, q, dir == 1))
+                .collect();
             let y = if outs.len() == 1 {
                 outs.remove(0)
             } else {
@@ -838,24 +860,29 @@ fn run_canonical(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: 
     }
 }
 
-/// One direction of an LSTM or GRU over `[B, T, I]`, returning `[B, T, H]`.
-/// The input projection of every step is one matrix product; the recurrence
-/// then runs step by step (gate order i, f, g, o for LSTM; r, z, n for GRU).
+/// One direction's input projection `x W_ih + b_ih` `[B, T, gates·H]` of `x` `[B, T, I]`:
+/// every step's in one matrix product.
+fn rnn_projection(x: Tensor<3>, p: &Params, q: &[P]) -> Tensor<3> {
+    let [b, t, i] = x.dims();
+    let w_ih = p.t2(q[0]);
+    let g = w_ih.dims()[1];
+    (x.reshape([b * t, i]).matmul(w_ih) + p.t1(q[2]).unsqueeze::<2>()).reshape([b, t, g])
+}
+
+/// One direction of an LSTM or GRU from its input projection `xp` `[B, T, gates·H]`,
+/// returning `[B, T, H]`, composed of burn ops step by step (gate order i, f, g, o for
+/// LSTM; r, z, n for GRU). An LSTM on the CPU runs fused instead ([`crate::lstm`]).
 fn rnn_direction(
     cell: Cell,
     h: usize,
-    x: Tensor<3>,
+    xp: Tensor<3>,
     p: &Params,
     q: &[P],
     reverse: bool,
 ) -> Tensor<3> {
-    let [b, t, i] = x.dims();
-    let g = cell.gates() * h;
-    let w_ih = p.t2(q[0]);
+    let [b, t, g] = xp.dims();
     let w_hh = p.t2(q[1]);
-    let b_ih = p.t1(q[2]).unsqueeze::<2>();
     let b_hh = q.get(3).map(|&r| p.t1(r).unsqueeze::<2>());
-    let xp = (x.reshape([b * t, i]).matmul(w_ih) + b_ih).reshape([b, t, g]);
     let device = xp.device();
     let mut hs: Vec<Tensor<2>> = Vec::with_capacity(t);
     let mut h_t = Tensor::<2>::zeros([b, h], &device);

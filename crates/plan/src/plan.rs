@@ -267,6 +267,7 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
     let burn = opts.runtime == Runtime::Burn;
     let cpu = BurnCpu {
         threads: host.threads.max(1),
+        gemm_slab: host.gemm_slabs().0,
     };
     let seq = opts
         .seq_len

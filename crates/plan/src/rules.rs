@@ -235,11 +235,22 @@ fn saved_burn(op: &Op, s: &Sizes) -> Saved {
             extra_elems: 2 * s.inputs[0] + 2 * (s.inputs[0] / *features as u64),
             ..none
         },
-        // The engine's unfused cell (model.rs `rnn_direction`) keeps per step and direction:
-        // the pre-activation gates 4H (the sigmoid/tanh inputs are views of them), the gate
-        // activations i, f, g, o (4H, kept by the muls), c_t, tanh(c_t) and h_t (3H): 11H.
-        // GRU: the recurrent product 3H (its n slice is kept by `r * rn`), the three gate
-        // pre-activations, r, z, n, 1 - z and h_t: 11H as well. Plus the input (`matmul`).
+        // The engine's fused CPU LSTM (engine lstm.rs) keeps per step and direction the gate
+        // activations i, f, g, o and c_t (5H), and the layer's output; the input
+        // projection's `matmul` keeps the input.
+        Op::Rnn {
+            cell: Cell::Lstm,
+            hidden,
+            ..
+        } => Saved {
+            inputs: true,
+            output: true,
+            extra_elems: rnn_steps_dirs(op, s) * 5 * *hidden as u64,
+            ..none
+        },
+        // The engine's composed GRU (model.rs `rnn_direction`) keeps per step and direction:
+        // the recurrent product 3H (its n slice is kept by `r * rn`), the three gate
+        // pre-activations, r, z, n, 1 - z and h_t: 11H. Plus the input (`matmul`).
         Op::Rnn { hidden, .. } => Saved {
             inputs: true,
             extra_elems: rnn_steps_dirs(op, s) * 11 * *hidden as u64,
@@ -352,6 +363,8 @@ pub fn workspace_elems(op: &Op, s: &Sizes) -> u64 {
 pub struct BurnCpu {
     /// Threads of rayon's global pool.
     pub threads: u64,
+    /// Bytes of gemm's packing buffer, which every thread that packs keeps (`CpuHost::gemm_slabs`).
+    pub gemm_slab: u64,
 }
 
 /// Burn: one moment of a node's backward pass.
@@ -507,6 +520,37 @@ pub fn burn_backward(
         // The composed norm's backward: dy * gamma, the quotient rule's product and the
         // statistics' reductions, one input-sized temporary at a time.
         Op::BatchNorm { .. } | Op::LayerNorm { .. } => one(out + dx + input),
+        // The fused LSTM's backward (both directions at once, one per thread): the output's
+        // gradient, each direction's projection gradient `[T, 4H]` and its h_{t-1} rows
+        // `[T, H]`, and the recurrent weights' gradients; each direction's thread keeps a
+        // gemm packing buffer besides the one the plan counts for the step. Then each
+        // projection's `matmul` makes dx (and its twin) and the input weight's gradient
+        // while the projection gradients are alive.
+        Op::Rnn {
+            cell: Cell::Lstm,
+            hidden,
+            bidirectional,
+            ..
+        } => {
+            let steps = s.in_dims.first().copied().unwrap_or(1) as u64;
+            let dirs = if *bidirectional { 2 } else { 1 };
+            let (g, h) = (4 * *hidden as u64, *hidden as u64);
+            let hh = g * h;
+            vec![
+                BurnMoment {
+                    bytes: (out + dirs * steps * (g + h)) * act,
+                    param_elems: dirs * hh,
+                    fixed_workspace: dirs.min(cpu.threads) * cpu.gemm_slab,
+                    ..BurnMoment::default()
+                },
+                BurnMoment {
+                    bytes: (dirs * steps * g + 2 * dx) * act,
+                    extras_freed: true,
+                    param_elems: params + largest.max(hh),
+                    ..BurnMoment::default()
+                },
+            ]
+        }
         // burn-autodiff visits nodes by depth, so both directions' steps are differentiated
         // together, from the last step: at the start all per-step tensors are alive, with
         // the output's gradient, each direction's running sum of the recurrent weight's
@@ -591,6 +635,13 @@ pub fn burn_forward(op: &Op, s: &Sizes, act: u64) -> u64 {
         } => 8 * out,
         // Centred input squared before its mean.
         Op::BatchNorm { .. } | Op::LayerNorm { .. } => input * act,
+        // The fused LSTM: every direction's input projection `[T, 4H]` and its h_t `[T, H]`
+        // until the output is assembled.
+        Op::Rnn {
+            cell: Cell::Lstm,
+            hidden,
+            ..
+        } => rnn_steps_dirs(op, s) * 5 * *hidden as u64 * act,
         // Per direction the input projection `[T, gates x H]` lives through the loop.
         Op::Rnn { cell, hidden, .. } => {
             let steps = s.in_dims.first().copied().unwrap_or(1) as u64;
@@ -696,7 +747,10 @@ mod tests {
             groups: 1,
             bias: true,
         };
-        let cpu = BurnCpu { threads: 2 };
+        let cpu = BurnCpu {
+            threads: 2,
+            gemm_slab: 512 * 1024,
+        };
         let mut s = sizes(&[2106], 2106, &[26, 9, 9], &[26, 9, 9]);
         s.input_tracked = false;
         assert!(burn_im2col(&op, &s));

@@ -1,0 +1,462 @@
+//! The LSTM recurrence as one autodiff op on the CPU (flex).
+//!
+//! burn's composed cell (model.rs `rnn_direction`) builds some twenty autodiff nodes
+//! per step, slices the input projection per step and differentiates every
+//! element-wise op separately: 5x PyTorch's time on the bench BiLSTM. Here the
+//! forward runs each step as one GEMM (`h_{t-1} W_hh`, accumulated onto the input
+//! projection) and the gate math in place; the backward is hand-written
+//! backpropagation through time, with the recurrent weight's gradient as one GEMM
+//! over all steps at the end. The two directions run on separate threads.
+//!
+//! Kept for the backward, per step and direction: the gate activations i, f, g, o
+//! and the cell state c (5H), plus the output. Gate order i, f, g, o, as PyTorch.
+//! Off the CPU (or for a GRU) the engine keeps the composed cell.
+
+use burn::backend::Flex;
+use burn::backend::ops::FloatTensorOps;
+use burn::tensor::{DType, Tensor, TensorData};
+use burn_autodiff::Autodiff;
+use burn_autodiff::checkpoint::base::Checkpointer;
+use burn_autodiff::checkpoint::strategy::NoCheckpointing;
+use burn_autodiff::grads::Gradients;
+use burn_autodiff::ops::{Backward, Ops, OpsKind};
+
+type Ad = Autodiff<Flex>;
+type FlexT = <Flex as burn::backend::BackendTypes>::FloatTensorPrimitive;
+type AdT = <Ad as burn::backend::BackendTypes>::FloatTensorPrimitive;
+/// flex has one device, the CPU.
+type FlexDevice = <Flex as burn::backend::BackendTypes>::Device;
+
+/// Whether `x` lives on the CPU's autodiff device, where [`lstm_layer`] runs.
+pub fn available<const D: usize>(x: &Tensor<D>) -> bool {
+    x.clone().try_into_primitive::<Ad>().is_ok()
+}
+
+/// One LSTM layer's recurrence: per direction the input projection `[B, T, 4H]`
+/// (every bias included) and the recurrent weight `[H, 4H]`; the second direction
+/// runs from the last step. Returns `[B, T, dirs·H]`, or `None` when the tensors
+/// are not on the CPU's autodiff device (the caller then uses burn's ops).
+pub fn lstm_layer(projections: &[Tensor<3>], w_hh: &[Tensor<2>]) -> Option<Tensor<3>> {
+    let [b, t, g4] = projections[0].dims();
+    let h = g4 / 4;
+    let mut ad: Vec<AdT> = Vec::with_capacity(2 * projections.len());
+    for (x, w) in projections.iter().zip(w_hh) {
+        ad.push(x.clone().try_into_primitive::<Ad>().ok()?);
+        ad.push(w.clone().try_into_primitive::<Ad>().ok()?);
+    }
+    if ad.iter().any(|x| x.primitive().dtype() != DType::F32) {
+        return None;
+    }
+    let shape = Shape3 { b, t, h };
+    let out = match ad.len() {
+        2 => run::<2>(ad.try_into().ok()?, shape),
+        4 => run::<4>(ad.try_into().ok()?, shape),
+        _ => return None,
+    };
+    Some(Tensor::from_primitive::<Ad>(out))
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Shape3 {
+    b: usize,
+    t: usize,
+    h: usize,
+}
+
+/// What one direction's backward reads.
+#[derive(Clone, Debug)]
+struct Direction {
+    /// Gate activations `[B, T, 4H]`.
+    acts: Vec<f32>,
+    /// Cell states `[B, T, H]`.
+    c: Vec<f32>,
+    w: FlexT,
+    reverse: bool,
+}
+
+#[derive(Clone, Debug)]
+struct State {
+    shape: Shape3,
+    dirs: Vec<Direction>,
+    /// The layer's output `[B, T, dirs·H]` (h_t, for the recurrent weight's gradient).
+    out: FlexT,
+}
+
+#[derive(Debug)]
+struct LstmBackward;
+
+/// `N` = 2 per direction: (projection, recurrent weight).
+fn run<const N: usize>(inputs: [AdT; N], shape: Shape3) -> AdT {
+    let Shape3 { b, t, h } = shape;
+    let nodes = inputs.each_ref().map(|x| x.node());
+    let prims: [FlexT; N] = inputs.map(|x| contiguous(x.into_primitive()));
+    let device = FlexDevice::default();
+    let dirs = N / 2;
+    let step = |d: usize| {
+        forward_direction(
+            values(&prims[2 * d]),
+            values(&prims[2 * d + 1]),
+            shape,
+            d == 1,
+        )
+    };
+    let results: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = if dirs == 2 {
+        let (f, r) = rayon::join(|| step(0), || step(1));
+        vec![f, r]
+    } else {
+        vec![step(0)]
+    };
+    // Interleave the directions' h into [B, T, dirs·H].
+    let mut out = vec![0.0f32; b * t * dirs * h];
+    for (d, (_, _, hs)) in results.iter().enumerate() {
+        for (row, src) in hs.chunks_exact(h).enumerate() {
+            out[row * dirs * h + d * h..][..h].copy_from_slice(src);
+        }
+    }
+    let out = from_vec(out, &[b, t, dirs * h], &device);
+    let state = State {
+        shape,
+        dirs: results
+            .into_iter()
+            .enumerate()
+            .map(|(d, (acts, c, _))| Direction {
+                acts,
+                c,
+                w: prims[2 * d + 1].clone(),
+                reverse: d == 1,
+            })
+            .collect(),
+        out: out.clone(),
+    };
+    match LstmBackward
+        .prepare::<NoCheckpointing>(nodes)
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish(state, out),
+        OpsKind::UnTracked(prep) => prep.finish(out),
+    }
+}
+
+impl<const N: usize> Backward<Flex, N> for LstmBackward {
+    type State = State;
+
+    fn backward(self, ops: Ops<State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let state = ops.state;
+        let Shape3 { b, t, h } = state.shape;
+        let dout = contiguous(grads.consume::<Flex>(&ops.node));
+        let device = FlexDevice::default();
+        let (dout, out) = (values(&dout), values(&state.out));
+        let dirs = state.dirs.len();
+        let step = |d: usize| backward_direction(&state.dirs[d], dout, out, d, dirs, state.shape);
+        let results = if dirs == 2 {
+            let (f, r) = rayon::join(|| step(0), || step(1));
+            vec![f, r]
+        } else {
+            vec![step(0)]
+        };
+        for (d, (dxp, dw)) in results.into_iter().enumerate() {
+            if let Some(node) = &ops.parents[2 * d] {
+                grads.register::<Flex>(node.id, from_vec(dxp, &[b, t, 4 * h], &device));
+            }
+            if let Some(node) = &ops.parents[2 * d + 1] {
+                grads.register::<Flex>(node.id, from_vec(dw, &[h, 4 * h], &device));
+            }
+        }
+    }
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// tanh through `exp`: glibc's `tanhf` goes through `expm1f` and took a third of the
+/// bench BiLSTM's step; this is 1 - 2 / (e^2x + 1), within 1e-7 absolute of it
+/// (saturating to ±1 where e^2x overflows or vanishes).
+fn tanh(x: f32) -> f32 {
+    1.0 - 2.0 / ((2.0 * x).exp() + 1.0)
+}
+
+/// The step index of the `s`-th step a direction processes.
+fn step_index(s: usize, t: usize, reverse: bool) -> usize {
+    if reverse { t - 1 - s } else { s }
+}
+
+/// One direction's forward: returns the gate activations `[B, T, 4H]`, the cell
+/// states and the outputs (both `[B, T, H]`).
+fn forward_direction(
+    xp: &[f32],
+    w: &[f32],
+    shape: Shape3,
+    reverse: bool,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let Shape3 { b, t, h } = shape;
+    let g4 = 4 * h;
+    let mut acts = xp.to_vec();
+    let mut c = vec![0.0f32; b * t * h];
+    let mut hs = vec![0.0f32; b * t * h];
+    for s in 0..t {
+        let ti = step_index(s, t, reverse);
+        let prev = (s > 0).then(|| step_index(s - 1, t, reverse));
+        if let Some(tp) = prev {
+            // gates(t) = x_t W_ih + b + h_{t-1} W_hh
+            let dst = Strided::new(&mut acts[ti * g4..], t * g4, 1);
+            let lhs = Strided::new(&hs[tp * h..], t * h, 1);
+            gemm_into(b, g4, h, dst, true, lhs, Strided::new(w, g4, 1));
+        }
+        for bi in 0..b {
+            let row = bi * t;
+            let a = &mut acts[(row + ti) * g4..][..g4];
+            for j in 0..h {
+                let (i, f) = (sigmoid(a[j]), sigmoid(a[h + j]));
+                let (g, o) = (tanh(a[2 * h + j]), sigmoid(a[3 * h + j]));
+                a[j] = i;
+                a[h + j] = f;
+                a[2 * h + j] = g;
+                a[3 * h + j] = o;
+                let c_prev = prev.map_or(0.0, |tp| c[(row + tp) * h + j]);
+                let ct = f * c_prev + i * g;
+                c[(row + ti) * h + j] = ct;
+                hs[(row + ti) * h + j] = o * tanh(ct);
+            }
+        }
+    }
+    (acts, c, hs)
+}
+
+/// One direction's backward through time: the gradient of its input projection
+/// `[B, T, 4H]` and of its recurrent weight `[H, 4H]`. `dout` and `out` are the
+/// layer's `[B, T, dirs·H]` output gradient and output; this direction is column
+/// block `d`.
+fn backward_direction(
+    dir: &Direction,
+    dout: &[f32],
+    out: &[f32],
+    d: usize,
+    dirs: usize,
+    shape: Shape3,
+) -> (Vec<f32>, Vec<f32>) {
+    let Shape3 { b, t, h } = shape;
+    let (g4, width) = (4 * h, dirs * h);
+    let w = values(&dir.w);
+    let mut dxp = vec![0.0f32; b * t * g4];
+    // Gradients flowing back from the next step: into h_{t-1} and c_{t-1}.
+    let mut dh = vec![0.0f32; b * h];
+    let mut dc = vec![0.0f32; b * h];
+    for s in (0..t).rev() {
+        let ti = step_index(s, t, dir.reverse);
+        let prev = (s > 0).then(|| step_index(s - 1, t, dir.reverse));
+        for bi in 0..b {
+            let row = bi * t;
+            let a = &dir.acts[(row + ti) * g4..][..g4];
+            let dg = &mut dxp[(row + ti) * g4..][..g4];
+            for j in 0..h {
+                let (i, f, g, o) = (a[j], a[h + j], a[2 * h + j], a[3 * h + j]);
+                let dh_t = dout[(row + ti) * width + d * h + j] + dh[bi * h + j];
+                let tc = tanh(dir.c[(row + ti) * h + j]);
+                let d_o = dh_t * tc;
+                let dc_t = dh_t * o * (1.0 - tc * tc) + dc[bi * h + j];
+                let c_prev = prev.map_or(0.0, |tp| dir.c[(row + tp) * h + j]);
+                dg[j] = dc_t * g * i * (1.0 - i);
+                dg[h + j] = dc_t * c_prev * f * (1.0 - f);
+                dg[2 * h + j] = dc_t * i * (1.0 - g * g);
+                dg[3 * h + j] = d_o * o * (1.0 - o);
+                dc[bi * h + j] = dc_t * f;
+            }
+        }
+        if prev.is_some() {
+            // dh_{t-1} = dgates_t W_hh^T
+            let lhs = Strided::new(&dxp[ti * g4..], t * g4, 1);
+            gemm_into(
+                b,
+                h,
+                g4,
+                Strided::new(&mut dh, h, 1),
+                false,
+                lhs,
+                Strided::new(w, 1, g4),
+            );
+        }
+    }
+    // dW_hh = sum over steps of h_{t-1}^T dgates_t: one product over all B·T rows,
+    // with h_{t-1} laid out at step t's row (zero at the first step).
+    let mut h_prev = vec![0.0f32; b * t * h];
+    for bi in 0..b {
+        for s in 1..t {
+            let (ti, tp) = (
+                step_index(s, t, dir.reverse),
+                step_index(s - 1, t, dir.reverse),
+            );
+            h_prev[(bi * t + ti) * h..][..h]
+                .copy_from_slice(&out[(bi * t + tp) * width + d * h..][..h]);
+        }
+    }
+    let mut dw = vec![0.0f32; h * g4];
+    gemm_into(
+        h,
+        g4,
+        b * t,
+        Strided::new(&mut dw, g4, 1),
+        false,
+        Strided::new(&h_prev, 1, h),
+        Strided::new(&dxp, g4, 1),
+    );
+    (dxp, dw)
+}
+
+/// A matrix inside a slice: element (r, c) at `r * row + c * col`.
+struct Strided<S> {
+    data: S,
+    row: usize,
+    col: usize,
+}
+
+impl<S> Strided<S> {
+    fn new(data: S, row: usize, col: usize) -> Self {
+        Strided { data, row, col }
+    }
+}
+
+/// `dst[m×n] (+)= lhs[m×k] · rhs[k×n]` on the calling thread (the directions are
+/// already one per thread). The gemm crate is what flex's matmul calls; it is used
+/// directly here for strided operands and accumulation, which flex's matmul lacks.
+fn gemm_into(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: Strided<&mut [f32]>,
+    accumulate: bool,
+    lhs: Strided<&[f32]>,
+    rhs: Strided<&[f32]>,
+) {
+    let last = |rows: usize, cols: usize, row: usize, col: usize| {
+        (rows.max(1) - 1) * row + (cols.max(1) - 1) * col
+    };
+    assert!(last(m, n, dst.row, dst.col) < dst.data.len());
+    assert!(last(m, k, lhs.row, lhs.col) < lhs.data.len());
+    assert!(last(k, n, rhs.row, rhs.col) < rhs.data.len());
+    // SAFETY: every index the product touches was checked in bounds above, and
+    // `dst` is a unique borrow that neither operand aliases.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.data.as_mut_ptr(),
+            dst.col as isize,
+            dst.row as isize,
+            accumulate,
+            lhs.data.as_ptr(),
+            lhs.col as isize,
+            lhs.row as isize,
+            rhs.data.as_ptr(),
+            rhs.col as isize,
+            rhs.row as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+fn contiguous(x: FlexT) -> FlexT {
+    if x.layout().contiguous_offsets().is_some() {
+        x
+    } else {
+        x.to_contiguous()
+    }
+}
+
+/// The values of a contiguous f32 flex tensor.
+fn values(x: &FlexT) -> &[f32] {
+    let (start, end) = x.layout().contiguous_offsets().expect("made contiguous");
+    &x.storage::<f32>()[start..end]
+}
+
+fn from_vec(v: Vec<f32>, shape: &[usize], device: &FlexDevice) -> FlexT {
+    Flex::float_from_data(TensorData::new(v, shape.to_vec()), device)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::activation::{sigmoid, tanh};
+    use burn::tensor::{Device, Distribution};
+
+    /// The cell composed of burn ops, as the equations read (gate order i, f, g, o).
+    fn reference(xp: Tensor<3>, w: Tensor<2>, reverse: bool) -> Tensor<3> {
+        let [b, t, g4] = xp.dims();
+        let h = g4 / 4;
+        let device = xp.device();
+        let (mut hs, mut c) = (Vec::new(), Tensor::<2>::zeros([b, h], &device));
+        let mut h_t = Tensor::<2>::zeros([b, h], &device);
+        for s in 0..t {
+            let ti = step_index(s, t, reverse);
+            let gates = xp.clone().narrow(1, ti, 1).reshape([b, g4]) + h_t.matmul(w.clone());
+            let gate = |n: usize| gates.clone().narrow(1, n * h, h);
+            c = sigmoid(gate(1)) * c + sigmoid(gate(0)) * tanh(gate(2));
+            h_t = sigmoid(gate(3)) * tanh(c.clone());
+            hs.push(h_t.clone());
+        }
+        if reverse {
+            hs.reverse();
+        }
+        Tensor::stack(hs, 1)
+    }
+
+    #[test]
+    fn tanh_through_exp_is_tanh() {
+        for i in -2000..=2000 {
+            let x = i as f32 / 40.0;
+            assert!((super::tanh(x) - x.tanh()).abs() < 2e-7, "{x}");
+        }
+        assert_eq!(super::tanh(1e4), 1.0);
+        assert_eq!(super::tanh(-1e4), -1.0);
+    }
+
+    fn max_rel_err<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
+        let scale = b.clone().abs().max().into_scalar::<f32>().max(1e-6);
+        (a - b).abs().max().into_scalar::<f32>() / scale
+    }
+
+    /// Output and every gradient of the fused bidirectional layer against the
+    /// composed cell.
+    #[test]
+    fn fused_lstm_matches_the_composed_cell() {
+        let device = Device::flex().autodiff();
+        device.seed(7);
+        let (b, t, h) = (3, 5, 4);
+        let n = Distribution::Normal(0.0, 1.0);
+        let xps: Vec<Tensor<3>> = (0..2)
+            .map(|_| Tensor::random([b, t, 4 * h], n, &device).require_grad())
+            .collect();
+        let ws: Vec<Tensor<2>> = (0..2)
+            .map(|_| Tensor::random([h, 4 * h], n, &device).require_grad())
+            .collect();
+        assert!(available(&xps[0]));
+        let got = lstm_layer(&xps, &ws).expect("on the CPU");
+        let want = Tensor::cat(
+            vec![
+                reference(xps[0].clone(), ws[0].clone(), false),
+                reference(xps[1].clone(), ws[1].clone(), true),
+            ],
+            2,
+        );
+        assert_eq!(got.dims(), [b, t, 2 * h]);
+        assert!(max_rel_err(got.clone(), want.clone()) < 1e-5);
+        let r = Tensor::<3>::random([b, t, 2 * h], n, &device);
+        let g_got = (got * r.clone()).sum().backward();
+        let g_want = (want * r).sum().backward();
+        for d in 0..2 {
+            let x = |g: &TensorGradients| xps[d].grad(g).expect("projection gradient");
+            assert!(max_rel_err(x(&g_got), x(&g_want)) < 1e-4, "dxp {d}");
+            let w = |g: &TensorGradients| ws[d].grad(g).expect("weight gradient");
+            assert!(max_rel_err(w(&g_got), w(&g_want)) < 1e-4, "dw {d}");
+        }
+    }
+
+    type TensorGradients = burn::tensor::Gradients;
+}
