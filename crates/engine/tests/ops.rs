@@ -109,6 +109,23 @@ fn families() -> Vec<Graph> {
     g.linear("out", "rnn", 5).unwrap();
     out.push(g.finish(LossKind::Ctc { blank: 4 }, "out").unwrap());
 
+    // Seed 2's path: the conv's own row layout through ReLU into the pool's window
+    // matrix, then NCHW; and a one-direction LSTM with PyTorch's two biases.
+    let mut g = GraphBuilder::new("conv-relu-avgpool-lstm");
+    g.input("x", Shape::fixed(&[3, 6, 6])).unwrap();
+    g.conv("c", "x", 4, 2, 3, 1, None).unwrap();
+    g.push("r", Op::Relu, &["c"]).unwrap();
+    g.pool("ap", "r", PoolKind::Avg, 2, 3, 3, None).unwrap();
+    g.push("f", Op::Flatten, &["ap"]).unwrap();
+    g.linear("fc", "f", 6).unwrap();
+    g.push("seq", Op::Reshape { shape: vec![3, 2] }, &["fc"])
+        .unwrap();
+    g.rnn("lstm", "seq", Cell::Lstm, 4, false, RnnBias::Double)
+        .unwrap();
+    g.push("flat", Op::Flatten, &["lstm"]).unwrap();
+    g.linear("out", "flat", 2).unwrap();
+    out.push(g.finish(LossKind::Mse, "out").unwrap());
+
     let mut g = GraphBuilder::new("embedding-gru-frames");
     g.input_of(
         "tok",
