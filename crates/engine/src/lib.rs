@@ -7,8 +7,10 @@
 //! measurement in a fresh child process, so running out of memory is a result.
 
 pub mod alloc;
+mod cpu;
 pub mod data;
 pub mod device;
+mod im2col;
 pub mod lstm;
 pub mod measure;
 pub mod model;

@@ -12,25 +12,13 @@
 //! and the cell state c (5H), plus the output. Gate order i, f, g, o, as PyTorch.
 //! Off the CPU (or for a GRU) the engine keeps the composed cell.
 
+use crate::cpu::{Ad, AdT, FlexDevice, FlexT, contiguous, from_vec, values};
 use burn::backend::Flex;
-use burn::backend::ops::FloatTensorOps;
-use burn::tensor::{DType, Tensor, TensorData};
-use burn_autodiff::Autodiff;
+use burn::tensor::{DType, Tensor};
 use burn_autodiff::checkpoint::base::Checkpointer;
 use burn_autodiff::checkpoint::strategy::NoCheckpointing;
 use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
-
-type Ad = Autodiff<Flex>;
-type FlexT = <Flex as burn::backend::BackendTypes>::FloatTensorPrimitive;
-type AdT = <Ad as burn::backend::BackendTypes>::FloatTensorPrimitive;
-/// flex has one device, the CPU.
-type FlexDevice = <Flex as burn::backend::BackendTypes>::Device;
-
-/// Whether `x` lives on the CPU's autodiff device, where [`lstm_layer`] runs.
-pub fn available<const D: usize>(x: &Tensor<D>) -> bool {
-    x.clone().try_into_primitive::<Ad>().is_ok()
-}
 
 /// One LSTM layer's recurrence: per direction the input projection `[B, T, 4H]`
 /// (every bias included) and the recurrent weight `[H, 4H]`; the second direction
@@ -419,24 +407,6 @@ fn gemm_into(
     }
 }
 
-fn contiguous(x: FlexT) -> FlexT {
-    if x.layout().contiguous_offsets().is_some() {
-        x
-    } else {
-        x.to_contiguous()
-    }
-}
-
-/// The values of a contiguous f32 flex tensor.
-fn values(x: &FlexT) -> &[f32] {
-    let (start, end) = x.layout().contiguous_offsets().expect("made contiguous");
-    &x.storage::<f32>()[start..end]
-}
-
-fn from_vec(v: Vec<f32>, shape: &[usize], device: &FlexDevice) -> FlexT {
-    Flex::float_from_data(TensorData::new(v, shape.to_vec()), device)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -507,7 +477,7 @@ mod tests {
         let ws: Vec<Tensor<2>> = (0..2)
             .map(|_| Tensor::random([h, 4 * h], n, &device).require_grad())
             .collect();
-        assert!(available(&xps[0]));
+        assert!(crate::cpu::available(&xps[0]));
         let got = lstm_layer(&xps, &ws).expect("on the CPU");
         let want = Tensor::cat(
             vec![

@@ -12,6 +12,7 @@
 //! asked for; otherwise, and for nodes without values, they are drawn as
 //! PyTorch's default initialisation would.
 
+use crate::im2col::{im2col_host, im2col_views};
 use batchfit_graph::{Cell, Graph, InputKind, LossKind, Node, Op, PoolKind, RnnBias, Window};
 use batchfit_plan::rules::im2col_chunks;
 use burn::module::{Module, Param};
@@ -20,7 +21,7 @@ use burn::tensor::activation::{gelu, log_softmax, relu, sigmoid, softmax, tanh};
 use burn::tensor::module::{
     avg_pool1d, avg_pool2d, conv1d, conv2d, embedding, max_pool1d, max_pool2d,
 };
-use burn::tensor::ops::{AvgPoolOptions, ConvOptions, MaxPoolOptions, PadMode};
+use burn::tensor::ops::{AvgPoolOptions, ConvOptions, MaxPoolOptions};
 use burn::tensor::{Device, Distribution, Int, Tensor, TensorData};
 
 /// Every trainable tensor of the model, grouped by rank.
@@ -590,9 +591,11 @@ fn run_kernel(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: boo
             if *groups == 1 && window.dilation.iter().all(|&r| r == 1) =>
         {
             match args.remove(0) {
-                // Only where the input needs no gradient (a graph input): the window
-                // views' gradient (zeros, then a slice add per window) is slower than
-                // burn's transposed convolution, and would keep the im2col matrix.
+                // Only where the input needs no gradient (a graph input). For a
+                // tracked input the window views' gradient (zeros, then a slice add per
+                // window) is slower than burn's transposed convolution; a hand-written
+                // col2im was 3-12 % faster on mnist-cnn but kept its 7.7x-the-input
+                // matrix for the backward: +58-65 % peak memory, not worth it.
                 Value::Float(x) if !x.is_tracked() => Value::ConvRows(conv_im2col_node(k, p, x, b)),
                 x => Value::Float(run_canonical(k, p, vec![x], b, train)),
             }
@@ -829,7 +832,7 @@ fn run_canonical(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: 
                 .collect();
             let projections: Vec<Tensor<3>> =
                 qs.iter().map(|q| rnn_projection(x.clone(), p, q)).collect();
-            if *cell == Cell::Lstm && crate::lstm::available(&x) {
+            if *cell == Cell::Lstm && crate::cpu::available(&x) {
                 // Both biases go into the projection; the fused op adds h W_hh per step.
                 let with_biases = projections
                     .into_iter()
@@ -985,24 +988,23 @@ fn conv_im2col_node(k: &Kernel, p: &Params, x: Tensor<2>, b: usize) -> ConvRows 
     };
     let d = &k.in_dims[0];
     let bias = k.params.get(1).map(|&q| p.t1(q));
-    if window.spatial() == 1 {
+    let (x, w, stride, pads) = if window.spatial() == 1 {
         let [co, ci, kw] = p.t3(k.params[0]).dims();
-        conv_im2col(
+        (
             x.reshape([b, d[0], 1, d[1]]),
             p.t3(k.params[0]).reshape([co, ci, 1, kw]),
-            bias,
             [1, window.stride[0]],
             [(0, 0), (window.padding[0][0], window.padding[0][1])],
         )
     } else {
-        conv_im2col(
+        (
             x.reshape([b, d[0], d[1], d[2]]),
             p.t4(k.params[0]),
-            bias,
             [window.stride[0], window.stride[1]],
             pads2(window),
         )
-    }
+    };
+    conv_im2col(x, w, bias, stride, pads)
 }
 
 /// Largest window matrix [`avg_pool_matrix`] builds (elements); larger pools use
@@ -1058,93 +1060,6 @@ fn avg_pool_matrix(input: &[usize], output: &[usize], w: &Window) -> Option<Vec<
         }
     }
     Some(m)
-}
-
-/// The im2col matrix `[B·OH·OW, kh·kw·C]` of `x` `[B, C, H, W]` (row: the window at one
-/// output position, kh·kw runs of C channels), and `[OH, OW]`, from window views
-/// of the padded channels-last input (any backend).
-fn im2col_views(
-    x: Tensor<4>,
-    [kh, kw]: [usize; 2],
-    stride: [usize; 2],
-    pads: [(usize, usize); 2],
-) -> (Tensor<2>, [usize; 2]) {
-    let [b, c, _, _] = x.dims();
-    // Channels last, so that each row of the matrix is kh runs of kw·C
-    // contiguous values.
-    let x = x.permute([0, 2, 3, 1]);
-    let x = if pads == [(0, 0); 2] {
-        x
-    } else {
-        x.pad([pads[0], pads[1], (0, 0)], PadMode::Constant(0.0))
-    };
-    // [B, OH, OW, C, kh, kw], a view of x.
-    let win: Tensor<6> = x.unfold::<5, _>(1, kh, stride[0]).unfold(2, kw, stride[1]);
-    let [_, oh, ow, _, _, _] = win.dims();
-    let cols = win
-        .permute([0, 1, 2, 4, 5, 3])
-        .reshape([b * oh * ow, kh * kw * c]);
-    (cols, [oh, ow])
-}
-
-/// [`im2col_views`] on the CPU (`None` elsewhere), written by hand: flex copies
-/// overlapping window views element by element (its strided copy takes them for
-/// transposes), 10.6 ms with the channels-last copy for seed 2's matrix at batch 512
-/// here, 7.6 ms this way. It reads the input in place, builds each sample's padded
-/// channels-last image in a small buffer that stays in cache and copies every row
-/// as kh runs of kw·C values; samples run in parallel on rayon's pool.
-fn im2col_host(
-    x: &Tensor<4>,
-    [kh, kw]: [usize; 2],
-    stride: [usize; 2],
-    pads: [(usize, usize); 2],
-) -> Option<(Tensor<2>, [usize; 2])> {
-    use rayon::prelude::*;
-    let [b, c, h, w] = x.dims();
-    let device = x.device();
-    // The flex tensor behind a batch input (not tracked, so `inner` is free).
-    let flex = x
-        .clone()
-        .inner()
-        .try_into_primitive::<burn::backend::Flex>()
-        .ok()?;
-    let (start, end) = flex.layout().contiguous_offsets()?;
-    let x: &[f32] = &flex.storage::<f32>()[start..end];
-    let (hp, wp) = (h + pads[0].0 + pads[0].1, w + pads[1].0 + pads[1].1);
-    let (oh, ow) = ((hp - kh) / stride[0] + 1, (wp - kw) / stride[1] + 1);
-    let (k, run) = (kh * kw * c, kw * c);
-    let n = b * oh * ow * k;
-    // Not zeroed first: a pass over the largest tensor of the step for nothing.
-    let mut cols: Vec<f32> = Vec::with_capacity(n);
-    cols.spare_capacity_mut()[..n]
-        .par_chunks_mut(oh * ow * k)
-        .zip(x.par_chunks(c * h * w))
-        .for_each_init(
-            || vec![0.0f32; hp * wp * c],
-            |padded, (out, image)| {
-                // Channels last, zero border.
-                for (ch, plane) in image.chunks_exact(h * w).enumerate() {
-                    for (y, line) in plane.chunks_exact(w).enumerate() {
-                        let row = (y + pads[0].0) * wp + pads[1].0;
-                        for (xi, &v) in line.iter().enumerate() {
-                            padded[(row + xi) * c + ch] = v;
-                        }
-                    }
-                }
-                for (pos, dst) in out.chunks_exact_mut(k).enumerate() {
-                    let (y, xo) = (pos / ow * stride[0], pos % ow * stride[1]);
-                    for (i, part) in dst.chunks_exact_mut(run).enumerate() {
-                        let start = ((y + i) * wp + xo) * c;
-                        part.write_copy_of_slice(&padded[start..start + run]);
-                    }
-                }
-            },
-        );
-    // SAFETY: every one of the n elements was written above: each of the B·OH·OW rows
-    // of k = kh·kw·C values is kh runs of kw·C.
-    unsafe { cols.set_len(n) };
-    let cols = Tensor::from_data(TensorData::new(cols, [b * oh * ow, k]), &device);
-    Some((cols, [oh, ow]))
 }
 
 fn pads2(w: &Window) -> [(usize, usize); 2] {
@@ -1273,9 +1188,9 @@ mod tests {
             let bias = Tensor::<1>::random([wd[0]], Distribution::Normal(0.0, 1.0), &device)
                 .require_grad();
             let opts = ConvOptions::new_with_padding(stride, pads, [1, 1], 1);
-            let want = conv2d(x.clone(), w.clone(), Some(bias.clone()), opts);
+            let want = conv2d(x.clone(), w.clone(), Some(bias.clone()), opts.clone());
             let [b, co, oh, ow] = want.dims();
-            let got = conv_im2col(x, w.clone(), Some(bias.clone()), stride, pads)
+            let got = conv_im2col(x.clone(), w.clone(), Some(bias.clone()), stride, pads)
                 .canonical()
                 .reshape([b, co, oh, ow]);
             assert!(max_rel_err(got.clone(), want.clone()) < 1e-4);

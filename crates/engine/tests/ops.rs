@@ -109,13 +109,32 @@ fn families() -> Vec<Graph> {
     g.linear("out", "rnn", 5).unwrap();
     out.push(g.finish(LossKind::Ctc { blank: 4 }, "out").unwrap());
 
-    // Seed 2's path: the conv's own row layout through ReLU into the pool's window
-    // matrix, then NCHW; and a one-direction LSTM with PyTorch's two biases.
+    // Seed 2's path: the conv's own row layout through ReLU, a conv of a tracked
+    // input, the pool's window matrix, then NCHW; and a one-direction LSTM with
+    // PyTorch's two biases.
     let mut g = GraphBuilder::new("conv-relu-avgpool-lstm");
     g.input("x", Shape::fixed(&[3, 6, 6])).unwrap();
     g.conv("c", "x", 4, 2, 3, 1, None).unwrap();
     g.push("r", Op::Relu, &["c"]).unwrap();
-    g.pool("ap", "r", PoolKind::Avg, 2, 3, 3, None).unwrap();
+    // A conv of a tracked input: the transposed matrix and col2im, stride 2.
+    g.push(
+        "c2",
+        Op::Conv {
+            in_channels: 4,
+            out_channels: 4,
+            window: Window {
+                kernel: vec![3, 2],
+                stride: vec![1, 2],
+                padding: vec![[1, 1], [0, 1]],
+                dilation: vec![1, 1],
+            },
+            groups: 1,
+            bias: true,
+        },
+        &["r"],
+    )
+    .unwrap();
+    g.pool("ap", "c2", PoolKind::Avg, 2, 3, 3, None).unwrap();
     g.push("f", Op::Flatten, &["ap"]).unwrap();
     g.linear("fc", "f", 6).unwrap();
     g.push("seq", Op::Reshape { shape: vec![3, 2] }, &["fc"])
