@@ -5,7 +5,10 @@
 //! [`Kernel`]s that read them. Every activation is kept as a rank-2 tensor
 //! `[B, elements of one sample]` beside its logical sample shape, and reshaped
 //! to the rank an op needs (a view in burn): elementwise ops then work on any
-//! shape, and the batch stays the leading dimension throughout.
+//! shape, and the batch stays the leading dimension throughout. The one
+//! exception is a convolution of a batch input, whose output stays in the
+//! layout its matrix product makes ([`Value::ConvRows`]) through element-wise
+//! ops and pooling. On the CPU, LSTMs run as one fused op ([`crate::lstm`]).
 //!
 //! Parameters start from the graph's trained values when its nodes carry them
 //! ([`Node::weights`], read from an ONNX file) and [`Init::FromGraph`] is
@@ -14,7 +17,7 @@
 
 use crate::im2col::{im2col_host, im2col_views};
 use batchfit_graph::{Cell, Graph, InputKind, LossKind, Node, Op, PoolKind, RnnBias, Window};
-use batchfit_plan::rules::im2col_chunks;
+use batchfit_plan::rules::{POOL_MATRIX_MAX, im2col_chunks};
 use burn::module::{Module, Param};
 use burn::nn::loss::{CTCLossConfig, Reduction};
 use burn::tensor::activation::{gelu, log_softmax, relu, sigmoid, softmax, tanh};
@@ -939,17 +942,17 @@ fn rnn_direction(
 }
 
 /// A 2-d convolution without dilation or groups as matrix products of the
-/// im2col matrix `[B·OH·OW, kh·kw·C]` (copied from window views) and the
-/// weight, returning `[B, C_out, OH·OW]`. burn-flex has no native conv weight
+/// im2col matrix `[B·OH·OW, kh·kw·C]` ([`crate::im2col`]) and the weight,
+/// returning the output as [`ConvRows`]. burn-flex has no native conv weight
 /// gradient (burn's fallback transposes and repacks serially, then runs skinny
-/// GEMMs). Here the rows go in [`im2col_chunks`] (the plan's rule) chunks of whole samples,
-/// `W [C_out, k] x cols_chunkᵀ` each: flex runs the chunks' GEMMs on separate
-/// threads, so the weight gradient `dy_chunk x cols_chunk` (a long-K product with
-/// a tiny result, which one GEMM parallelises poorly) is split over the cores,
-/// and each output is channel-major, so NCHW is a copy of `OH·OW`-long runs
-/// rather than an element-wise transpose. Measured on 2 cores at batch 512
-/// (bench note in bench/README.md): 23 ms for both products against 31 ms as one
-/// `cols x Wᵀ` product.
+/// GEMMs). Here the rows go in [`im2col_chunks`] (the plan's rule) chunks of
+/// whole samples, `W [C_out, k] x cols_chunkᵀ` each: flex runs the chunks' GEMMs
+/// on separate threads, so the weight gradient `dy_chunk x cols_chunk` (a long-K
+/// product with a tiny result, which one GEMM parallelises poorly) is split over
+/// the cores, and each output is channel-major, so NCHW is a copy of `OH·OW`-long
+/// runs rather than an element-wise transpose. Measured on 2 cores at batch 512
+/// (bench/README.md): 23 ms for both products against 31 ms as one `cols x Wᵀ`
+/// product.
 fn conv_im2col(
     x: Tensor<4>,
     w: Tensor<4>,
@@ -1006,10 +1009,6 @@ fn conv_im2col_node(k: &Kernel, p: &Params, x: Tensor<2>, b: usize) -> ConvRows 
     };
     conv_im2col(x, w, bias, stride, pads)
 }
-
-/// Largest window matrix [`avg_pool_matrix`] builds (elements); larger pools use
-/// burn's kernel.
-const POOL_MATRIX_MAX: usize = 1 << 16;
 
 /// An average pool as the matrix `[in spatial, out spatial]` whose product with a row
 /// of input values gives the row of window means (padding left out of the count, as
