@@ -81,11 +81,10 @@ fn run<const N: usize>(inputs: [AdT; N], shape: Shape3) -> AdT {
     let device = FlexDevice::default();
     let dirs = N / 2;
     let step = |d: usize| {
-        forward_direction(
-            values(&prims[2 * d]),
-            values(&prims[2 * d + 1]),
-            shape,
-            d == 1,
+        let (xp, w) = (values(&prims[2 * d]), values(&prims[2 * d + 1]));
+        wide(
+            #[inline(always)]
+            || forward_direction(xp, w, shape, d == 1),
         )
     };
     let results: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = if dirs == 2 {
@@ -136,7 +135,13 @@ impl<const N: usize> Backward<Flex, N> for LstmBackward {
         let device = FlexDevice::default();
         let (dout, out) = (values(&dout), values(&state.out));
         let dirs = state.dirs.len();
-        let step = |d: usize| backward_direction(&state.dirs[d], dout, out, d, dirs, state.shape);
+        let step = |d: usize| {
+            let dir = &state.dirs[d];
+            wide(
+                #[inline(always)]
+                || backward_direction(dir, dout, out, d, dirs, state.shape),
+            )
+        };
         let results = if dirs == 2 {
             let (f, r) = rayon::join(|| step(0), || step(1));
             vec![f, r]
@@ -274,65 +279,27 @@ fn step_index(s: usize, t: usize, reverse: bool) -> usize {
     if reverse { t - 1 - s } else { s }
 }
 
-/// One direction's forward (see [`forward_direction_body`]), its element-wise loops
-/// compiled for AVX2 and FMA where the CPU has them (the crate is built for baseline
-/// x86-64, whose SSE2 vectors are half as wide).
-fn forward_direction(
-    xp: &[f32],
-    w: &[f32],
-    shape: Shape3,
-    reverse: bool,
-) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+/// Runs `f` compiled for AVX2 and FMA where the CPU has them: the crate is built for
+/// baseline x86-64, whose SSE2 vectors are half as wide. `f` and what it calls are
+/// `#[inline(always)]`, so they are compiled inside the wide function.
+#[inline(always)]
+fn wide<R>(f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
         #[target_feature(enable = "avx2,fma")]
-        fn wide(
-            xp: &[f32],
-            w: &[f32],
-            shape: Shape3,
-            reverse: bool,
-        ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-            forward_direction_body(xp, w, shape, reverse)
+        fn with_avx2<R>(f: impl FnOnce() -> R) -> R {
+            f()
         }
         // SAFETY: the CPU has AVX2 and FMA (checked above).
-        return unsafe { wide(xp, w, shape, reverse) };
+        return unsafe { with_avx2(f) };
     }
-    forward_direction_body(xp, w, shape, reverse)
+    f()
 }
 
-/// One direction's backward (see [`backward_direction_body`]), wide where the CPU
-/// allows, as [`forward_direction`].
-fn backward_direction(
-    dir: &Direction,
-    dout: &[f32],
-    out: &[f32],
-    d: usize,
-    dirs: usize,
-    shape: Shape3,
-) -> (Vec<f32>, Vec<f32>) {
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-        #[target_feature(enable = "avx2,fma")]
-        fn wide(
-            dir: &Direction,
-            dout: &[f32],
-            out: &[f32],
-            d: usize,
-            dirs: usize,
-            shape: Shape3,
-        ) -> (Vec<f32>, Vec<f32>) {
-            backward_direction_body(dir, dout, out, d, dirs, shape)
-        }
-        // SAFETY: the CPU has AVX2 and FMA (checked above).
-        return unsafe { wide(dir, dout, out, d, dirs, shape) };
-    }
-    backward_direction_body(dir, dout, out, d, dirs, shape)
-}
-
-/// One direction's forward: returns the gate activations `[B, T, 4H]`, the cell
+/// One direction's forward (run through [`wide`]): returns the gate activations `[B, T, 4H]`, the cell
 /// states and the outputs (both `[B, T, H]`).
 #[inline(always)]
-fn forward_direction_body(
+fn forward_direction(
     xp: &[f32],
     w: &[f32],
     shape: Shape3,
@@ -380,12 +347,12 @@ fn forward_direction_body(
     (acts, c, hs)
 }
 
-/// One direction's backward through time: the gradient of its input projection
+/// One direction's backward through time (run through [`wide`]): the gradient of its input projection
 /// `[B, T, 4H]` and of its recurrent weight `[H, 4H]`. `dout` and `out` are the
 /// layer's `[B, T, dirs·H]` output gradient and output; this direction is column
 /// block `d`.
 #[inline(always)]
-fn backward_direction_body(
+fn backward_direction(
     dir: &Direction,
     dout: &[f32],
     out: &[f32],
