@@ -36,3 +36,61 @@ pub fn values(x: &FlexT) -> &[f32] {
 pub fn from_vec(v: Vec<f32>, shape: &[usize], device: &FlexDevice) -> FlexT {
     Flex::float_from_data(TensorData::new(v, shape.to_vec()), device)
 }
+
+/// A matrix inside a slice: element (r, c) at `r * row + c * col`.
+pub struct Strided<S> {
+    data: S,
+    row: usize,
+    col: usize,
+}
+
+impl<S> Strided<S> {
+    pub fn new(data: S, row: usize, col: usize) -> Self {
+        Strided { data, row, col }
+    }
+}
+
+/// `dst[m×n] (+)= lhs[m×k] · rhs[k×n]` on the calling thread (the callers already
+/// run one product per thread). The gemm crate is what flex's matmul calls; it is used
+/// directly here for strided operands and accumulation, which flex's matmul lacks.
+pub fn gemm_into(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: Strided<&mut [f32]>,
+    accumulate: bool,
+    lhs: Strided<&[f32]>,
+    rhs: Strided<&[f32]>,
+) {
+    let last = |rows: usize, cols: usize, row: usize, col: usize| {
+        (rows.max(1) - 1) * row + (cols.max(1) - 1) * col
+    };
+    assert!(last(m, n, dst.row, dst.col) < dst.data.len());
+    assert!(last(m, k, lhs.row, lhs.col) < lhs.data.len());
+    assert!(last(k, n, rhs.row, rhs.col) < rhs.data.len());
+    // SAFETY: every index the product touches was checked in bounds above, and
+    // `dst` is a unique borrow that neither operand aliases.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.data.as_mut_ptr(),
+            dst.col as isize,
+            dst.row as isize,
+            accumulate,
+            lhs.data.as_ptr(),
+            lhs.col as isize,
+            lhs.row as isize,
+            rhs.data.as_ptr(),
+            rhs.col as isize,
+            rhs.row as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}

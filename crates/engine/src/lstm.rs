@@ -12,7 +12,7 @@
 //! and the cell state c (5H), plus the output. Gate order i, f, g, o, as PyTorch.
 //! Off the CPU (or for a GRU) the engine keeps the composed cell.
 
-use crate::cpu::{Ad, AdT, FlexDevice, FlexT, contiguous, from_vec, values};
+use crate::cpu::{Ad, AdT, FlexDevice, FlexT, Strided, contiguous, from_vec, gemm_into, values};
 use burn::backend::Flex;
 use burn::tensor::{DType, Tensor};
 use burn_autodiff::checkpoint::base::Checkpointer;
@@ -429,64 +429,6 @@ fn backward_direction(
         Strided::new(&dxp, g4, 1),
     );
     (dxp, dw)
-}
-
-/// A matrix inside a slice: element (r, c) at `r * row + c * col`.
-struct Strided<S> {
-    data: S,
-    row: usize,
-    col: usize,
-}
-
-impl<S> Strided<S> {
-    fn new(data: S, row: usize, col: usize) -> Self {
-        Strided { data, row, col }
-    }
-}
-
-/// `dst[m×n] (+)= lhs[m×k] · rhs[k×n]` on the calling thread (the directions are
-/// already one per thread). The gemm crate is what flex's matmul calls; it is used
-/// directly here for strided operands and accumulation, which flex's matmul lacks.
-fn gemm_into(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: Strided<&mut [f32]>,
-    accumulate: bool,
-    lhs: Strided<&[f32]>,
-    rhs: Strided<&[f32]>,
-) {
-    let last = |rows: usize, cols: usize, row: usize, col: usize| {
-        (rows.max(1) - 1) * row + (cols.max(1) - 1) * col
-    };
-    assert!(last(m, n, dst.row, dst.col) < dst.data.len());
-    assert!(last(m, k, lhs.row, lhs.col) < lhs.data.len());
-    assert!(last(k, n, rhs.row, rhs.col) < rhs.data.len());
-    // SAFETY: every index the product touches was checked in bounds above, and
-    // `dst` is a unique borrow that neither operand aliases.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.data.as_mut_ptr(),
-            dst.col as isize,
-            dst.row as isize,
-            accumulate,
-            lhs.data.as_ptr(),
-            lhs.col as isize,
-            lhs.row as isize,
-            rhs.data.as_ptr(),
-            rhs.col as isize,
-            rhs.row as isize,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-    }
 }
 
 #[cfg(test)]

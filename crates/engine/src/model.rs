@@ -15,7 +15,9 @@
 //! asked for; otherwise, and for nodes without values, they are drawn as
 //! PyTorch's default initialisation would.
 
-use crate::im2col::{im2col_host, im2col_views};
+#[cfg(test)]
+use crate::im2col::im2col_host;
+use crate::im2col::{conv_product_cpu, im2col_views};
 use batchfit_graph::{Cell, Graph, InputKind, LossKind, Node, Op, PoolKind, RnnBias, Window};
 use batchfit_plan::rules::{POOL_MATRIX_MAX, im2col_chunks};
 use burn::module::{Module, Param};
@@ -962,17 +964,17 @@ fn conv_im2col(
 ) -> ConvRows {
     let [b, c, _, _] = x.dims();
     let [co, _, kh, kw] = w.dims();
-    let (cols, [oh, ow]) = match im2col_host(&x, [kh, kw], stride, pads) {
-        Some(done) => done,
-        None => im2col_views(x, [kh, kw], stride, pads),
-    };
-    let (k, spatial) = (kh * kw * c, oh * ow);
+    let k = kh * kw * c;
     let chunks = im2col_chunks(b);
     let per_chunk = b / chunks;
-    let cols = cols.reshape([chunks, per_chunk * spatial, k]);
-    let w = w.permute([0, 2, 3, 1]).reshape([1, co, k]);
+    // The weight in the matrix's (kh, kw, C) order, a small copy.
+    let w = w.permute([0, 2, 3, 1]).reshape([co, k]);
     // [chunks, C_out, samples·OH·OW]
-    let mut y = w.matmul(cols.swap_dims(1, 2));
+    let (mut y, [oh, ow]) = match conv_product_cpu(&x, w.clone(), [kh, kw], stride, pads, chunks) {
+        Some(done) => done,
+        None => conv_product_views(x, w, [kh, kw], stride, pads, chunks),
+    };
+    let spatial = oh * ow;
     if let Some(bias) = bias {
         y = y + bias.reshape([1, co, 1]);
     }
@@ -982,6 +984,23 @@ fn conv_im2col(
         channels: co,
         per_chunk,
     }
+}
+
+/// [`conv_product_cpu`] on any backend: the window views' im2col matrix in chunks,
+/// `W [1, C_out, k] x cols_chunkᵀ` as one batched product (channel-major, so the
+/// weight gradient `dY_chunk x cols_chunk` is the fast orientation).
+fn conv_product_views(
+    x: Tensor<4>,
+    w: Tensor<2>,
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    pads: [(usize, usize); 2],
+    chunks: usize,
+) -> (Tensor<3>, [usize; 2]) {
+    let (cols, out) = im2col_views(x, kernel, stride, pads);
+    let [rows, k] = cols.dims();
+    let cols = cols.reshape([chunks, rows / chunks, k]);
+    (w.unsqueeze::<3>().matmul(cols.swap_dims(1, 2)), out)
 }
 
 /// [`conv_im2col`] for a graph node (1-d convolutions as 2-d ones over a single row).
@@ -1184,6 +1203,21 @@ mod tests {
             assert_eq!(hw, vw);
             assert_eq!(host.into_data(), views.into_data());
             let w = Tensor::<4>::random(wd, Distribution::Normal(0.0, 1.0), &device).require_grad();
+            // The CPU's product op against the views' batched matmul (other devices):
+            // output and weight gradient.
+            let (co, k) = (wd[0], wd[1] * wd[2] * wd[3]);
+            let chunks = im2col_chunks(xd[0]);
+            // (A tape per product: burn consumes it at backward.)
+            let w2 = || w.clone().permute([0, 2, 3, 1]).reshape([co, k]);
+            let (cpu, _) =
+                conv_product_cpu(&x, w2(), kernel, stride, pads, chunks).expect("a CPU tensor");
+            let (views, _) = conv_product_views(x.clone(), w2(), kernel, stride, pads, chunks);
+            assert!(max_rel_err(cpu.clone(), views.clone()) < 1e-5);
+            let r = Tensor::<3>::random(cpu.dims(), Distribution::Normal(0.0, 1.0), &device);
+            let g_cpu = (cpu * r.clone()).sum().backward();
+            let g_views = (views * r).sum().backward();
+            let grad = |g: &burn::tensor::Gradients| w.grad(g).expect("weight gradient");
+            assert!(max_rel_err(grad(&g_cpu), grad(&g_views)) < 1e-4);
             let bias = Tensor::<1>::random([wd[0]], Distribution::Normal(0.0, 1.0), &device)
                 .require_grad();
             let opts = ConvOptions::new_with_padding(stride, pads, [1, 1], 1);
