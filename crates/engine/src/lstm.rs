@@ -367,10 +367,10 @@ fn backward_direction(
     // Gradients flowing back from the next step: into h_{t-1} and c_{t-1}.
     let mut dh = vec![0.0f32; b * h];
     let mut dc = vec![0.0f32; b * h];
+    let zeros = vec![0.0f32; h];
     for s in (0..t).rev() {
         let ti = step_index(s, t, dir.reverse);
         let prev = (s > 0).then(|| step_index(s - 1, t, dir.reverse));
-        let zeros = vec![0.0f32; h];
         for bi in 0..b {
             let row = bi * t;
             let a = &dir.acts[(row + ti) * g4..][..g4];

@@ -948,13 +948,12 @@ fn rnn_direction(
 /// returning the output as [`ConvRows`]. burn-flex has no native conv weight
 /// gradient (burn's fallback transposes and repacks serially, then runs skinny
 /// GEMMs). Here the rows go in [`im2col_chunks`] (the plan's rule) chunks of
-/// whole samples, `W [C_out, k] x cols_chunkᵀ` each: flex runs the chunks' GEMMs
-/// on separate threads, so the weight gradient `dy_chunk x cols_chunk` (a long-K
-/// product with a tiny result, which one GEMM parallelises poorly) is split over
-/// the cores, and each output is channel-major, so NCHW is a copy of `OH·OW`-long
-/// runs rather than an element-wise transpose. Measured on 2 cores at batch 512
-/// (bench/README.md): 23 ms for both products against 31 ms as one `cols x Wᵀ`
-/// product.
+/// whole samples whose products run on separate threads, so the weight gradient
+/// `dy_chunk x cols_chunk` (a long-K product with a tiny result, which one GEMM
+/// parallelises poorly) is split over the cores; each chunk's output is
+/// channel-major, so NCHW is a copy of `OH·OW`-long runs rather than an
+/// element-wise transpose. On the CPU the product is one custom op
+/// ([`conv_product_cpu`]); elsewhere one batched matmul ([`conv_product_views`]).
 fn conv_im2col(
     x: Tensor<4>,
     w: Tensor<4>,
