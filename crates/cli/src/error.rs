@@ -1,36 +1,53 @@
-//! Errors and exit codes: 2 for bad input (a file, flag or model the user can fix), 1 for a failure.
+//! Exit codes and how an error is printed: 2 for bad input (a file, flag or
+//! model the user can fix), 1 for a failure, 0 quietly when stdout's reader
+//! went away (`batchfit plan | head -1`).
 
-use std::fmt;
+use batchfit_pipeline::Error;
+use std::fmt::Write as _;
 
 /// Why a command stopped.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum CliError {
-    /// Bad input: exit code 2.
-    Input(String),
-    /// Something failed that the input did not cause: exit code 1.
-    Failure(String),
-}
-
-impl CliError {
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            CliError::Input(_) => 2,
-            CliError::Failure(_) => 1,
-        }
-    }
-}
-
-impl fmt::Display for CliError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            CliError::Input(m) | CliError::Failure(m) => write!(f, "{m}"),
-        }
-    }
+    #[error(transparent)]
+    Pipeline(#[from] Error),
+    /// Writing the result failed (a closed pipe is not an error: see [`CliError::exit_code`]).
+    #[error("cannot write the result")]
+    Output(#[source] std::io::Error),
 }
 
 impl From<batchfit_graph::GraphError> for CliError {
     fn from(e: batchfit_graph::GraphError) -> Self {
-        CliError::Input(e.to_string())
+        CliError::Pipeline(e.into())
+    }
+}
+
+impl CliError {
+    /// Bad input, said in `message`.
+    pub fn input(message: impl Into<String>) -> CliError {
+        CliError::Pipeline(Error::input(message))
+    }
+
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Pipeline(e) if e.is_input() => 2,
+            CliError::Output(e) if e.kind() == std::io::ErrorKind::BrokenPipe => 0,
+            _ => 1,
+        }
+    }
+
+    /// The message and every cause under it that adds something, as
+    /// "what failed: because: because".
+    pub fn report(&self) -> String {
+        let mut out = self.to_string();
+        let mut source = std::error::Error::source(self);
+        while let Some(s) = source {
+            let text = s.to_string();
+            if !out.contains(&text) {
+                let _ = write!(out, ": {text}");
+            }
+            source = s.source();
+        }
+        out
     }
 }
 

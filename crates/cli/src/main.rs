@@ -36,7 +36,7 @@ enum Command {
     /// Your own training command (any framework), once per batch size in fresh processes.
     Run(cmd::run::RunArgs),
     /// Internal: measures one batch size in a fresh process (started by probe).
-    #[command(name = "__measure-worker", hide = true)]
+    #[command(name = batchfit_engine::worker::WORKER_SUBCOMMAND, hide = true)]
     Worker { request: String },
 }
 
@@ -49,15 +49,18 @@ fn main() -> ExitCode {
         Command::Noise(args) => cmd::noise::run(args),
         Command::Run(args) => cmd::run::run(args),
         Command::Sweep(args) => cmd::sweep::run(args),
-        Command::Worker { request } => {
-            batchfit_engine::worker::serve(&request).map_err(error::CliError::Failure)
-        }
+        Command::Worker { request } => batchfit_engine::worker::serve(&request).map_err(|e| {
+            batchfit_pipeline::Error::failure("the measuring worker failed", e).into()
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::from(e.exit_code() as u8)
+            let code = e.exit_code();
+            if code != 0 {
+                eprintln!("error: {}", e.report());
+            }
+            ExitCode::from(code)
         }
     }
 }

@@ -1,17 +1,24 @@
-//! Flags shared by several subcommands, and their parsing into library types.
+//! Flags shared by several subcommands, their parsing into the library's
+//! types, the progress bar, and how results are emitted.
 
 use crate::error::{CliError, CliResult};
-use batchfit_graph::Graph;
+use batchfit_pipeline::Progress;
+use batchfit_pipeline::noise::{DataSource, LossChoice};
+use batchfit_pipeline::probe::MeasureConfig;
 use batchfit_plan::{Bytes, Optimizer, Precision, Runtime, TrainOptions};
 use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
 
-/// The model every command uses when none is given.
-pub const DEFAULT_MODEL: &str = "zoo:digits-mlp";
+pub use batchfit_pipeline::DEFAULT_MODEL;
+pub use batchfit_pipeline::output::check_output_folder;
 
 /// How a step trains: the flags that change its memory.
 #[derive(Args, Clone, Debug)]
 pub struct TrainFlags {
-    /// Optimizer: sgd, momentum, adam, adamw.
+    /// Optimizer.
     #[arg(long, default_value = "adam", value_parser = parse_optimizer)]
     pub optimizer: Optimizer,
     /// Precision: fp32, fp16-mixed, bf16-mixed.
@@ -45,16 +52,113 @@ impl TrainFlags {
     }
 }
 
-/// Loads MODEL (`zoo:NAME`, `.toml`, `.onnx`), the default if none.
-pub fn load_model(model: Option<&str>) -> CliResult<Graph> {
-    Ok(batchfit_graph::load(model.unwrap_or(DEFAULT_MODEL))?)
+/// Flags of every command that measures training steps.
+#[derive(Args, Clone, Debug)]
+pub struct MeasureFlags {
+    /// Devices to measure, comma-separated: cpu, cuda:0, wgpu:0 [probe: cpu; advise: every device present].
+    #[arg(long, value_delimiter = ',')]
+    pub device: Vec<String>,
+    /// Measure exactly these batch sizes (comma-separated) instead of sampling.
+    #[arg(long, value_delimiter = ',', value_parser = positive_u64)]
+    pub batches: Vec<u64>,
+    /// Memory budget per device (CPU: enforced by batchfit's allocator), e.g. 6GiB.
+    /// With it, the largest batch that fits is searched for.
+    #[arg(long, value_parser = parse_bytes)]
+    pub memory_limit: Option<Bytes>,
+    /// The knee is the smallest batch reaching this share of the best throughput.
+    #[arg(long, default_value_t = 0.9, value_parser = parse_share)]
+    pub efficiency: f64,
+    /// CPU threads for the training steps (default: all cores).
+    #[arg(long, value_parser = positive_usize)]
+    pub threads: Option<usize>,
+    /// Untimed steps before timing each batch size.
+    #[arg(long, default_value_t = 3)]
+    pub warmup: usize,
+    /// Seconds of timed steps per batch size at most.
+    #[arg(long, default_value_t = 2.0, value_parser = parse_seconds)]
+    pub time_cap: f64,
+    /// Largest batch sampled when no --memory-limit bounds it.
+    #[arg(long, default_value_t = 1024, value_parser = positive_u64)]
+    pub up_to: u64,
+    /// Optimizer of the measured steps.
+    #[arg(long, default_value = "adam", value_parser = parse_optimizer)]
+    pub optimizer: Optimizer,
+    /// Learning rate of the measured steps.
+    #[arg(long, default_value_t = 1e-3)]
+    pub lr: f64,
+    /// Sequence length T for recurrent models.
+    #[arg(long, value_parser = positive_usize)]
+    pub seq_len: Option<usize>,
+    /// Seed of the synthetic inputs and initial weights.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Seconds after which one measuring process is stopped.
+    #[arg(long, default_value_t = 600.0, value_parser = parse_seconds)]
+    pub timeout: f64,
 }
 
+impl MeasureFlags {
+    /// The typed configuration; the worker is this very binary.
+    pub fn config(&self) -> CliResult<MeasureConfig> {
+        let worker = std::env::current_exe().map_err(|e| {
+            CliError::Pipeline(batchfit_pipeline::Error::failure(
+                "cannot find the batchfit binary",
+                e,
+            ))
+        })?;
+        Ok(MeasureConfig {
+            batches: self.batches.clone(),
+            memory_limit: self.memory_limit,
+            efficiency: self.efficiency,
+            threads: self.threads,
+            warmup: self.warmup,
+            time_cap_s: self.time_cap,
+            up_to: self.up_to,
+            optimizer: self.optimizer,
+            lr: self.lr,
+            seq_len: self.seq_len,
+            seed: self.seed,
+            timeout: Duration::from_secs_f64(self.timeout),
+            worker,
+        })
+    }
+}
+
+/// Where the training data comes from.
+#[derive(Args, Clone, Debug)]
+pub struct DataFlags {
+    /// Training data: .npy, .npz (keys = model input names + `target`), .csv
+    /// (.csv.gz), IDX (MNIST), or builtin:digits [default for the default model].
+    #[arg(long)]
+    pub data: Option<String>,
+    /// Labels for single-array formats (.npy, IDX).
+    #[arg(long)]
+    pub labels: Option<String>,
+    /// CSV column holding the label (negative counts from the end) [default: last].
+    #[arg(long, allow_hyphen_values = true)]
+    pub label_col: Option<isize>,
+    /// Override the model's loss.
+    #[arg(long, value_enum)]
+    pub loss: Option<LossChoice>,
+}
+
+impl DataFlags {
+    pub fn source(&self) -> DataSource {
+        DataSource {
+            data: self.data.clone(),
+            labels: self.labels.clone(),
+            label_col: self.label_col,
+            loss: self.loss,
+        }
+    }
+}
+
+/// `one_of` for the plan's closed sets, which name their accepted values.
 fn one_of<T>(s: &str, parse: fn(&str) -> Option<T>, names: &[&str]) -> Result<T, String> {
     parse(s).ok_or_else(|| format!("`{s}` is not one of {}", names.join(", ")))
 }
 
-fn parse_optimizer(s: &str) -> Result<Optimizer, String> {
+pub fn parse_optimizer(s: &str) -> Result<Optimizer, String> {
     one_of(s, Optimizer::parse, Optimizer::NAMES)
 }
 
@@ -82,34 +186,83 @@ pub fn positive_usize(s: &str) -> Result<usize, String> {
     positive_u64(s).map(|n| n as usize)
 }
 
-/// Turns a library error message into bad input.
-pub fn input<E: std::fmt::Display>(e: E) -> CliError {
-    CliError::Input(e.to_string())
-}
-
-/// Checks an output file's folder exists before any work starts.
-pub fn check_output_folder(flag: &str, path: &std::path::Path) -> CliResult {
-    match path.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() && !parent.is_dir() => Err(CliError::Input(
-            format!("{flag}: folder {} does not exist", parent.display()),
-        )),
-        _ => Ok(()),
+pub fn positive_f64(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x > 0.0 && x.is_finite() => Ok(x),
+        _ => Err(format!("`{s}` must be a positive number")),
     }
 }
 
-/// Writes `contents` beside `path`, then renames: never a half-written file,
-/// also when interrupted.
-pub fn write_atomically(flag: &str, path: &std::path::Path, contents: &str) -> CliResult {
-    let tmp = path.with_extension("partial");
-    #[cfg(unix)]
-    batchfit_exec::interrupt::register_partial(tmp.clone());
-    let result = std::fs::write(&tmp, contents).and_then(|_| std::fs::rename(&tmp, path));
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+pub fn parse_share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x > 0.0 && x <= 1.0 => Ok(x),
+        _ => Err(format!("`{s}` must be a share in (0, 1], e.g. 0.9")),
     }
-    #[cfg(unix)]
-    batchfit_exec::interrupt::unregister_partial(&tmp);
-    result.map_err(|e| CliError::Input(format!("{flag} {}: {e}", path.display())))
+}
+
+pub fn parse_seconds(s: &str) -> Result<f64, String> {
+    let t = s.trim_end_matches('s');
+    match t.parse::<f64>() {
+        Ok(x) if x > 0.0 && x.is_finite() => Ok(x),
+        _ => Err(format!("`{s}` must be a positive number of seconds")),
+    }
+}
+
+/// A progress bar on stderr (hidden when asked, e.g. for JSON output).
+pub fn progress(hidden: bool) -> Bar {
+    if hidden {
+        return Bar(ProgressBar::hidden());
+    }
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
+            .expect("valid template"),
+    );
+    bar.enable_steady_tick(Duration::from_millis(120));
+    Bar(bar)
+}
+
+/// The terminal's view of a pipeline's progress.
+pub struct Bar(pub ProgressBar);
+
+impl Progress for Bar {
+    fn message(&self, msg: String) {
+        self.0.set_message(msg);
+    }
+    fn set_length(&self, len: u64) {
+        self.0.set_length(len);
+    }
+    fn add_length(&self, more: u64) {
+        self.0.inc_length(more);
+    }
+    fn set_position(&self, pos: u64) {
+        self.0.set_position(pos);
+    }
+    fn advance(&self, n: u64) {
+        self.0.inc(n);
+    }
+}
+
+impl Drop for Bar {
+    fn drop(&mut self) {
+        self.0.finish_and_clear();
+    }
+}
+
+/// Writes `text` to stdout; a closed pipe ends the command quietly.
+pub fn print(text: &str) -> CliResult {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|_| out.flush())
+        .map_err(CliError::Output)
+}
+
+/// A document as pretty JSON on stdout.
+pub fn emit_json<T: serde::Serialize>(doc: &T) -> CliResult {
+    print(&format!(
+        "{}\n",
+        serde_json::to_string_pretty(doc).expect("documents serialise")
+    ))
 }
 
 /// A command's result on stdout: JSON or the terminal text.
@@ -122,22 +275,19 @@ pub fn emit_with_html<T: serde::Serialize>(
     doc: &T,
     json: bool,
     text: fn(&T) -> String,
-    html: Option<&std::path::Path>,
+    html: Option<&Path>,
     page: fn(&T) -> String,
 ) -> CliResult {
     if let Some(path) = html {
-        write_atomically("--html", path, &page(doc))?;
+        batchfit_pipeline::output::write_atomically("--html", path, &page(doc))?;
     }
     if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(doc).expect("documents serialise")
-        );
+        emit_json(doc)
     } else {
-        print!("{}", text(doc));
-        if let Some(path) = html {
-            println!("report written to {}", path.display());
+        print(&text(doc))?;
+        match html {
+            Some(path) => print(&format!("report written to {}\n", path.display())),
+            None => Ok(()),
         }
     }
-    Ok(())
 }

@@ -4,6 +4,23 @@ use burn::tensor::Device;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+/// A device name that cannot be used here.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceError {
+    #[error("`{0}`: the device index must be a number, as in cuda:0")]
+    BadIndex(String),
+    #[error("unknown device `{0}`; use cpu, cuda:N or wgpu:N")]
+    Unknown(String),
+    /// A GPU this build was compiled without.
+    #[error(
+        "device `{device}` needs a GPU build: rebuild with `--features {feature}` (see docs/gpu.md)"
+    )]
+    NotBuilt {
+        device: DeviceSpec,
+        feature: &'static str,
+    },
+}
+
 /// A device named on the command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum DeviceSpec {
@@ -14,13 +31,12 @@ pub enum DeviceSpec {
 
 impl DeviceSpec {
     /// Parses `cpu`, `cuda`, `cuda:1`, `wgpu:0`.
-    pub fn parse(s: &str) -> Result<DeviceSpec, String> {
+    pub fn parse(s: &str) -> Result<DeviceSpec, DeviceError> {
         let (kind, index) = match s.split_once(':') {
             Some((k, i)) => (
                 k,
-                i.parse::<usize>().map_err(|_| {
-                    format!("`{s}`: the device index must be a number, as in cuda:0")
-                })?,
+                i.parse::<usize>()
+                    .map_err(|_| DeviceError::BadIndex(s.to_string()))?,
             ),
             None => (s, 0),
         };
@@ -28,7 +44,7 @@ impl DeviceSpec {
             "cpu" => Ok(DeviceSpec::Cpu),
             "cuda" | "gpu" => Ok(DeviceSpec::Cuda(index)),
             "wgpu" | "vulkan" => Ok(DeviceSpec::Wgpu(index)),
-            _ => Err(format!("unknown device `{s}`; use cpu, cuda:N or wgpu:N")),
+            _ => Err(DeviceError::Unknown(s.to_string())),
         }
     }
 
@@ -38,27 +54,33 @@ impl DeviceSpec {
     }
 
     /// The burn device with autodiff, or why this build cannot use it.
-    pub fn autodiff_device(self) -> Result<Device, String> {
+    pub fn autodiff_device(self) -> Result<Device, DeviceError> {
         Ok(self.device()?.autodiff())
     }
 
     /// The plain burn device.
-    pub fn device(self) -> Result<Device, String> {
+    pub fn device(self) -> Result<Device, DeviceError> {
         match self {
             DeviceSpec::Cpu => Ok(Device::flex()),
             #[cfg(feature = "cuda")]
             DeviceSpec::Cuda(i) => Ok(Device::cuda(i)),
+            // burn 0.22 picks a wgpu adapter by kind. `wgpu:0` is wgpu's default
+            // adapter (a high-power GPU first, else whatever there is: an
+            // integrated GPU, lavapipe on the CPU; CUBECL_WGPU_DEFAULT_DEVICE
+            // overrides it); `wgpu:N` above 0 is the N-th discrete GPU.
             #[cfg(feature = "wgpu")]
-            DeviceSpec::Wgpu(i) => Ok(Device::wgpu(burn::tensor::WgpuDevice::DiscreteGpu(i))),
+            DeviceSpec::Wgpu(0) => Ok(Device::wgpu(burn::tensor::DeviceKind::DefaultDevice)),
+            #[cfg(feature = "wgpu")]
+            DeviceSpec::Wgpu(i) => Ok(Device::wgpu(burn::tensor::DeviceKind::DiscreteGpu(i))),
             #[allow(unreachable_patterns)]
-            other => Err(format!(
-                "device `{other}` needs a GPU build: rebuild with `--features {}` (see docs/gpu.md)",
-                if matches!(other, DeviceSpec::Cuda(_)) {
+            other => Err(DeviceError::NotBuilt {
+                device: other,
+                feature: if matches!(other, DeviceSpec::Cuda(_)) {
                     "cuda"
                 } else {
                     "wgpu"
-                }
-            )),
+                },
+            }),
         }
     }
 
@@ -99,7 +121,7 @@ mod tests {
     #[cfg(not(feature = "cuda"))]
     #[test]
     fn a_gpu_in_a_cpu_build_says_how_to_get_one() {
-        let e = DeviceSpec::Cuda(0).device().unwrap_err();
+        let e = DeviceSpec::Cuda(0).device().unwrap_err().to_string();
         assert!(e.contains("--features cuda"), "{e}");
     }
 }

@@ -20,13 +20,22 @@ pub mod trainer;
 pub mod worker;
 
 pub use burn;
-pub use device::DeviceSpec;
+pub use device::{DeviceError, DeviceSpec};
 pub use trainer::{EngineError, TrainConfig, Trainer};
 
+/// The CPU thread pool was already set up in this process.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot set {threads} threads")]
+pub struct ThreadsError {
+    pub threads: usize,
+    #[source]
+    source: rayon::ThreadPoolBuildError,
+}
+
 /// Sets the number of CPU threads burn's kernels use (rayon's global pool). Call once, early.
-pub fn set_threads(n: usize) -> Result<(), String> {
+pub fn set_threads(n: usize) -> Result<(), ThreadsError> {
     rayon::ThreadPoolBuilder::new()
         .num_threads(n)
         .build_global()
-        .map_err(|e| format!("cannot set {n} threads: {e}"))
+        .map_err(|source| ThreadsError { threads: n, source })
 }

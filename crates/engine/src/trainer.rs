@@ -45,7 +45,7 @@ impl Trainer {
         let device = config
             .device
             .autodiff_device()
-            .map_err(EngineError::Device)?;
+            .map_err(|e| EngineError::Device(e.to_string()))?;
         device.seed(config.seed);
         let init = if config.init_random {
             Init::Random

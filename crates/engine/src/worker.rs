@@ -8,13 +8,14 @@
 
 use crate::measure::{MeasureError, PointResult, measure_point};
 use crate::{DeviceSpec, TrainConfig, Trainer, alloc};
+use batchfit_exec::{LineHandler, Outcome, ProcessOptions, run_process};
 use batchfit_plan::Optimizer;
 use batchfit_tune::stats::StopRule;
 use serde::{Deserialize, Serialize};
-use std::io::Read;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// The hidden subcommand the parent starts.
 pub const WORKER_SUBCOMMAND: &str = "__measure-worker";
@@ -50,28 +51,44 @@ pub enum WorkerAnswer {
     Failed(MeasureError),
 }
 
-/// What the parent learned from one child.
+/// What the parent learned from one child: how it ended (the one outcome
+/// type, [`batchfit_exec::Outcome`]) and, when it ran, what it measured.
 #[derive(Clone, Debug)]
-pub enum Outcome {
-    Measured(PointResult),
-    /// The step ran out of memory; the message says how it was recognised.
-    OutOfMemory(String),
-    /// The loss turned NaN or infinite.
-    Failed(MeasureError),
-    /// The child crashed for another reason; the tail of its stderr.
-    Crashed(String),
-    /// The child did not finish in time.
-    TimedOut,
+pub struct WorkerResult {
+    pub outcome: Outcome,
+    pub point: Option<PointResult>,
+}
+
+impl WorkerResult {
+    fn ended(outcome: Outcome) -> WorkerResult {
+        WorkerResult {
+            outcome,
+            point: None,
+        }
+    }
+}
+
+/// Why a worker could not serve its request (the child's own errors, printed
+/// on its stderr; the parent reads them as a crash).
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("bad worker request")]
+    Request(#[source] serde_json::Error),
+    #[error(transparent)]
+    Threads(#[from] crate::ThreadsError),
+    #[error(transparent)]
+    Model(#[from] batchfit_graph::GraphError),
+    #[error(transparent)]
+    Engine(#[from] crate::EngineError),
 }
 
 /// Serves one request in this (child) process and prints the answer line.
-pub fn serve(request_json: &str) -> Result<(), String> {
-    let req: WorkerRequest =
-        serde_json::from_str(request_json).map_err(|e| format!("bad worker request: {e}"))?;
+pub fn serve(request_json: &str) -> Result<(), WorkerError> {
+    let req: WorkerRequest = serde_json::from_str(request_json).map_err(WorkerError::Request)?;
     if let Some(n) = req.threads {
         crate::set_threads(n)?;
     }
-    let graph = batchfit_graph::load(&req.model).map_err(|e| e.to_string())?;
+    let graph = batchfit_graph::load(&req.model)?;
     alloc::set_limit(req.memory_limit);
     alloc::keep_freed_memory();
     let mut trainer = Trainer::new(
@@ -84,8 +101,7 @@ pub fn serve(request_json: &str) -> Result<(), String> {
             device: req.device,
             init_random: false,
         },
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     let stop = StopRule {
         target_rel_err: req.target_rel_err,
         min_steps: req.min_steps,
@@ -104,68 +120,55 @@ pub fn serve(request_json: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Runs `req` in a child process of `exe` and classifies how it ended.
-pub fn run_child(exe: &Path, req: &WorkerRequest, timeout: Duration) -> Outcome {
+/// Runs `req` in a child process of `exe` (through the one runner of
+/// `batchfit_exec`: own process group, time-out, Ctrl-C) and reads how it
+/// ended. A crash stays a crash: only the child's text or the OOM killer's
+/// signal make it out of memory.
+pub fn run_child(exe: &Path, req: &WorkerRequest, timeout: Duration) -> WorkerResult {
     let json = serde_json::to_string(req).expect("request serialises");
-    let child = Command::new(exe)
-        .arg(WORKER_SUBCOMMAND)
-        .arg(json)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn();
-    let mut child = match child {
-        Ok(c) => c,
-        Err(e) => return Outcome::Crashed(format!("cannot start {}: {e}", exe.display())),
-    };
-    // Drain both pipes on threads so a chatty child cannot block on a full pipe.
-    let mut out = child.stdout.take().expect("piped");
-    let mut err = child.stderr.take().expect("piped");
-    let out_t = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let err_t = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let start = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(s)) => break Some(s),
-            Ok(None) if start.elapsed() > timeout => {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
+    let answer: Arc<Mutex<Option<String>>> = Arc::default();
+    let on_line: LineHandler = {
+        let answer = answer.clone();
+        Arc::new(move |is_stderr, line| {
+            if let (false, Some(a)) = (is_stderr, line.strip_prefix(ANSWER))
+                && let Ok(mut slot) = answer.lock()
+            {
+                *slot = Some(a.to_string());
             }
-            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-            Err(_) => break None,
+        })
+    };
+    let finished = run_process(
+        Command::new(exe).arg(WORKER_SUBCOMMAND).arg(json),
+        ProcessOptions {
+            timeout,
+            on_line: Some(on_line),
+            ..ProcessOptions::default()
+        },
+    );
+    let finished = match finished {
+        Ok(f) => f,
+        Err(e) => {
+            return WorkerResult::ended(Outcome::NotStarted(format!(
+                "cannot start {}: {e}",
+                exe.display()
+            )));
         }
     };
-    let stdout = out_t.join().unwrap_or_default();
-    let stderr = err_t.join().unwrap_or_default();
-    let Some(status) = status else {
-        return Outcome::TimedOut;
-    };
-    if let Some(line) = stdout.lines().find_map(|l| l.strip_prefix(ANSWER)) {
-        return match serde_json::from_str::<WorkerAnswer>(line) {
-            Ok(WorkerAnswer::Measured(p)) => Outcome::Measured(p),
-            Ok(WorkerAnswer::Failed(e)) => Outcome::Failed(e),
-            Err(e) => Outcome::Crashed(format!("unreadable answer from the worker: {e}")),
-        };
+    let answer = answer.lock().ok().and_then(|mut a| a.take());
+    match (finished.outcome(), answer) {
+        (Outcome::Ran, Some(line)) => match serde_json::from_str::<WorkerAnswer>(&line) {
+            Ok(WorkerAnswer::Measured(p)) => WorkerResult {
+                outcome: Outcome::Ran,
+                point: Some(p),
+            },
+            Ok(WorkerAnswer::Failed(e)) => WorkerResult::ended(Outcome::Failed(e.to_string())),
+            Err(e) => WorkerResult::ended(Outcome::Crashed(format!(
+                "unreadable answer from the worker: {e}"
+            ))),
+        },
+        (Outcome::Ran, None) => WorkerResult::ended(Outcome::Crashed(
+            "the worker exited without an answer".into(),
+        )),
+        (other, _) => WorkerResult::ended(other),
     }
-    #[cfg(unix)]
-    let signal = std::os::unix::process::ExitStatusExt::signal(&status);
-    #[cfg(not(unix))]
-    let signal = None;
-    if let Some(why) = batchfit_exec::looks_like_oom(&stderr, signal, status.code()) {
-        return Outcome::OutOfMemory(why);
-    }
-    let tail: String = {
-        let lines: Vec<&str> = stderr.lines().collect();
-        lines[lines.len().saturating_sub(8)..].join("\n")
-    };
-    Outcome::Crashed(format!("worker exited with {status}: {tail}"))
 }

@@ -20,7 +20,7 @@ pub const INTERRUPTED_EXIT: i32 = 130;
 
 /// Installs the handler, which prints `message` on its way out; call once,
 /// before the first trial.
-pub fn install(message: String) -> Result<(), String> {
+pub fn install(message: String) -> Result<(), crate::error::ExecError> {
     ctrlc::set_handler(move || {
         INTERRUPTED.store(true, Ordering::SeqCst);
         let groups: Vec<i32> = GROUPS.lock().map(|g| g.clone()).unwrap_or_default();
@@ -33,7 +33,7 @@ pub fn install(message: String) -> Result<(), String> {
         eprintln!("\ninterrupted: {message}");
         std::process::exit(INTERRUPTED_EXIT);
     })
-    .map_err(|e| format!("cannot install the Ctrl-C handler: {e}"))
+    .map_err(crate::error::ExecError::Interrupt)
 }
 
 /// Called by the trial loop when its process ended: if that was the

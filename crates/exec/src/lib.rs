@@ -1,7 +1,9 @@
-//! Runs the user's own training command once per batch size, each time in a
-//! fresh process group, and measures it: how it ended (out-of-memory told
-//! apart from other crashes), the step times it reports, the peak memory of
-//! its process tree, and its GPU use where NVML is present.
+//! Runs child processes and measures them: the one runner ([`process`]) that
+//! every trial goes through (the user's own training command in `run`, the
+//! measuring worker in `probe`), in a fresh process group each time; how it
+//! ended ([`Outcome`]: out-of-memory told apart from other crashes); the step
+//! times a command reports; the peak memory of its process tree; its GPU use
+//! where NVML is present.
 //!
 //! Fresh processes matter: an in-process batch finder measures a process
 //! whose memory has been fragmented by every earlier try, so the batch it
@@ -9,18 +11,24 @@
 //!
 //! Unix only (process groups, signals); the CLI says so elsewhere.
 
+pub mod error;
 #[cfg(unix)]
 pub mod interrupt;
 #[cfg(unix)]
 pub mod monitor;
 pub mod oom;
+#[cfg(unix)]
+pub mod process;
 pub mod protocol;
 pub mod result;
 pub mod template;
 #[cfg(unix)]
 pub mod trial;
 
+pub use error::{ExecError, StepLineError};
 pub use oom::looks_like_oom;
+#[cfg(unix)]
+pub use process::{ExitInfo, Finished, LineHandler, ProcessOptions, run_process};
 pub use protocol::{StepReader, StepReport, StepStats};
 pub use result::{Outcome, TrialResult};
 pub use template::CommandTemplate;

@@ -12,6 +12,7 @@
 //! (`--throughput-regex`), one match per step, with a named group `seconds` or
 //! `samples_per_s` and optionally `samples`.
 
+use crate::error::{ExecError, StepLineError};
 use batchfit_tune::stats::{Summary, summarize};
 use regex::Regex;
 use serde::{Deserialize, Serialize};
@@ -37,32 +38,32 @@ pub enum StepReader {
 impl StepReader {
     /// A reader for `--throughput-regex PATTERN`, checked: it must compile and
     /// name a `seconds` or `samples_per_s` group.
-    pub fn regex(pattern: &str) -> Result<StepReader, String> {
-        let re = Regex::new(pattern).map_err(|e| format!("not a regular expression: {e}"))?;
+    pub fn regex(pattern: &str) -> Result<StepReader, ExecError> {
+        let re = Regex::new(pattern).map_err(ExecError::Regex)?;
         let named = |n: &str| re.capture_names().flatten().any(|c| c == n);
         if !named("seconds") && !named("samples_per_s") {
-            return Err(
-                "needs a named group `(?P<seconds>...)` (seconds per step) or `(?P<samples_per_s>...)`, e.g. '(?P<samples_per_s>[0-9.]+) samples/s'"
-                    .into(),
-            );
+            return Err(ExecError::RegexGroups);
         }
         Ok(StepReader::Regex(re))
     }
 
     /// The step reported on `line`, if any; `Err` for a protocol line that
     /// does not parse (the caller counts these and says so).
-    pub fn read(&self, line: &str, batch: u64) -> Option<Result<StepReport, String>> {
+    pub fn read(&self, line: &str, batch: u64) -> Option<Result<StepReport, StepLineError>> {
         match self {
             StepReader::Protocol => {
                 let json = line.trim_start().strip_prefix(PREFIX)?;
                 Some(
                     serde_json::from_str::<StepReport>(json)
-                        .map_err(|e| format!("bad protocol line `{}`: {e}", line.trim()))
+                        .map_err(|source| StepLineError::Json {
+                            line: line.trim().to_string(),
+                            source,
+                        })
                         .and_then(|r| {
                             if r.seconds.is_finite() && r.seconds > 0.0 {
                                 Ok(r)
                             } else {
-                                Err(format!("`seconds` must be positive in `{}`", line.trim()))
+                                Err(StepLineError::NotPositive(line.trim().to_string()))
                             }
                         }),
                 )
@@ -74,7 +75,7 @@ impl StepReader {
                 let seconds = match (num("seconds"), num("samples_per_s")) {
                     (Some(s), _) => s,
                     (None, Some(rate)) if rate > 0.0 => samples.unwrap_or(batch) as f64 / rate,
-                    _ => return Some(Err(format!("no number in the match on `{}`", line.trim()))),
+                    _ => return Some(Err(StepLineError::NoNumber(line.trim().to_string()))),
                 };
                 (seconds.is_finite() && seconds > 0.0).then_some(Ok(StepReport {
                     step: None,

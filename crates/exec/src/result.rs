@@ -1,9 +1,10 @@
-//! What one trial of the user's command measured.
+//! How a trial ended ([`Outcome`], the one vocabulary for `run` and `probe`)
+//! and what one trial of the user's command measured.
 
 use crate::protocol::StepStats;
 use serde::Serialize;
 
-/// How a trial ended.
+/// How a trial ended: the one outcome type of every child batchfit runs.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "outcome", content = "detail", rename_all = "snake_case")]
 pub enum Outcome {
@@ -12,7 +13,10 @@ pub enum Outcome {
     /// Ran out of memory; how it was recognised.
     OutOfMemory(String),
     /// Failed for another reason: exit status and the tail of its output.
+    /// Never called out of memory unless its output or signal says so.
     Crashed(String),
+    /// Ran to its end but its measurement is unusable (e.g. the loss became NaN).
+    Failed(String),
     /// Still running at the time-out; its process tree was ended.
     TimedOut,
     /// The program could not be started at all.
@@ -60,13 +64,18 @@ impl TrialResult {
 }
 
 impl Outcome {
-    /// How the max-batch search reads this outcome.
-    pub fn verdict(&self) -> batchfit_tune::search::Verdict {
+    /// How a max-batch search reads this outcome; `peak` is the measured
+    /// high-water mark of a run. Only out-of-memory is evidence about memory:
+    /// a crash, a failed measurement or a time-out stops a search.
+    pub fn verdict(&self, peak: Option<batchfit_plan::Bytes>) -> batchfit_tune::search::Verdict {
         use batchfit_tune::search::Verdict;
         match self {
-            Outcome::Ran => Verdict::Runs,
+            Outcome::Ran => Verdict::Runs { peak },
             Outcome::OutOfMemory(_) => Verdict::OutOfMemory,
-            _ => Verdict::Broken,
+            Outcome::Crashed(_)
+            | Outcome::Failed(_)
+            | Outcome::TimedOut
+            | Outcome::NotStarted(_) => Verdict::Broken,
         }
     }
 
@@ -76,6 +85,7 @@ impl Outcome {
             Outcome::Ran => "ran",
             Outcome::OutOfMemory(_) => "out of memory",
             Outcome::Crashed(_) => "crashed",
+            Outcome::Failed(_) => "failed",
             Outcome::TimedOut => "timed out",
             Outcome::NotStarted(_) => "not started",
         }
@@ -84,8 +94,24 @@ impl Outcome {
     /// The detail: how out-of-memory was recognised, or the crash's output.
     pub fn detail(&self) -> Option<&str> {
         match self {
-            Outcome::OutOfMemory(s) | Outcome::Crashed(s) | Outcome::NotStarted(s) => Some(s),
+            Outcome::OutOfMemory(s)
+            | Outcome::Crashed(s)
+            | Outcome::Failed(s)
+            | Outcome::NotStarted(s) => Some(s),
             _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Outcome {
+    /// The label and, where there is one, its detail: how a table row says it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Outcome::Ran => write!(f, "ran"),
+            Outcome::OutOfMemory(why) => write!(f, "out of memory ({why})"),
+            Outcome::Crashed(why) => write!(f, "crashed: {why}"),
+            Outcome::Failed(why) | Outcome::NotStarted(why) => write!(f, "{why}"),
+            Outcome::TimedOut => write!(f, "timed out"),
         }
     }
 }

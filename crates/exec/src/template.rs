@@ -1,5 +1,7 @@
 //! The user's command with a `{batch}` placeholder.
 
+use crate::error::ExecError;
+
 /// The placeholder replaced by the batch size in every argument.
 pub const PLACEHOLDER: &str = "{batch}";
 /// Environment variable that carries the batch size too.
@@ -14,18 +16,14 @@ pub struct CommandTemplate {
 impl CommandTemplate {
     /// Checks the command before anything runs: it must have a program and
     /// say where the batch size goes.
-    pub fn new(argv: Vec<String>) -> Result<CommandTemplate, String> {
+    pub fn new(argv: Vec<String>) -> Result<CommandTemplate, ExecError> {
         if argv.is_empty() {
-            return Err(
-                "no command given; write it after `--`, e.g. batchfit run -- python train.py --batch-size {batch}"
-                    .into(),
-            );
+            return Err(ExecError::NoCommand);
         }
         if !argv.iter().any(|a| a.contains(PLACEHOLDER)) {
-            return Err(format!(
-                "the command `{}` has no `{PLACEHOLDER}`; put it where the batch size goes, e.g. --batch-size {PLACEHOLDER} (it is also exported as {BATCH_ENV})",
-                argv.join(" ")
-            ));
+            return Err(ExecError::NoPlaceholder {
+                command: argv.join(" "),
+            });
         }
         Ok(CommandTemplate { argv })
     }
@@ -81,7 +79,9 @@ mod tests {
 
     #[test]
     fn a_command_without_placeholder_is_refused() {
-        let e = CommandTemplate::new(vec!["python".into(), "train.py".into()]).unwrap_err();
+        let e = CommandTemplate::new(vec!["python".into(), "train.py".into()])
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("{batch}") && e.contains("python train.py"),
             "{e}"

@@ -10,34 +10,7 @@ use batchfit_tune::diagnose::Finding;
 use batchfit_tune::target::TimeToTarget;
 use serde::Serialize;
 
-/// What to do on one device.
-#[derive(Clone, Debug, Serialize)]
-pub struct Recommendation {
-    pub device: String,
-    /// Largest batch that fits, and whether it was measured or predicted by the plan.
-    pub max_batch: Option<u64>,
-    pub max_batch_source: &'static str,
-    pub knee_batch: Option<u64>,
-    pub recommended_batch: Option<u64>,
-    /// Why this batch.
-    pub reason: String,
-    /// Learning rate for the recommended batch, when a reference was given.
-    pub learning_rate: Option<f64>,
-    /// How to state the learning rate without a reference.
-    pub learning_rate_rule: String,
-    /// Gradient accumulation when memory caps the batch below the critical batch.
-    pub accumulation: Option<Accumulation>,
-}
-
-/// Micro-batches accumulated into one update.
-#[derive(Clone, Debug, Serialize)]
-pub struct Accumulation {
-    pub micro_batch: u64,
-    pub steps: u64,
-    pub effective_batch: u64,
-    /// Measured seconds of one micro-batch step x steps (predicted update time).
-    pub update_s: f64,
-}
+pub use batchfit_tune::advice::{Accumulation, MaxBatchSource, Recommendation};
 
 /// The JSON document of `batchfit advise --json`, also rendered to HTML.
 #[derive(Clone, Debug, Serialize)]
@@ -60,18 +33,6 @@ pub struct AdviseDocument {
     pub findings: Vec<Finding>,
     /// Memory budget per device, for the memory figure: (device, bytes).
     pub budgets: Vec<(String, Bytes)>,
-}
-
-fn secs(s: f64) -> String {
-    if s < 0.01 {
-        format!("{:.2} ms", s * 1e3)
-    } else if s < 1.0 {
-        format!("{:.0} ms", s * 1e3)
-    } else if s < 120.0 {
-        format!("{s:.1} s")
-    } else {
-        format!("{:.1} min", s / 60.0)
-    }
 }
 
 /// The terminal summary: recommendation first.
@@ -103,7 +64,7 @@ pub fn render(d: &AdviseDocument) -> String {
             r.max_batch
                 .map(thousands)
                 .unwrap_or_else(|| "unknown".into()),
-            r.max_batch_source,
+            r.max_batch_source.describe(),
             r.knee_batch.map(thousands).unwrap_or_else(|| "-".into()),
         ));
         if let Some(a) = &r.accumulation {
@@ -112,7 +73,7 @@ pub fn render(d: &AdviseDocument) -> String {
                 a.steps,
                 thousands(a.micro_batch),
                 thousands(a.effective_batch),
-                secs(a.update_s)
+                crate::duration(a.update_s)
             ));
         }
     }
@@ -154,8 +115,8 @@ pub fn render(d: &AdviseDocument) -> String {
                 format!("x{}", o.option.accumulation),
                 thousands(o.option.effective_batch()),
                 format!("{:.2}x", o.steps_vs_min),
-                secs(o.option.update_s()),
-                o.seconds.map(secs).unwrap_or_else(|| "-".into()),
+                crate::duration(o.option.update_s()),
+                o.seconds.map(crate::duration).unwrap_or_else(|| "-".into()),
                 if o.vs_best <= 1.0 + 1e-9 {
                     "best".into()
                 } else {

@@ -30,6 +30,23 @@ pub fn align_numbers(t: &mut comfy_table::Table, left: usize) {
     }
 }
 
+/// A duration in seconds as every report prints it: "-" when unknown, then
+/// ms with three decimals under 10 ms, one under 1 s, seconds to two minutes,
+/// minutes above.
+pub fn duration(s: f64) -> String {
+    if !s.is_finite() {
+        "-".into()
+    } else if s < 0.01 {
+        format!("{:.3} ms", s * 1e3)
+    } else if s < 1.0 {
+        format!("{:.1} ms", s * 1e3)
+    } else if s < 120.0 {
+        format!("{s:.2} s")
+    } else {
+        format!("{:.1} min", s / 60.0)
+    }
+}
+
 /// Thousands separators: `87229` -> `87,229`.
 pub fn thousands(n: u64) -> String {
     let s = n.to_string();
@@ -81,6 +98,15 @@ pub fn figures_html(figs: Vec<(plots::Figure, String)>) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn one_duration_format() {
+        assert_eq!(super::duration(f64::NAN), "-");
+        assert_eq!(super::duration(0.000_42), "0.420 ms");
+        assert_eq!(super::duration(0.0425), "42.5 ms");
+        assert_eq!(super::duration(3.456), "3.46 s");
+        assert_eq!(super::duration(600.0), "10.0 min");
+    }
+
     #[test]
     fn thousands_separators() {
         assert_eq!(super::thousands(87_229), "87,229");

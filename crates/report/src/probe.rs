@@ -95,6 +95,10 @@ pub struct MaxBatchSearch {
     pub planned_limit: Option<u64>,
     /// The limit from the calibrated line (predicted, then confirmed).
     pub predicted_limit: u64,
+    /// The batch whose crash or time-out stopped the search (not out of memory).
+    pub stopped_at: Option<u64>,
+    /// How that trial ended.
+    pub stop_reason: Option<String>,
     pub trials: Vec<TrialRecord>,
     pub seconds: f64,
 }
@@ -126,18 +130,6 @@ pub struct ProbeDocument<'a> {
     pub parameters: u64,
     pub optimizer: &'a str,
     pub devices: &'a [DeviceProbe],
-}
-
-fn ms(s: f64) -> String {
-    if s.is_nan() {
-        "-".into()
-    } else if s < 0.01 {
-        format!("{:.3} ms", s * 1e3)
-    } else if s < 1.0 {
-        format!("{:.1} ms", s * 1e3)
-    } else {
-        format!("{s:.2} s")
-    }
 }
 
 fn planned(p: &ProbePoint) -> String {
@@ -192,8 +184,12 @@ pub fn render(model: &str, devices: &[DeviceProbe]) -> String {
                 ]),
                 None => t.add_row(vec![
                     thousands(p.batch),
-                    ms(p.step_time_s),
-                    format!("{} – {}", ms(p.step_time_p10_s), ms(p.step_time_p90_s)),
+                    crate::duration(p.step_time_s),
+                    format!(
+                        "{} – {}",
+                        crate::duration(p.step_time_p10_s),
+                        crate::duration(p.step_time_p90_s)
+                    ),
                     format!("{:.0}", p.samples_per_s),
                     p.peak_bytes
                         .map(|b| b.to_string())
@@ -225,6 +221,13 @@ pub fn render(model: &str, devices: &[DeviceProbe]) -> String {
                 s.planned_limit.map(thousands).unwrap_or_else(|| "none".into()),
                 thousands(s.predicted_limit),
             ));
+            if let Some(b) = s.stopped_at {
+                out.push_str(&format!(
+                    "warning: the search stopped at batch {} because that trial did not run for a reason other than memory ({}); the largest batch above is a lower bound\n",
+                    thousands(b),
+                    s.stop_reason.as_deref().unwrap_or("unknown"),
+                ));
+            }
         }
         if let Some(k) = d.knee_batch {
             out.push_str(&format!(

@@ -39,18 +39,6 @@ pub struct RunDocument {
     pub seconds: f64,
 }
 
-fn secs(s: f64) -> String {
-    if !s.is_finite() {
-        "-".into()
-    } else if s < 0.01 {
-        format!("{:.3} ms", s * 1e3)
-    } else if s < 1.0 {
-        format!("{:.1} ms", s * 1e3)
-    } else {
-        format!("{s:.2} s")
-    }
-}
-
 fn bytes(b: Option<u64>) -> String {
     b.map(|b| Bytes(b).to_string())
         .unwrap_or_else(|| "-".into())
@@ -93,10 +81,10 @@ pub fn render(d: &RunDocument) -> String {
             thousands(r.batch),
             tr.reason.to_string(),
             r.outcome.label().to_string(),
-            secs(r.wall_s),
+            crate::duration(r.wall_s),
             r.steps
                 .as_ref()
-                .map(|s| secs(s.step_time.median))
+                .map(|s| crate::duration(s.step_time.median))
                 .unwrap_or_else(|| "-".into()),
             r.steps
                 .as_ref()

@@ -7,10 +7,14 @@
 //! - [`noise`]: the gradient noise scale (McCandlish et al. 2018) and the
 //!   steps and samples each batch size needs;
 //! - [`lr`]: learning-rate scaling rules;
-//! - [`target`]: predicted time to a target loss per device and batch.
+//! - [`target`]: S(B) = S_min (1 + B_noise/B) and predicted time to a target
+//!   loss per device and batch;
+//! - [`advice`]: the recommendation for one device from its measurements;
+//! - [`diagnose`]: findings from the measured curves.
 //! - [`sweep`]: records of real training runs, the fit of steps to target
 //!   against the batch, and whether batch size changes final quality.
 
+pub mod advice;
 pub mod diagnose;
 pub mod knee;
 pub mod lr;

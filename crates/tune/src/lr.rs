@@ -4,6 +4,7 @@ use serde::Serialize;
 
 /// A scaling rule and where it comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum LrRule {
     /// lr proportional to B, with gradual warm-up (Goyal et al. 2017, "Accurate,

@@ -184,7 +184,7 @@ pub fn predict(b_noise: f64, batches: &[u64]) -> Vec<BatchPrediction> {
         .iter()
         .map(|&b| BatchPrediction {
             batch: b,
-            steps_vs_min: 1.0 + b_noise / b as f64,
+            steps_vs_min: crate::target::updates_vs_min(b_noise, b as f64),
             samples_vs_min: 1.0 + b as f64 / b_noise,
         })
         .collect()

@@ -5,14 +5,31 @@
 use batchfit_plan::Bytes;
 use serde::Serialize;
 
-/// What one trial step at some batch found.
+/// How one trial at some batch ended, as a search reads it: the one
+/// vocabulary of the max-batch search ([`find_max_batch`]) and the ladder
+/// ([`ladder_then_bisect`]). Callers map their process outcome onto it
+/// (`batchfit_exec::Outcome::verdict`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "outcome")]
-pub enum Trial {
-    /// The step ran; `peak` is the measured high-water mark.
-    Fits { peak: Bytes },
+pub enum Verdict {
+    /// The step ran; `peak` is its measured high-water mark, where one was measured.
+    #[serde(rename = "fits")]
+    Runs {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        peak: Option<Bytes>,
+    },
     /// The step ran out of memory.
     OutOfMemory,
+    /// It crashed for another reason or timed out: that says nothing about
+    /// memory, so the search stops there and says so.
+    Broken,
+}
+
+impl Verdict {
+    /// A run whose peak was measured.
+    pub fn fits(peak: Bytes) -> Verdict {
+        Verdict::Runs { peak: Some(peak) }
+    }
 }
 
 /// One logged trial.
@@ -22,7 +39,7 @@ pub struct TrialRecord {
     /// Why this batch was tried: calibration, prediction, step-up, bisection.
     pub reason: &'static str,
     #[serde(flatten)]
-    pub trial: Trial,
+    pub verdict: Verdict,
 }
 
 /// `fixed + per_sample x B` fitted to measurements.
@@ -103,27 +120,31 @@ pub struct SearchResult {
     /// The plan's line calibrated with the measured peaks.
     pub calibrated: Option<Line>,
     pub predicted_limit: u64,
+    /// The batch whose crash or time-out stopped the search, if one did.
+    pub stopped_at: Option<u64>,
     pub trials: Vec<TrialRecord>,
 }
 
 /// Finds the largest batch for which `try_batch` fits, starting from the plan's line.
+/// A [`Verdict::Broken`] trial ends the search at once (`stopped_at`): a crash
+/// is not evidence about memory.
 pub fn find_max_batch(
     planned: Line,
     opts: &SearchOptions,
-    mut try_batch: impl FnMut(u64) -> Trial,
+    mut try_batch: impl FnMut(u64) -> Verdict,
 ) -> SearchResult {
     let mut trials: Vec<TrialRecord> = Vec::new();
-    let mut run = |b: u64, reason: &'static str, trials: &mut Vec<TrialRecord>| -> Trial {
+    let mut run = |b: u64, reason: &'static str, trials: &mut Vec<TrialRecord>| -> Verdict {
         if let Some(t) = trials.iter().find(|t| t.batch == b) {
-            return t.trial;
+            return t.verdict;
         }
-        let trial = try_batch(b);
+        let verdict = try_batch(b);
         trials.push(TrialRecord {
             batch: b,
             reason,
-            trial,
+            verdict,
         });
-        trial
+        verdict
     };
     let cap = opts.cap.max(1);
     let planned_limit = planned.max_batch(opts.budget).clamp(1, cap);
@@ -135,96 +156,120 @@ pub fn find_max_batch(
     let b2 = (planned_limit / 2).max(b1 + 1).min(cap);
     let mut lo = 0u64; // largest known fit
     let mut hi: Option<u64> = None; // smallest known failure
+    let mut stopped_at: Option<u64> = None;
     let mut peaks = Vec::new();
-    for b in [b1, b2] {
-        if b > cap || hi.is_some_and(|h| b >= h) {
-            continue;
-        }
-        match run(b, "calibration", &mut trials) {
-            Trial::Fits { peak } => {
-                lo = lo.max(b);
-                peaks.push((b, peak.as_f64()));
+    let mut calibrated = None;
+    let mut predicted_limit = planned_limit;
+    'search: {
+        for b in [b1, b2] {
+            if b > cap || hi.is_some_and(|h| b >= h) {
+                continue;
             }
-            Trial::OutOfMemory => hi = Some(hi.map_or(b, |h| h.min(b))),
-        }
-    }
-    let calibrated = match peaks.as_slice() {
-        [a, b] => Line::through(*a, *b),
-        _ => None,
-    };
-    let line = calibrated.unwrap_or(planned);
-    let predicted_limit = line.max_batch(opts.budget).clamp(1, cap);
-
-    // One step at the predicted limit, then step up by the tolerance while it fits.
-    if hi.is_none() {
-        let mut b = predicted_limit.max(lo + 1).min(cap);
-        let mut reason = "prediction";
-        loop {
-            if b <= lo {
-                break;
-            }
-            match run(b, reason, &mut trials) {
-                Trial::Fits { .. } => {
-                    lo = b;
-                    if b >= cap || trials.len() >= opts.max_trials {
-                        break;
+            match run(b, "calibration", &mut trials) {
+                Verdict::Runs { peak } => {
+                    lo = lo.max(b);
+                    if let Some(p) = peak {
+                        peaks.push((b, p.as_f64()));
                     }
-                    b = ((b as f64 * opts.tolerance).ceil() as u64)
-                        .max(b + 1)
-                        .min(cap);
-                    reason = "step-up";
                 }
-                Trial::OutOfMemory => {
-                    hi = Some(b);
-                    // The calibrated line is usually a few percent optimistic at the
-                    // limit; one step just under it often closes the gap at once.
-                    let under = (b as f64 / 1.05).floor() as u64;
-                    if reason == "prediction" && under > lo {
-                        match run(under, "just under the prediction", &mut trials) {
-                            Trial::Fits { .. } => lo = under,
-                            Trial::OutOfMemory => hi = Some(under),
-                        }
-                    }
+                Verdict::OutOfMemory => hi = Some(hi.map_or(b, |h| h.min(b))),
+                Verdict::Broken => {
+                    stopped_at = Some(b);
+                    break 'search;
+                }
+            }
+        }
+        calibrated = match peaks.as_slice() {
+            [a, b] => Line::through(*a, *b),
+            _ => None,
+        };
+        let line = calibrated.unwrap_or(planned);
+        predicted_limit = line.max_batch(opts.budget).clamp(1, cap);
+
+        // One step at the predicted limit, then step up by the tolerance while it fits.
+        if hi.is_none() {
+            let mut b = predicted_limit.max(lo + 1).min(cap);
+            let mut reason = "prediction";
+            loop {
+                if b <= lo {
                     break;
                 }
+                match run(b, reason, &mut trials) {
+                    Verdict::Runs { .. } => {
+                        lo = b;
+                        if b >= cap || trials.len() >= opts.max_trials {
+                            break;
+                        }
+                        b = ((b as f64 * opts.tolerance).ceil() as u64)
+                            .max(b + 1)
+                            .min(cap);
+                        reason = "step-up";
+                    }
+                    Verdict::OutOfMemory => {
+                        hi = Some(b);
+                        // The calibrated line is usually a few percent optimistic at the
+                        // limit; one step just under it often closes the gap at once.
+                        let under = (b as f64 / 1.05).floor() as u64;
+                        if reason == "prediction" && under > lo {
+                            match run(under, "just under the prediction", &mut trials) {
+                                Verdict::Runs { .. } => lo = under,
+                                Verdict::OutOfMemory => hi = Some(under),
+                                Verdict::Broken => {
+                                    stopped_at = Some(under);
+                                    break 'search;
+                                }
+                            }
+                        }
+                        break;
+                    }
+                    Verdict::Broken => {
+                        stopped_at = Some(b);
+                        break 'search;
+                    }
+                }
             }
         }
-    }
 
-    // Bisect (geometrically) the gap between the largest fit and the smallest failure.
-    if lo == 0
-        && let Some(h) = hi
-    {
+        // Not even the calibration fitted: search below it.
+        if lo == 0
+            && let Some(mut h) = hi
         {
-            // Not even the calibration fitted: search below it.
-            let mut h = h;
             while h > 1 && trials.len() < opts.max_trials {
                 let b = (h / 2).max(1);
                 match run(b, "bisection", &mut trials) {
-                    Trial::Fits { .. } => {
+                    Verdict::Runs { .. } => {
                         lo = b;
                         hi = Some(h);
                         break;
                     }
-                    Trial::OutOfMemory => {
+                    Verdict::OutOfMemory => {
                         h = b;
                         hi = Some(b);
+                    }
+                    Verdict::Broken => {
+                        stopped_at = Some(b);
+                        break 'search;
                     }
                 }
             }
         }
-    }
-    while let Some(h) = hi {
-        if lo == 0 || (lo as f64 * opts.tolerance).ceil() as u64 >= h || h <= lo + 1 {
-            break;
-        }
-        if trials.len() >= opts.max_trials {
-            break;
-        }
-        let mid = ((lo as f64 * h as f64).sqrt().round() as u64).clamp(lo + 1, h - 1);
-        match run(mid, "bisection", &mut trials) {
-            Trial::Fits { .. } => lo = mid,
-            Trial::OutOfMemory => hi = Some(mid),
+        // Bisect (geometrically) the gap between the largest fit and the smallest failure.
+        while let Some(h) = hi {
+            if lo == 0 || (lo as f64 * opts.tolerance).ceil() as u64 >= h || h <= lo + 1 {
+                break;
+            }
+            if trials.len() >= opts.max_trials {
+                break;
+            }
+            let mid = ((lo as f64 * h as f64).sqrt().round() as u64).clamp(lo + 1, h - 1);
+            match run(mid, "bisection", &mut trials) {
+                Verdict::Runs { .. } => lo = mid,
+                Verdict::OutOfMemory => hi = Some(mid),
+                Verdict::Broken => {
+                    stopped_at = Some(mid);
+                    break 'search;
+                }
+            }
         }
     }
     SearchResult {
@@ -232,18 +277,9 @@ pub fn find_max_batch(
         smallest_failure: hi,
         calibrated,
         predicted_limit,
+        stopped_at,
         trials,
     }
-}
-
-/// How one trial of an external command ended, as the ladder search sees it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Verdict {
-    Runs,
-    OutOfMemory,
-    /// Crashed for another reason or timed out: says nothing about memory.
-    Broken,
 }
 
 /// Result of [`ladder_then_bisect`] or [`each_listed`].
@@ -272,7 +308,7 @@ pub fn each_listed(
         let v = trial(b, "listed");
         r.trials.push((b, "listed", v));
         match v {
-            Verdict::Runs => r.max_batch = r.max_batch.max(Some(b)),
+            Verdict::Runs { .. } => r.max_batch = r.max_batch.max(Some(b)),
             Verdict::OutOfMemory => {
                 r.smallest_failure = Some(r.smallest_failure.map_or(b, |f| f.min(b)))
             }
@@ -302,7 +338,7 @@ pub fn ladder_then_bisect(
     let mut b = start.clamp(1, cap);
     loop {
         match run(b, "doubling", &mut r) {
-            Verdict::Runs => r.max_batch = Some(b),
+            Verdict::Runs { .. } => r.max_batch = Some(b),
             Verdict::OutOfMemory => {
                 r.smallest_failure = Some(b);
                 break;
@@ -323,7 +359,7 @@ pub fn ladder_then_bisect(
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
         match run(mid, "bisection", &mut r) {
-            Verdict::Runs => lo = mid,
+            Verdict::Runs { .. } => lo = mid,
             Verdict::OutOfMemory => hi = mid,
             Verdict::Broken => {
                 r.stopped_at = Some(mid);
@@ -340,13 +376,13 @@ pub fn ladder_then_bisect(
 mod tests {
     use super::*;
 
-    fn device(fixed: u64, per: u64, budget: u64) -> impl FnMut(u64) -> Trial {
+    fn device(fixed: u64, per: u64, budget: u64) -> impl FnMut(u64) -> Verdict {
         move |b| {
             let peak = fixed + per * b;
             if peak <= budget {
-                Trial::Fits { peak: Bytes(peak) }
+                Verdict::fits(Bytes(peak))
             } else {
-                Trial::OutOfMemory
+                Verdict::OutOfMemory
             }
         }
     }
@@ -415,9 +451,9 @@ mod tests {
         let mut dev = |b: u64| {
             let peak = 1_000_000 + 10_000 * b + 20 * b * b;
             if peak <= budget {
-                Trial::Fits { peak: Bytes(peak) }
+                Verdict::fits(Bytes(peak))
             } else {
-                Trial::OutOfMemory
+                Verdict::OutOfMemory
             }
         };
         let truth = (1..100_000u64)
@@ -444,7 +480,7 @@ mod tests {
                 per_sample: 1e4,
             },
             &opts(1 << 20),
-            |_| Trial::OutOfMemory,
+            |_| Verdict::OutOfMemory,
         );
         assert_eq!(res.max_batch, None);
         assert_eq!(res.smallest_failure, Some(1));
@@ -460,7 +496,7 @@ mod tests {
     fn ladder_with_threshold(threshold: u64, start: u64, cap: u64) -> LadderResult {
         ladder_then_bisect(start, cap, |b, _| {
             if b <= threshold {
-                Verdict::Runs
+                Verdict::Runs { peak: None }
             } else {
                 Verdict::OutOfMemory
             }
@@ -506,11 +542,37 @@ mod tests {
     #[test]
     fn ladder_stops_at_a_crash_without_calling_it_out_of_memory() {
         let r = ladder_then_bisect(1, 1 << 20, |b, _| match b {
-            ..=8 => Verdict::Runs,
+            ..=8 => Verdict::Runs { peak: None },
             _ => Verdict::Broken,
         });
         assert_eq!(r.max_batch, Some(8));
         assert_eq!(r.smallest_failure, None);
         assert_eq!(r.stopped_at, Some(16));
+    }
+
+    #[test]
+    fn max_batch_search_stops_at_a_crash_without_calling_it_out_of_memory() {
+        let budget = 512u64 << 20;
+        let planned = Line {
+            fixed: 1e6,
+            per_sample: 1e5,
+        };
+        // Fits by memory up to ~5,200, but crashes (not OOM) from 3,000 on.
+        let res = find_max_batch(planned, &opts(budget), |b| {
+            if b >= 3000 {
+                Verdict::Broken
+            } else {
+                Verdict::fits(Bytes(1_000_000 + 100_000 * b))
+            }
+        });
+        assert!(res.stopped_at.is_some_and(|b| b >= 3000), "{res:?}");
+        assert_eq!(
+            res.smallest_failure, None,
+            "a crash is not a memory failure"
+        );
+        assert!(res.max_batch.is_some_and(|m| m < 3000));
+        let last = res.trials.last().unwrap();
+        assert_eq!(last.verdict, Verdict::Broken);
+        assert_eq!(Some(last.batch), res.stopped_at);
     }
 }

@@ -84,19 +84,8 @@ pub fn first_reach(curve: &[CurvePoint], target: f64) -> Option<(f64, f64, f64)>
     ))
 }
 
-/// S_min and B_noise fitted to measured (batch, steps to target).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-pub struct StepsFit {
-    pub s_min: f64,
-    pub b_noise: f64,
-}
-
-impl StepsFit {
-    /// Predicted steps at `batch`.
-    pub fn steps(&self, batch: f64) -> f64 {
-        self.s_min * (1.0 + self.b_noise / batch)
-    }
-}
+/// S_min and B_noise fitted to measured (batch, steps to target): S(B) itself.
+pub type StepsFit = crate::target::StepsCurve;
 
 /// Fits S = S_min + (S_min B_noise) / B, a line in 1/B, by least squares on
 /// relative errors (weights 1/S^2: step counts scatter in proportion to their
@@ -133,7 +122,7 @@ pub fn fit_s_min(b_noise: f64, points: &[(f64, f64)]) -> Option<f64> {
     // minimise sum ((S_i - a f_i) / S_i)^2 with f_i = 1 + B_noise/B_i.
     let (mut num, mut den) = (0.0, 0.0);
     for &(b, s) in points.iter().filter(|p| p.0 > 0.0 && p.1 > 0.0) {
-        let f = 1.0 + b_noise / b;
+        let f = crate::target::updates_vs_min(b_noise, b);
         num += f / s;
         den += (f / s).powi(2);
     }

@@ -1,6 +1,42 @@
-//! Predicted time to a target loss: steps from the noise scale times measured step time.
+//! Predicted time to a target loss: steps from the noise scale times measured
+//! step time. The one home of S(B) = S_min (1 + B_noise / B) (McCandlish et
+//! al. 2018, eq. 2.11): `advise`, `sweep` and the fits all use [`StepsCurve`]
+//! and [`updates_vs_min`].
 
 use serde::Serialize;
+
+/// Updates needed at batch `batch` relative to the minimum S_min: `1 + B_noise / B`.
+pub fn updates_vs_min(b_noise: f64, batch: f64) -> f64 {
+    1.0 + b_noise / batch
+}
+
+/// Updates to a target as a function of the batch: S(B) = S_min (1 + B_noise / B).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct StepsCurve {
+    /// Fewest updates any batch can reach the target in (the large-batch limit).
+    pub s_min: f64,
+    pub b_noise: f64,
+}
+
+impl StepsCurve {
+    /// Predicted updates at `batch`.
+    pub fn steps(&self, batch: f64) -> f64 {
+        self.s_min * updates_vs_min(self.b_noise, batch)
+    }
+
+    /// The curve through one run that took `steps` updates at `batch`.
+    pub fn through(steps: f64, batch: f64, b_noise: f64) -> StepsCurve {
+        StepsCurve {
+            s_min: steps / updates_vs_min(b_noise, batch),
+            b_noise,
+        }
+    }
+
+    /// Predicted seconds at `batch` when one update takes `update_s`.
+    pub fn seconds(&self, batch: f64, update_s: f64) -> f64 {
+        self.steps(batch) * update_s
+    }
+}
 
 /// One way to train: a device, a micro-batch, and how many micro-batches are accumulated.
 #[derive(Clone, Debug, Serialize)]
@@ -44,7 +80,7 @@ pub fn rank(options: &[TrainingOption], b_noise: f64, s_min: Option<f64>) -> Vec
     let mut out: Vec<TimeToTarget> = options
         .iter()
         .map(|o| {
-            let steps_vs_min = 1.0 + b_noise / o.effective_batch() as f64;
+            let steps_vs_min = updates_vs_min(b_noise, o.effective_batch() as f64);
             TimeToTarget {
                 option: o.clone(),
                 steps_vs_min,
@@ -74,9 +110,10 @@ mod tests {
         }
     }
 
-    /// Seed 1 by hand: B_noise = 250. GPU at 25 takes 10 ms a step, CPU at 250 takes 400 ms.
+    /// The 6 GB card question by hand: B_noise = 250. GPU at 25 takes 10 ms a
+    /// step, CPU at 250 takes 400 ms.
     #[test]
-    fn seed1_options_by_hand() {
+    fn gpu_at_25_vs_cpu_at_250_by_hand() {
         let options = [
             opt("gpu", 25, 1, 0.010),
             opt("cpu", 250, 1, 0.400),
@@ -91,5 +128,15 @@ mod tests {
         assert!((r[2].seconds.unwrap() - 800.0).abs() < 1e-9);
         assert!((r[2].vs_best - 800.0 / 110.0).abs() < 1e-9);
         assert_eq!(r[1].option.effective_batch(), 250);
+    }
+
+    #[test]
+    fn steps_curve_through_one_run() {
+        // 300 updates at B = 128 with B_noise = 256: S_min = 300 / 3 = 100.
+        let c = StepsCurve::through(300.0, 128.0, 256.0);
+        assert!((c.s_min - 100.0).abs() < 1e-12);
+        assert!((c.steps(256.0) - 200.0).abs() < 1e-12);
+        assert!((c.seconds(256.0, 0.5) - 100.0).abs() < 1e-12);
+        assert!((updates_vs_min(100.0, 25.0) - 5.0).abs() < 1e-12);
     }
 }

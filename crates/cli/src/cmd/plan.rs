@@ -1,7 +1,7 @@
 //! `batchfit plan`: the static plan.
 
-use crate::error::CliResult;
-use crate::options::{TrainFlags, input, load_model, parse_bytes};
+use crate::error::{CliError, CliResult};
+use crate::options::{DEFAULT_MODEL, TrainFlags, emit_json, parse_bytes, print};
 use batchfit_plan::{Bytes, PRESETS, plan, preset};
 use batchfit_report::plan::{BudgetFit, PlanDocument, render};
 use clap::Args;
@@ -25,10 +25,10 @@ pub struct PlanArgs {
 }
 
 pub fn run(args: PlanArgs) -> CliResult {
-    let graph = load_model(args.model.as_deref())?;
+    let graph = batchfit_graph::load(args.model.as_deref().unwrap_or(DEFAULT_MODEL))?;
     let mut devices = Vec::new();
     for name in &args.device_presets {
-        devices.push(preset(name).map_err(input)?);
+        devices.push(preset(name).map_err(CliError::input)?);
     }
     if args.memory.is_none() && devices.is_empty() {
         devices.extend(PRESETS.iter().cloned());
@@ -44,13 +44,8 @@ pub fn run(args: PlanArgs) -> CliResult {
         budgets.push(BudgetFit::new(&p, d.name, d.memory));
     }
     if args.json {
-        let doc = PlanDocument::new(&base, &budgets);
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&doc).expect("plan serialises")
-        );
+        emit_json(&PlanDocument::new(&base, &budgets))
     } else {
-        print!("{}", render(&base, &budgets));
+        print(&render(&base, &budgets))
     }
-    Ok(())
 }

@@ -1,0 +1,331 @@
+//! The one child-process runner: every trial batchfit starts (the user's
+//! training command in `run`, the measuring worker in `probe`) goes through
+//! [`run_process`], so both get the same process group, time-out, peak-memory
+//! reading, Ctrl-C handling and the same reading of how it ended ([`Outcome`]).
+
+use crate::interrupt;
+use crate::oom::looks_like_oom;
+use crate::result::Outcome;
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+/// Lines of each stream kept for error messages.
+const TAIL_LINES: usize = 30;
+/// Lines of output a crash report shows.
+const CRASH_LINES: usize = 8;
+
+/// Called with every output line of the child: `(is_stderr, line)`.
+pub type LineHandler = Arc<dyn Fn(bool, &str) + Send + Sync>;
+
+/// How to run one child.
+pub struct ProcessOptions<'a> {
+    /// Past this the child's process group gets SIGTERM, then SIGKILL.
+    pub timeout: Duration,
+    /// Sees every line of output as it arrives (on reader threads).
+    pub on_line: Option<LineHandler>,
+    /// Called about every `sample_every` while the child runs, with its
+    /// process group id (to read the tree's memory, GPU use, progress).
+    pub on_sample: Option<&'a mut dyn FnMut(i32)>,
+    pub sample_every: Duration,
+}
+
+impl Default for ProcessOptions<'_> {
+    fn default() -> Self {
+        ProcessOptions {
+            timeout: Duration::from_secs(600),
+            on_line: None,
+            on_sample: None,
+            sample_every: Duration::from_millis(100),
+        }
+    }
+}
+
+/// How the child ended, from wait4.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExitInfo {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+    /// The child's own peak resident memory (ru_maxrss), in bytes.
+    pub max_rss_bytes: u64,
+}
+
+impl std::fmt::Display for ExitInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.code, self.signal) {
+            (Some(c), _) => write!(f, "exit status {c}"),
+            (_, Some(s)) => write!(f, "signal {s}"),
+            _ => write!(f, "unknown status"),
+        }
+    }
+}
+
+/// A child that ran (to its end or to the time-out).
+#[derive(Clone, Debug)]
+pub struct Finished {
+    pub exit: ExitInfo,
+    /// It was still running at the time-out and was ended by us.
+    pub timed_out: bool,
+    /// From start to exit, process start-up included.
+    pub wall_s: f64,
+    /// The last lines of each stream.
+    pub stdout_tail: String,
+    pub stderr_tail: String,
+}
+
+impl Finished {
+    /// How it ended: ran, out of memory (by its text or the OOM killer), timed
+    /// out, or crashed with the tail of its output. A crash is never called
+    /// out of memory unless the output or the signal says so.
+    pub fn outcome(&self) -> Outcome {
+        if self.timed_out {
+            return Outcome::TimedOut;
+        }
+        if self.exit.code == Some(0) {
+            return Outcome::Ran;
+        }
+        let text = format!("{}\n{}", self.stderr_tail, self.stdout_tail);
+        if let Some(why) = looks_like_oom(&text, self.exit.signal, self.exit.code) {
+            return Outcome::OutOfMemory(why);
+        }
+        let shown = if self.stderr_tail.trim().is_empty() {
+            &self.stdout_tail
+        } else {
+            &self.stderr_tail
+        };
+        let last: Vec<&str> = shown.lines().collect();
+        Outcome::Crashed(format!(
+            "{}; last lines of its output:\n{}",
+            self.exit,
+            last[last.len().saturating_sub(CRASH_LINES)..].join("\n")
+        ))
+    }
+}
+
+/// Reaps `pid` if it has ended (never blocks).
+fn try_reap(pid: i32) -> Option<ExitInfo> {
+    let mut status = 0;
+    // SAFETY: plain out-parameters; pid is our own child.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
+    if r != pid {
+        return None;
+    }
+    Some(ExitInfo {
+        code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
+        signal: libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status)),
+        // ru_maxrss is in KiB on Linux.
+        max_rss_bytes: usage.ru_maxrss.max(0) as u64 * 1024,
+    })
+}
+
+/// Reads `stream` line by line into a tail, handing each line to `on_line`.
+fn spawn_reader(
+    stream: impl Read + Send + 'static,
+    is_stderr: bool,
+    on_line: Option<LineHandler>,
+    tail: Arc<Mutex<VecDeque<String>>>,
+    done: mpsc::Sender<()>,
+) {
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(stream);
+        let mut buf = Vec::new();
+        while r.read_until(b'\n', &mut buf).is_ok_and(|n| n > 0) {
+            let line = String::from_utf8_lossy(&buf).trim_end().to_string();
+            buf.clear();
+            if let Some(f) = &on_line {
+                f(is_stderr, &line);
+            }
+            let Ok(mut t) = tail.lock() else { break };
+            if t.len() == TAIL_LINES {
+                t.pop_front();
+            }
+            t.push_back(line);
+        }
+        let _ = done.send(());
+    });
+}
+
+/// Runs `command` in a fresh process group (stdin closed, output read line by
+/// line) until it exits or `opts.timeout` passes, then ends whatever of its
+/// tree is left. `Err` only when it could not be started at all.
+pub fn run_process(
+    command: &mut Command,
+    opts: ProcessOptions<'_>,
+) -> Result<Finished, std::io::Error> {
+    let started = Instant::now();
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Its own process group: the whole tree can be measured and ended.
+        .process_group(0)
+        .spawn()?;
+    let pid = child.id() as i32;
+    interrupt::register_group(pid);
+
+    let out_tail = Arc::new(Mutex::new(VecDeque::new()));
+    let err_tail = Arc::new(Mutex::new(VecDeque::new()));
+    let (done_tx, done_rx) = mpsc::channel();
+    let out = child.stdout.take().expect("piped");
+    let err = child.stderr.take().expect("piped");
+    spawn_reader(
+        out,
+        false,
+        opts.on_line.clone(),
+        out_tail.clone(),
+        done_tx.clone(),
+    );
+    spawn_reader(err, true, opts.on_line, err_tail.clone(), done_tx);
+
+    let mut on_sample = opts.on_sample;
+    let mut next_sample = Instant::now();
+    let mut timed_out = false;
+    let exit = loop {
+        if let Some(exit) = try_reap(pid) {
+            break exit;
+        }
+        if started.elapsed() > opts.timeout {
+            timed_out = true;
+            break end_tree(pid);
+        }
+        if let Some(f) = on_sample.as_mut()
+            && Instant::now() >= next_sample
+        {
+            next_sample += opts.sample_every;
+            f(pid);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    interrupt::hold_if_interrupted();
+    let wall_s = started.elapsed().as_secs_f64();
+    // Workers the command left behind must not hold memory into the next trial.
+    interrupt::kill_group(pid);
+    interrupt::unregister_group(pid);
+    // The readers end when every writer of the pipes has; a process that left
+    // the group may hold them open, so do not wait for it forever.
+    for _ in 0..2 {
+        let _ = done_rx.recv_timeout(Duration::from_secs(2));
+    }
+    let tail = |t: &Mutex<VecDeque<String>>| {
+        t.lock()
+            .map(|t| t.iter().cloned().collect::<Vec<_>>().join("\n"))
+            .unwrap_or_default()
+    };
+    Ok(Finished {
+        exit,
+        timed_out,
+        wall_s,
+        stdout_tail: tail(&out_tail),
+        stderr_tail: tail(&err_tail),
+    })
+}
+
+/// Ends a child that ran past its time-out: SIGTERM to its group, SIGKILL
+/// after a grace period, and reaps it.
+fn end_tree(pid: i32) -> ExitInfo {
+    // SAFETY: signals our child's own process group.
+    unsafe { libc::kill(-pid, libc::SIGTERM) };
+    let grace = Instant::now();
+    while grace.elapsed() < Duration::from_secs(2) {
+        if let Some(exit) = try_reap(pid) {
+            interrupt::kill_group(pid);
+            return exit;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    interrupt::kill_group(pid);
+    loop {
+        if let Some(exit) = try_reap(pid) {
+            return exit;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sh(script: &str, timeout: Duration) -> Finished {
+        run_process(
+            Command::new("sh").arg("-c").arg(script),
+            ProcessOptions {
+                timeout,
+                ..ProcessOptions::default()
+            },
+        )
+        .expect("sh starts")
+    }
+
+    #[test]
+    fn a_clean_exit_ran() {
+        let f = sh("echo hello", Duration::from_secs(10));
+        assert_eq!(f.outcome(), Outcome::Ran);
+        assert_eq!(f.stdout_tail, "hello");
+    }
+
+    #[test]
+    fn a_crash_is_a_crash_with_its_output() {
+        let f = sh(
+            "echo 'Segmentation fault in kernel' >&2; exit 3",
+            Duration::from_secs(10),
+        );
+        match f.outcome() {
+            Outcome::Crashed(why) => {
+                assert!(why.contains("exit status 3"), "{why}");
+                assert!(why.contains("Segmentation fault"), "{why}");
+            }
+            other => panic!("expected a crash, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn out_of_memory_is_recognised_by_its_text() {
+        let f = sh(
+            "echo 'torch.OutOfMemoryError: CUDA out of memory' >&2; exit 1",
+            Duration::from_secs(10),
+        );
+        assert!(matches!(f.outcome(), Outcome::OutOfMemory(_)));
+    }
+
+    #[test]
+    fn a_hang_is_ended_at_the_time_out() {
+        let f = sh("sleep 30", Duration::from_millis(200));
+        assert_eq!(f.outcome(), Outcome::TimedOut);
+        assert!(f.wall_s < 10.0);
+    }
+
+    #[test]
+    fn lines_reach_the_handler_as_they_come() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = seen.clone();
+        let handler: LineHandler = Arc::new(move |err, line| {
+            s.lock().unwrap().push((err, line.to_string()));
+        });
+        run_process(
+            Command::new("sh").arg("-c").arg("echo a; echo b >&2"),
+            ProcessOptions {
+                timeout: Duration::from_secs(10),
+                on_line: Some(handler),
+                ..ProcessOptions::default()
+            },
+        )
+        .unwrap();
+        let mut seen = seen.lock().unwrap().clone();
+        seen.sort();
+        assert_eq!(seen, vec![(false, "a".into()), (true, "b".into())]);
+    }
+
+    #[test]
+    fn a_missing_program_is_not_started() {
+        let e = run_process(
+            &mut Command::new("/nonexistent/batchfit-test-program"),
+            ProcessOptions::default(),
+        );
+        assert!(e.is_err());
+    }
+}

@@ -1,0 +1,375 @@
+//! `advise`: plan -> noise scale on the data -> probe on every device -> the
+//! recommendation, the time-to-target table and the diagnosis. The decisions
+//! are pure functions of `batchfit_tune` (`advice::recommend`, `target::rank`,
+//! `diagnose`); this module gathers their evidence.
+
+use crate::noise::{DataSource, Init, NoiseSettings, apply_loss, document, load_data, run_noise};
+use crate::probe::{MeasureConfig, Target, probe_device};
+use crate::{Progress, Result};
+use batchfit_data::Dataset;
+use batchfit_engine::DeviceSpec;
+use batchfit_graph::Graph;
+use batchfit_plan::{Plan, TrainOptions, plan};
+use batchfit_report::advise::AdviseDocument;
+use batchfit_report::noise::NoiseDocument;
+use batchfit_report::probe::DeviceProbe;
+use batchfit_tune::advice::{DeviceEvidence, LrAdviceInput, MaxBatchSource, recommend};
+use batchfit_tune::diagnose::{self, Finding, StepPoint};
+use batchfit_tune::lr::LrRule;
+use batchfit_tune::target::{StepsCurve, rank};
+use std::time::Instant;
+
+/// What `advise` needs beyond the measuring flags.
+#[derive(Clone, Debug)]
+pub struct AdviseConfig {
+    /// `None`: the default model with the shipped digits.
+    pub model: Option<String>,
+    pub measure: MeasureConfig,
+    pub data: DataSource,
+    /// Devices to measure; empty: every device this build can see.
+    pub devices: Vec<DeviceSpec>,
+    /// Steps of the noise run (0 skips it).
+    pub noise_steps: usize,
+    pub b_small: usize,
+    pub k: usize,
+    /// The user's tuned (batch, learning rate).
+    pub reference: Option<(u64, f64)>,
+    /// The command line, recorded in the report.
+    pub command: String,
+}
+
+/// Runs the whole advice pipeline.
+pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<AdviseDocument> {
+    let default_model = cfg.model.is_none();
+    let source = cfg.model.as_deref().unwrap_or(crate::DEFAULT_MODEL);
+    let mut graph = batchfit_graph::load(source)?;
+    apply_loss(&mut graph, cfg.data.loss)?;
+    batchfit_engine::model::check_trainable(&graph)?;
+    let devices = if cfg.devices.is_empty() {
+        DeviceSpec::available()
+    } else {
+        cfg.devices.clone()
+    };
+    let seq_len = cfg.measure.seq_len.or(graph.default_seq_len).unwrap_or(1);
+    let data: Option<Dataset> = if cfg.data.data.is_some() || default_model {
+        Some(load_data(&cfg.data, &graph, seq_len, default_model)?)
+    } else {
+        None
+    };
+
+    // Noise scale first: it is quick and decides what "a good batch" means statistically.
+    let noise: Option<NoiseDocument> = match (&data, cfg.noise_steps) {
+        (Some(d), steps) if steps > 0 => {
+            let settings = NoiseSettings {
+                lr: cfg.measure.lr,
+                optimizer: cfg.measure.optimizer,
+                steps,
+                b_small: cfg.b_small,
+                k: cfg.k.max(2),
+                beta: None,
+                batches: Vec::new(),
+                reference: cfg.reference,
+                init: Init::Checkpoint,
+                seed: cfg.measure.seed,
+                threads: None,
+            };
+            progress.set_length(steps as u64);
+            progress.message("noise scale on the data".into());
+            let outcome = run_noise(&settings, &graph, d, seq_len, |_| progress.advance(1))?;
+            progress.set_position(0);
+            progress.set_length(0);
+            Some(document(&settings, &graph, d, outcome))
+        }
+        _ => None,
+    };
+
+    let target = Target {
+        source: source.to_string(),
+        graph: &graph,
+        seq_len,
+    };
+    let mut probes = Vec::new();
+    for &d in &devices {
+        probes.push(probe_device(&cfg.measure, &target, d, progress)?);
+    }
+
+    let plan_cpu = plan(
+        &graph,
+        &TrainOptions {
+            optimizer: cfg.measure.optimizer,
+            seq_len: cfg.measure.seq_len,
+            ..TrainOptions::default()
+        },
+    );
+    let verdict = decide(&Evidence {
+        probes: &probes,
+        plan_cpu: &plan_cpu,
+        host_memory: batchfit_plan::devices::host_memory(),
+        noise: noise.as_ref(),
+        rule: LrRule::for_optimizer(cfg.measure.optimizer.is_adaptive()),
+        reference: cfg.reference,
+        input_seconds: &|b| data.as_ref().map(|d| batch_load_seconds(d, &graph, b)),
+    });
+    let budgets = cfg
+        .measure
+        .memory_limit
+        .map(|m| devices.iter().map(|d| (d.to_string(), m)).collect())
+        .unwrap_or_default();
+    Ok(AdviseDocument {
+        schema_version: batchfit_report::SCHEMA_VERSION,
+        kind: "advise",
+        model: graph.name.clone(),
+        parameters: graph.param_count(),
+        command: cfg.command.clone(),
+        machine: machine(),
+        data: data.as_ref().map(|d| d.source.clone()),
+        plan: plan_cpu,
+        devices: probes,
+        noise,
+        recommendations: verdict.recommendations,
+        time_to_target: verdict.time_to_target,
+        target_loss: verdict.target_loss,
+        findings: verdict.findings,
+        budgets,
+    })
+}
+
+/// What the decision is made from: measurements only.
+pub struct Evidence<'a> {
+    pub probes: &'a [DeviceProbe],
+    /// The CPU plan, for the largest batch this machine's RAM holds.
+    pub plan_cpu: &'a Plan,
+    pub host_memory: Option<batchfit_plan::Bytes>,
+    pub noise: Option<&'a NoiseDocument>,
+    pub rule: LrRule,
+    pub reference: Option<(u64, f64)>,
+    /// Seconds to gather one batch of `b` rows from the data, when there is data.
+    pub input_seconds: &'a dyn Fn(u64) -> Option<f64>,
+}
+
+/// The recommendations, time-to-target table and findings.
+pub struct Decision {
+    pub recommendations: Vec<batchfit_tune::advice::Recommendation>,
+    pub time_to_target: Vec<batchfit_tune::target::TimeToTarget>,
+    /// The loss the noise run reached: the target the times are predicted for.
+    pub target_loss: Option<f64>,
+    pub findings: Vec<Finding>,
+}
+
+/// The measured (batch, step time) of a device's batches that ran.
+pub fn step_points(p: &DeviceProbe) -> Vec<StepPoint> {
+    p.points
+        .iter()
+        .filter(|q| q.ok())
+        .map(|q| StepPoint {
+            batch: q.batch,
+            step_s: q.step_time_s,
+        })
+        .collect()
+}
+
+/// From the evidence to the advice: per device a recommendation, every option
+/// ranked by predicted time to target, the diagnosis. Spawns nothing.
+pub fn decide(e: &Evidence) -> Decision {
+    let b_noise = e.noise.and_then(|n| n.b_simple);
+    let mut recommendations = Vec::new();
+    let mut options = Vec::new();
+    let mut findings: Vec<Finding> = Vec::new();
+    for p in e.probes {
+        let points = step_points(p);
+        let (max_batch, max_batch_source) = match p.max_batch {
+            Some(m) => (Some(m), MaxBatchSource::Measured),
+            None if p.device == "cpu" => (
+                e.host_memory.and_then(|m| e.plan_cpu.max_batch(m)),
+                MaxBatchSource::PredictedForRam,
+            ),
+            None => (None, MaxBatchSource::NotSearched),
+        };
+        let (rec, opts) = recommend(
+            &DeviceEvidence {
+                device: &p.device,
+                points: &points,
+                knee_batch: p.knee_batch,
+                efficiency: p.efficiency,
+                max_batch,
+                max_batch_source,
+            },
+            b_noise,
+            LrAdviceInput {
+                rule: e.rule,
+                reference: e.reference,
+            },
+        );
+        findings.extend(diagnose::flat_throughput(&points, &p.device));
+        findings.extend(diagnose::fixed_overhead(&points, &p.device));
+        if let (Some(b), Some(m), MaxBatchSource::Measured) =
+            (rec.recommended_batch, rec.max_batch, rec.max_batch_source)
+        {
+            findings.extend(diagnose::near_memory_limit(b, m, &p.device));
+        }
+        if let Some(b) = rec.recommended_batch
+            && let Some(step) = points.iter().find(|q| q.batch == b)
+            && let Some(load_s) = (e.input_seconds)(b)
+        {
+            findings.extend(diagnose::input_bound(load_s, step.step_s, b, &p.device));
+        }
+        if let Some(bn) = b_noise {
+            let knee = p.knee_batch.unwrap_or(0);
+            let largest = points.iter().map(|q| q.batch).max().unwrap_or(0);
+            if let Some(f) = [knee, largest]
+                .into_iter()
+                .find_map(|b| diagnose::above_critical(b, bn))
+            {
+                findings.push(Finding {
+                    rule: f.rule,
+                    message: format!("{}: {}", p.device, f.message),
+                });
+            }
+        }
+        recommendations.push(rec);
+        options.extend(opts);
+    }
+    // S_min from the noise run: it took `steps` updates at B_big to reach its final loss.
+    let (target_loss, s_min) = match (e.noise, b_noise) {
+        (Some(n), Some(bn)) if n.lr > 0.0 => {
+            let tail = &n.history[n.history.len() * 9 / 10..];
+            let loss = tail.iter().map(|r| r.loss).sum::<f64>() / tail.len().max(1) as f64;
+            let curve = StepsCurve::through(n.steps as f64, n.b_big as f64, bn);
+            (Some(loss), Some(curve.s_min))
+        }
+        _ => (None, None),
+    };
+    Decision {
+        recommendations,
+        time_to_target: b_noise
+            .map(|bn| rank(&options, bn, s_min))
+            .unwrap_or_default(),
+        target_loss,
+        findings,
+    }
+}
+
+/// Median seconds to gather `b` rows and build the batch tensors.
+fn batch_load_seconds(d: &Dataset, graph: &Graph, b: u64) -> f64 {
+    let device = DeviceSpec::Cpu.device().expect("the CPU is always built");
+    let mut batcher = batchfit_data::Batcher::new(d.rows, 0);
+    let mut times = Vec::new();
+    for _ in 0..5 {
+        let idx = batcher.next(b as usize);
+        let t0 = Instant::now();
+        let batch = batchfit_engine::data::from_rows(d, graph, &idx, &device);
+        drop(batch);
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    batchfit_tune::stats::summarize(&times).median
+}
+
+/// "AMD EPYC ... (2 cores), 23.4 GiB RAM".
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let ram = batchfit_plan::devices::host_memory()
+        .map(|b| b.to_string())
+        .unwrap_or_else(|| "? RAM".into());
+    format!("{cpu} ({cores} cores), {ram} RAM")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use batchfit_report::probe::ProbePoint;
+    use batchfit_tune::stats::summarize;
+
+    fn probe(device: &str, steps: &[(u64, f64)], max_batch: Option<u64>) -> DeviceProbe {
+        DeviceProbe {
+            device: device.into(),
+            threads: None,
+            points: steps
+                .iter()
+                .map(|&(b, s)| ProbePoint::measured(b, &summarize(&[s, s, s]), None, None, None))
+                .collect(),
+            max_batch,
+            knee_batch: Some(steps[0].0),
+            efficiency: 0.9,
+            search_trials: 0,
+            search: None,
+            seconds: 0.0,
+        }
+    }
+
+    /// The 6 GB card question as measurements: a GPU that fits 25 at 10 ms a
+    /// step, a CPU that takes 250 at 400 ms; B_noise 250. The table ranks GPU
+    /// at 25 first, accumulation on the GPU second, the CPU last.
+    #[test]
+    fn gpu_at_25_beside_cpu_at_250_decided_without_processes() {
+        let graph = batchfit_graph::load("zoo:digits-mlp").unwrap();
+        let plan_cpu = plan(&graph, &TrainOptions::default());
+        let probes = [
+            probe("cuda:0", &[(25, 0.010)], Some(25)),
+            probe("cpu", &[(250, 0.400)], Some(700)),
+        ];
+        let noise_doc = noise_with_b_simple(250.0);
+        let d = decide(&Evidence {
+            probes: &probes,
+            plan_cpu: &plan_cpu,
+            host_memory: None,
+            noise: Some(&noise_doc),
+            rule: LrRule::Sqrt,
+            reference: None,
+            input_seconds: &|_| None,
+        });
+        let order: Vec<(&str, u64, u64)> = d
+            .time_to_target
+            .iter()
+            .map(|t| {
+                (
+                    t.option.device.as_str(),
+                    t.option.micro_batch,
+                    t.option.accumulation,
+                )
+            })
+            .collect();
+        assert_eq!(
+            order,
+            [("cuda:0", 25, 1), ("cuda:0", 25, 10), ("cpu", 250, 1)]
+        );
+        // (1 + 250/25) x 10 ms = 110 ms; x10 accumulation: 2 x 100 ms = 200 ms; CPU 2 x 400 ms.
+        assert!((d.time_to_target[1].vs_best - 200.0 / 110.0).abs() < 1e-9);
+        assert!((d.time_to_target[2].vs_best - 800.0 / 110.0).abs() < 1e-9);
+        let gpu = &d.recommendations[0];
+        assert_eq!(gpu.recommended_batch, Some(25));
+        assert_eq!(gpu.accumulation.as_ref().map(|a| a.steps), Some(10));
+        assert!(d.findings.iter().all(|f| f.rule != "above_critical_batch"));
+    }
+
+    /// A noise document as the decision reads it: B_simple, no run (lr 0, so no S_min).
+    fn noise_with_b_simple(b_simple: f64) -> NoiseDocument {
+        NoiseDocument {
+            schema_version: batchfit_report::SCHEMA_VERSION,
+            kind: "noise",
+            model: "test".into(),
+            data: "test".into(),
+            rows: 1000,
+            b_small: 16,
+            b_big: 128,
+            lr: 0.0,
+            optimizer: "adam".into(),
+            steps: 0,
+            b_simple: Some(b_simple),
+            b_simple_low: None,
+            b_simple_high: None,
+            critical_batch: None,
+            history: Vec::new(),
+            predictions: Vec::new(),
+            lr_advice: None,
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! `noise`: the gradient noise scale of a real run on the user's data, the
+//! critical batch, steps and epochs per batch, learning-rate scaling; and the
+//! data loading every data-driven pipeline shares.
+
+use crate::{Error, Result};
+use batchfit_data::{Dataset, ReadOptions};
+use batchfit_engine::noise::{NoiseConfig, measure_noise};
+use batchfit_engine::{DeviceSpec, TrainConfig, Trainer};
+use batchfit_graph::{Graph, LossKind};
+use batchfit_plan::Optimizer;
+use batchfit_report::noise::{LrAdvice, NoiseDocument};
+use batchfit_tune::lr::{LrRule, scale};
+use batchfit_tune::noise::{NoiseRecord, critical_batch, predict};
+
+/// A loss that replaces the model's own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum LossChoice {
+    /// Mean squared error.
+    Mse,
+    /// Cross-entropy over classes (per frame for sequence outputs).
+    #[cfg_attr(feature = "clap", value(name = "ce"))]
+    CrossEntropy,
+}
+
+/// Where the training data comes from.
+#[derive(Clone, Debug, Default)]
+pub struct DataSource {
+    /// A data file, or `builtin:digits`; `None`: the shipped digits for the default model.
+    pub data: Option<String>,
+    /// Labels for single-array formats (.npy, IDX).
+    pub labels: Option<String>,
+    /// CSV column of the label (negative counts from the end).
+    pub label_col: Option<isize>,
+    /// Replaces the model's loss.
+    pub loss: Option<LossChoice>,
+}
+
+/// Where a run's initial weights come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum Init {
+    /// The model file's own weights (random for models without any).
+    #[default]
+    Checkpoint,
+    /// Random weights, even when the file has trained ones.
+    Random,
+}
+
+/// How to measure the noise scale.
+#[derive(Clone, Debug)]
+pub struct NoiseSettings {
+    /// Learning rate of the run; 0 measures at fixed weights.
+    pub lr: f64,
+    pub optimizer: Optimizer,
+    /// Measurements (and optimizer steps) in the run.
+    pub steps: usize,
+    pub b_small: usize,
+    /// B_big = k x B_small.
+    pub k: usize,
+    /// Smoothing of the moving averages (`None`: 0.95, or a plain mean at lr 0).
+    pub beta: Option<f64>,
+    /// Batches to predict steps and epochs for (empty: powers of two up to the data size).
+    pub batches: Vec<u64>,
+    /// The user's tuned (batch, learning rate), for the learning-rate table.
+    pub reference: Option<(u64, f64)>,
+    pub init: Init,
+    pub seed: u64,
+    pub threads: Option<usize>,
+}
+
+/// Applies a loss choice, checking the model's output fits it.
+pub fn apply_loss(graph: &mut Graph, loss: Option<LossChoice>) -> Result {
+    let Some(loss) = loss else { return Ok(()) };
+    let rank = graph.output().shape.rank();
+    graph.loss.kind = match (loss, rank) {
+        (LossChoice::Mse, _) => LossKind::Mse,
+        (LossChoice::CrossEntropy, 1) => LossKind::CrossEntropy,
+        (LossChoice::CrossEntropy, 2) => LossKind::CrossEntropyPerFrame,
+        _ => {
+            return Err(Error::input(format!(
+                "--loss ce needs logits [B, classes] or [B, T, classes]; the model outputs {}",
+                graph.output().shape
+            )));
+        }
+    };
+    Ok(())
+}
+
+/// Loads the data (the shipped digits for the default model when none is given).
+pub fn load_data(
+    source: &DataSource,
+    graph: &Graph,
+    seq_len: usize,
+    default_model: bool,
+) -> Result<Dataset> {
+    let path = match (&source.data, default_model) {
+        (Some(p), _) => p.clone(),
+        (None, true) => batchfit_data::digits::NAME.to_string(),
+        (None, false) => {
+            return Err(Error::input(
+                "this needs --data PATH: the noise scale is a property of your data (use --data builtin:digits for the shipped digits with a 64-input, 10-class model)",
+            ));
+        }
+    };
+    let data = if path == batchfit_data::digits::NAME {
+        batchfit_data::digits::load(graph)?
+    } else {
+        Dataset::load(
+            &path,
+            &ReadOptions {
+                labels: source.labels.clone(),
+                label_col: source.label_col,
+            },
+            graph,
+            seq_len,
+        )?
+    };
+    Ok(data)
+}
+
+/// Result of a noise measurement.
+pub struct NoiseOutcome {
+    pub history: Vec<NoiseRecord>,
+    /// B_simple with its 90 % band (low, high; high may be infinite).
+    pub b_simple: Option<(f64, f64, f64)>,
+}
+
+/// Runs the measurement on `data`; `progress` sees every record.
+pub fn run_noise(
+    settings: &NoiseSettings,
+    graph: &Graph,
+    data: &Dataset,
+    seq_len: usize,
+    mut progress: impl FnMut(&NoiseRecord),
+) -> Result<NoiseOutcome> {
+    if let Some(n) = settings.threads {
+        // Fails only if already set in this process, which is harmless.
+        let _ = batchfit_engine::set_threads(n);
+    }
+    let mut trainer = Trainer::new(
+        graph,
+        TrainConfig {
+            optimizer: settings.optimizer,
+            lr: settings.lr,
+            seq_len,
+            seed: settings.seed,
+            device: DeviceSpec::Cpu,
+            init_random: settings.init == Init::Random,
+        },
+    )?;
+    let beta = match settings.beta {
+        Some(b) if b > 0.0 && b < 1.0 => Some(b),
+        Some(_) => None,
+        None if settings.lr == 0.0 => None,
+        None => Some(0.95),
+    };
+    let cfg = NoiseConfig {
+        b_small: settings.b_small,
+        k: settings.k,
+        steps: settings.steps,
+        beta,
+        seed: settings.seed,
+    };
+    let (history, est) = measure_noise(&mut trainer, graph, data, &cfg, &mut progress)?;
+    Ok(NoiseOutcome {
+        history,
+        b_simple: est.estimate().map(|e| (e.b_simple, e.low, e.high)),
+    })
+}
+
+/// The report of a measurement: B_simple with its band, predictions per batch,
+/// learning rates per batch when a reference was given.
+pub fn document(
+    settings: &NoiseSettings,
+    graph: &Graph,
+    data: &Dataset,
+    outcome: NoiseOutcome,
+) -> NoiseDocument {
+    let batches: Vec<u64> = if settings.batches.is_empty() {
+        std::iter::successors(Some(1u64), |b| Some(b * 2))
+            .take_while(|&b| b <= data.rows as u64)
+            .collect()
+    } else {
+        settings.batches.clone()
+    };
+    let (b_simple, low, high) = match outcome.b_simple {
+        Some((b, l, h)) => (Some(b), Some(l), h.is_finite().then_some(h)),
+        None => (None, None, None),
+    };
+    let rule = LrRule::for_optimizer(settings.optimizer.is_adaptive());
+    let lr_advice = settings.reference.map(|(rb, rl)| LrAdvice {
+        rule,
+        source: rule.source().to_string(),
+        ref_batch: rb,
+        ref_lr: rl,
+        per_batch: batches
+            .iter()
+            .map(|&b| (b, scale(rule, rb, rl, b)))
+            .collect(),
+    });
+    NoiseDocument {
+        schema_version: batchfit_report::SCHEMA_VERSION,
+        kind: "noise",
+        model: graph.name.clone(),
+        data: data.source.clone(),
+        rows: data.rows,
+        b_small: settings.b_small,
+        b_big: settings.b_small * settings.k,
+        lr: settings.lr,
+        optimizer: settings.optimizer.name().to_string(),
+        steps: settings.steps,
+        b_simple,
+        b_simple_low: low,
+        b_simple_high: high,
+        critical_batch: b_simple.map(critical_batch),
+        history: outcome.history,
+        predictions: b_simple.map(|b| predict(b, &batches)).unwrap_or_default(),
+        lr_advice,
+    }
+}
+
+/// `noise` end to end: load the model (the default when `model` is `None`)
+/// and its data, measure, report.
+pub fn noise(
+    model: Option<&str>,
+    data: &DataSource,
+    settings: &NoiseSettings,
+    progress: impl FnMut(&NoiseRecord),
+) -> Result<NoiseDocument> {
+    let default_model = model.is_none();
+    let mut graph = batchfit_graph::load(model.unwrap_or(crate::DEFAULT_MODEL))?;
+    apply_loss(&mut graph, data.loss)?;
+    let seq_len = graph.default_seq_len.unwrap_or(1);
+    let dataset = load_data(data, &graph, seq_len, default_model)?;
+    let outcome = run_noise(settings, &graph, &dataset, seq_len, progress)?;
+    Ok(document(settings, &graph, &dataset, outcome))
+}

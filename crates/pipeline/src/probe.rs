@@ -1,0 +1,305 @@
+//! `probe`: real timed training steps across batch sizes on one device, each
+//! batch in a fresh worker process; the largest batch under a memory budget
+//! (predicted from the plan, confirmed, bisected only in the gap); the knee.
+
+use crate::{Error, Progress, Result};
+use batchfit_engine::DeviceSpec;
+use batchfit_engine::worker::{WorkerRequest, WorkerResult, run_child};
+use batchfit_exec::Outcome;
+use batchfit_graph::Graph;
+use batchfit_plan::{Bytes, Optimizer, Plan, TrainOptions, plan};
+use batchfit_report::probe::{DeviceProbe, MaxBatchSearch, ProbePoint};
+use batchfit_tune::knee::{geometric_batches, knee, refine_between};
+use batchfit_tune::search::{Line, SearchOptions, find_max_batch};
+use batchfit_tune::stats::StopRule;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// How to measure training steps (the flags of every measuring command).
+#[derive(Clone, Debug)]
+pub struct MeasureConfig {
+    /// Measure exactly these batches; empty: sample geometrically.
+    pub batches: Vec<u64>,
+    /// Memory budget per device; with it the largest batch is searched for.
+    pub memory_limit: Option<Bytes>,
+    /// The knee is the smallest batch reaching this share of the best throughput.
+    pub efficiency: f64,
+    /// CPU threads of the steps (default: all cores).
+    pub threads: Option<usize>,
+    /// Untimed steps before timing.
+    pub warmup: usize,
+    /// Seconds of timed steps per batch at most.
+    pub time_cap_s: f64,
+    /// Largest batch sampled when no memory limit bounds it.
+    pub up_to: u64,
+    pub optimizer: Optimizer,
+    pub lr: f64,
+    /// Sequence length of recurrent models (default: the model's).
+    pub seq_len: Option<usize>,
+    /// Seed of the synthetic inputs and initial weights.
+    pub seed: u64,
+    /// One measuring process is stopped after this long.
+    pub timeout: Duration,
+    /// The program started as the measuring worker (normally batchfit itself).
+    pub worker: PathBuf,
+}
+
+/// A model ready to be measured: what the worker loads, and the plan's inputs.
+pub struct Target<'a> {
+    /// `zoo:NAME` or a model file, loaded again in each worker.
+    pub source: String,
+    pub graph: &'a Graph,
+    pub seq_len: usize,
+}
+
+impl MeasureConfig {
+    fn plan_for(&self, graph: &Graph, device: DeviceSpec) -> Plan {
+        plan(
+            graph,
+            &TrainOptions {
+                optimizer: self.optimizer,
+                seq_len: self.seq_len,
+                gpu: device.is_gpu(),
+                ..TrainOptions::default()
+            },
+        )
+    }
+
+    /// The worker's request; `short` is one untimed-warm-up step (a search trial).
+    fn request(&self, t: &Target, device: DeviceSpec, batch: u64, short: bool) -> WorkerRequest {
+        let stop = StopRule::default();
+        WorkerRequest {
+            model: t.source.clone(),
+            device,
+            batch,
+            optimizer: self.optimizer,
+            lr: self.lr,
+            seq_len: t.seq_len,
+            seed: self.seed,
+            warmup: if short { 1 } else { self.warmup },
+            min_steps: if short { 1 } else { 5 },
+            min_time_s: if short {
+                0.0
+            } else {
+                stop.min_time_s.min(self.time_cap_s / 2.0)
+            },
+            max_steps: if short { 1 } else { stop.max_steps },
+            time_cap_s: self.time_cap_s,
+            target_rel_err: stop.target_rel_err,
+            memory_limit: if device.is_gpu() {
+                None
+            } else {
+                self.memory_limit.map(|b| b.0)
+            },
+            threads: self.threads,
+        }
+    }
+
+    fn run(&self, t: &Target, device: DeviceSpec, batch: u64, short: bool) -> WorkerResult {
+        run_child(
+            &self.worker,
+            &self.request(t, device, batch, short),
+            self.timeout,
+        )
+    }
+}
+
+/// Measures one device: max-batch search (with a limit), throughput curve, knee.
+pub fn probe_device(
+    cfg: &MeasureConfig,
+    t: &Target,
+    device: DeviceSpec,
+    progress: &dyn Progress,
+) -> Result<DeviceProbe> {
+    let started = Instant::now();
+    let plan = cfg.plan_for(t.graph, device);
+
+    let search = match cfg.memory_limit {
+        Some(limit) => {
+            if limit <= plan.memory.fixed_bytes {
+                return Err(Error::input(format!(
+                    "--memory-limit {limit} is below the model's fixed memory ({} for weights, gradients and optimizer state); raise the limit or use --optimizer sgd",
+                    plan.memory.fixed_bytes
+                )));
+            }
+            Some(search_max_batch(cfg, t, device, &plan, limit, progress))
+        }
+        None => None,
+    };
+    let max_batch = search.as_ref().and_then(|s| s.max_batch);
+
+    let explicit = !cfg.batches.is_empty();
+    let batches = if explicit {
+        cfg.batches.clone()
+    } else {
+        geometric_batches(1, max_batch.unwrap_or(cfg.up_to).max(1))
+    };
+    let mut points: Vec<ProbePoint> = Vec::new();
+    let measure = |b: u64, points: &mut Vec<ProbePoint>| {
+        progress.message(format!("{device}: timing batch {b}"));
+        points.push(point(
+            b,
+            Some(plan.bytes_at(b)),
+            cfg.run(t, device, b, false),
+            cfg,
+        ));
+        progress.advance(1);
+    };
+    progress.add_length(batches.len() as u64);
+    for &b in &batches {
+        measure(b, &mut points);
+        // Bigger batches will not fit either.
+        if !explicit && points.last().is_some_and(|p| !p.ok()) {
+            break;
+        }
+    }
+    let curve = |points: &[ProbePoint]| -> Vec<(u64, f64)> {
+        points
+            .iter()
+            .filter(|p| p.ok())
+            .map(|p| (p.batch, p.samples_per_s))
+            .collect()
+    };
+    let mut knee_batch = knee(&curve(&points), cfg.efficiency);
+    // Refine between the knee and the sampled batch below it.
+    if !explicit && let Some(k) = knee_batch {
+        let below = points
+            .iter()
+            .filter(|p| p.ok() && p.batch < k)
+            .map(|p| p.batch)
+            .max();
+        if let Some(below) = below {
+            let extra = refine_between(below, k, 2);
+            progress.add_length(extra.len() as u64);
+            for b in extra {
+                measure(b, &mut points);
+            }
+            knee_batch = knee(&curve(&points), cfg.efficiency);
+        }
+    }
+    points.sort_by_key(|p| p.batch);
+    Ok(DeviceProbe {
+        device: device.to_string(),
+        threads: (!device.is_gpu()).then(|| cfg.threads.unwrap_or_else(default_threads)),
+        points,
+        max_batch,
+        knee_batch,
+        efficiency: cfg.efficiency,
+        search_trials: search.as_ref().map_or(0, |s| s.trials.len()),
+        search,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// One row of the throughput table from how its worker ended.
+fn point(b: u64, planned: Option<Bytes>, r: WorkerResult, cfg: &MeasureConfig) -> ProbePoint {
+    match (&r.outcome, r.point) {
+        (Outcome::Ran, Some(p)) => {
+            ProbePoint::measured(b, &p.summary(), p.peak_bytes, p.peak_rss_bytes, planned)
+        }
+        (Outcome::TimedOut, _) => ProbePoint::failed(
+            b,
+            planned,
+            format!("timed out after {:.0} s", cfg.timeout.as_secs_f64()),
+        ),
+        (outcome, _) => ProbePoint::failed(b, planned, outcome.to_string()),
+    }
+}
+
+/// The largest batch under `limit`: the plan's line, calibrated with two
+/// measured peaks, confirmed at the predicted limit, bisected in the gap.
+/// A crash or time-out stops the search (`stopped_at`); it is not out of memory.
+fn search_max_batch(
+    cfg: &MeasureConfig,
+    t: &Target,
+    device: DeviceSpec,
+    plan: &Plan,
+    limit: Bytes,
+    progress: &dyn Progress,
+) -> MaxBatchSearch {
+    let started = Instant::now();
+    let planned = Line {
+        fixed: plan.memory.fixed_bytes.as_f64(),
+        per_sample: plan.memory.per_sample_bytes.as_f64(),
+    };
+    let opts = SearchOptions {
+        budget: limit,
+        tolerance: 1.1,
+        cap: 1 << 24,
+        max_trials: 24,
+    };
+    let mut stop_reason = None;
+    let result = find_max_batch(planned, &opts, |b| {
+        progress.message(format!("{device}: does batch {b} fit in {limit}?"));
+        let r = cfg.run(t, device, b, true);
+        let peak = r.point.as_ref().map(|p| Bytes(p.peak_bytes.unwrap_or(0)));
+        let verdict = r.outcome.verdict(peak);
+        if !matches!(r.outcome, Outcome::Ran | Outcome::OutOfMemory(_)) {
+            stop_reason = Some(r.outcome.to_string());
+        }
+        verdict
+    });
+    MaxBatchSearch {
+        budget_bytes: limit,
+        max_batch: result.max_batch,
+        smallest_failure: result.smallest_failure,
+        planned_limit: plan.max_batch(limit),
+        predicted_limit: result.predicted_limit,
+        stopped_at: result.stopped_at,
+        stop_reason: result.stopped_at.and(stop_reason),
+        trials: result.trials,
+        seconds: started.elapsed().as_secs_f64(),
+    }
+}
+
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Everything `probe` measured, for its document.
+pub struct ProbeOutput {
+    pub graph: Graph,
+    pub devices: Vec<DeviceProbe>,
+}
+
+/// Loads `source`, checks the engine can train it, and probes every device in turn.
+pub fn probe(
+    cfg: &MeasureConfig,
+    source: &str,
+    devices: &[DeviceSpec],
+    progress: &dyn Progress,
+) -> Result<ProbeOutput> {
+    let graph = batchfit_graph::load(source)?;
+    batchfit_engine::model::check_trainable(&graph)?;
+    let seq_len = cfg.seq_len.or(graph.default_seq_len).unwrap_or(1);
+    let target = Target {
+        source: source.to_string(),
+        graph: &graph,
+        seq_len,
+    };
+    let mut out = Vec::new();
+    for &d in devices {
+        out.push(probe_device(cfg, &target, d, progress)?);
+    }
+    Ok(ProbeOutput {
+        devices: out,
+        graph,
+    })
+}
+
+/// The devices named on the command line, checked: unknown names and GPUs
+/// this build lacks are bad input. Empty: the CPU.
+pub fn parse_devices(names: &[String]) -> Result<Vec<DeviceSpec>> {
+    if names.is_empty() {
+        return Ok(vec![DeviceSpec::Cpu]);
+    }
+    names
+        .iter()
+        .map(|d| {
+            let spec = DeviceSpec::parse(d)?;
+            spec.device()
+                .map_err(|e| Error::input_because(format!("--device {d}: {e}"), e))?;
+            Ok(spec)
+        })
+        .collect()
+}

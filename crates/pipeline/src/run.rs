@@ -1,0 +1,203 @@
+//! `run`: the user's own training command, once per batch size, each in a
+//! fresh process tree through the one runner of `batchfit_exec`: the largest
+//! batch that runs (exactly), the throughput curve and its knee.
+
+use crate::output::check_output_folder;
+use crate::{Error, Progress, Result};
+use batchfit_exec::{CommandTemplate, Outcome, StepReader, TrialOptions, TrialResult, run_trial};
+use batchfit_report::probe::{DeviceProbe, ProbePoint};
+use batchfit_report::run::{RunDocument, RunTrial};
+use batchfit_tune::knee::{knee, refine_between};
+use batchfit_tune::search::{LadderResult, Verdict, each_listed, ladder_then_bisect};
+use std::cell::RefCell;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// How to run the user's command.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    /// The command, with `{batch}` where the batch size goes.
+    pub command: Vec<String>,
+    /// Run exactly these batches instead of searching.
+    pub batches: Vec<u64>,
+    /// The search stops here.
+    pub max_batch: u64,
+    /// First batch of the doubling search.
+    pub start: u64,
+    pub timeout: Duration,
+    /// `--throughput-regex`, else the `BATCHFIT {...}` protocol.
+    pub throughput_regex: Option<String>,
+    /// Reported steps left out as warm-up.
+    pub warmup_steps: usize,
+    /// The knee's share of the best throughput.
+    pub efficiency: f64,
+    /// Copy the command's output to stderr.
+    pub show_output: bool,
+    /// Checked before the first trial (the binary writes it).
+    pub html: Option<PathBuf>,
+}
+
+/// Runs the trials: the search (or the listed batches), then the knee refinement.
+pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunDocument> {
+    // Everything the user can get wrong is checked before the first trial.
+    let template = CommandTemplate::new(cfg.command.clone())?;
+    let reader = match &cfg.throughput_regex {
+        Some(p) => StepReader::regex(p)
+            .map_err(|e| Error::input_because(format!("--throughput-regex `{p}`: {e}"), e))?,
+        None => StepReader::Protocol,
+    };
+    if cfg.start > cfg.max_batch {
+        return Err(Error::input(format!(
+            "--start {} is above --max-batch {}",
+            cfg.start, cfg.max_batch
+        )));
+    }
+    if let Some(path) = &cfg.html {
+        check_output_folder("--html", path)?;
+    }
+    batchfit_exec::interrupt::install(
+        "the running trial's process tree was ended; no report was written".into(),
+    )
+    .map_err(|e| Error::failure("cannot watch for Ctrl-C", e))?;
+
+    let opts = TrialOptions {
+        timeout: cfg.timeout,
+        reader,
+        warmup_steps: cfg.warmup_steps,
+        echo: cfg.show_output,
+    };
+    let started = Instant::now();
+    let mut trials: Vec<RunTrial> = Vec::new();
+    // Set when the program cannot start at all: bad input, not a result.
+    let not_started: RefCell<Option<String>> = RefCell::new(None);
+    let trial = |b: u64, reason: &'static str, trials: &mut Vec<RunTrial>| -> Verdict {
+        if not_started.borrow().is_some() {
+            return Verdict::Broken;
+        }
+        progress.add_length(1);
+        progress.message(format!("batch {b} ({reason})"));
+        let result = run_trial(&template, b, &opts, &mut |steps| {
+            progress.message(format!("batch {b} ({reason}): {steps} steps"));
+        });
+        progress.advance(1);
+        if let Outcome::NotStarted(why) = &result.outcome {
+            *not_started.borrow_mut() = Some(why.clone());
+        }
+        let v = result.outcome.verdict(None);
+        trials.push(RunTrial { reason, result });
+        v
+    };
+
+    let search: LadderResult = if cfg.batches.is_empty() {
+        ladder_then_bisect(cfg.start, cfg.max_batch, |b, why| {
+            trial(b, why, &mut trials)
+        })
+    } else {
+        each_listed(&cfg.batches, |b, why| trial(b, why, &mut trials))
+    };
+    if let Some(why) = not_started.take() {
+        return Err(Error::input(format!("{why}; check the command after `--`")));
+    }
+
+    // The knee, refined between it and the sampled batch below it.
+    let curve = |trials: &[RunTrial]| -> Vec<(u64, f64)> {
+        trials
+            .iter()
+            .filter(|t| t.result.outcome == Outcome::Ran)
+            .filter_map(|t| {
+                t.result
+                    .steps
+                    .as_ref()
+                    .map(|s| (t.result.batch, s.samples_per_s))
+            })
+            .collect()
+    };
+    let mut knee_batch = knee(&curve(&trials), cfg.efficiency);
+    if cfg.batches.is_empty()
+        && let Some(k) = knee_batch
+    {
+        let below = curve(&trials).iter().map(|p| p.0).filter(|&b| b < k).max();
+        if let Some(below) = below {
+            for b in refine_between(below, k, 2) {
+                trial(b, "knee refinement", &mut trials);
+            }
+            knee_batch = knee(&curve(&trials), cfg.efficiency);
+        }
+    }
+
+    Ok(RunDocument {
+        schema_version: batchfit_report::SCHEMA_VERSION,
+        kind: "run",
+        command: template.display(),
+        devices: vec![device_probe(
+            &trials,
+            search.max_batch,
+            knee_batch,
+            cfg.efficiency,
+            started,
+        )],
+        trials,
+        max_batch: search.max_batch,
+        smallest_failure: search.smallest_failure,
+        stopped_at: search.stopped_at,
+        capped: search.capped,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// The trials in `probe`'s shape, one point per batch (its last trial).
+fn device_probe(
+    trials: &[RunTrial],
+    max_batch: Option<u64>,
+    knee_batch: Option<u64>,
+    efficiency: f64,
+    started: Instant,
+) -> DeviceProbe {
+    let mut points: Vec<ProbePoint> = Vec::new();
+    for t in trials {
+        points.retain(|p| p.batch != t.result.batch);
+        points.push(point(&t.result));
+    }
+    points.sort_by_key(|p| p.batch);
+    let gpu = trials.iter().find_map(|t| t.result.gpu_device);
+    DeviceProbe {
+        device: gpu.map_or_else(|| "host".to_string(), |d| format!("cuda:{d}")),
+        threads: None,
+        points,
+        max_batch,
+        knee_batch,
+        efficiency,
+        search_trials: trials.len(),
+        search: None,
+        seconds: started.elapsed().as_secs_f64(),
+    }
+}
+
+fn point(r: &TrialResult) -> ProbePoint {
+    match (&r.outcome, &r.steps) {
+        (Outcome::Ran, Some(s)) => {
+            let mut p = ProbePoint::measured(
+                r.batch,
+                &s.step_time,
+                r.peak_gpu_bytes.or(r.peak_host_bytes),
+                r.peak_host_bytes,
+                None,
+            );
+            // Commands report samples per step; they may differ from the batch.
+            p.samples_per_s = s.samples_per_s;
+            p
+        }
+        (Outcome::Ran, None) => {
+            let mut p = ProbePoint::failed(r.batch, None, String::new());
+            p.failure = None;
+            p.samples_per_s = f64::NAN;
+            p.peak_bytes = r
+                .peak_gpu_bytes
+                .or(r.peak_host_bytes)
+                .map(batchfit_plan::Bytes);
+            p.peak_rss_bytes = r.peak_host_bytes.map(batchfit_plan::Bytes);
+            p
+        }
+        (outcome, _) => ProbePoint::failed(r.batch, None, outcome.to_string()),
+    }
+}

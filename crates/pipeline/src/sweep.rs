@@ -1,0 +1,445 @@
+//! `sweep`: real short trainings at several batch sizes and seeds on real
+//! data, with validation, to test the noise-scale predictions and answer "does
+//! this batch size hurt quality?". Each finished run can be kept in a folder,
+//! so an interrupted sweep resumes where it stopped.
+
+use crate::noise::{DataSource, Init, NoiseSettings, apply_loss, load_data, run_noise};
+use crate::output::{check_output_folder, write_atomically};
+use crate::{Error, Progress, Result};
+use batchfit_data::Dataset;
+use batchfit_engine::sweep::{RunSpec, train_run};
+use batchfit_engine::{DeviceSpec, TrainConfig};
+use batchfit_plan::Optimizer;
+use batchfit_report::sweep::{
+    BatchSummary, MeasuredNoise, SweepDocument, SweepRun, SweepSettings, quality_statement,
+};
+use batchfit_tune::lr::{LrRule, scale};
+use batchfit_tune::sweep::{
+    RunRecord, RunStatus, first_reach, fit_s_min, fit_steps, mean_std, quality,
+};
+use batchfit_tune::target::StepsCurve;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// How to sweep.
+#[derive(Clone, Debug)]
+pub struct SweepConfig {
+    /// `None`: the default model with the shipped digits.
+    pub model: Option<String>,
+    pub data: DataSource,
+    /// Batch sizes, trained in this order.
+    pub batches: Vec<u64>,
+    /// How the learning rate follows the batch (default: by optimizer).
+    pub lr_rule: Option<LrRule>,
+    /// The batch the reference learning rate belongs to (default: the smallest).
+    pub ref_batch: Option<u64>,
+    pub ref_lr: f64,
+    pub optimizer: Optimizer,
+    /// Epochs of linear warm-up from the reference rate to the scaled one.
+    pub warmup_epochs: f64,
+    /// Train to this training loss; `None`: the lowest every run reached.
+    pub target_loss: Option<f64>,
+    pub epochs: u32,
+    /// Share of the rows held out for validation.
+    pub val_split: f64,
+    /// Seeds 0..seeds per batch.
+    pub seeds: u64,
+    pub split_seed: u64,
+    /// Skip the noise-scale measurement the fit is compared with.
+    pub no_noise: bool,
+    /// Keep each run's record here as it finishes.
+    pub out: Option<PathBuf>,
+    /// With `out`: train only the runs missing there.
+    pub resume: bool,
+    pub threads: Option<usize>,
+    /// Checked before any work (the binary writes it).
+    pub html: Option<PathBuf>,
+}
+
+/// Progress units per run.
+const UNIT: u64 = 1000;
+
+/// Runs the sweep and summarises it.
+pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepDocument> {
+    let started = Instant::now();
+    let default_model = cfg.model.is_none();
+    let mut graph = batchfit_graph::load(cfg.model.as_deref().unwrap_or(crate::DEFAULT_MODEL))?;
+    apply_loss(&mut graph, cfg.data.loss)?;
+    batchfit_engine::model::check_trainable(&graph)?;
+    let seq_len = graph.default_seq_len.unwrap_or(1);
+    let data = load_data(&cfg.data, &graph, seq_len, default_model)?;
+    if data.rows < 4 {
+        return Err(Error::input(format!(
+            "{}: {} rows are too few to split into training and validation",
+            data.source, data.rows
+        )));
+    }
+    let (train, val) = data.split(cfg.val_split, cfg.split_seed);
+    // In the order given (the runs train in it), each once.
+    let mut batches: Vec<u64> = Vec::new();
+    for &b in &cfg.batches {
+        if !batches.contains(&b) {
+            batches.push(b);
+        }
+    }
+    let Some(&smallest) = batches.iter().min() else {
+        return Err(Error::input("--batches: give at least one batch size"));
+    };
+    if let Some(&b) = batches.iter().find(|&&b| b as usize > train.rows) {
+        return Err(Error::input(format!(
+            "--batches: {b} exceeds the {} training rows of {}",
+            train.rows, data.source
+        )));
+    }
+    if let Some(p) = &cfg.html {
+        check_output_folder("--html", p)?;
+    }
+    if let Some(n) = cfg.threads {
+        let _ = batchfit_engine::set_threads(n);
+    }
+
+    let rule = cfg
+        .lr_rule
+        .unwrap_or_else(|| LrRule::for_optimizer(cfg.optimizer.is_adaptive()));
+    let ref_batch = cfg.ref_batch.unwrap_or(smallest);
+    let seeds: Vec<u64> = (0..cfg.seeds).collect();
+    let settings = SweepSettings {
+        model: graph.name.clone(),
+        data: data.source.clone(),
+        train_rows: train.rows,
+        val_rows: val.rows,
+        val_split: cfg.val_split,
+        split_seed: cfg.split_seed,
+        batches: batches.clone(),
+        seeds: seeds.clone(),
+        optimizer: cfg.optimizer.name().to_string(),
+        lr_rule: format!("{rule:?}").to_lowercase(),
+        ref_batch,
+        ref_lr: cfg.ref_lr,
+        warmup_epochs: cfg.warmup_epochs,
+        target_loss: cfg.target_loss,
+        max_epochs: cfg.epochs,
+    };
+    if let Some(dir) = &cfg.out {
+        prepare_out(dir, &settings, cfg.resume)?;
+    }
+    #[cfg(unix)]
+    batchfit_exec::interrupt::install(match &cfg.out {
+        Some(d) => format!(
+            "the runs finished so far are in {}; add --resume to the same command to train only the rest",
+            d.display()
+        ),
+        None => "nothing was written (--out DIR keeps finished runs)".into(),
+    })
+    .map_err(|e| Error::failure("cannot watch for Ctrl-C", e))?;
+
+    let base = TrainConfig {
+        optimizer: cfg.optimizer,
+        lr: cfg.ref_lr,
+        seq_len,
+        seed: 0,
+        device: DeviceSpec::Cpu,
+        init_random: true,
+    };
+    // Seed-major: an interrupted sweep has whole comparisons across batches.
+    let order: Vec<(u64, u64)> = seeds
+        .iter()
+        .flat_map(|&s| batches.iter().map(move |&b| (b, s)))
+        .collect();
+    progress.set_length(order.len() as u64 * UNIT);
+    let mut runs: Vec<SweepRun> = Vec::new();
+    for (i, &(batch, seed)) in order.iter().enumerate() {
+        let file = cfg.out.as_ref().map(|d| run_file(d, batch, seed));
+        if cfg.resume
+            && let Some(f) = &file
+            && let Ok(text) = std::fs::read_to_string(f)
+            && let Ok(record) = serde_json::from_str::<RunRecord>(&text)
+        {
+            runs.push(sweep_run(record, true));
+            progress.set_position((i as u64 + 1) * UNIT);
+            continue;
+        }
+        let lr = scale(rule, ref_batch, cfg.ref_lr, batch);
+        let warmup_steps = if batch > ref_batch {
+            (cfg.warmup_epochs * (train.rows as u64 / batch) as f64).round() as u64
+        } else {
+            0
+        };
+        let spec = RunSpec {
+            batch: batch as usize,
+            lr,
+            lr_start: cfg.ref_lr.min(lr),
+            warmup_steps,
+            seed,
+            target_loss: cfg.target_loss,
+            max_epochs: cfg.epochs,
+        };
+        progress.message(format!(
+            "{}/{}: batch {batch}, seed {seed}, lr {lr:.2e}",
+            i + 1,
+            order.len()
+        ));
+        let record = train_run(&graph, &base, &train, &val, &spec, |done| {
+            progress.set_position(i as u64 * UNIT + (done * UNIT as f64) as u64);
+        })?;
+        if let Some(f) = &file {
+            write_atomically(
+                "--out",
+                f,
+                &serde_json::to_string_pretty(&record).expect("serialises"),
+            )?;
+        }
+        runs.push(sweep_run(record, false));
+        progress.set_position((i as u64 + 1) * UNIT);
+    }
+
+    let noise = if cfg.no_noise {
+        None
+    } else {
+        measure_noise(cfg, &graph, &train, seq_len)?
+    };
+    Ok(document(settings, runs, noise, started))
+}
+
+const SETTINGS_FILE: &str = "sweep.json";
+
+fn run_file(dir: &Path, batch: u64, seed: u64) -> PathBuf {
+    dir.join(format!("run-b{batch}-s{seed}.json"))
+}
+
+/// Checks `--out DIR` against the settings: a new sweep needs an empty (or new)
+/// folder; a resumed one the same settings.
+fn prepare_out(dir: &Path, settings: &SweepSettings, resume: bool) -> Result {
+    let file = dir.join(SETTINGS_FILE);
+    if file.exists() {
+        if !resume {
+            return Err(Error::input(format!(
+                "--out {}: it already holds a sweep; add --resume to continue it, or choose another folder",
+                dir.display()
+            )));
+        }
+        let text = std::fs::read_to_string(&file)
+            .map_err(|e| Error::input_because(file.display().to_string(), e))?;
+        let old: SweepSettings = serde_json::from_str(&text).map_err(|e| {
+            Error::input_because(format!("{}: not a batchfit sweep", file.display()), e)
+        })?;
+        if &old != settings {
+            return Err(Error::input(format!(
+                "--resume: {} was written by a sweep with other settings ({}); rerun with the same flags or another --out",
+                file.display(),
+                settings_difference(&old, settings)
+            )));
+        }
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::input_because(format!("--out {}", dir.display()), e))?;
+    write_atomically(
+        "--out",
+        &file,
+        &serde_json::to_string_pretty(settings).expect("serialises"),
+    )
+}
+
+/// The fields that differ, named as in the JSON.
+fn settings_difference(a: &SweepSettings, b: &SweepSettings) -> String {
+    let (a, b) = (
+        serde_json::to_value(a).expect("serialises"),
+        serde_json::to_value(b).expect("serialises"),
+    );
+    let (a, b) = (
+        a.as_object().expect("object"),
+        b.as_object().expect("object"),
+    );
+    a.iter()
+        .filter(|(k, v)| b.get(*k) != Some(v))
+        .map(|(k, v)| format!("{k}: {v} there, {} now", b[k]))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn sweep_run(record: RunRecord, resumed: bool) -> SweepRun {
+    SweepRun {
+        resumed,
+        steps_to_target: None,
+        seconds_to_target: None,
+        samples_to_target: None,
+        record,
+    }
+}
+
+/// B_simple on the training split, with `noise`'s defaults at the reference learning rate.
+fn measure_noise(
+    cfg: &SweepConfig,
+    graph: &batchfit_graph::Graph,
+    train: &Dataset,
+    seq_len: usize,
+) -> Result<Option<(f64, f64, f64)>> {
+    let flags = NoiseSettings {
+        lr: cfg.ref_lr,
+        optimizer: cfg.optimizer,
+        steps: 200,
+        b_small: 16,
+        k: 8,
+        beta: None,
+        batches: Vec::new(),
+        reference: None,
+        init: Init::Random,
+        seed: 0,
+        threads: cfg.threads,
+    };
+    if flags.b_small * flags.k > train.rows {
+        return Ok(None);
+    }
+    Ok(run_noise(&flags, graph, train, seq_len, |_| {})?.b_simple)
+}
+
+/// Target, steps to it, fits and the quality verdicts.
+fn document(
+    settings: SweepSettings,
+    mut runs: Vec<SweepRun>,
+    noise: Option<(f64, f64, f64)>,
+    started: Instant,
+) -> SweepDocument {
+    let finished = |r: &SweepRun| !matches!(r.record.status, RunStatus::Diverged { .. });
+    let (target, source) = match settings.target_loss {
+        Some(t) => (Some(t), "--target-loss".to_string()),
+        None => {
+            // The lowest loss every finished run reached: all can be compared at it.
+            let t = runs
+                .iter()
+                .filter(|r| finished(r))
+                .map(|r| {
+                    r.record
+                        .curve
+                        .iter()
+                        .map(|p| p.loss)
+                        .fold(f64::INFINITY, f64::min)
+                })
+                .fold(f64::NEG_INFINITY, f64::max);
+            (
+                t.is_finite().then_some(t),
+                format!(
+                    "the lowest loss every run reached within {} epochs",
+                    settings.max_epochs
+                ),
+            )
+        }
+    };
+    for r in &mut runs {
+        if let Some(t) = target
+            && finished(r)
+            && let Some((steps, seconds, samples)) = first_reach(&r.record.curve, t)
+        {
+            r.steps_to_target = Some(steps);
+            r.seconds_to_target = Some(seconds);
+            r.samples_to_target = Some(samples);
+        }
+    }
+    let points: Vec<(f64, f64)> = runs
+        .iter()
+        .filter_map(|r| r.steps_to_target.map(|s| (r.record.batch as f64, s)))
+        .collect();
+    let fit = fit_steps(&points);
+    let noise = noise.map(|(b, low, high)| MeasuredNoise {
+        b_simple: b,
+        low,
+        high: high.is_finite().then_some(high),
+        s_min: fit_s_min(b, &points),
+    });
+
+    let stat = |v: Vec<f64>| -> (Option<f64>, Option<f64>) {
+        if v.is_empty() {
+            (None, None)
+        } else {
+            let (m, s) = mean_std(&v);
+            (Some(m), Some(s))
+        }
+    };
+    let steps_per_epoch = |b: u64| (settings.train_rows as u64 / b).max(1) as f64;
+    let per_batch: Vec<BatchSummary> = settings
+        .batches
+        .iter()
+        .map(|&b| {
+            let of_b: Vec<&SweepRun> = runs.iter().filter(|r| r.record.batch == b).collect();
+            let steps: Vec<f64> = of_b.iter().filter_map(|r| r.steps_to_target).collect();
+            let (steps_mean, steps_std) = stat(steps.clone());
+            let err = |pred: Option<f64>| pred.zip(steps_mean).map(|(p, m)| 100.0 * (p - m) / m);
+            let steps_fitted = fit.map(|f| f.steps(b as f64));
+            let steps_from_noise = noise.as_ref().and_then(|n| {
+                n.s_min.map(|s_min| {
+                    StepsCurve {
+                        s_min,
+                        b_noise: n.b_simple,
+                    }
+                    .steps(b as f64)
+                })
+            });
+            let (val_loss_mean, val_loss_std) = stat(
+                of_b.iter()
+                    .filter_map(|r| r.record.final_val_loss)
+                    .collect(),
+            );
+            let (val_accuracy_mean, val_accuracy_std) = stat(
+                of_b.iter()
+                    .filter_map(|r| r.record.final_val_accuracy)
+                    .collect(),
+            );
+            BatchSummary {
+                batch: b,
+                lr: of_b.first().map_or(f64::NAN, |r| r.record.lr),
+                runs: of_b.len(),
+                reached: steps.len(),
+                diverged: of_b.iter().filter(|r| !finished(r)).count(),
+                steps_mean,
+                steps_std,
+                seconds_mean: stat(of_b.iter().filter_map(|r| r.seconds_to_target).collect()).0,
+                epochs_mean: steps_mean.map(|s| s / steps_per_epoch(b)),
+                steps_fitted,
+                fitted_error_pct: err(steps_fitted),
+                steps_from_noise,
+                noise_error_pct: err(steps_from_noise),
+                val_loss_mean,
+                val_loss_std,
+                val_accuracy_mean,
+                val_accuracy_std,
+            }
+        })
+        .collect();
+    let groups = |f: fn(&RunRecord) -> Option<f64>| -> Vec<(u64, Vec<f64>)> {
+        settings
+            .batches
+            .iter()
+            .map(|&b| {
+                (
+                    b,
+                    runs.iter()
+                        .filter(|r| r.record.batch == b)
+                        .filter_map(|r| f(&r.record))
+                        .collect(),
+                )
+            })
+            .collect()
+    };
+    let quality_loss = quality(&groups(|r| r.final_val_loss), false);
+    let quality_accuracy = quality(&groups(|r| r.final_val_accuracy), true);
+    SweepDocument {
+        schema_version: batchfit_report::SCHEMA_VERSION,
+        kind: "sweep",
+        quality_statement: quality_statement(
+            quality_loss.as_ref(),
+            quality_accuracy.as_ref(),
+            settings.seeds.len(),
+        ),
+        settings,
+        target_loss: target,
+        target_source: source,
+        runs,
+        per_batch,
+        fit,
+        noise,
+        quality_loss,
+        quality_accuracy,
+        seconds: started.elapsed().as_secs_f64(),
+    }
+}

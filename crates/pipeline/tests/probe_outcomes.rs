@@ -1,0 +1,121 @@
+//! The probe reads how each measuring worker ended through the one runner and
+//! the one outcome type: a worker that crashes is reported as a crash (never
+//! as out of memory) and stops the max-batch search; one that prints an
+//! out-of-memory error is out of memory. Stand-in workers are shell scripts,
+//! so no framework step runs here.
+
+#![cfg(unix)]
+
+use batchfit_engine::DeviceSpec;
+use batchfit_pipeline::NoProgress;
+use batchfit_pipeline::probe::{MeasureConfig, Target, probe_device};
+use batchfit_plan::{Bytes, Optimizer};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// A stand-in worker: a script run as `WORKER __measure-worker REQUEST`.
+fn worker(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+fn config(worker: PathBuf, limit: Option<Bytes>) -> MeasureConfig {
+    MeasureConfig {
+        batches: Vec::new(),
+        memory_limit: limit,
+        efficiency: 0.9,
+        threads: Some(1),
+        warmup: 1,
+        time_cap_s: 1.0,
+        up_to: 64,
+        optimizer: Optimizer::Adam,
+        lr: 1e-3,
+        seq_len: None,
+        seed: 0,
+        timeout: Duration::from_secs(20),
+        worker,
+    }
+}
+
+#[test]
+fn a_crashing_worker_is_a_crash_and_stops_the_search() {
+    let dir = tempfile::tempdir().unwrap();
+    let crash = worker(
+        dir.path(),
+        "crash.sh",
+        "echo \"thread 'main' panicked at src/kernel.rs:12: index out of bounds\" >&2\nexit 101",
+    );
+    let graph = batchfit_graph::load("zoo:digits-mlp").unwrap();
+    let target = Target {
+        source: "zoo:digits-mlp".into(),
+        graph: &graph,
+        seq_len: 1,
+    };
+    let cfg = config(crash, Some(Bytes(256 << 20)));
+    let p = probe_device(&cfg, &target, DeviceSpec::Cpu, &NoProgress).unwrap();
+
+    let search = p.search.as_ref().expect("a memory limit runs the search");
+    assert_eq!(search.trials.len(), 1, "the first crash stops the search");
+    assert!(search.stopped_at.is_some());
+    assert_eq!(
+        search.smallest_failure, None,
+        "a crash is not a memory limit"
+    );
+    assert_eq!(search.max_batch, None);
+    let reason = search.stop_reason.as_deref().unwrap();
+    assert!(reason.starts_with("crashed"), "{reason}");
+    assert!(reason.contains("index out of bounds"), "{reason}");
+
+    // The throughput rows say crashed, and never out of memory.
+    assert!(!p.points.is_empty());
+    for point in &p.points {
+        let why = point.failure.as_deref().expect("nothing ran");
+        assert!(why.starts_with("crashed: exit status 101"), "{why}");
+        assert!(!why.contains("out of memory"), "{why}");
+    }
+}
+
+#[test]
+fn an_out_of_memory_worker_is_out_of_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let oom = worker(
+        dir.path(),
+        "oom.sh",
+        "echo 'memory allocation of 1073741824 bytes failed' >&2\nkill -ABRT $$",
+    );
+    let graph = batchfit_graph::load("zoo:digits-mlp").unwrap();
+    let target = Target {
+        source: "zoo:digits-mlp".into(),
+        graph: &graph,
+        seq_len: 1,
+    };
+    let mut cfg = config(oom, None);
+    cfg.batches = vec![8, 16];
+    let p = probe_device(&cfg, &target, DeviceSpec::Cpu, &NoProgress).unwrap();
+    assert_eq!(p.points.len(), 2, "listed batches all run");
+    for point in &p.points {
+        let why = point.failure.as_deref().unwrap();
+        assert!(why.starts_with("out of memory"), "{why}");
+    }
+}
+
+#[test]
+fn a_worker_past_its_time_out_is_timed_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let hang = worker(dir.path(), "hang.sh", "sleep 30");
+    let graph = batchfit_graph::load("zoo:digits-mlp").unwrap();
+    let target = Target {
+        source: "zoo:digits-mlp".into(),
+        graph: &graph,
+        seq_len: 1,
+    };
+    let mut cfg = config(hang, None);
+    cfg.batches = vec![8];
+    cfg.timeout = Duration::from_millis(300);
+    let p = probe_device(&cfg, &target, DeviceSpec::Cpu, &NoProgress).unwrap();
+    let why = p.points[0].failure.as_deref().unwrap();
+    assert!(why.starts_with("timed out"), "{why}");
+}
