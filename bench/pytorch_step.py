@@ -30,7 +30,7 @@ MAX_STEPS = 200
 
 
 class Seed2Dual(nn.Module):
-    """Seed 2's dual-input regressor (87,229 parameters)."""
+    """The small dual-input regressor of `zoo:seed2-dual` (87,229 parameters)."""
 
     def __init__(self):
         super().__init__()

@@ -2,9 +2,10 @@
 
     batchfit run -- python examples/run_pytorch.py --batch-size {batch} --steps 30
 
-The model is seed 2's dual-input regressor (26x9x9 image + 8 features -> 1)
-on random data; replace `make_model` and `batches` with your own. The three
-lines marked `# batchfit` are all a training loop needs.
+The model is a small dual-input regressor (26x9x9 image + 8 features -> 1, the
+network of batchfit's `zoo:seed2-dual`) on random data; replace `make_model` and
+the random tensors with your own model and data. The three lines marked
+`# batchfit` are all a training loop needs.
 """
 import argparse
 import json
