@@ -31,12 +31,9 @@ pub fn load(source: &str) -> Result<Graph, GraphError> {
     match path.extension().and_then(|e| e.to_str()) {
         Some("toml") => spec::load(path),
         Some("onnx") => onnx::load(path),
-        _ => Err(GraphError::File {
-            path: source.to_string(),
-            why: format!(
-                "not a model: give zoo:NAME ({}), a .toml spec or an .onnx file",
-                zoo::NAMES.join(", ")
-            ),
+        _ => Err(GraphError::NotAModel {
+            model: source.to_string(),
+            zoo: zoo::NAMES,
         }),
     }
 }

@@ -850,7 +850,7 @@ fn garbage_and_truncated_files_name_the_path() {
         let err = onnx::load(&path).unwrap_err();
         let shown = path.display().to_string();
         assert!(
-            matches!(&err, GraphError::File { path, .. } if *path == shown),
+            matches!(&err, GraphError::InFile { path: p, .. } if *p == path),
             "{err:?}"
         );
         let msg = err.to_string();
@@ -885,7 +885,7 @@ fn unknown_op_names_node_and_type() {
     n.output("selected");
     let err = onnx::parse(&n.bytes()).unwrap_err();
     match &err {
-        GraphError::Unsupported { node, op_type } => {
+        GraphError::Unsupported { node, op_type, .. } => {
             assert_eq!(node, "nms");
             assert_eq!(op_type, "NonMaxSuppression");
         }
