@@ -81,16 +81,16 @@ impl Window {
     }
 
     /// Output size of every spatial dimension, or an error if the window does not fit.
-    pub fn output(&self, input: &[usize]) -> Result<Vec<usize>, String> {
+    pub fn output(&self, input: &[usize]) -> Result<Vec<usize>, ShapeError> {
         let mut out = Vec::with_capacity(input.len());
         for (d, &i) in input.iter().enumerate() {
             let span = self.dilation[d] * (self.kernel[d] - 1) + 1;
             let padded = i + self.padding[d][0] + self.padding[d][1];
             if padded < span || self.stride[d] == 0 {
-                return Err(format!(
+                return Err(ShapeError(format!(
                     "window of {} (dilation {}) does not fit spatial size {} with padding {:?}",
                     self.kernel[d], self.dilation[d], i, self.padding[d]
-                ));
+                )));
             }
             out.push((padded - span) / self.stride[d] + 1);
         }
@@ -107,6 +107,11 @@ impl Window {
         self.padding.iter().all(|p| p[0] == p[1])
     }
 }
+
+/// Why input shapes do not fit an op or a window; the message reads after the op's name.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ShapeError(String);
 
 /// An operation of the training graph, with its attributes.
 ///
@@ -369,10 +374,13 @@ impl Op {
     }
 
     /// The output shape for these input shapes, or why they do not fit.
-    pub fn infer(&self, inputs: &[&Shape]) -> Result<Shape, String> {
+    pub fn infer(&self, inputs: &[&Shape]) -> Result<Shape, ShapeError> {
         let n = inputs.len();
         if !self.arity().contains(&n) {
-            return Err(format!("takes {:?} inputs, got {n}", self.arity()));
+            return Err(ShapeError(format!(
+                "takes {:?} inputs, got {n}",
+                self.arity()
+            )));
         }
         let x = inputs[0];
         match self {
@@ -387,13 +395,13 @@ impl Op {
             Op::MatMul => {
                 let (a, b) = (x, inputs[1]);
                 if a.rank() < 2 || b.rank() < 2 || a.rank() != b.rank() {
-                    return Err(format!(
+                    return Err(ShapeError(format!(
                         "needs two inputs of equal rank >= 2 per sample, got {a} and {b}"
-                    ));
+                    )));
                 }
                 let r = a.rank();
                 if a.0[r - 1] != b.0[r - 2] || a.0[..r - 2] != b.0[..r - 2] {
-                    return Err(format!("cannot multiply {a} by {b}"));
+                    return Err(ShapeError(format!("cannot multiply {a} by {b}")));
                 }
                 let mut out = a.0.clone();
                 out[r - 1] = b.0[r - 1];
@@ -409,9 +417,9 @@ impl Op {
                 let spatial = spatial_dims(x, window.spatial(), "conv")?;
                 expect_dim(x, 0, *in_channels, "input channels")?;
                 if *groups == 0 || in_channels % groups != 0 || out_channels % groups != 0 {
-                    return Err(format!(
+                    return Err(ShapeError(format!(
                         "groups {groups} must divide in_channels {in_channels} and out_channels {out_channels}"
-                    ));
+                    )));
                 }
                 let mut out = vec![Dim::Fixed(*out_channels)];
                 out.extend(window.output(&spatial)?.into_iter().map(Dim::Fixed));
@@ -443,7 +451,7 @@ impl Op {
             }
             Op::GlobalPool { .. } => {
                 if x.rank() < 2 {
-                    return Err(format!("needs [B, C, spatial...], got {x}"));
+                    return Err(ShapeError(format!("needs [B, C, spatial...], got {x}")));
                 }
                 let mut out = vec![x.0[0]];
                 out.extend(std::iter::repeat_n(Dim::Fixed(1), x.rank() - 1));
@@ -451,7 +459,9 @@ impl Op {
             }
             Op::Flatten => {
                 let dims = x.all_fixed().ok_or_else(|| {
-                    format!("cannot flatten {x}: the sequence length T is symbolic")
+                    ShapeError(format!(
+                        "cannot flatten {x}: the sequence length T is symbolic"
+                    ))
                 })?;
                 Ok(Shape::fixed(&[dims.iter().product()]))
             }
@@ -461,19 +471,25 @@ impl Op {
                 let mut out = x.0.clone();
                 for other in &inputs[1..] {
                     if other.rank() != x.rank() {
-                        return Err(format!("cannot concatenate {x} and {other}: ranks differ"));
+                        return Err(ShapeError(format!(
+                            "cannot concatenate {x} and {other}: ranks differ"
+                        )));
                     }
                     for d in 0..x.rank() {
                         if d != a && other.0[d] != x.0[d] {
-                            return Err(format!(
+                            return Err(ShapeError(format!(
                                 "cannot concatenate {x} and {other} along axis {axis}: dimension {} differs",
                                 d + 1
-                            ));
+                            )));
                         }
                     }
                     out[a] = match (out[a], other.0[a]) {
                         (Dim::Fixed(p), Dim::Fixed(q)) => Dim::Fixed(p + q),
-                        _ => return Err("cannot concatenate along the sequence axis".into()),
+                        _ => {
+                            return Err(ShapeError(
+                                "cannot concatenate along the sequence axis".into(),
+                            ));
+                        }
                     };
                 }
                 Ok(Shape(out))
@@ -491,7 +507,9 @@ impl Op {
                 ..
             } => {
                 if x.rank() != 2 {
-                    return Err(format!("needs a sequence [B, T, features], got {x}"));
+                    return Err(ShapeError(format!(
+                        "needs a sequence [B, T, features], got {x}"
+                    )));
                 }
                 expect_last(x, *input_size, "input_size")?;
                 let dirs = if *bidirectional { 2 } else { 1 };
@@ -501,22 +519,22 @@ impl Op {
     }
 }
 
-fn expect_last(x: &Shape, want: usize, what: &str) -> Result<(), String> {
+fn expect_last(x: &Shape, want: usize, what: &str) -> Result<(), ShapeError> {
     match x.last() {
         Some(Dim::Fixed(n)) if n == want => Ok(()),
-        _ => Err(format!(
+        _ => Err(ShapeError(format!(
             "{what} is {want} but the input is {x} (its last dimension must be {want})"
-        )),
+        ))),
     }
 }
 
-fn expect_dim(x: &Shape, d: usize, want: usize, what: &str) -> Result<(), String> {
+fn expect_dim(x: &Shape, d: usize, want: usize, what: &str) -> Result<(), ShapeError> {
     match x.0.get(d) {
         Some(Dim::Fixed(n)) if *n == want => Ok(()),
-        _ => Err(format!(
+        _ => Err(ShapeError(format!(
             "{what} is {want} but the input is {x} (dimension {} must be {want})",
             d + 1
-        )),
+        ))),
     }
 }
 
@@ -529,38 +547,45 @@ fn with_last(x: &Shape, n: usize) -> Shape {
 }
 
 /// The spatial sizes of `[C, spatial...]`, checking the rank.
-fn spatial_dims(x: &Shape, spatial: usize, what: &str) -> Result<Vec<usize>, String> {
+fn spatial_dims(x: &Shape, spatial: usize, what: &str) -> Result<Vec<usize>, ShapeError> {
     if x.rank() != spatial + 1 {
-        return Err(format!(
+        return Err(ShapeError(format!(
             "{what} over {spatial} spatial dimension(s) needs an input of rank {} per sample ([B, C, ...]), got {x}",
             spatial + 1
-        ));
+        )));
     }
     x.0[1..]
         .iter()
         .map(|d| {
-            d.fixed()
-                .ok_or_else(|| format!("{what} over a symbolic sequence length is not supported"))
+            d.fixed().ok_or_else(|| {
+                ShapeError(format!(
+                    "{what} over a symbolic sequence length is not supported"
+                ))
+            })
         })
         .collect()
 }
 
 /// Converts a full-tensor axis (batch = 0, negatives from the end) to a sample axis.
-pub fn sample_axis(x: &Shape, axis: i64) -> Result<usize, String> {
+pub fn sample_axis(x: &Shape, axis: i64) -> Result<usize, ShapeError> {
     let full_rank = x.rank() as i64 + 1;
     let a = if axis < 0 { axis + full_rank } else { axis };
     if a <= 0 || a >= full_rank {
-        return Err(format!(
+        return Err(ShapeError(format!(
             "axis {axis} is not a sample axis of {x} (axis 0 is the batch)"
-        ));
+        )));
     }
     Ok(a as usize - 1)
 }
 
-fn reshape(x: &Shape, shape: &[i64]) -> Result<Shape, String> {
+fn reshape(x: &Shape, shape: &[i64]) -> Result<Shape, ShapeError> {
     let total = x
         .all_fixed()
-        .ok_or_else(|| format!("cannot reshape {x}: the sequence length T is symbolic"))?
+        .ok_or_else(|| {
+            ShapeError(format!(
+                "cannot reshape {x}: the sequence length T is symbolic"
+            ))
+        })?
         .iter()
         .product::<usize>();
     let mut out = Vec::with_capacity(shape.len());
@@ -571,31 +596,29 @@ fn reshape(x: &Shape, shape: &[i64]) -> Result<Shape, String> {
                 infer_at = Some(i);
                 out.push(1);
             }
-            0 => out.push(
-                x.0.get(i)
-                    .and_then(|d| d.fixed())
-                    .ok_or_else(|| format!("reshape copies dimension {} that {x} lacks", i + 1))?,
-            ),
+            0 => out.push(x.0.get(i).and_then(|d| d.fixed()).ok_or_else(|| {
+                ShapeError(format!("reshape copies dimension {} that {x} lacks", i + 1))
+            })?),
             s if s > 0 => out.push(s as usize),
-            _ => return Err(format!("bad reshape target {shape:?}")),
+            _ => return Err(ShapeError(format!("bad reshape target {shape:?}"))),
         }
     }
     let known: usize = out.iter().product();
     if let Some(i) = infer_at {
         if known == 0 || total % known != 0 {
-            return Err(format!("cannot reshape {x} to {shape:?}"));
+            return Err(ShapeError(format!("cannot reshape {x} to {shape:?}")));
         }
         out[i] = total / known;
     } else if known != total {
-        return Err(format!(
+        return Err(ShapeError(format!(
             "cannot reshape {x} ({total} elements per sample) to {shape:?}"
-        ));
+        )));
     }
     Ok(Shape::fixed(&out))
 }
 
 /// Numpy broadcasting of two sample shapes.
-fn broadcast(a: &Shape, b: &Shape) -> Result<Shape, String> {
+fn broadcast(a: &Shape, b: &Shape) -> Result<Shape, ShapeError> {
     let r = a.rank().max(b.rank());
     let pad = |s: &Shape| -> Vec<Dim> {
         let mut v = vec![Dim::Fixed(1); r - s.rank()];
@@ -609,7 +632,7 @@ fn broadcast(a: &Shape, b: &Shape) -> Result<Shape, String> {
             (p, q) if p == q => p,
             (Dim::Fixed(1), q) => q,
             (p, Dim::Fixed(1)) => p,
-            _ => return Err(format!("cannot broadcast {a} with {b}")),
+            _ => return Err(ShapeError(format!("cannot broadcast {a} with {b}"))),
         });
     }
     Ok(Shape(out))
@@ -673,6 +696,6 @@ mod tests {
             bias: true,
         };
         let err = op.infer(&[&Shape::fixed(&[11])]).unwrap_err();
-        assert!(err.contains("in_features is 10"), "{err}");
+        assert!(err.to_string().contains("in_features is 10"), "{err}");
     }
 }

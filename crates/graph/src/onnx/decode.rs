@@ -2,6 +2,31 @@
 
 use super::proto::{AttributeProto, DataType, NodeProto, TensorProto};
 
+/// Why a `Constant` node or a tensor gives no values.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum DecodeError {
+    #[error("has no value")]
+    NoValue,
+    #[error("has an empty value")]
+    EmptyValue,
+    #[error("holds `{0}`, which is not a numeric tensor")]
+    NotNumeric(String),
+    #[error("tensor `{0}` keeps its data in an external file")]
+    External(String),
+    #[error("tensor `{tensor}` has element type {data_type:?}")]
+    ElementType { tensor: String, data_type: DataType },
+    #[error(
+        "tensor `{tensor}` holds {have} values but its dims {dims:?} need {}",
+        .need.map_or("an invalid count".into(), |n| n.to_string())
+    )]
+    Count {
+        tensor: String,
+        have: usize,
+        dims: Vec<i64>,
+        need: Option<usize>,
+    },
+}
+
 pub(super) fn positive(v: &[i64]) -> Option<Vec<usize>> {
     v.iter()
         .map(|&x| usize::try_from(x).ok().filter(|&x| x > 0))
@@ -47,15 +72,15 @@ impl Attrs<'_> {
 }
 
 /// The tensor a `Constant` node holds.
-pub(super) fn constant_value(n: &NodeProto) -> Result<TensorProto, String> {
-    let a = n.attribute.first().ok_or("has no value")?;
+pub(super) fn constant_value(n: &NodeProto) -> Result<TensorProto, DecodeError> {
+    let a = n.attribute.first().ok_or(DecodeError::NoValue)?;
     let mut t = TensorProto {
         name: n.output[0].clone(),
         ..Default::default()
     };
     match a.name.as_str() {
         "value" => {
-            let mut v = a.t.clone().ok_or("has an empty value")?;
+            let mut v = a.t.clone().ok_or(DecodeError::EmptyValue)?;
             v.name = t.name;
             return Ok(v);
         }
@@ -77,13 +102,13 @@ pub(super) fn constant_value(n: &NodeProto) -> Result<TensorProto, String> {
             t.dims = vec![a.ints.len() as i64];
             t.int64_data = a.ints.clone();
         }
-        other => return Err(format!("holds `{other}`, which is not a numeric tensor")),
+        other => return Err(DecodeError::NotNumeric(other.to_string())),
     }
     Ok(t)
 }
 
 /// The values of an integer tensor.
-pub(super) fn tensor_ints(t: &TensorProto) -> Result<Vec<i64>, String> {
+pub(super) fn tensor_ints(t: &TensorProto) -> Result<Vec<i64>, DecodeError> {
     let dt = DataType::try_from(t.data_type).unwrap_or(DataType::Undefined);
     let raw = &t.raw_data;
     let v: Vec<i64> = match dt {
@@ -99,12 +124,9 @@ pub(super) fn tensor_ints(t: &TensorProto) -> Result<Vec<i64>, String> {
 }
 
 /// The values of a numeric tensor, as `f64`.
-pub(super) fn tensor_floats(t: &TensorProto) -> Result<Vec<f64>, String> {
+pub(super) fn tensor_floats(t: &TensorProto) -> Result<Vec<f64>, DecodeError> {
     if t.data_location == 1 {
-        return Err(format!(
-            "tensor `{}` keeps its data in an external file",
-            t.name
-        ));
+        return Err(DecodeError::External(t.name.clone()));
     }
     let dt = DataType::try_from(t.data_type).unwrap_or(DataType::Undefined);
     let raw = &t.raw_data;
@@ -162,7 +184,12 @@ pub(super) fn tensor_floats(t: &TensorProto) -> Result<Vec<f64>, String> {
                 })
                 .collect()
         }
-        other => return Err(format!("tensor `{}` has element type {other:?}", t.name)),
+        other => {
+            return Err(DecodeError::ElementType {
+                tensor: t.name.clone(),
+                data_type: other,
+            });
+        }
     };
     check_len(t, v)
 }
@@ -200,16 +227,15 @@ pub(super) fn is_int_type(data_type: i32) -> bool {
     )
 }
 
-pub(super) fn check_len<T>(t: &TensorProto, v: Vec<T>) -> Result<Vec<T>, String> {
+pub(super) fn check_len<T>(t: &TensorProto, v: Vec<T>) -> Result<Vec<T>, DecodeError> {
     match numel(&t.dims) {
         Some(n) if n == v.len() => Ok(v),
-        _ => Err(format!(
-            "tensor `{}` holds {} values but its dims {:?} need {}",
-            t.name,
-            v.len(),
-            t.dims,
-            numel(&t.dims).map_or("an invalid count".into(), |n| n.to_string())
-        )),
+        need => Err(DecodeError::Count {
+            tensor: t.name.clone(),
+            have: v.len(),
+            dims: t.dims.clone(),
+            need,
+        }),
     }
 }
 
@@ -259,6 +285,11 @@ mod tests {
             float_data: vec![1.0],
             ..Default::default()
         };
-        assert!(tensor_floats(&short).unwrap_err().contains("need 4"));
+        assert!(
+            tensor_floats(&short)
+                .unwrap_err()
+                .to_string()
+                .contains("need 4")
+        );
     }
 }

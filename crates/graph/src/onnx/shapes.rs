@@ -8,6 +8,19 @@ use super::view::Val;
 use crate::error::GraphError;
 use crate::shape::Dim;
 
+/// Why sample axes cannot be squeezed or unsqueezed.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum AxisError {
+    #[error("axis {0} is not a sample axis")]
+    NotSampleAxis(i64),
+    #[error("axis {axis} has size {size}, not 1")]
+    NotOne { axis: i64, size: usize },
+    #[error("needs axes")]
+    NoAxes,
+    #[error("axis {0} would move the batch")]
+    MovesBatch(i64),
+}
+
 /// One entry of a shape value: the symbolic batch or sequence length, or a number.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Sym {
@@ -184,7 +197,7 @@ impl Importer {
 }
 
 /// The sample shape after removing size-1 sample dimensions (`axes` count the batch as 0).
-pub(super) fn squeeze(dims: &[usize], axes: Option<&[i64]>) -> Result<Vec<i64>, String> {
+pub(super) fn squeeze(dims: &[usize], axes: Option<&[i64]>) -> Result<Vec<i64>, AxisError> {
     let full = dims.len() as i64 + 1;
     let remove: Vec<usize> = match axes {
         None => (0..dims.len()).filter(|&k| dims[k] == 1).collect(),
@@ -193,11 +206,14 @@ pub(super) fn squeeze(dims: &[usize], axes: Option<&[i64]>) -> Result<Vec<i64>, 
             .map(|&a| {
                 let a = if a < 0 { a + full } else { a };
                 if a <= 0 || a >= full {
-                    return Err(format!("axis {a} is not a sample axis"));
+                    return Err(AxisError::NotSampleAxis(a));
                 }
                 let k = a as usize - 1;
                 if dims[k] != 1 {
-                    return Err(format!("axis {a} has size {}, not 1", dims[k]));
+                    return Err(AxisError::NotOne {
+                        axis: a,
+                        size: dims[k],
+                    });
                 }
                 Ok(k)
             })
@@ -210,14 +226,14 @@ pub(super) fn squeeze(dims: &[usize], axes: Option<&[i64]>) -> Result<Vec<i64>, 
 }
 
 /// The sample shape after inserting size-1 dimensions at `axes` of the output.
-pub(super) fn unsqueeze(dims: &[usize], axes: Option<&[i64]>) -> Result<Vec<i64>, String> {
-    let axes = axes.ok_or("needs axes")?;
+pub(super) fn unsqueeze(dims: &[usize], axes: Option<&[i64]>) -> Result<Vec<i64>, AxisError> {
+    let axes = axes.ok_or(AxisError::NoAxes)?;
     let full_out = (dims.len() + 1 + axes.len()) as i64;
     let mut at: Vec<usize> = Vec::with_capacity(axes.len());
     for &a in axes {
         let a = if a < 0 { a + full_out } else { a };
         if a <= 0 || a >= full_out {
-            return Err(format!("axis {a} would move the batch"));
+            return Err(AxisError::MovesBatch(a));
         }
         at.push(a as usize - 1);
     }

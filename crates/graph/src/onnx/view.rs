@@ -4,6 +4,31 @@ use super::proto::TensorProto;
 use super::shapes::Sym;
 use std::rc::Rc;
 
+/// Why a layout view or a constant cannot be rearranged as asked.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum LayoutError {
+    #[error("perm {perm:?} is not a permutation of {rank} axes")]
+    NotPermutation { perm: Vec<i64>, rank: usize },
+    #[error(
+        "Squeeze with axes {axes:?} of `{ir}` in the recurrent layout {layout}: only the \
+         directions axis of a unidirectional layer can be squeezed"
+    )]
+    Squeeze {
+        axes: Option<Vec<i64>>,
+        ir: String,
+        layout: String,
+    },
+    #[error(
+        "Reshape of `{ir}` in the recurrent layout {layout} to {target:?}: only merging the \
+         directions and hidden axes (like [0, 0, -1]) is supported"
+    )]
+    Reshape {
+        ir: String,
+        layout: String,
+        target: Vec<i64>,
+    },
+}
+
 /// An axis of the batch-first tensor `[B, T, F]` a recurrent layer reads or
 /// writes, as ONNX lays it out; `F` may be split into directions `D` and hidden `H`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,7 +91,7 @@ pub(super) enum Val {
     Unusable(String),
 }
 
-pub(super) fn view_transpose(mut v: View, perm: &[i64]) -> Result<Val, String> {
+pub(super) fn view_transpose(mut v: View, perm: &[i64]) -> Result<Val, LayoutError> {
     let rank = v.axes.len();
     let mut seen = vec![false; rank];
     let mut axes = Vec::with_capacity(rank);
@@ -74,30 +99,35 @@ pub(super) fn view_transpose(mut v: View, perm: &[i64]) -> Result<Val, String> {
         let p = usize::try_from(p)
             .ok()
             .filter(|&p| p < rank && !seen[p])
-            .ok_or_else(|| format!("perm {perm:?} is not a permutation of {rank} axes"))?;
+            .ok_or_else(|| LayoutError::NotPermutation {
+                perm: perm.to_vec(),
+                rank,
+            })?;
         seen[p] = true;
         axes.push(v.axes[p]);
     }
     if axes.len() != rank {
-        return Err(format!("perm {perm:?} is not a permutation of {rank} axes"));
+        return Err(LayoutError::NotPermutation {
+            perm: perm.to_vec(),
+            rank,
+        });
     }
     v.axes = axes;
     Ok(v.settle())
 }
 
-pub(super) fn view_squeeze(mut v: View, axes: Option<&[i64]>) -> Result<Val, String> {
+pub(super) fn view_squeeze(mut v: View, axes: Option<&[i64]>) -> Result<Val, LayoutError> {
     let rank = v.axes.len() as i64;
     let d = v.axes.iter().position(|&a| a == Ax::D);
     let want = match (axes, d) {
         (Some([a]), Some(d)) if (a + rank) % rank == d as i64 && v.dirs == 1 => d,
         (None, Some(d)) if v.dirs == 1 => d,
         _ => {
-            return Err(format!(
-                "Squeeze with axes {axes:?} of `{}` in the recurrent layout {}: only the \
-                 directions axis of a unidirectional layer can be squeezed",
-                v.ir,
-                v.describe()
-            ));
+            return Err(LayoutError::Squeeze {
+                axes: axes.map(<[i64]>::to_vec),
+                layout: v.describe(),
+                ir: v.ir,
+            });
         }
     };
     v.axes.remove(want);
@@ -109,14 +139,11 @@ pub(super) fn view_squeeze(mut v: View, axes: Option<&[i64]>) -> Result<Val, Str
     Ok(v.settle())
 }
 
-pub(super) fn view_reshape(mut v: View, target: &[i64]) -> Result<Val, String> {
-    let bad = |v: &View| {
-        format!(
-            "Reshape of `{}` in the recurrent layout {} to {target:?}: only merging the \
-             directions and hidden axes (like [0, 0, -1]) is supported",
-            v.ir,
-            v.describe()
-        )
+pub(super) fn view_reshape(mut v: View, target: &[i64]) -> Result<Val, LayoutError> {
+    let bad = |v: &View| LayoutError::Reshape {
+        ir: v.ir.clone(),
+        layout: v.describe(),
+        target: target.to_vec(),
     };
     let Some(d) = v.axes.iter().position(|&a| a == Ax::D) else {
         return Err(bad(&v));

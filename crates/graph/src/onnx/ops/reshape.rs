@@ -8,7 +8,7 @@ use crate::onnx::import::{Importer, label};
 use crate::onnx::proto::NodeProto;
 use crate::onnx::proto::{DataType, TensorProto};
 use crate::onnx::shapes::{squeeze, unsqueeze};
-use crate::onnx::view::{Ax, Val, View, view_reshape, view_squeeze, view_transpose};
+use crate::onnx::view::{Ax, LayoutError, Val, View, view_reshape, view_squeeze, view_transpose};
 use crate::op::Op;
 use std::rc::Rc;
 
@@ -44,7 +44,7 @@ impl Importer {
         let target = self.reshape_target(n)?;
         match self.val(n, 0)?.clone() {
             Val::View(v) => {
-                let v = view_reshape(v, &target).map_err(err)?;
+                let v = view_reshape(v, &target).map_err(|e| err(e.to_string()))?;
                 self.define(n, v);
             }
             _ => {
@@ -93,7 +93,7 @@ impl Importer {
         };
         match self.val(n, 0)?.clone() {
             Val::View(v) if n.op_type == "Squeeze" => {
-                let v = view_squeeze(v, axes.as_deref()).map_err(err)?;
+                let v = view_squeeze(v, axes.as_deref()).map_err(|e| err(e.to_string()))?;
                 self.define(n, v);
             }
             _ => {
@@ -135,8 +135,10 @@ impl Importer {
             .ints("perm")
             .unwrap_or_else(|| (0..rank as i64).rev().collect());
         let out = match v {
-            Val::View(v) => view_transpose(v, &perm).map_err(err)?,
-            Val::Const(t) => Val::Const(Rc::new(transpose_const(&t, &perm).map_err(err)?)),
+            Val::View(v) => view_transpose(v, &perm).map_err(|e| err(e.to_string()))?,
+            Val::Const(t) => Val::Const(Rc::new(
+                transpose_const(&t, &perm).map_err(|e| err(e.to_string()))?,
+            )),
             Val::Ir(x) if perm.iter().copied().eq(0..rank as i64) => Val::Ir(x),
             Val::Ir(x) if perm == [1, 0, 2] => View {
                 ir: x,
@@ -180,7 +182,7 @@ impl Importer {
 /// The values of a `float`/`double` tensor move with its axes (as `float`, the
 /// trained weights' type); those of other types of rank 2 or more are dropped,
 /// as no op reads them as attributes.
-pub(super) fn transpose_const(t: &TensorProto, perm: &[i64]) -> Result<TensorProto, String> {
+pub(super) fn transpose_const(t: &TensorProto, perm: &[i64]) -> Result<TensorProto, LayoutError> {
     let rank = t.dims.len();
     let mut seen = vec![false; rank];
     let mut dims = Vec::with_capacity(rank);
@@ -189,13 +191,19 @@ pub(super) fn transpose_const(t: &TensorProto, perm: &[i64]) -> Result<TensorPro
         let p = usize::try_from(p)
             .ok()
             .filter(|&p| p < rank && !seen[p])
-            .ok_or_else(|| format!("perm {perm:?} is not a permutation of {rank} axes"))?;
+            .ok_or_else(|| LayoutError::NotPermutation {
+                perm: perm.to_vec(),
+                rank,
+            })?;
         seen[p] = true;
         dims.push(t.dims[p]);
         order.push(p);
     }
     if dims.len() != rank {
-        return Err(format!("perm {perm:?} is not a permutation of {rank} axes"));
+        return Err(LayoutError::NotPermutation {
+            perm: perm.to_vec(),
+            rank,
+        });
     }
     if rank <= 1 {
         return Ok(t.clone());
