@@ -101,11 +101,6 @@ impl Window {
     pub fn kernel_elements(&self) -> usize {
         self.kernel.iter().product()
     }
-
-    /// Whether padding is the same at both ends of every dimension.
-    pub fn symmetric(&self) -> bool {
-        self.padding.iter().all(|p| p[0] == p[1])
-    }
 }
 
 /// Why input shapes do not fit an op or a window; the message reads after the op's name.
