@@ -27,12 +27,14 @@ pub(super) enum DecodeError {
     },
 }
 
+/// The values as sizes, when all are positive.
 pub(super) fn positive(v: &[i64]) -> Option<Vec<usize>> {
     v.iter()
         .map(|&x| usize::try_from(x).ok().filter(|&x| x > 0))
         .collect()
 }
 
+/// The sizes of a 2-D tensor, when both are positive.
 pub(super) fn dims2(d: &[i64]) -> Option<[usize; 2]> {
     match positive(d)?[..] {
         [a, b] => Some([a, b]),
@@ -40,6 +42,7 @@ pub(super) fn dims2(d: &[i64]) -> Option<[usize; 2]> {
     }
 }
 
+/// The element count of these dims, when they are valid.
 pub(super) fn numel(dims: &[i64]) -> Option<usize> {
     dims.iter()
         .try_fold(1usize, |acc, &d| acc.checked_mul(usize::try_from(d).ok()?))
@@ -49,22 +52,27 @@ pub(super) fn numel(dims: &[i64]) -> Option<usize> {
 pub(super) struct Attrs<'a>(pub(super) &'a [AttributeProto]);
 
 impl Attrs<'_> {
+    /// The attribute `name`.
     pub(super) fn get(&self, name: &str) -> Option<&AttributeProto> {
         self.0.iter().find(|a| a.name == name)
     }
 
+    /// Integer attribute `name`, or `default`.
     pub(super) fn int(&self, name: &str, default: i64) -> i64 {
         self.get(name).map_or(default, |a| a.i)
     }
 
+    /// Float attribute `name`, or `default`.
     pub(super) fn float(&self, name: &str, default: f32) -> f32 {
         self.get(name).map_or(default, |a| a.f)
     }
 
+    /// Integer list attribute `name`.
     pub(super) fn ints(&self, name: &str) -> Option<Vec<i64>> {
         self.get(name).map(|a| a.ints.clone())
     }
 
+    /// String attribute `name` (lossy UTF-8).
     pub(super) fn string(&self, name: &str) -> Option<String> {
         self.get(name)
             .map(|a| String::from_utf8_lossy(&a.s).into_owned())
@@ -213,6 +221,7 @@ pub(super) fn tensor_f32(t: &TensorProto) -> Option<Vec<f32>> {
     check_len(t, v).ok()
 }
 
+/// Whether an ONNX element type is an integer type.
 pub(super) fn is_int_type(data_type: i32) -> bool {
     matches!(
         DataType::try_from(data_type),
@@ -227,6 +236,7 @@ pub(super) fn is_int_type(data_type: i32) -> bool {
     )
 }
 
+/// The values, when their count fits the tensor's dims.
 pub(super) fn check_len<T>(t: &TensorProto, v: Vec<T>) -> Result<Vec<T>, DecodeError> {
     match numel(&t.dims) {
         Some(n) if n == v.len() => Ok(v),
@@ -239,6 +249,7 @@ pub(super) fn check_len<T>(t: &TensorProto, v: Vec<T>) -> Result<Vec<T>, DecodeE
     }
 }
 
+/// Little-endian `N`-byte groups of raw tensor data.
 pub(super) fn le_chunks<const N: usize>(raw: &[u8]) -> impl Iterator<Item = [u8; N]> + '_ {
     raw.chunks_exact(N)
         .map(|c| c.try_into().expect("chunks_exact"))

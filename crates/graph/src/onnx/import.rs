@@ -35,6 +35,7 @@ pub(super) struct Importer {
 }
 
 impl Importer {
+    /// Reads the graph: constants, liveness and the model inputs.
     pub(super) fn new(
         graph: GraphProto,
         opset: i64,
@@ -118,6 +119,7 @@ impl Importer {
         self.live = live;
     }
 
+    /// Imports every live node in order and finishes the graph with its loss.
     pub(super) fn run(mut self) -> Result<Graph, GraphError> {
         let nodes = Rc::clone(&self.nodes);
         for (i, n) in nodes.iter().enumerate() {
@@ -163,6 +165,7 @@ impl Importer {
 
     // ----- lookups --------------------------------------------------------
 
+    /// What input `pos` of `n` stands for.
     pub(super) fn val(&self, n: &NodeProto, pos: usize) -> Result<&Val, GraphError> {
         let name = n.input.get(pos).map(String::as_str).unwrap_or_default();
         if name.is_empty() {
@@ -179,6 +182,7 @@ impl Importer {
         })
     }
 
+    /// Whether `n` has a non-empty input `pos` (ONNX leaves optional inputs empty).
     pub(super) fn has_input(n: &NodeProto, pos: usize) -> bool {
         n.input.get(pos).is_some_and(|s| !s.is_empty())
     }
@@ -236,6 +240,7 @@ impl Importer {
         }
     }
 
+    /// The values of integer constant input `pos`.
     pub(super) fn const_ints(
         &self,
         n: &NodeProto,
@@ -246,6 +251,7 @@ impl Importer {
         tensor_ints(&t).map_err(|why| GraphError::node(label(n), format!("{what}: {why}")))
     }
 
+    /// The single number of constant input `pos`.
     pub(super) fn const_scalar(
         &self,
         n: &NodeProto,
@@ -264,10 +270,12 @@ impl Importer {
         }
     }
 
+    /// The sample shape of IR tensor `ir`.
     pub(super) fn shape(&self, ir: &str) -> Result<&Shape, GraphError> {
         self.b.shape(ir)
     }
 
+    /// The channel count of a `[B, C, ...]` IR tensor.
     pub(super) fn channels(&self, n: &NodeProto, ir: &str) -> Result<usize, GraphError> {
         let s = self.shape(ir)?;
         s.0.first().and_then(|d| d.fixed()).ok_or_else(|| {
@@ -275,6 +283,7 @@ impl Importer {
         })
     }
 
+    /// The concrete last dimension of IR tensor `ir`.
     pub(super) fn last_dim(&self, n: &NodeProto, ir: &str) -> Result<usize, GraphError> {
         let s = self.shape(ir)?;
         s.last().and_then(Dim::fixed).ok_or_else(|| {
@@ -442,6 +451,7 @@ pub(super) fn topological(nodes: Vec<NodeProto>) -> Result<Vec<NodeProto>, Graph
     Ok(order.into_iter().filter_map(|i| slots[i].take()).collect())
 }
 
+/// Whether `n` is in the default `ai.onnx` domain.
 pub(super) fn is_default(n: &NodeProto) -> bool {
     n.domain.is_empty() || n.domain == "ai.onnx"
 }

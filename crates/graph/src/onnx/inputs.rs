@@ -10,6 +10,7 @@ use crate::shape::{Dim, Shape};
 use std::collections::HashMap;
 
 impl Importer {
+    /// Declares the graph inputs that live nodes read as the IR's inputs.
     pub(super) fn add_inputs(&mut self) -> Result<(), GraphError> {
         let has_rnn = self
             .nodes
@@ -73,6 +74,7 @@ impl Importer {
         tokens
     }
 
+    /// The sample shape of graph input `vi`; its first dimension is the batch.
     fn input_shape(
         &mut self,
         vi: &ValueInfoProto,
@@ -121,6 +123,7 @@ impl Importer {
     }
 }
 
+/// Whether a symbolic dimension's name reads like a sequence length.
 fn seq_like(name: &str) -> bool {
     let l = name.to_ascii_lowercase();
     l == "t"

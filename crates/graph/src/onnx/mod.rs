@@ -72,6 +72,16 @@
 //! `linear_before_reset = 0` ignored (they do not change shapes or
 //! parameters; the trained weights of such layers are attached all the same,
 //! so the IR computes a somewhat different function from them).
+//!
+//! The code: `decode` reads tensors and attributes, `view` holds the recurrent
+//! layout views, `shapes` the shape arithmetic, `inputs` the model inputs and
+//! `import` the driver (node order, liveness, lookups and outputs); `ops` maps
+//! each op type to its family's file (`ops/conv.rs`, `ops/recurrent.rs`, ...).
+//! A new op is a function in one of those files and one line in `ops/mod.rs`.
+//!
+//! [`GraphBuilder`]: crate::GraphBuilder
+//! [`Dim::Seq`]: crate::Dim::Seq
+//! [`Op::Rnn`]: crate::Op::Rnn
 
 pub mod proto;
 

@@ -50,6 +50,7 @@ pub(super) struct View {
 }
 
 impl View {
+    /// The axes as ONNX sees them, like `[T, dirs, B, hidden]`.
     pub(super) fn describe(&self) -> String {
         let names: Vec<&str> = self
             .axes
@@ -91,6 +92,7 @@ pub(super) enum Val {
     Unusable(String),
 }
 
+/// A view with its axes permuted.
 pub(super) fn view_transpose(mut v: View, perm: &[i64]) -> Result<Val, LayoutError> {
     let rank = v.axes.len();
     let mut seen = vec![false; rank];
@@ -116,6 +118,7 @@ pub(super) fn view_transpose(mut v: View, perm: &[i64]) -> Result<Val, LayoutErr
     Ok(v.settle())
 }
 
+/// A view without the directions axis of a unidirectional layer.
 pub(super) fn view_squeeze(mut v: View, axes: Option<&[i64]>) -> Result<Val, LayoutError> {
     let rank = v.axes.len() as i64;
     let d = v.axes.iter().position(|&a| a == Ax::D);
@@ -139,6 +142,7 @@ pub(super) fn view_squeeze(mut v: View, axes: Option<&[i64]>) -> Result<Val, Lay
     Ok(v.settle())
 }
 
+/// A view with the directions and hidden axes merged into features.
 pub(super) fn view_reshape(mut v: View, target: &[i64]) -> Result<Val, LayoutError> {
     let bad = |v: &View| LayoutError::Reshape {
         ir: v.ir.clone(),

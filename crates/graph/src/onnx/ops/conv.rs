@@ -2,8 +2,7 @@
 
 use super::linear::bias_values;
 use crate::error::GraphError;
-use crate::onnx::decode::Attrs;
-use crate::onnx::decode::{positive, tensor_f32};
+use crate::onnx::decode::{Attrs, positive, tensor_f32};
 use crate::onnx::import::{Importer, label};
 use crate::onnx::proto::NodeProto;
 use crate::onnx::view::Val;

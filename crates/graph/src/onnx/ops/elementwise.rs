@@ -3,12 +3,9 @@
 
 use crate::error::GraphError;
 use crate::graph::LossKind;
-use crate::onnx::decode::Attrs;
-use crate::onnx::decode::{positive, tensor_floats};
-use crate::onnx::import::auto_loss;
-use crate::onnx::import::{Importer, label};
-use crate::onnx::proto::NodeProto;
-use crate::onnx::proto::TensorProto;
+use crate::onnx::decode::{Attrs, positive, tensor_floats};
+use crate::onnx::import::{Importer, auto_loss, label};
+use crate::onnx::proto::{NodeProto, TensorProto};
 use crate::onnx::view::Val;
 use crate::op::Op;
 use crate::shape::Shape;

@@ -3,11 +3,9 @@
 
 use super::reshape::permute;
 use crate::error::GraphError;
-use crate::onnx::decode::Attrs;
-use crate::onnx::decode::{dims2, tensor_f32};
+use crate::onnx::decode::{Attrs, dims2, tensor_f32};
 use crate::onnx::import::{Importer, label};
-use crate::onnx::proto::NodeProto;
-use crate::onnx::proto::TensorProto;
+use crate::onnx::proto::{NodeProto, TensorProto};
 use crate::onnx::view::Val;
 use crate::op::Op;
 use std::rc::Rc;
@@ -154,6 +152,7 @@ pub(super) fn transpose2(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     permute(values, &[rows, cols], &[1, 0])
 }
 
+/// The values times `factor`.
 pub(super) fn scaled(mut v: Vec<f32>, factor: f32) -> Vec<f32> {
     if factor != 1.0 {
         v.iter_mut().for_each(|x| *x *= factor);

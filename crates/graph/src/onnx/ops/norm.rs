@@ -1,8 +1,7 @@
 //! Normalisation layers.
 
 use crate::error::GraphError;
-use crate::onnx::decode::Attrs;
-use crate::onnx::decode::numel;
+use crate::onnx::decode::{Attrs, numel};
 use crate::onnx::import::{Importer, label};
 use crate::onnx::proto::NodeProto;
 use crate::onnx::view::Val;

@@ -1,8 +1,7 @@
 //! Recurrent layers: `LSTM` and `GRU` on a batch-first tensor.
 
 use crate::error::GraphError;
-use crate::onnx::decode::Attrs;
-use crate::onnx::decode::positive;
+use crate::onnx::decode::{Attrs, positive};
 use crate::onnx::import::{Importer, label};
 use crate::onnx::proto::NodeProto;
 use crate::onnx::view::{Ax, Val, View};

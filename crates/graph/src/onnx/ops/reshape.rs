@@ -2,11 +2,9 @@
 //! (of constants and of the recurrent layouts) and `Concat` of activations.
 
 use crate::error::GraphError;
-use crate::onnx::decode::Attrs;
-use crate::onnx::decode::{positive, tensor_f32};
+use crate::onnx::decode::{Attrs, positive, tensor_f32};
 use crate::onnx::import::{Importer, label};
-use crate::onnx::proto::NodeProto;
-use crate::onnx::proto::{DataType, TensorProto};
+use crate::onnx::proto::{DataType, NodeProto, TensorProto};
 use crate::onnx::shapes::{squeeze, unsqueeze};
 use crate::onnx::view::{Ax, LayoutError, Val, View, view_reshape, view_squeeze, view_transpose};
 use crate::op::Op;
