@@ -18,15 +18,25 @@ use std::rc::Rc;
 pub(super) struct Importer {
     /// Shared so a node can be read while the importer changes.
     pub(super) nodes: Rc<[NodeProto]>,
+    /// The graph inputs, taken by `add_inputs`.
     pub(super) inputs: Vec<proto::ValueInfoProto>,
+    /// The graph outputs; the first one feeds the loss.
     pub(super) outputs: Vec<String>,
+    /// The default domain's opset (some attribute defaults changed with it).
     pub(super) opset: i64,
+    /// The caller's loss; `None` chooses it from the output's shape.
     pub(super) loss: Option<LossKind>,
+    /// The IR being built; it checks every node's shapes.
     pub(super) b: GraphBuilder,
+    /// What each ONNX tensor name stands for.
     pub(super) vals: HashMap<String, Val>,
+    /// IR names taken so far, so node names stay unique.
     pub(super) used: HashSet<String>,
+    /// Per node: whether some graph output depends on it.
     pub(super) live: Vec<bool>,
+    /// Per tensor: the live nodes reading it, with the input position.
     pub(super) consumers: HashMap<String, Vec<(usize, usize)>>,
+    /// Nodes already folded into an earlier one (bias `Add`s).
     pub(super) skip: HashSet<usize>,
     /// The IR names of the model inputs.
     pub(super) graph_inputs: HashSet<String>,
