@@ -18,7 +18,7 @@
 #[cfg(test)]
 use crate::im2col::im2col_host;
 use crate::im2col::{conv_product_cpu, im2col_views};
-use batchfit_graph::{Cell, Graph, InputKind, LossKind, Node, Op, PoolKind, RnnBias, Window};
+use batchfit_graph::{Cell, Graph, LossKind, Node, Op, PoolKind, RnnBias, Window};
 use batchfit_plan::rules::{POOL_MATRIX_MAX, im2col_chunks};
 use burn::module::{Module, Param};
 use burn::nn::loss::{CTCLossConfig, Reduction};
@@ -1122,11 +1122,6 @@ fn broadcast_binary(
         x6 * y6
     };
     z.reshape([b, out_elems])
-}
-
-/// Whether the inputs of `graph` can be synthesised (every input is float or tokens).
-pub fn input_kinds(graph: &Graph) -> Vec<InputKind> {
-    graph.inputs.iter().map(|i| i.kind).collect()
 }
 
 #[cfg(test)]

@@ -116,16 +116,6 @@ impl Graph {
         self.inputs.iter().any(|i| i.shape.has_seq())
     }
 
-    /// The shape of one sample's training target, for the loss.
-    pub fn target_shape(&self) -> Shape {
-        let out = &self.output().shape;
-        match self.loss.kind {
-            LossKind::Mse => out.clone(),
-            LossKind::CrossEntropy => Shape(vec![]),
-            LossKind::CrossEntropyPerFrame | LossKind::Ctc { .. } => Shape(vec![out.0[0]]),
-        }
-    }
-
     /// Number of classes for classification losses.
     pub fn classes(&self) -> Option<usize> {
         match self.loss.kind {

@@ -19,7 +19,7 @@ pub mod zoo;
 
 pub use error::GraphError;
 pub use graph::{DEFAULT_SEQ_LEN, Graph, GraphBuilder, Input, InputKind, Loss, LossKind, Node};
-pub use op::{Cell, Op, Param, PoolKind, RnnBias, Window};
+pub use op::{Cell, Op, Param, PoolKind, RnnBias, ShapeError, Window};
 pub use shape::{Dim, Shape};
 
 /// Loads a model from `zoo:NAME`, a `.toml` spec or an `.onnx` file.
@@ -31,12 +31,9 @@ pub fn load(source: &str) -> Result<Graph, GraphError> {
     match path.extension().and_then(|e| e.to_str()) {
         Some("toml") => spec::load(path),
         Some("onnx") => onnx::load(path),
-        _ => Err(GraphError::File {
-            path: source.to_string(),
-            why: format!(
-                "not a model: give zoo:NAME ({}), a .toml spec or an .onnx file",
-                zoo::NAMES.join(", ")
-            ),
+        _ => Err(GraphError::NotAModel {
+            model: source.to_string(),
+            zoo: zoo::NAMES,
         }),
     }
 }

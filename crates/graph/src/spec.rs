@@ -11,19 +11,16 @@ use toml::{Table, Value};
 
 /// Reads and builds the spec at `path`; errors name the file and the layer.
 pub fn load(path: &Path) -> Result<Graph, GraphError> {
-    let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| GraphError::File {
-        path: shown.clone(),
-        why: format!("cannot read: {e}"),
+    let text = std::fs::read_to_string(path).map_err(|source| GraphError::Io {
+        path: path.to_path_buf(),
+        source,
     })?;
-    parse(&text).map_err(|e| e.in_file(&shown))
+    parse(&text).map_err(|e| e.in_file(path))
 }
 
 /// Builds a graph from spec text.
 pub fn parse(text: &str) -> Result<Graph, GraphError> {
-    let doc: Table = text
-        .parse()
-        .map_err(|e: toml::de::Error| GraphError::Invalid(format!("not valid TOML: {e}")))?;
+    let doc: Table = text.parse().map_err(|source| GraphError::Toml { source })?;
     let mut top = Keys::new("the spec", &doc);
     let name = top.str_or("name", "model")?;
     let mut g = GraphBuilder::new(name);

@@ -38,7 +38,10 @@ pub fn build(name: &str) -> Result<Graph, GraphError> {
         "mnist-mlp" => mnist_mlp(),
         "mnist-cnn" => mnist_cnn(),
         "digits-mlp" => digits_mlp(),
-        other => Err(GraphError::UnknownZoo(other.to_string())),
+        other => Err(GraphError::UnknownZoo {
+            name: other.to_string(),
+            available: NAMES,
+        }),
     }
 }
 

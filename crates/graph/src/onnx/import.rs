@@ -1,0 +1,493 @@
+//! The import driver: the importer's state, node order, liveness and the
+//! lookups and outputs every op family uses.
+
+use super::decode::{constant_value, tensor_f32, tensor_floats, tensor_ints};
+use super::not_onnx;
+use super::ops::unsupported;
+use super::proto::{self, GraphProto, NodeProto, TensorProto};
+use super::view::Val;
+use crate::error::GraphError;
+use crate::graph::{Graph, GraphBuilder, LossKind};
+use crate::op::Op;
+use crate::shape::{Dim, Shape};
+use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
+
+/// The state of one import: the ONNX graph, what each of its tensor names
+/// stands for, and the IR being built.
+pub(super) struct Importer {
+    /// Shared so a node can be read while the importer changes.
+    pub(super) nodes: Rc<[NodeProto]>,
+    /// The graph inputs, taken by `add_inputs`.
+    pub(super) inputs: Vec<proto::ValueInfoProto>,
+    /// The graph outputs; the first one feeds the loss.
+    pub(super) outputs: Vec<String>,
+    /// The default domain's opset (some attribute defaults changed with it).
+    pub(super) opset: i64,
+    /// The caller's loss; `None` chooses it from the output's shape.
+    pub(super) loss: Option<LossKind>,
+    /// The IR being built; it checks every node's shapes.
+    pub(super) b: GraphBuilder,
+    /// What each ONNX tensor name stands for.
+    pub(super) vals: HashMap<String, Val>,
+    /// IR names taken so far, so node names stay unique.
+    pub(super) used: HashSet<String>,
+    /// Per node: whether some graph output depends on it.
+    pub(super) live: Vec<bool>,
+    /// Per tensor: the live nodes reading it, with the input position.
+    pub(super) consumers: HashMap<String, Vec<(usize, usize)>>,
+    /// Nodes already folded into an earlier one (bias `Add`s).
+    pub(super) skip: HashSet<usize>,
+    /// The IR names of the model inputs.
+    pub(super) graph_inputs: HashSet<String>,
+    /// The batch size when an input fixes it (models exported with batch 1).
+    pub(super) batch: Option<i64>,
+}
+
+impl Importer {
+    /// Reads the graph: constants, liveness and the model inputs.
+    pub(super) fn new(
+        graph: GraphProto,
+        opset: i64,
+        loss: Option<LossKind>,
+    ) -> Result<Importer, GraphError> {
+        let name = if graph.name.is_empty() {
+            "onnx".to_string()
+        } else {
+            graph.name.clone()
+        };
+        let mut vals = HashMap::new();
+        for t in graph.initializer {
+            vals.insert(t.name.clone(), Val::Const(Rc::new(t)));
+        }
+        let mut imp = Importer {
+            b: GraphBuilder::new(name),
+            nodes: topological(graph.node)?.into(),
+            inputs: graph.input,
+            outputs: graph.output.into_iter().map(|o| o.name).collect(),
+            opset,
+            loss,
+            vals,
+            used: HashSet::new(),
+            live: Vec::new(),
+            consumers: HashMap::new(),
+            skip: HashSet::new(),
+            graph_inputs: HashSet::new(),
+            batch: None,
+        };
+        imp.constants();
+        imp.liveness();
+        imp.add_inputs()?;
+        Ok(imp)
+    }
+
+    /// Evaluates every `Constant` node up front (they have no inputs).
+    pub(super) fn constants(&mut self) {
+        for n in self.nodes.iter() {
+            if !(is_default(n) && n.op_type == "Constant") {
+                continue;
+            }
+            let Some(out) = n.output.first() else {
+                continue;
+            };
+            let val = match constant_value(n) {
+                Ok(t) => Val::Const(Rc::new(t)),
+                Err(why) => Val::Unusable(format!("Constant `{}` {why}", label(n))),
+            };
+            self.vals.insert(out.clone(), val);
+        }
+    }
+
+    /// Marks the nodes some graph output depends on and records their consumers.
+    /// Recurrent initial states and sequence lengths do not count as uses.
+    pub(super) fn liveness(&mut self) {
+        let mut needed: HashSet<&str> = self.outputs.iter().map(String::as_str).collect();
+        let mut live = vec![false; self.nodes.len()];
+        for (i, n) in self.nodes.iter().enumerate().rev() {
+            if n.output.iter().any(|o| needed.contains(o.as_str())) {
+                live[i] = true;
+                for (p, input) in n.input.iter().enumerate() {
+                    if !input.is_empty() && !is_rnn_state(n, p) {
+                        needed.insert(input);
+                    }
+                }
+            }
+        }
+        for (i, n) in self.nodes.iter().enumerate() {
+            if !live[i] {
+                continue;
+            }
+            for (p, input) in n.input.iter().enumerate() {
+                if !input.is_empty() && !is_rnn_state(n, p) {
+                    self.consumers
+                        .entry(input.clone())
+                        .or_default()
+                        .push((i, p));
+                }
+            }
+        }
+        self.live = live;
+    }
+
+    /// Imports every live node in order and finishes the graph with its loss.
+    pub(super) fn run(mut self) -> Result<Graph, GraphError> {
+        let nodes = Rc::clone(&self.nodes);
+        for (i, n) in nodes.iter().enumerate() {
+            if !self.live[i] || self.skip.contains(&i) {
+                continue;
+            }
+            if !is_default(n) {
+                return Err(unsupported(n, format!("{}.{}", n.domain, n.op_type)));
+            }
+            self.node(i, n)?;
+        }
+        let out = &self.outputs[0];
+        let ir = match self.vals.get(out) {
+            Some(Val::Ir(ir)) => ir.clone(),
+            Some(Val::View(v)) => {
+                return Err(GraphError::Invalid(format!(
+                    "graph output `{out}` is `{}` in the recurrent layout {}; \
+                     the loss needs it back as [B, T, features]",
+                    v.ir,
+                    v.describe()
+                )));
+            }
+            Some(Val::Const(_) | Val::Ints { .. }) => {
+                return Err(GraphError::Invalid(format!(
+                    "graph output `{out}` is a constant or a shape"
+                )));
+            }
+            Some(Val::Unusable(why)) => {
+                return Err(GraphError::Invalid(format!("graph output `{out}`: {why}")));
+            }
+            None => {
+                return Err(GraphError::Invalid(format!(
+                    "graph output `{out}` is produced by no node"
+                )));
+            }
+        };
+        let kind = match self.loss {
+            Some(kind) => kind,
+            None => auto_loss(self.b.shape(&ir)?),
+        };
+        self.b.finish(kind, &ir)
+    }
+
+    // ----- lookups --------------------------------------------------------
+
+    /// What input `pos` of `n` stands for.
+    pub(super) fn val(&self, n: &NodeProto, pos: usize) -> Result<&Val, GraphError> {
+        let name = n.input.get(pos).map(String::as_str).unwrap_or_default();
+        if name.is_empty() {
+            return Err(GraphError::node(
+                label(n),
+                format!("{} needs input {pos}", n.op_type),
+            ));
+        }
+        self.vals.get(name).ok_or_else(|| {
+            GraphError::node(
+                label(n),
+                format!("input `{name}` is not a graph input, initializer or earlier node output"),
+            )
+        })
+    }
+
+    /// Whether `n` has a non-empty input `pos` (ONNX leaves optional inputs empty).
+    pub(super) fn has_input(n: &NodeProto, pos: usize) -> bool {
+        n.input.get(pos).is_some_and(|s| !s.is_empty())
+    }
+
+    /// The IR tensor behind activation input `pos`.
+    pub(super) fn act(&self, n: &NodeProto, pos: usize) -> Result<String, GraphError> {
+        let val = self.val(n, pos)?;
+        let name = &n.input[pos];
+        match val {
+            Val::Ir(ir) => Ok(ir.clone()),
+            Val::View(v) => Err(GraphError::node(
+                label(n),
+                format!(
+                    "input `{name}` is `{}` in the recurrent layout {}; only Transpose, Squeeze \
+                     and Reshape back to [B, T, features] (or [T, B, features] into an LSTM/GRU \
+                     with layout 0) are supported on it",
+                    v.ir,
+                    v.describe()
+                ),
+            )),
+            Val::Const(_) => Err(GraphError::node(
+                label(n),
+                format!(
+                    "input `{name}` is a constant where {} expects an activation",
+                    n.op_type
+                ),
+            )),
+            Val::Ints { .. } => Err(GraphError::node(
+                label(n),
+                format!(
+                    "input `{name}` is computed from shapes where {} expects an activation",
+                    n.op_type
+                ),
+            )),
+            Val::Unusable(why) => Err(GraphError::node(label(n), format!("input `{name}`: {why}"))),
+        }
+    }
+
+    /// The constant behind input `pos`.
+    pub(super) fn konst(
+        &self,
+        n: &NodeProto,
+        pos: usize,
+        what: &str,
+    ) -> Result<Rc<TensorProto>, GraphError> {
+        match self.val(n, pos)? {
+            Val::Const(t) => Ok(t.clone()),
+            _ => Err(GraphError::node(
+                label(n),
+                format!(
+                    "{what} (input `{}`) must be an initializer or a Constant",
+                    n.input[pos]
+                ),
+            )),
+        }
+    }
+
+    /// The values of integer constant input `pos`.
+    pub(super) fn const_ints(
+        &self,
+        n: &NodeProto,
+        pos: usize,
+        what: &str,
+    ) -> Result<Vec<i64>, GraphError> {
+        let t = self.konst(n, pos, what)?;
+        tensor_ints(&t).map_err(|why| GraphError::node(label(n), format!("{what}: {why}")))
+    }
+
+    /// The single number of constant input `pos`.
+    pub(super) fn const_scalar(
+        &self,
+        n: &NodeProto,
+        pos: usize,
+        what: &str,
+    ) -> Result<f64, GraphError> {
+        let t = self.konst(n, pos, what)?;
+        match tensor_floats(&t)
+            .map_err(|why| GraphError::node(label(n), format!("{what}: {why}")))?[..]
+        {
+            [v] => Ok(v),
+            ref v => Err(GraphError::node(
+                label(n),
+                format!("{what} must be one number, got {} values", v.len()),
+            )),
+        }
+    }
+
+    /// The sample shape of IR tensor `ir`.
+    pub(super) fn shape(&self, ir: &str) -> Result<&Shape, GraphError> {
+        self.b.shape(ir)
+    }
+
+    /// The channel count of a `[B, C, ...]` IR tensor.
+    pub(super) fn channels(&self, n: &NodeProto, ir: &str) -> Result<usize, GraphError> {
+        let s = self.shape(ir)?;
+        s.0.first().and_then(|d| d.fixed()).ok_or_else(|| {
+            GraphError::node(label(n), format!("needs a [B, C, ...] input, got {s}"))
+        })
+    }
+
+    /// The concrete last dimension of IR tensor `ir`.
+    pub(super) fn last_dim(&self, n: &NodeProto, ir: &str) -> Result<usize, GraphError> {
+        let s = self.shape(ir)?;
+        s.last().and_then(Dim::fixed).ok_or_else(|| {
+            GraphError::node(
+                label(n),
+                format!("needs a concrete last dimension, got {s}"),
+            )
+        })
+    }
+
+    // ----- outputs --------------------------------------------------------
+
+    /// A fresh IR node name for `n`.
+    pub(super) fn fresh(&mut self, n: &NodeProto) -> String {
+        let base = label(n);
+        let mut name = base.clone();
+        let mut k = 1;
+        while self.used.contains(&name) {
+            k += 1;
+            name = format!("{base}_{k}");
+        }
+        self.used.insert(name.clone());
+        name
+    }
+
+    /// Pushes `op` as the IR node for `n`; output 0 maps to it, other outputs are unusable.
+    pub(super) fn emit(
+        &mut self,
+        n: &NodeProto,
+        op: Op,
+        inputs: &[&str],
+    ) -> Result<String, GraphError> {
+        let name = self.fresh(n);
+        self.b.push(&name, op, inputs)?;
+        self.define(n, Val::Ir(name.clone()));
+        Ok(name)
+    }
+
+    /// Maps output 0 of `n` to `val` and marks the other outputs unusable.
+    pub(super) fn define(&mut self, n: &NodeProto, val: Val) {
+        for (k, out) in n.output.iter().enumerate() {
+            if out.is_empty() {
+                continue;
+            }
+            let v = if k == 0 {
+                val.clone()
+            } else {
+                Val::Unusable(format!(
+                    "output {k} of {} `{}` is not modelled by the IR",
+                    n.op_type,
+                    label(n)
+                ))
+            };
+            self.vals.insert(out.clone(), v);
+        }
+    }
+
+    /// If the only use of output 0 of node `i` is an `Add` of a constant whose
+    /// shape `is_bias` accepts, skips that `Add` and returns its output and the constant.
+    pub(super) fn bias_fold(
+        &mut self,
+        i: usize,
+        is_bias: impl Fn(&[i64]) -> bool,
+    ) -> Option<(String, Rc<TensorProto>)> {
+        let out = self.nodes[i].output.first()?;
+        if self.outputs.contains(out) {
+            return None;
+        }
+        let &[(j, pos)] = self.consumers.get(out)?.as_slice() else {
+            return None;
+        };
+        let add = &self.nodes[j];
+        if !(is_default(add) && add.op_type == "Add" && add.input.len() == 2) {
+            return None;
+        }
+        let Some(Val::Const(c)) = self.vals.get(&add.input[1 - pos]) else {
+            return None;
+        };
+        if !is_bias(&c.dims) {
+            return None;
+        }
+        let c = Rc::clone(c);
+        let folded = add.output.first()?.clone();
+        self.skip.insert(j);
+        Some((folded, c))
+    }
+
+    /// Attaches trained values to IR node `name` when every parameter could be read
+    /// (in [`Op::params`] order and layout); otherwise the node keeps random initialisation.
+    pub(super) fn attach(&mut self, name: &str, weights: Vec<Option<Vec<f32>>>) {
+        if let Some(weights) = weights.into_iter().collect::<Option<Vec<_>>>() {
+            // Values whose sizes do not fit the op's parameters are not attached.
+            let _ = self.b.set_weights(name, weights);
+        }
+    }
+
+    /// The `f32` values of constant input `pos`, when it is one and they can be read.
+    pub(super) fn const_f32(&self, n: &NodeProto, pos: usize) -> Option<Vec<f32>> {
+        if !Self::has_input(n, pos) {
+            return None;
+        }
+        match self.vals.get(&n.input[pos])? {
+            Val::Const(t) => tensor_f32(t),
+            _ => None,
+        }
+    }
+}
+
+// ----- helpers --------------------------------------------------------------
+
+/// The nodes in an order where every tensor is produced before it is read
+/// (ONNX requires it, not every exporter keeps it); the file order when it does.
+pub(super) fn topological(nodes: Vec<NodeProto>) -> Result<Vec<NodeProto>, GraphError> {
+    let producer: HashMap<&str, usize> = nodes
+        .iter()
+        .enumerate()
+        .flat_map(|(i, n)| n.output.iter().map(move |o| (o.as_str(), i)))
+        .collect();
+    let deps: Vec<Vec<usize>> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let mut d: Vec<usize> = n
+                .input
+                .iter()
+                .filter_map(|t| producer.get(t.as_str()).copied())
+                .filter(|&p| p != i)
+                .collect();
+            d.sort_unstable();
+            d.dedup();
+            d
+        })
+        .collect();
+    if deps
+        .iter()
+        .enumerate()
+        .all(|(i, d)| d.iter().all(|&p| p < i))
+    {
+        return Ok(nodes);
+    }
+    let mut users = vec![Vec::new(); nodes.len()];
+    let mut waiting: Vec<usize> = deps.iter().map(Vec::len).collect();
+    for (i, d) in deps.iter().enumerate() {
+        for &p in d {
+            users[p].push(i);
+        }
+    }
+    // Ready nodes by file position, so the order changes as little as possible.
+    let mut ready: std::collections::BTreeSet<usize> =
+        (0..nodes.len()).filter(|&i| waiting[i] == 0).collect();
+    let mut order = Vec::with_capacity(nodes.len());
+    while let Some(i) = ready.pop_first() {
+        order.push(i);
+        for &u in &users[i] {
+            waiting[u] -= 1;
+            if waiting[u] == 0 {
+                ready.insert(u);
+            }
+        }
+    }
+    if order.len() != nodes.len() {
+        return Err(not_onnx("its nodes form a cycle"));
+    }
+    let mut slots: Vec<Option<NodeProto>> = nodes.into_iter().map(Some).collect();
+    Ok(order.into_iter().filter_map(|i| slots[i].take()).collect())
+}
+
+/// Whether `n` is in the default `ai.onnx` domain.
+pub(super) fn is_default(n: &NodeProto) -> bool {
+    n.domain.is_empty() || n.domain == "ai.onnx"
+}
+
+/// Inputs of LSTM/GRU that only set up state (sequence_lens, initial_h, initial_c).
+pub(super) fn is_rnn_state(n: &NodeProto, pos: usize) -> bool {
+    is_default(n) && matches!(n.op_type.as_str(), "LSTM" | "GRU") && (4..=6).contains(&pos)
+}
+
+/// The node's name, or its first output's name when it has none.
+pub(super) fn label(n: &NodeProto) -> String {
+    if !n.name.is_empty() {
+        n.name.clone()
+    } else if let Some(o) = n.output.first().filter(|o| !o.is_empty()) {
+        o.clone()
+    } else {
+        n.op_type.clone()
+    }
+}
+
+/// Cross-entropy for logits `[B, C]`, per-frame cross-entropy for `[B, T, C]`, else MSE.
+pub(super) fn auto_loss(shape: &Shape) -> LossKind {
+    let classes = shape.last().and_then(Dim::fixed).unwrap_or(0);
+    match shape.rank() {
+        1 if classes > 1 => LossKind::CrossEntropy,
+        2 if classes > 1 => LossKind::CrossEntropyPerFrame,
+        _ => LossKind::Mse,
+    }
+}

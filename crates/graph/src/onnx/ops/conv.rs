@@ -1,0 +1,208 @@
+//! Convolutions and pools, with the window their attributes describe.
+
+use super::linear::bias_values;
+use crate::error::GraphError;
+use crate::onnx::decode::{Attrs, positive, tensor_f32};
+use crate::onnx::import::{Importer, label};
+use crate::onnx::proto::NodeProto;
+use crate::onnx::view::Val;
+use crate::op::{Op, PoolKind, Window};
+
+impl Importer {
+    /// `Conv` over 1 or 2 spatial dimensions, folding a following bias `Add`.
+    pub(super) fn conv(&mut self, i: usize, n: &NodeProto, a: &Attrs) -> Result<(), GraphError> {
+        let err = |why: String| GraphError::node(label(n), why);
+        let x = self.act(n, 0)?;
+        let w = self.konst(n, 1, "Conv weight W")?;
+        let wd = positive(&w.dims)
+            .filter(|d| (3..=4).contains(&d.len()))
+            .ok_or_else(|| {
+                err(format!(
+                    "Conv weight W has shape {:?}; only 1-d and 2-d convolutions are supported",
+                    w.dims
+                ))
+            })?;
+        let spatial = wd.len() - 2;
+        let in_channels = self.channels(n, &x)?;
+        let groups = a.int("group", 1);
+        if groups < 1 || wd[1] * groups as usize != in_channels {
+            return Err(err(format!(
+                "weight W {wd:?} with group {groups} does not fit {in_channels} input channels"
+            )));
+        }
+        let kernel = wd[2..].to_vec();
+        if let Some(ks) = a.ints("kernel_shape")
+            && positive(&ks).as_deref() != Some(&kernel[..])
+        {
+            return Err(err(format!(
+                "kernel_shape {ks:?} differs from the weight's kernel {kernel:?}"
+            )));
+        }
+        let window = self.window(n, a, &x, kernel, false)?;
+        let out_channels = wd[0];
+        let mut bias = Self::has_input(n, 2);
+        let mut bias_vals = if bias { self.const_f32(n, 2) } else { None };
+        let mut folded = None;
+        if !bias {
+            folded = self.bias_fold(i, |d| {
+                // Broadcasts as [1, C, 1, ...] against [B, C, spatial...].
+                let mut full = vec![1i64; (spatial + 2).saturating_sub(d.len())];
+                full.extend_from_slice(d);
+                full.len() == spatial + 2
+                    && full[1] == out_channels as i64
+                    && full.iter().enumerate().all(|(k, &v)| k == 1 || v == 1)
+            });
+            bias = folded.is_some();
+            if let Some((_, t)) = &folded {
+                bias_vals = bias_values(t, out_channels);
+            }
+        }
+        let op = Op::Conv {
+            in_channels,
+            out_channels,
+            window,
+            groups: groups as usize,
+            bias,
+        };
+        let name = self.emit(n, op, &[&x])?;
+        if let Some((f, _)) = folded {
+            self.vals.insert(f, Val::Ir(name.clone()));
+        }
+        let mut weights = vec![tensor_f32(&w)];
+        if bias {
+            weights.push(bias_vals);
+        }
+        self.attach(&name, weights);
+        Ok(())
+    }
+
+    /// `MaxPool` and `AveragePool`.
+    pub(super) fn pool(&mut self, _i: usize, n: &NodeProto, a: &Attrs) -> Result<(), GraphError> {
+        let err = |why: String| GraphError::node(label(n), why);
+        let x = self.act(n, 0)?;
+        let kernel = a
+            .ints("kernel_shape")
+            .ok_or_else(|| err(format!("{} needs kernel_shape", n.op_type)))?;
+        let kernel = positive(&kernel)
+            .ok_or_else(|| err(format!("kernel_shape {kernel:?} must be positive")))?;
+        if !(1..=2).contains(&kernel.len()) {
+            return Err(err(format!(
+                "pooling over {} spatial dimensions is not supported (1 or 2)",
+                kernel.len()
+            )));
+        }
+        let window = self.window(n, a, &x, kernel, a.int("ceil_mode", 0) != 0)?;
+        let pool = if n.op_type == "MaxPool" {
+            PoolKind::Max
+        } else {
+            PoolKind::Avg
+        };
+        self.emit(n, Op::Pool { pool, window }, &[&x])?;
+        Ok(())
+    }
+
+    /// `GlobalAveragePool` and `GlobalMaxPool`.
+    pub(super) fn global_pool(
+        &mut self,
+        _i: usize,
+        n: &NodeProto,
+        _a: &Attrs,
+    ) -> Result<(), GraphError> {
+        let x = self.act(n, 0)?;
+        let pool = if n.op_type == "GlobalMaxPool" {
+            PoolKind::Max
+        } else {
+            PoolKind::Avg
+        };
+        self.emit(n, Op::GlobalPool { pool }, &[&x])?;
+        Ok(())
+    }
+
+    /// The window of a Conv or pool: strides, dilations and pads or `auto_pad`.
+    fn window(
+        &self,
+        n: &NodeProto,
+        a: &Attrs,
+        x: &str,
+        kernel: Vec<usize>,
+        ceil_mode: bool,
+    ) -> Result<Window, GraphError> {
+        let err = |why: String| GraphError::node(label(n), why);
+        let sp = kernel.len();
+        let per_dim = |attr: &str| -> Result<Vec<usize>, GraphError> {
+            match a.ints(attr) {
+                None => Ok(vec![1; sp]),
+                Some(v) => positive(&v)
+                    .filter(|v| v.len() == sp)
+                    .ok_or_else(|| err(format!("{attr} {v:?} must hold {sp} positive numbers"))),
+            }
+        };
+        let stride = per_dim("strides")?;
+        let dilation = per_dim("dilations")?;
+        let s = self.shape(x)?;
+        let input: Option<Vec<usize>> = s.0.iter().skip(1).map(|d| d.fixed()).collect();
+        let input = input
+            .filter(|i| i.len() == sp && s.rank() == sp + 1)
+            .ok_or_else(|| {
+                err(format!(
+                    "{} over {sp} spatial dimension(s) needs a [B, C, ...] input of rank {} with \
+                 concrete sizes, got {s}",
+                    n.op_type,
+                    sp + 2
+                ))
+            })?;
+        let auto_pad = a.string("auto_pad").unwrap_or_default();
+        let mut padding = match auto_pad.as_str() {
+            "" | "NOTSET" => match a.ints("pads") {
+                None => vec![[0, 0]; sp],
+                Some(p) if p.len() == 2 * sp && p.iter().all(|&v| v >= 0) => (0..sp)
+                    .map(|d| [p[d] as usize, p[d + sp] as usize])
+                    .collect(),
+                Some(p) => {
+                    return Err(err(format!(
+                        "pads {p:?} must hold {} non-negative numbers",
+                        2 * sp
+                    )));
+                }
+            },
+            "VALID" => vec![[0, 0]; sp],
+            "SAME_UPPER" | "SAME_LOWER" => (0..sp)
+                .map(|d| {
+                    let out = input[d].div_ceil(stride[d]);
+                    let span = dilation[d] * (kernel[d] - 1) + 1;
+                    let total = ((out - 1) * stride[d] + span).saturating_sub(input[d]);
+                    let (small, big) = (total / 2, total - total / 2);
+                    if auto_pad == "SAME_UPPER" {
+                        [small, big]
+                    } else {
+                        [big, small]
+                    }
+                })
+                .collect(),
+            other => return Err(err(format!("unknown auto_pad `{other}`"))),
+        };
+        if ceil_mode {
+            // Extra end padding makes the IR's floor division give ONNX's ceil output,
+            // dropping a last window that would start in the end padding.
+            for d in 0..sp {
+                let span = dilation[d] * (kernel[d] - 1) + 1;
+                let padded = input[d] + padding[d][0] + padding[d][1];
+                if padded < span {
+                    continue;
+                }
+                let mut out = (padded - span).div_ceil(stride[d]) + 1;
+                if (out - 1) * stride[d] >= input[d] + padding[d][0] {
+                    out -= 1;
+                }
+                let need = (out - 1) * stride[d] + span;
+                padding[d][1] += need.saturating_sub(padded);
+            }
+        }
+        Ok(Window {
+            kernel,
+            stride,
+            padding,
+            dilation,
+        })
+    }
+}

@@ -1,0 +1,63 @@
+//! Normalisation layers.
+
+use crate::error::GraphError;
+use crate::onnx::decode::{Attrs, numel};
+use crate::onnx::import::{Importer, label};
+use crate::onnx::proto::NodeProto;
+use crate::onnx::view::Val;
+use crate::op::Op;
+
+impl Importer {
+    /// `BatchNormalization` over the channel axis; running statistics are not kept.
+    pub(super) fn batch_norm(
+        &mut self,
+        _i: usize,
+        n: &NodeProto,
+        _a: &Attrs,
+    ) -> Result<(), GraphError> {
+        let err = |why: String| GraphError::node(label(n), why);
+        let x = self.act(n, 0)?;
+        let features = self.channels(n, &x)?;
+        if let Ok(Val::Const(scale)) = self.val(n, 1)
+            && numel(&scale.dims) != Some(features)
+        {
+            return Err(err(format!(
+                "scale has shape {:?} but the input has {features} channels",
+                scale.dims
+            )));
+        }
+        let name = self.emit(n, Op::BatchNorm { features }, &[&x])?;
+        let weights = vec![self.const_f32(n, 1), self.const_f32(n, 2)];
+        self.attach(&name, weights);
+        Ok(())
+    }
+
+    /// `LayerNormalization` over the last axis; a missing bias is zeros.
+    pub(super) fn layer_norm(
+        &mut self,
+        _i: usize,
+        n: &NodeProto,
+        a: &Attrs,
+    ) -> Result<(), GraphError> {
+        let err = |why: String| GraphError::node(label(n), why);
+        let x = self.act(n, 0)?;
+        let rank = self.shape(&x)?.rank() as i64 + 1;
+        let axis = a.int("axis", -1);
+        if axis != -1 && axis != rank - 1 {
+            return Err(err(format!(
+                "LayerNormalization over axis {axis} of a rank-{rank} tensor: only the \
+                 last axis is supported"
+            )));
+        }
+        let features = self.last_dim(n, &x)?;
+        let name = self.emit(n, Op::LayerNorm { features }, &[&x])?;
+        let bias = if Self::has_input(n, 2) {
+            self.const_f32(n, 2)
+        } else {
+            Some(vec![0.0; features])
+        };
+        let weights = vec![self.const_f32(n, 1), bias];
+        self.attach(&name, weights);
+        Ok(())
+    }
+}

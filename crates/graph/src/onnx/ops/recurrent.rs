@@ -1,0 +1,158 @@
+//! Recurrent layers: `LSTM` and `GRU` on a batch-first tensor.
+
+use crate::error::GraphError;
+use crate::onnx::decode::{Attrs, positive};
+use crate::onnx::import::{Importer, label};
+use crate::onnx::proto::NodeProto;
+use crate::onnx::view::{Ax, Val, View};
+use crate::op::{Cell, Op, RnnBias};
+
+impl Importer {
+    /// `LSTM` and `GRU`; their output is a layout view until it is batch-first again.
+    pub(super) fn rnn(&mut self, _i: usize, n: &NodeProto, a: &Attrs) -> Result<(), GraphError> {
+        let err = |why: String| GraphError::node(label(n), why);
+        let cell = if n.op_type == "LSTM" {
+            Cell::Lstm
+        } else {
+            Cell::Gru
+        };
+        let hidden = a
+            .get("hidden_size")
+            .map(|v| v.i)
+            .filter(|&h| h > 0)
+            .ok_or_else(|| err(format!("{} needs a positive hidden_size", n.op_type)))?
+            as usize;
+        let direction = a.string("direction").unwrap_or_else(|| "forward".into());
+        let dirs = match direction.as_str() {
+            "forward" | "reverse" => 1,
+            "bidirectional" => 2,
+            other => return Err(err(format!("unknown direction `{other}`"))),
+        };
+        let layout = a.int("layout", 0);
+        let x = match (layout, self.val(n, 0)?.clone()) {
+            (1, Val::Ir(x)) => x,
+            (0, Val::View(v)) if v.axes == [Ax::T, Ax::B, Ax::F] => v.ir,
+            (0, Val::Ir(_)) => {
+                return Err(err(format!(
+                    "{} with layout 0 reads [T, B, features]; its input `{}` must come through \
+                     Transpose(perm = [1, 0, 2]) of a batch-first tensor",
+                    n.op_type, n.input[0]
+                )));
+            }
+            (0 | 1, _) => {
+                self.act(n, 0)?;
+                return Err(err(format!(
+                    "input `{}` does not fit {} layout {layout}",
+                    n.input[0], n.op_type
+                )));
+            }
+            (other, _) => return Err(err(format!("unknown layout {other}"))),
+        };
+        if cell == Cell::Lstm && Self::has_input(n, 7) {
+            return Err(err(
+                "LSTM peephole weights (input P) are not supported".into()
+            ));
+        }
+        let g = cell.gates() * hidden;
+        let input_size = self.last_dim(n, &x)?;
+        let check = |pos: usize, what: &str, want: Vec<usize>| -> Result<(), GraphError> {
+            let t = self.konst(n, pos, what)?;
+            if positive(&t.dims).as_deref() != Some(&want[..]) {
+                return Err(err(format!(
+                    "{what} has shape {:?}, expected {want:?} for {} hidden_size {hidden} \
+                     direction {direction} and input size {input_size}",
+                    t.dims, n.op_type
+                )));
+            }
+            Ok(())
+        };
+        check(1, "weight W", vec![dirs, g, input_size])?;
+        check(2, "recurrence weight R", vec![dirs, g, hidden])?;
+        if Self::has_input(n, 3) {
+            check(3, "bias B", vec![dirs, 2 * g])?;
+        }
+        let op = Op::Rnn {
+            cell,
+            input_size,
+            hidden,
+            bidirectional: dirs == 2,
+            bias: RnnBias::Double,
+        };
+        let name = self.fresh(n);
+        self.b.push(&name, op, &[&x])?;
+        let b = if Self::has_input(n, 3) {
+            self.const_f32(n, 3)
+        } else {
+            Some(vec![0.0; dirs * 2 * g])
+        };
+        if let (Some(w), Some(r), Some(b)) = (self.const_f32(n, 1), self.const_f32(n, 2), b) {
+            let weights = rnn_weights(cell, dirs, hidden, input_size, &w, &r, &b);
+            self.attach(&name, weights.into_iter().map(Some).collect());
+        }
+        let axes = if layout == 1 {
+            vec![Ax::B, Ax::T, Ax::D, Ax::H]
+        } else {
+            vec![Ax::T, Ax::D, Ax::B, Ax::H]
+        };
+        self.define(
+            n,
+            Val::View(View {
+                ir: name.clone(),
+                axes,
+                dirs,
+                hidden,
+            }),
+        );
+        for (k, out) in n.output.iter().enumerate().skip(1) {
+            if !out.is_empty() {
+                let state = if k == 1 { "hidden" } else { "cell" };
+                self.vals.insert(
+                    out.clone(),
+                    Val::Unusable(format!(
+                        "the final {state} state of {} `{name}` is not modelled by the IR \
+                         (only the full output sequence Y is)",
+                        n.op_type
+                    )),
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The IR parameters of an ONNX `LSTM`/`GRU` (see [`Op::params`]): per direction
+/// `weight_ih [G*H, I]`, `weight_hh [G*H, H]`, `bias_ih [G*H]`, `bias_hh [G*H]`, from
+/// `W [dirs, G*H, I]`, `R [dirs, G*H, H]` and `B [dirs, 2*G*H]`, with the gate blocks
+/// moved from ONNX's order (LSTM `i, o, f, c`; GRU `z, r, h`) to PyTorch's
+/// (LSTM `i, f, g, o`; GRU `r, z, n`).
+fn rnn_weights(
+    cell: Cell,
+    dirs: usize,
+    hidden: usize,
+    input: usize,
+    w: &[f32],
+    r: &[f32],
+    b: &[f32],
+) -> Vec<Vec<f32>> {
+    // For each PyTorch gate, the ONNX gate block it comes from.
+    let from: &[usize] = match cell {
+        Cell::Lstm => &[0, 2, 3, 1],
+        Cell::Gru => &[1, 0, 2],
+    };
+    let g = cell.gates() * hidden;
+    let reorder = |block: &[f32], cols: usize| -> Vec<f32> {
+        from.iter()
+            .flat_map(|&k| &block[k * hidden * cols..(k + 1) * hidden * cols])
+            .copied()
+            .collect()
+    };
+    let mut out = Vec::with_capacity(4 * dirs);
+    for d in 0..dirs {
+        out.push(reorder(&w[d * g * input..(d + 1) * g * input], input));
+        out.push(reorder(&r[d * g * hidden..(d + 1) * g * hidden], hidden));
+        let bd = &b[d * 2 * g..(d + 1) * 2 * g];
+        out.push(reorder(&bd[..g], 1));
+        out.push(reorder(&bd[g..], 1));
+    }
+    out
+}

@@ -1,0 +1,264 @@
+//! Shape arithmetic: `Shape` and the integer ops PyTorch wraps around it,
+//! evaluated with a symbolic batch so they leave no IR node.
+
+use super::decode::{Attrs, is_int_type, tensor_ints};
+use super::import::{Importer, label};
+use super::proto::NodeProto;
+use super::view::Val;
+use crate::error::GraphError;
+use crate::shape::Dim;
+
+/// Why sample axes cannot be squeezed or unsqueezed.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum AxisError {
+    #[error("axis {0} is not a sample axis")]
+    NotSampleAxis(i64),
+    #[error("axis {axis} has size {size}, not 1")]
+    NotOne { axis: i64, size: usize },
+    #[error("needs axes")]
+    NoAxes,
+    #[error("axis {0} would move the batch")]
+    MovesBatch(i64),
+}
+
+/// One entry of a shape value: the symbolic batch or sequence length, or a number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Sym {
+    Batch,
+    Seq,
+    N(i64),
+}
+
+impl Importer {
+    /// An integer vector input: an integer constant of rank 0 or 1, or a shape value.
+    pub(super) fn ints_of(
+        &self,
+        n: &NodeProto,
+        pos: usize,
+        what: &str,
+    ) -> Result<(Vec<Sym>, bool), GraphError> {
+        match self.val(n, pos)? {
+            Val::Ints { v, scalar } => Ok((v.clone(), *scalar)),
+            Val::Const(t) if t.dims.len() <= 1 => {
+                let v = tensor_ints(t)
+                    .map_err(|why| GraphError::node(label(n), format!("{what}: {why}")))?;
+                Ok((v.into_iter().map(Sym::N).collect(), t.dims.is_empty()))
+            }
+            _ => Err(GraphError::node(
+                label(n),
+                format!(
+                    "{what} (input `{}`) must be a constant or computed from shapes",
+                    n.input[pos]
+                ),
+            )),
+        }
+    }
+
+    /// Whether input `pos` is a small integer vector rather than an activation or a weight.
+    pub(super) fn is_ints(&self, n: &NodeProto, pos: usize) -> bool {
+        match self.vals.get(n.input.get(pos).map_or("", String::as_str)) {
+            Some(Val::Ints { .. }) => true,
+            Some(Val::Const(t)) => t.dims.len() <= 1 && is_int_type(t.data_type),
+            _ => false,
+        }
+    }
+
+    /// A Reshape target; the symbolic batch may only stand first, where it means "keep".
+    pub(super) fn reshape_target(&self, n: &NodeProto) -> Result<Vec<i64>, GraphError> {
+        let (v, _) = self.ints_of(n, 1, "Reshape shape")?;
+        v.iter()
+            .enumerate()
+            .map(|(k, s)| match s {
+                Sym::N(x) => Ok(*x),
+                Sym::Batch if k == 0 => Ok(0),
+                Sym::Batch => Err(GraphError::node(
+                    label(n),
+                    "Reshape moves the batch dimension away from axis 0",
+                )),
+                Sym::Seq => Err(GraphError::node(
+                    label(n),
+                    "Reshape to a size computed from the symbolic sequence length T",
+                )),
+            })
+            .collect()
+    }
+
+    /// Ops on shape values: `Shape` and the integer ops PyTorch wraps around it
+    /// (`Gather`, `Unsqueeze`, `Squeeze`, `Concat`, `Slice`, `Mul`, `Add`).
+    /// Returns `false` when `n` does not compute a shape value.
+    pub(super) fn shape_op(&mut self, n: &NodeProto, a: &Attrs) -> Result<bool, GraphError> {
+        let err = |why: String| GraphError::node(label(n), why);
+        let op = n.op_type.as_str();
+        let (v, scalar) =
+            match op {
+                "Shape" => {
+                    let x = self.act(n, 0)?;
+                    let mut v = vec![Sym::Batch];
+                    v.extend(self.shape(&x)?.0.iter().map(|d| match d {
+                        Dim::Seq => Sym::Seq,
+                        Dim::Fixed(k) => Sym::N(*k as i64),
+                    }));
+                    let len = v.len() as i64;
+                    let clamp = |i: i64| (if i < 0 { i + len } else { i }).clamp(0, len) as usize;
+                    let (start, end) = (clamp(a.int("start", 0)), clamp(a.int("end", len)));
+                    (v[start..end.max(start)].to_vec(), false)
+                }
+                "Gather" if self.is_ints(n, 0) => {
+                    let (data, _) = self.ints_of(n, 0, "Gather data")?;
+                    let (idx, scalar) = self.ints_of(n, 1, "Gather indices")?;
+                    let len = data.len() as i64;
+                    let v = idx
+                        .iter()
+                        .map(|i| match i {
+                            Sym::N(i) if (-len..len).contains(i) => {
+                                Ok(data[((i + len) % len) as usize])
+                            }
+                            other => Err(err(format!("index {other:?} out of {len} values"))),
+                        })
+                        .collect::<Result<_, _>>()?;
+                    (v, scalar)
+                }
+                "Unsqueeze" | "Squeeze" if self.is_ints(n, 0) => {
+                    let (v, scalar) = self.ints_of(n, 0, "data")?;
+                    match (op, scalar) {
+                        ("Unsqueeze", true) => (v, false),
+                        ("Squeeze", false) if v.len() == 1 => (v, true),
+                        _ => return Err(err(format!("{op} of a shape value of rank > 1"))),
+                    }
+                }
+                "Concat" if (0..n.input.len()).any(|p| self.is_ints(n, p)) => {
+                    let mut v = Vec::new();
+                    for p in 0..n.input.len() {
+                        v.extend(self.ints_of(n, p, "Concat input")?.0);
+                    }
+                    (v, false)
+                }
+                "Slice" if self.is_ints(n, 0) => {
+                    let (data, _) = self.ints_of(n, 0, "Slice data")?;
+                    let arg = |pos: usize, attr: &str| -> Result<Option<i64>, GraphError> {
+                        let v = if Self::has_input(n, pos) {
+                            Some(self.ints_of(n, pos, attr)?.0)
+                        } else {
+                            a.ints(attr).map(|v| v.into_iter().map(Sym::N).collect())
+                        };
+                        match v.as_deref() {
+                            None => Ok(None),
+                            Some([Sym::N(x)]) => Ok(Some(*x)),
+                            Some(other) => {
+                                Err(err(format!("Slice {attr} {other:?} of a shape value")))
+                            }
+                        }
+                    };
+                    let len = data.len() as i64;
+                    let clamp = |i: i64| (if i < 0 { i + len } else { i }).clamp(0, len);
+                    let start = clamp(arg(1, "starts")?.unwrap_or(0));
+                    let end = clamp(arg(2, "ends")?.unwrap_or(len));
+                    let axis = arg(3, "axes")?.unwrap_or(0);
+                    if (axis != 0 && axis != -1) || arg(4, "steps")?.unwrap_or(1) != 1 {
+                        return Err(err("Slice of a shape value: only axis 0 with step 1".into()));
+                    }
+                    (
+                        data[start as usize..end.max(start) as usize].to_vec(),
+                        false,
+                    )
+                }
+                "Mul" | "Add" if self.is_ints(n, 0) && self.is_ints(n, 1) => {
+                    let (p, ps) = self.ints_of(n, 0, "operand")?;
+                    let (q, qs) = self.ints_of(n, 1, "operand")?;
+                    if p.is_empty()
+                        || q.is_empty()
+                        || !(p.len() == q.len() || p.len() == 1 || q.len() == 1)
+                    {
+                        return Err(err(format!(
+                            "{op} of shape values of lengths {} and {}",
+                            p.len(),
+                            q.len()
+                        )));
+                    }
+                    let v = (0..p.len().max(q.len()))
+                    .map(|k| match (p[k.min(p.len() - 1)], q[k.min(q.len() - 1)]) {
+                        (Sym::N(x), Sym::N(y)) => {
+                            let r = if op == "Mul" { x.checked_mul(y) } else { x.checked_add(y) };
+                            r.map(Sym::N)
+                                .ok_or_else(|| err(format!("{op} of {x} and {y} overflows")))
+                        }
+                        _ => Err(err(format!(
+                            "{op} of the symbolic batch or sequence length in a shape computation"
+                        ))),
+                    })
+                    .collect::<Result<_, _>>()?;
+                    (v, ps && qs)
+                }
+                _ => return Ok(false),
+            };
+        self.define(n, Val::Ints { v, scalar });
+        Ok(true)
+    }
+}
+
+/// The sample shape after removing size-1 sample dimensions (`axes` count the batch as 0).
+pub(super) fn squeeze(dims: &[usize], axes: Option<&[i64]>) -> Result<Vec<i64>, AxisError> {
+    let full = dims.len() as i64 + 1;
+    let remove: Vec<usize> = match axes {
+        None => (0..dims.len()).filter(|&k| dims[k] == 1).collect(),
+        Some(axes) => axes
+            .iter()
+            .map(|&a| {
+                let a = if a < 0 { a + full } else { a };
+                if a <= 0 || a >= full {
+                    return Err(AxisError::NotSampleAxis(a));
+                }
+                let k = a as usize - 1;
+                if dims[k] != 1 {
+                    return Err(AxisError::NotOne {
+                        axis: a,
+                        size: dims[k],
+                    });
+                }
+                Ok(k)
+            })
+            .collect::<Result<_, _>>()?,
+    };
+    Ok((0..dims.len())
+        .filter(|k| !remove.contains(k))
+        .map(|k| dims[k] as i64)
+        .collect())
+}
+
+/// The sample shape after inserting size-1 dimensions at `axes` of the output.
+pub(super) fn unsqueeze(dims: &[usize], axes: Option<&[i64]>) -> Result<Vec<i64>, AxisError> {
+    let axes = axes.ok_or(AxisError::NoAxes)?;
+    let full_out = (dims.len() + 1 + axes.len()) as i64;
+    let mut at: Vec<usize> = Vec::with_capacity(axes.len());
+    for &a in axes {
+        let a = if a < 0 { a + full_out } else { a };
+        if a <= 0 || a >= full_out {
+            return Err(AxisError::MovesBatch(a));
+        }
+        at.push(a as usize - 1);
+    }
+    let mut rest = dims.iter();
+    Ok((0..dims.len() + axes.len())
+        .map(|k| {
+            if at.contains(&k) {
+                1
+            } else {
+                rest.next().map_or(1, |&d| d as i64)
+            }
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn squeeze_and_unsqueeze_keep_the_batch() {
+        assert_eq!(squeeze(&[32, 1, 1], Some(&[2, 3])).unwrap(), vec![32]);
+        assert_eq!(squeeze(&[32, 1, 1], None).unwrap(), vec![32]);
+        assert!(squeeze(&[32, 1], Some(&[0])).is_err());
+        assert_eq!(unsqueeze(&[32], Some(&[-1])).unwrap(), vec![32, 1]);
+        assert_eq!(unsqueeze(&[32], Some(&[1])).unwrap(), vec![1, 32]);
+    }
+}

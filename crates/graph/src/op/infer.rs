@@ -1,0 +1,291 @@
+//! Shape inference: how each op maps one sample's input shapes to its output
+//! shape, with the symbolic batch left out and a sequence length kept symbolic.
+
+use super::Op;
+use crate::shape::{Dim, Shape};
+
+/// Why input shapes do not fit an op or a window; the message reads after the op's name.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ShapeError(pub(super) String);
+
+impl Op {
+    /// The output shape for these input shapes, or why they do not fit.
+    pub fn infer(&self, inputs: &[&Shape]) -> Result<Shape, ShapeError> {
+        let n = inputs.len();
+        if !self.arity().contains(&n) {
+            return Err(ShapeError(format!(
+                "takes {:?} inputs, got {n}",
+                self.arity()
+            )));
+        }
+        let x = inputs[0];
+        match self {
+            Op::Linear {
+                in_features,
+                out_features,
+                ..
+            } => {
+                expect_last(x, *in_features, "in_features")?;
+                Ok(with_last(x, *out_features))
+            }
+            Op::MatMul => {
+                let (a, b) = (x, inputs[1]);
+                if a.rank() < 2 || b.rank() < 2 || a.rank() != b.rank() {
+                    return Err(ShapeError(format!(
+                        "needs two inputs of equal rank >= 2 per sample, got {a} and {b}"
+                    )));
+                }
+                let r = a.rank();
+                if a.0[r - 1] != b.0[r - 2] || a.0[..r - 2] != b.0[..r - 2] {
+                    return Err(ShapeError(format!("cannot multiply {a} by {b}")));
+                }
+                let mut out = a.0.clone();
+                out[r - 1] = b.0[r - 1];
+                Ok(Shape(out))
+            }
+            Op::Conv {
+                in_channels,
+                out_channels,
+                window,
+                groups,
+                ..
+            } => {
+                let spatial = spatial_dims(x, window.spatial(), "conv")?;
+                expect_dim(x, 0, *in_channels, "input channels")?;
+                if *groups == 0 || in_channels % groups != 0 || out_channels % groups != 0 {
+                    return Err(ShapeError(format!(
+                        "groups {groups} must divide in_channels {in_channels} and out_channels {out_channels}"
+                    )));
+                }
+                let mut out = vec![Dim::Fixed(*out_channels)];
+                out.extend(window.output(&spatial)?.into_iter().map(Dim::Fixed));
+                Ok(Shape(out))
+            }
+            Op::BatchNorm { features } => {
+                expect_dim(x, 0, *features, "channels")?;
+                Ok(x.clone())
+            }
+            Op::LayerNorm { features } => {
+                expect_last(x, *features, "normalized size")?;
+                Ok(x.clone())
+            }
+            Op::Relu
+            | Op::ClippedRelu { .. }
+            | Op::Gelu
+            | Op::Tanh
+            | Op::Sigmoid
+            | Op::Dropout { .. } => Ok(x.clone()),
+            Op::Softmax { axis } => {
+                sample_axis(x, *axis)?;
+                Ok(x.clone())
+            }
+            Op::Pool { window, .. } => {
+                let spatial = spatial_dims(x, window.spatial(), "pool")?;
+                let mut out = vec![x.0[0]];
+                out.extend(window.output(&spatial)?.into_iter().map(Dim::Fixed));
+                Ok(Shape(out))
+            }
+            Op::GlobalPool { .. } => {
+                if x.rank() < 2 {
+                    return Err(ShapeError(format!("needs [B, C, spatial...], got {x}")));
+                }
+                let mut out = vec![x.0[0]];
+                out.extend(std::iter::repeat_n(Dim::Fixed(1), x.rank() - 1));
+                Ok(Shape(out))
+            }
+            Op::Flatten => {
+                let dims = x.all_fixed().ok_or_else(|| {
+                    ShapeError(format!(
+                        "cannot flatten {x}: the sequence length T is symbolic"
+                    ))
+                })?;
+                Ok(Shape::fixed(&[dims.iter().product()]))
+            }
+            Op::Reshape { shape } => reshape(x, shape),
+            Op::Concat { axis } => {
+                let a = sample_axis(x, *axis)?;
+                let mut out = x.0.clone();
+                for other in &inputs[1..] {
+                    if other.rank() != x.rank() {
+                        return Err(ShapeError(format!(
+                            "cannot concatenate {x} and {other}: ranks differ"
+                        )));
+                    }
+                    for d in 0..x.rank() {
+                        if d != a && other.0[d] != x.0[d] {
+                            return Err(ShapeError(format!(
+                                "cannot concatenate {x} and {other} along axis {axis}: dimension {} differs",
+                                d + 1
+                            )));
+                        }
+                    }
+                    out[a] = match (out[a], other.0[a]) {
+                        (Dim::Fixed(p), Dim::Fixed(q)) => Dim::Fixed(p + q),
+                        _ => {
+                            return Err(ShapeError(
+                                "cannot concatenate along the sequence axis".into(),
+                            ));
+                        }
+                    };
+                }
+                Ok(Shape(out))
+            }
+            Op::Add | Op::Mul => broadcast(x, inputs[1]),
+            Op::Embedding { dim, .. } => {
+                let mut out = x.0.clone();
+                out.push(Dim::Fixed(*dim));
+                Ok(Shape(out))
+            }
+            Op::Rnn {
+                input_size,
+                hidden,
+                bidirectional,
+                ..
+            } => {
+                if x.rank() != 2 {
+                    return Err(ShapeError(format!(
+                        "needs a sequence [B, T, features], got {x}"
+                    )));
+                }
+                expect_last(x, *input_size, "input_size")?;
+                let dirs = if *bidirectional { 2 } else { 1 };
+                Ok(Shape(vec![x.0[0], Dim::Fixed(hidden * dirs)]))
+            }
+        }
+    }
+}
+
+fn expect_last(x: &Shape, want: usize, what: &str) -> Result<(), ShapeError> {
+    match x.last() {
+        Some(Dim::Fixed(n)) if n == want => Ok(()),
+        _ => Err(ShapeError(format!(
+            "{what} is {want} but the input is {x} (its last dimension must be {want})"
+        ))),
+    }
+}
+
+fn expect_dim(x: &Shape, d: usize, want: usize, what: &str) -> Result<(), ShapeError> {
+    match x.0.get(d) {
+        Some(Dim::Fixed(n)) if *n == want => Ok(()),
+        _ => Err(ShapeError(format!(
+            "{what} is {want} but the input is {x} (dimension {} must be {want})",
+            d + 1
+        ))),
+    }
+}
+
+fn with_last(x: &Shape, n: usize) -> Shape {
+    let mut out = x.0.clone();
+    if let Some(l) = out.last_mut() {
+        *l = Dim::Fixed(n);
+    }
+    Shape(out)
+}
+
+/// The spatial sizes of `[C, spatial...]`, checking the rank.
+fn spatial_dims(x: &Shape, spatial: usize, what: &str) -> Result<Vec<usize>, ShapeError> {
+    if x.rank() != spatial + 1 {
+        return Err(ShapeError(format!(
+            "{what} over {spatial} spatial dimension(s) needs an input of rank {} per sample ([B, C, ...]), got {x}",
+            spatial + 1
+        )));
+    }
+    x.0[1..]
+        .iter()
+        .map(|d| {
+            d.fixed().ok_or_else(|| {
+                ShapeError(format!(
+                    "{what} over a symbolic sequence length is not supported"
+                ))
+            })
+        })
+        .collect()
+}
+
+/// Converts a full-tensor axis (batch = 0, negatives from the end) to a sample axis.
+pub fn sample_axis(x: &Shape, axis: i64) -> Result<usize, ShapeError> {
+    let full_rank = x.rank() as i64 + 1;
+    let a = if axis < 0 { axis + full_rank } else { axis };
+    if a <= 0 || a >= full_rank {
+        return Err(ShapeError(format!(
+            "axis {axis} is not a sample axis of {x} (axis 0 is the batch)"
+        )));
+    }
+    Ok(a as usize - 1)
+}
+
+fn reshape(x: &Shape, shape: &[i64]) -> Result<Shape, ShapeError> {
+    let total = x
+        .all_fixed()
+        .ok_or_else(|| {
+            ShapeError(format!(
+                "cannot reshape {x}: the sequence length T is symbolic"
+            ))
+        })?
+        .iter()
+        .product::<usize>();
+    let mut out = Vec::with_capacity(shape.len());
+    let mut infer_at = None;
+    for (i, &s) in shape.iter().enumerate() {
+        match s {
+            -1 if infer_at.is_none() => {
+                infer_at = Some(i);
+                out.push(1);
+            }
+            0 => out.push(x.0.get(i).and_then(|d| d.fixed()).ok_or_else(|| {
+                ShapeError(format!("reshape copies dimension {} that {x} lacks", i + 1))
+            })?),
+            s if s > 0 => out.push(s as usize),
+            _ => return Err(ShapeError(format!("bad reshape target {shape:?}"))),
+        }
+    }
+    let known: usize = out.iter().product();
+    if let Some(i) = infer_at {
+        if known == 0 || total % known != 0 {
+            return Err(ShapeError(format!("cannot reshape {x} to {shape:?}")));
+        }
+        out[i] = total / known;
+    } else if known != total {
+        return Err(ShapeError(format!(
+            "cannot reshape {x} ({total} elements per sample) to {shape:?}"
+        )));
+    }
+    Ok(Shape::fixed(&out))
+}
+
+/// Numpy broadcasting of two sample shapes.
+fn broadcast(a: &Shape, b: &Shape) -> Result<Shape, ShapeError> {
+    let r = a.rank().max(b.rank());
+    let pad = |s: &Shape| -> Vec<Dim> {
+        let mut v = vec![Dim::Fixed(1); r - s.rank()];
+        v.extend(&s.0);
+        v
+    };
+    let (pa, pb) = (pad(a), pad(b));
+    let mut out = Vec::with_capacity(r);
+    for (&p, &q) in pa.iter().zip(&pb) {
+        out.push(match (p, q) {
+            (p, q) if p == q => p,
+            (Dim::Fixed(1), q) => q,
+            (p, Dim::Fixed(1)) => p,
+            _ => return Err(ShapeError(format!("cannot broadcast {a} with {b}"))),
+        });
+    }
+    Ok(Shape(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reshape_infers_minus_one_and_rejects_bad_sizes() {
+        let x = Shape::fixed(&[26, 3, 3]);
+        assert_eq!(
+            reshape(&x, &[-1]).unwrap().to_string(),
+            "[B, 234]".to_string()
+        );
+        assert!(reshape(&x, &[100]).is_err());
+    }
+}
