@@ -24,10 +24,10 @@ pub mod plan;
 pub mod rules;
 pub mod units;
 
-pub use devices::{DevicePreset, PRESETS, preset};
+pub use devices::{DevicePreset, PRESETS, PresetError, preset};
 pub use options::{Optimizer, Precision, Runtime, TrainOptions};
 pub use plan::{FixedMemory, LayerPlan, Memory, Moment, PerSampleMemory, Plan, plan};
-pub use units::{Bytes, Flops};
+pub use units::{Bytes, Flops, ParseBytesError};
 
 #[cfg(test)]
 mod tests {
@@ -222,7 +222,9 @@ mod tests {
     #[test]
     fn presets_and_host() {
         assert_eq!(preset("gtx1060-6gb").unwrap().memory, Bytes(6 << 30));
-        assert!(preset("gtx9999").unwrap_err().contains("gtx1060-6gb"));
+        let unknown = preset("gtx9999").unwrap_err();
+        assert!(matches!(unknown, PresetError::Unknown { .. }));
+        assert!(unknown.to_string().contains("gtx1060-6gb"));
         assert!(preset("host").unwrap().memory.0 > 0);
     }
 }
