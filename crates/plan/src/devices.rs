@@ -6,9 +6,13 @@ use serde::Serialize;
 /// A device whose memory is the budget of a plan.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct DevicePreset {
+    /// Name on the command line (`--device-preset`).
     pub name: &'static str,
+    /// One line for people.
     pub description: &'static str,
+    /// Total memory, the budget.
     pub memory: Bytes,
+    /// Whether it is a GPU (plans for it add the runtime's device context).
     pub gpu: bool,
 }
 

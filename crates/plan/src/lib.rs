@@ -17,6 +17,8 @@
 //! rules every moment shares one fixed part, so that line is the whole plan.
 //! No framework code: the plan is checked against measurements by the engine.
 
+#![warn(missing_docs)]
+
 pub mod devices;
 pub mod host;
 pub mod options;

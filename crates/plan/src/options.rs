@@ -140,12 +140,15 @@ impl Runtime {
 /// Everything besides the graph that the plan depends on.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct TrainOptions {
+    /// The optimizer, which decides the state kept per parameter.
     pub optimizer: Optimizer,
+    /// Numeric precision of weights and activations.
     pub precision: Precision,
     /// Recompute activations in about sqrt(layers) segments instead of keeping them.
     pub checkpointing: bool,
     /// Samples per forward/backward when accumulating gradients (`None`: the whole batch).
     pub micro_batch: Option<u64>,
+    /// Whose allocator and autograd the plan models.
     pub runtime: Runtime,
     /// Sequence length for recurrent models (`None`: the model's default).
     pub seq_len: Option<usize>,

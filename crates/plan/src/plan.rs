@@ -16,22 +16,29 @@ use std::collections::{HashMap, HashSet};
 /// One node's share of the plan.
 #[derive(Clone, Debug, Serialize)]
 pub struct LayerPlan {
+    /// The node's name.
     pub name: String,
+    /// The op's name (`conv2d`, `linear`, ...).
     pub op: &'static str,
     /// Output shape of one sample, batch shown as `B`.
     pub output_shape: String,
+    /// Trainable parameters of the node.
     pub parameters: u64,
     /// Bytes this node keeps for backward per sample (tensors already kept by an
     /// earlier node are not counted twice).
     pub saved_bytes_per_sample: Bytes,
+    /// Forward FLOPs of one sample through this node.
     pub forward_flops_per_sample: Flops,
 }
 
 /// Fixed memory: what does not grow with the batch.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct FixedMemory {
+    /// Parameters (fp32, plus a half-precision copy under mixed precision).
     pub weights: Bytes,
+    /// Parameter gradients alive at this moment (PyTorch: all of them).
     pub gradients: Bytes,
+    /// The optimizer's state tensors.
     pub optimizer_state: Bytes,
     /// Non-trainable state such as BatchNorm running statistics.
     pub buffers: Bytes,
@@ -45,6 +52,7 @@ pub struct FixedMemory {
 }
 
 impl FixedMemory {
+    /// The sum of all parts.
     pub fn total(&self) -> Bytes {
         self.weights
             + self.gradients

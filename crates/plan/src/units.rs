@@ -9,8 +9,11 @@ use std::ops::{Add, AddAssign, Mul, Sub};
 pub struct Bytes(pub u64);
 
 impl Bytes {
+    /// Bytes in a KiB.
     pub const KIB: u64 = 1 << 10;
+    /// Bytes in a MiB.
     pub const MIB: u64 = 1 << 20;
+    /// Bytes in a GiB.
     pub const GIB: u64 = 1 << 30;
 
     /// Bytes as a float, for ratios and fits.

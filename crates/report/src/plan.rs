@@ -9,6 +9,7 @@ use serde::Serialize;
 pub struct BudgetFit {
     /// Preset name, or `memory` for `--memory`.
     pub name: String,
+    /// The budget.
     pub budget_bytes: Bytes,
     /// Largest batch whose planned peak fits; `null` if none.
     pub max_batch: Option<u64>,
@@ -32,8 +33,11 @@ impl BudgetFit {
 /// The JSON document of `batchfit plan --json`.
 #[derive(Serialize)]
 pub struct PlanDocument<'a> {
+    /// [`crate::SCHEMA_VERSION`].
     pub schema_version: u32,
+    /// Always `plan`.
     pub kind: &'static str,
+    /// The plan's own fields, at the top level (`memory.moments` reproduces `max_batch`).
     #[serde(flatten)]
     pub plan: &'a Plan,
     /// Largest batch for the first budget asked (`--memory` or the first preset); null if none fits or none was asked.
@@ -42,6 +46,7 @@ pub struct PlanDocument<'a> {
 }
 
 impl<'a> PlanDocument<'a> {
+    /// The document of `plan` with what fits each of `budgets`.
     pub fn new(plan: &'a Plan, budgets: &'a [BudgetFit]) -> Self {
         PlanDocument {
             schema_version: crate::SCHEMA_VERSION,

@@ -197,7 +197,7 @@ impl RuntimeRules for Burn {
     }
 
     /// The node's inputs no earlier node keeps, its output and what it keeps, plus what
-    /// its kernel allocates on the way ([`forward_temporaries`]).
+    /// its kernel allocates on the way (`forward_temporaries` below).
     fn forward_live(&self, op: &Op, s: &Sizes, act: u64, loose: u64, extra: u64) -> u64 {
         loose + s.output * act + extra + forward_temporaries(op, s, act)
     }
