@@ -6,7 +6,7 @@
 pub use crate::host::CpuHost;
 pub use crate::rules::pytorch::{PYTORCH_BLOCK, PYTORCH_CUDA_CONTEXT, PYTORCH_SMALL_SEGMENT};
 
-use crate::options::TrainOptions;
+use crate::options::{Runtime, TrainOptions};
 use crate::rules::{self, RuntimeRules, Sizes};
 use crate::units::{Bytes, Flops};
 use batchfit_graph::{Graph, Op};
@@ -200,7 +200,7 @@ impl Plan {
 /// Builds the plan of `graph` under `opts` (burn on a CPU: for this machine's threads and L2).
 pub fn plan(graph: &Graph, opts: &TrainOptions) -> Plan {
     let host = match (opts.runtime, opts.gpu) {
-        (crate::Runtime::Burn, false) => CpuHost::detect(),
+        (Runtime::Burn, false) => CpuHost::detect(),
         _ => CpuHost {
             threads: 1,
             l2_bytes: 0,
