@@ -171,7 +171,7 @@ fn parse_runtime(s: &str) -> Result<Runtime, String> {
 }
 
 /// A size such as `6GiB`; zero and negative sizes are refused.
-pub fn parse_bytes(s: &str) -> Result<Bytes, String> {
+pub fn parse_bytes(s: &str) -> Result<Bytes, batchfit_plan::ParseBytesError> {
     Bytes::parse(s)
 }
 

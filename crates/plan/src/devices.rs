@@ -6,9 +6,13 @@ use serde::Serialize;
 /// A device whose memory is the budget of a plan.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct DevicePreset {
+    /// Name on the command line (`--device-preset`).
     pub name: &'static str,
+    /// One line for people.
     pub description: &'static str,
+    /// Total memory, the budget.
     pub memory: Bytes,
+    /// Whether it is a GPU (plans for it add the runtime's device context).
     pub gpu: bool,
 }
 
@@ -61,8 +65,24 @@ pub const PRESETS: &[DevicePreset] = &[
     },
 ];
 
+/// Why no preset could be given ([`preset`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PresetError {
+    /// No preset has this name.
+    #[error("unknown device preset `{name}`; known: {known}, host")]
+    Unknown {
+        /// The name asked for.
+        name: String,
+        /// The known names, comma-separated.
+        known: String,
+    },
+    /// `host` was asked for but `/proc/meminfo` gives no total.
+    #[error("cannot read this machine's memory from /proc/meminfo")]
+    HostMemory,
+}
+
 /// The preset called `name`; `host` is this machine's RAM.
-pub fn preset(name: &str) -> Result<DevicePreset, String> {
+pub fn preset(name: &str) -> Result<DevicePreset, PresetError> {
     if name == "host" {
         return host_memory()
             .map(|memory| DevicePreset {
@@ -71,7 +91,7 @@ pub fn preset(name: &str) -> Result<DevicePreset, String> {
                 memory,
                 gpu: false,
             })
-            .ok_or_else(|| "cannot read this machine's memory from /proc/meminfo".to_string());
+            .ok_or(PresetError::HostMemory);
     }
     PRESETS
         .iter()
@@ -79,10 +99,10 @@ pub fn preset(name: &str) -> Result<DevicePreset, String> {
         .cloned()
         .ok_or_else(|| {
             let names: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();
-            format!(
-                "unknown device preset `{name}`; known: {}, host",
-                names.join(", ")
-            )
+            PresetError::Unknown {
+                name: name.to_string(),
+                known: names.join(", "),
+            }
         })
 }
 

@@ -1,22 +1,35 @@
 //! Static memory and FLOP plan of a batchfit graph.
 //!
 //! Pure functions from a [`batchfit_graph::Graph`] and [`TrainOptions`] to
-//! bytes and FLOPs: per-op rules for what the backward pass keeps
-//! ([`rules`]), the fixed memory (weights, gradients, optimizer state,
-//! runtime), the per-sample memory at the step's peak, and from them
-//! `memory(B) = fixed + per_sample x B` and the largest batch for a budget.
+//! bytes and FLOPs: per-op rules for what the backward pass keeps, one set per
+//! runtime ([`rules`]), the fixed memory (weights, gradients, optimizer state,
+//! runtime) and the per-sample memory.
+//!
+//! The memory of a step is not one line. Each moment of the step (a node's
+//! forward, each moment of its backward, the loss, the optimizer) holds its own
+//! `fixed + per_sample x B`, because burn frees and creates gradients as backward
+//! goes; the planned bytes at a batch ([`Plan::bytes_at`]) are the largest of these
+//! lines at that batch, plus the allocator's rounding, less a CPU buffer that small
+//! batches do not allocate ([`plan::Memory`] has the exact rule). The largest batch
+//! for a budget ([`Plan::max_batch`]) searches that function. `Plan::memory`'s
+//! `fixed_bytes` and `per_sample_bytes` are the line of the moment that is largest at
+//! large batches; at small batches another moment can be larger. Under PyTorch's
+//! rules every moment shares one fixed part, so that line is the whole plan.
 //! No framework code: the plan is checked against measurements by the engine.
 
+#![warn(missing_docs)]
+
 pub mod devices;
+pub mod host;
 pub mod options;
 pub mod plan;
 pub mod rules;
 pub mod units;
 
-pub use devices::{DevicePreset, PRESETS, preset};
+pub use devices::{DevicePreset, PRESETS, PresetError, preset};
 pub use options::{Optimizer, Precision, Runtime, TrainOptions};
-pub use plan::{FixedMemory, LayerPlan, MemoryLine, PerSampleMemory, Plan, plan};
-pub use units::{Bytes, Flops};
+pub use plan::{FixedMemory, LayerPlan, Memory, Moment, PerSampleMemory, Plan, plan};
+pub use units::{Bytes, Flops, ParseBytesError};
 
 #[cfg(test)]
 mod tests {
@@ -211,7 +224,9 @@ mod tests {
     #[test]
     fn presets_and_host() {
         assert_eq!(preset("gtx1060-6gb").unwrap().memory, Bytes(6 << 30));
-        assert!(preset("gtx9999").unwrap_err().contains("gtx1060-6gb"));
+        let unknown = preset("gtx9999").unwrap_err();
+        assert!(matches!(unknown, PresetError::Unknown { .. }));
+        assert!(unknown.to_string().contains("gtx1060-6gb"));
         assert!(preset("host").unwrap().memory.0 > 0);
     }
 }

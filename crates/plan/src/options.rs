@@ -4,11 +4,20 @@ use serde::{Deserialize, Serialize};
 
 /// The optimizer, which decides the state kept per parameter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Optimizer {
+    /// Plain SGD: no state.
+    #[cfg_attr(feature = "clap", value(name = "sgd"))]
     Sgd,
+    /// SGD with momentum: one velocity per parameter.
+    #[cfg_attr(feature = "clap", value(name = "momentum"))]
     Momentum,
+    /// Adam: first and second moments per parameter.
+    #[cfg_attr(feature = "clap", value(name = "adam"))]
     Adam,
+    /// AdamW: Adam's state, decoupled weight decay.
+    #[cfg_attr(feature = "clap", value(name = "adamw"))]
     Adamw,
 }
 
@@ -41,6 +50,7 @@ impl Optimizer {
         matches!(self, Optimizer::Adam | Optimizer::Adamw)
     }
 
+    /// The optimizer called `s` (one of [`Optimizer::NAMES`]).
     pub fn parse(s: &str) -> Option<Optimizer> {
         Some(match s {
             "sgd" => Optimizer::Sgd,
@@ -54,14 +64,22 @@ impl Optimizer {
 
 /// Numeric precision of the training step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum Precision {
+    /// fp32 everywhere.
+    #[cfg_attr(feature = "clap", value(name = "fp32"))]
     Fp32,
+    /// fp16 activations, fp32 master weights.
+    #[cfg_attr(feature = "clap", value(name = "fp16-mixed"))]
     Fp16Mixed,
+    /// bf16 activations, fp32 master weights.
+    #[cfg_attr(feature = "clap", value(name = "bf16-mixed"))]
     Bf16Mixed,
 }
 
 impl Precision {
+    /// Names accepted on the command line.
     pub const NAMES: &'static [&'static str] = &["fp32", "fp16-mixed", "bf16-mixed"];
 
     /// Bytes of one saved activation element.
@@ -81,6 +99,7 @@ impl Precision {
         }
     }
 
+    /// The precision called `s` (one of [`Precision::NAMES`]).
     pub fn parse(s: &str) -> Option<Precision> {
         Some(match s {
             "fp32" => Precision::Fp32,
@@ -93,17 +112,22 @@ impl Precision {
 
 /// The framework whose allocator and autograd the plan models.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Runtime {
     /// batchfit's own engine (burn).
+    #[cfg_attr(feature = "clap", value(name = "burn"))]
     Burn,
     /// PyTorch: CUDA context on GPUs, caching-allocator rounding.
+    #[cfg_attr(feature = "clap", value(name = "pytorch"))]
     Pytorch,
 }
 
 impl Runtime {
+    /// Names accepted on the command line.
     pub const NAMES: &'static [&'static str] = &["burn", "pytorch"];
 
+    /// The runtime called `s` (one of [`Runtime::NAMES`]).
     pub fn parse(s: &str) -> Option<Runtime> {
         Some(match s {
             "burn" => Runtime::Burn,
@@ -116,12 +140,15 @@ impl Runtime {
 /// Everything besides the graph that the plan depends on.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct TrainOptions {
+    /// The optimizer, which decides the state kept per parameter.
     pub optimizer: Optimizer,
+    /// Numeric precision of weights and activations.
     pub precision: Precision,
     /// Recompute activations in about sqrt(layers) segments instead of keeping them.
     pub checkpointing: bool,
     /// Samples per forward/backward when accumulating gradients (`None`: the whole batch).
     pub micro_batch: Option<u64>,
+    /// Whose allocator and autograd the plan models.
     pub runtime: Runtime,
     /// Sequence length for recurrent models (`None`: the model's default).
     pub seq_len: Option<usize>,
@@ -140,5 +167,34 @@ impl Default for TrainOptions {
             seq_len: None,
             gpu: false,
         }
+    }
+}
+
+/// With the `clap` feature, the command-line names are exactly `NAMES`, each meaning
+/// what `parse` makes of it.
+#[cfg(all(test, feature = "clap"))]
+mod clap_tests {
+    use super::*;
+    use clap::ValueEnum;
+
+    fn same<T: ValueEnum + PartialEq + std::fmt::Debug>(
+        names: &[&str],
+        parse: fn(&str) -> Option<T>,
+    ) {
+        let values: Vec<String> = T::value_variants()
+            .iter()
+            .map(|v| v.to_possible_value().unwrap().get_name().to_string())
+            .collect();
+        assert_eq!(values, names);
+        for name in names {
+            assert_eq!(T::from_str(name, false).ok(), parse(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn value_enums_accept_the_names() {
+        same(Optimizer::NAMES, Optimizer::parse);
+        same(Precision::NAMES, Precision::parse);
+        same(Runtime::NAMES, Runtime::parse);
     }
 }

@@ -1,31 +1,44 @@
-//! The plan: memory and FLOPs of one training step as `fixed + per_sample x B`.
+//! The plan: memory and FLOPs of one training step.
+//!
+//! The memory is a maximum over the step's moments (each node's forward and backward, the
+//! loss, the optimizer), each a line `fixed + per_sample x B`; see [`Memory`].
+
+pub use crate::host::CpuHost;
+pub use crate::rules::pytorch::{PYTORCH_BLOCK, PYTORCH_CUDA_CONTEXT, PYTORCH_SMALL_SEGMENT};
 
 use crate::options::{Runtime, TrainOptions};
-use crate::rules::{self, BurnCpu, Sizes};
+use crate::rules::{self, RuntimeRules, Sizes};
 use crate::units::{Bytes, Flops};
-use batchfit_graph::{Graph, LossKind, Op};
+use batchfit_graph::{Graph, Op};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 
 /// One node's share of the plan.
 #[derive(Clone, Debug, Serialize)]
 pub struct LayerPlan {
+    /// The node's name.
     pub name: String,
+    /// The op's name (`conv2d`, `linear`, ...).
     pub op: &'static str,
     /// Output shape of one sample, batch shown as `B`.
     pub output_shape: String,
+    /// Trainable parameters of the node.
     pub parameters: u64,
     /// Bytes this node keeps for backward per sample (tensors already kept by an
     /// earlier node are not counted twice).
     pub saved_bytes_per_sample: Bytes,
+    /// Forward FLOPs of one sample through this node.
     pub forward_flops_per_sample: Flops,
 }
 
 /// Fixed memory: what does not grow with the batch.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct FixedMemory {
+    /// Parameters (fp32, plus a half-precision copy under mixed precision).
     pub weights: Bytes,
+    /// Parameter gradients alive at this moment (PyTorch: all of them).
     pub gradients: Bytes,
+    /// The optimizer's state tensors.
     pub optimizer_state: Bytes,
     /// Non-trainable state such as BatchNorm running statistics.
     pub buffers: Bytes,
@@ -39,6 +52,7 @@ pub struct FixedMemory {
 }
 
 impl FixedMemory {
+    /// The sum of all parts.
     pub fn total(&self) -> Bytes {
         self.weights
             + self.gradients
@@ -50,7 +64,7 @@ impl FixedMemory {
     }
 }
 
-/// Per-sample memory at the step's peak.
+/// Per-sample memory of the moment that is largest at large batches.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct PerSampleMemory {
     /// The batch itself: inputs and targets.
@@ -66,165 +80,98 @@ pub struct PerSampleMemory {
     pub total: Bytes,
 }
 
-/// `memory(B) = fixed + per_sample x B`.
-#[derive(Clone, Copy, Debug, Serialize)]
-pub struct MemoryLine {
+/// One moment of the step as a line in the batch: `fixed_bytes + per_sample_bytes x B`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Moment {
+    /// The node whose backward it is (`NAME`), its forward (`NAME (forward)`), the loss
+    /// (`INPUT (loss)`) or `optimizer`; a node's backward can have several moments.
+    pub moment: String,
+    /// Bytes that do not grow with the batch at this moment.
     pub fixed_bytes: Bytes,
+    /// Bytes per sample at this moment.
     pub per_sample_bytes: Bytes,
+}
+
+/// The planned memory of a step as a function of the batch `B`.
+///
+/// [`Plan::bytes_at`] is, with `b = min(B, micro_batch)`: the largest of the
+/// `moments`' lines at `b`, plus `rounding_bytes`, minus `gemm_buffer_bytes` when
+/// `b < gemm_buffer_from_batch`. `fixed_bytes` and `per_sample_bytes` are the line of
+/// the moment that is largest at large batches (without `rounding_bytes`).
+#[derive(Clone, Debug, Serialize)]
+pub struct Memory {
+    /// Fixed bytes of the moment that is largest at large batches.
+    pub fixed_bytes: Bytes,
+    /// Per-sample bytes of that moment.
+    pub per_sample_bytes: Bytes,
+    /// Every moment of the step, in step order (backward from the last node, the loss,
+    /// forward from the first node, the optimizer).
+    pub moments: Vec<Moment>,
+    /// Added at every batch: the allocator's rounding (PyTorch's 512-byte blocks).
+    pub rounding_bytes: Bytes,
+    /// A buffer counted in every moment's fixed bytes that exists only from
+    /// `gemm_buffer_from_batch` on (burn on a CPU: gemm's packing buffer).
+    pub gemm_buffer_bytes: Bytes,
+    /// The smallest batch at which `gemm_buffer_bytes` exists (0: always).
+    pub gemm_buffer_from_batch: u64,
 }
 
 /// The static plan of a model under some training options.
 #[derive(Clone, Debug, Serialize)]
 pub struct Plan {
+    /// The graph's name.
     pub model: String,
+    /// Trainable parameters.
     pub parameters: u64,
+    /// The sequence length T used for recurrent models.
     pub seq_len: Option<usize>,
+    /// The options planned for.
     pub options: TrainOptions,
+    /// One entry per node, in execution order.
     pub layers: Vec<LayerPlan>,
+    /// Fixed memory of the moment that is largest at large batches.
     pub fixed: FixedMemory,
+    /// Per-sample memory of that moment.
     pub per_sample: PerSampleMemory,
-    pub memory: MemoryLine,
-    /// Name of the node whose backward sets the peak.
+    /// The memory as a function of the batch: every moment's line.
+    pub memory: Memory,
+    /// Name of the moment that is largest at large batches.
     pub peak_at: String,
+    /// Forward FLOPs of one sample.
     pub forward_flops_per_sample: Flops,
     /// Forward + backward: about 3x the forward FLOPs (backward computes two
     /// products per forward product: input and weight gradients).
     pub train_flops_per_sample: Flops,
-    /// Burn: the peak of every moment of the step (each node's forward and backward, the
-    /// loss, the optimizer) as its own line; the planned bytes at a batch are the largest.
-    /// `memory` is the line that is largest at large batches. Empty for PyTorch, whose
-    /// plan is the single line `memory`.
-    #[serde(skip)]
-    pub peaks: Vec<MemoryLine>,
-    /// Burn on a CPU: gemm's packing buffer, counted in `fixed.runtime`, and the smallest
-    /// batch at which it exists (2 when every product at batch 1 is matrix-vector).
-    #[serde(skip)]
-    pub gemm_buffer: (Bytes, u64),
-}
-
-/// PyTorch's CUDA context (driver, cuBLAS and cuDNN handles) as seen in
-/// `nvidia-smi` before any tensor: 300-800 MiB depending on versions; 500 MiB taken.
-pub const PYTORCH_CUDA_CONTEXT: Bytes = Bytes(500 * Bytes::MIB);
-/// PyTorch's caching allocator serves tensors of at most 1 MiB from 2 MiB segments.
-pub const PYTORCH_SMALL_SEGMENT: Bytes = Bytes(2 * Bytes::MIB);
-/// PyTorch rounds every allocation up to a multiple of 512 bytes.
-pub const PYTORCH_BLOCK: u64 = 512;
-
-/// This machine as burn's CPU backend (flex) sees it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CpuHost {
-    /// Threads of rayon's global pool: `RAYON_NUM_THREADS`, else the available parallelism.
-    pub threads: u64,
-    /// L2 cache bytes per core as gemm reads them (sysfs `size` over the CPUs sharing it;
-    /// gemm's default 256 KiB when unknown).
-    pub l2_bytes: u64,
-}
-
-impl CpuHost {
-    /// Reads rayon's thread count and the L2 size the way rayon and gemm do.
-    pub fn detect() -> CpuHost {
-        let threads = std::env::var("RAYON_NUM_THREADS")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .filter(|&n| n > 0)
-            .or_else(|| {
-                std::thread::available_parallelism()
-                    .ok()
-                    .map(|n| n.get() as u64)
-            })
-            .unwrap_or(1);
-        CpuHost {
-            threads,
-            l2_bytes: l2_per_core().unwrap_or(256 * 1024),
-        }
-    }
-
-    /// gemm's packing buffer (gemm-common `L2_SLAB`): an L2-sized thread-local buffer that
-    /// each thread allocates the first time it packs a matrix product, and keeps. Which
-    /// threads pack depends on every product's shape (gemm-common `gemm_basic_generic`:
-    /// matrix-vector products pack nothing, flex runs products under 192^3 multiply-adds
-    /// on the calling thread and larger ones on the pool), so a step holds 0 to
-    /// threads + 1 of them; the plan counts one.
-    pub fn gemm_slabs(&self) -> Bytes {
-        Bytes(self.l2_bytes)
-    }
-}
-
-/// sysfs's level-2 cache of cpu0 divided by the CPUs that share it, as gemm-common's
-/// `cache_info` computes it.
-fn l2_per_core() -> Option<u64> {
-    let dir = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
-    for entry in std::fs::read_dir(dir).ok()?.flatten() {
-        let path = entry.path();
-        let read = |f: &str| std::fs::read_to_string(path.join(f)).ok();
-        let (Some(level), Some(kind), Some(size)) = (read("level"), read("type"), read("size"))
-        else {
-            continue;
-        };
-        if level.trim() != "2" || kind.trim() == "Instruction" {
-            continue;
-        }
-        let size = size.trim();
-        let (digits, unit) = match size.char_indices().last()? {
-            (i, 'K') => (&size[..i], 1024),
-            (i, 'M') => (&size[..i], 1024 * 1024),
-            (i, 'G') => (&size[..i], 1024 * 1024 * 1024),
-            _ => (size, 1),
-        };
-        let bytes = digits.parse::<u64>().ok()? * unit;
-        let shared = read("shared_cpu_list").map_or(1, |l| cpu_count(l.trim()));
-        return Some(bytes / shared.max(1));
-    }
-    None
-}
-
-/// CPUs in a sysfs list such as `0-3,8`.
-fn cpu_count(list: &str) -> u64 {
-    list.split(',')
-        .filter(|p| !p.is_empty())
-        .map(|p| match p.split_once('-') {
-            Some((a, b)) => match (a.parse::<u64>(), b.parse::<u64>()) {
-                (Ok(a), Ok(b)) if b >= a => b - a + 1,
-                _ => 1,
-            },
-            None => 1,
-        })
-        .sum()
 }
 
 impl Plan {
-    /// Planned peak memory at batch `b` (activations at the micro-batch if one is set).
+    /// Planned peak memory at batch `batch` (activations at the micro-batch if one is set):
+    /// the largest moment at that batch (see [`Memory`]).
     pub fn bytes_at(&self, batch: u64) -> Bytes {
         let b = self.options.micro_batch.map_or(batch, |m| m.min(batch));
-        let linear = self.memory.fixed_bytes + self.memory.per_sample_bytes * b;
-        match self.options.runtime {
-            Runtime::Burn => {
-                let peak = self
-                    .peaks
-                    .iter()
-                    .map(|l| l.fixed_bytes + l.per_sample_bytes * b)
-                    .fold(linear, Bytes::max);
-                let (buffer, from) = self.gemm_buffer;
-                if b < from {
-                    Bytes(peak.0.saturating_sub(buffer.0))
-                } else {
-                    peak
-                }
-            }
-            // Rounding each of the step's tensors up to 512 bytes costs at most 511
-            // bytes a tensor; about 4 tensors per node are live at the peak.
-            Runtime::Pytorch => linear + Bytes(PYTORCH_BLOCK * 4 * self.layers.len() as u64),
+        self.bytes_at_samples(b)
+    }
+
+    /// Planned peak memory with `b` samples per forward and backward pass.
+    fn bytes_at_samples(&self, b: u64) -> Bytes {
+        let m = &self.memory;
+        let peak = m
+            .moments
+            .iter()
+            .map(|l| l.fixed_bytes + l.per_sample_bytes * b)
+            .fold(m.fixed_bytes + m.per_sample_bytes * b, Bytes::max)
+            + m.rounding_bytes;
+        if b < m.gemm_buffer_from_batch {
+            peak - m.gemm_buffer_bytes
+        } else {
+            peak
         }
     }
 
     /// The largest batch whose planned peak fits `budget`, or `None` if not even one sample fits.
     /// With a micro-batch this is the largest micro-batch (any accumulation count fits).
     pub fn max_batch(&self, budget: Bytes) -> Option<u64> {
-        let fits = |b: u64| {
-            let mut p = self.clone();
-            p.options.micro_batch = None;
-            p.bytes_at(b) <= budget
-        };
+        let fits = |b: u64| self.bytes_at_samples(b) <= budget;
         if !fits(1) {
             return None;
         }
@@ -262,13 +209,10 @@ pub fn plan(graph: &Graph, opts: &TrainOptions) -> Plan {
     plan_on(graph, opts, host)
 }
 
-/// [`plan`] for a given CPU (only burn on a CPU reads it).
+/// [`plan`] for a given CPU (only burn's rules read it).
 pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan {
-    let burn = opts.runtime == Runtime::Burn;
-    let cpu = BurnCpu {
-        threads: host.threads.max(1),
-        gemm_slab: host.gemm_slabs().0,
-    };
+    let rules = rules::for_runtime(opts.runtime, host, opts.gpu);
+    let rules: &dyn RuntimeRules = rules.as_ref();
     let seq = opts
         .seq_len
         .or(graph.default_seq_len)
@@ -278,31 +222,29 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         |tensor: &str| -> u64 { graph.shape_of(tensor).map(|s| s.elements(seq)).unwrap_or(0) };
 
     // Forward pass: what each node saves, counting each tensor once (at its first saver,
-    // whose backward comes last and frees it). Burn's batch tensors are the very tensors
-    // the first layers keep, so they are counted once, as data.
+    // whose backward comes last and frees it).
     let mut kept: HashSet<&str> = HashSet::new();
-    // Burn: whether a tensor needs a gradient (batch inputs do not).
+    // Whether a tensor needs a gradient (batch inputs do not).
     let mut tracked: HashMap<&str, bool> = HashMap::new();
-    // Burn: the tensor whose buffer a view shares.
+    // The tensor whose buffer a view shares, where the runtime counts views so.
     let mut alias: HashMap<&str, &str> = HashMap::new();
-    if burn {
-        for input in &graph.inputs {
+    for input in &graph.inputs {
+        tracked.insert(input.name.as_str(), false);
+        if rules.keeps_batch_as_data() {
             kept.insert(input.name.as_str());
-            tracked.insert(input.name.as_str(), false);
         }
     }
     let n = graph.nodes.len();
     let mut layers = Vec::with_capacity(n);
     let mut saved = Vec::with_capacity(n); // per-sample bytes by node
-    let mut grads_at = Vec::with_capacity(n); // grad in + grad out + workspace
     let mut forward_live = Vec::with_capacity(n);
-    // Burn: each node's backward moments, own extra kept bytes, forward per-thread buffers.
+    // Each node's backward moments, own extra kept bytes, forward per-thread buffers.
     let mut moments = Vec::with_capacity(n);
     let mut extras = Vec::with_capacity(n);
     let mut forward_ws = Vec::with_capacity(n);
     let mut param_bytes = Vec::with_capacity(n);
     let mut workspace_max = 0u64;
-    let mut packs_at_one = false; // burn: a matrix-matrix product at batch 1
+    let mut packs_at_one = false; // a matrix-matrix product at batch 1
     let mut flops = 0.0;
     for node in &graph.nodes {
         let in_elems: Vec<u64> = node.inputs.iter().map(|i| elems(i)).collect();
@@ -324,16 +266,16 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
             in_dims: &in_dims,
             input_tracked: in_tracked.first().copied().unwrap_or(true),
         };
-        // Burn: a view (flatten, reshape) shares its input's buffer; a layer keeping the
-        // view keeps that buffer, counted under the input's name.
-        if burn && matches!(node.op, Op::Flatten | Op::Reshape { .. }) {
+        // A view (flatten, reshape) sharing its input's buffer: a layer keeping the view
+        // keeps that buffer, counted under the input's name.
+        if rules.views_share_buffers() && matches!(node.op, Op::Flatten | Op::Reshape { .. }) {
             let base_name = alias.get(node.inputs[0].as_str()).copied();
             alias.insert(
                 node.name.as_str(),
                 base_name.unwrap_or(node.inputs[0].as_str()),
             );
         }
-        let rule = rules::saved(&node.op, &sizes, opts.runtime);
+        let rule = rules.saved(&node.op, &sizes);
         let extra = rule.extra_elems * act + rule.extra_bytes;
         // Inputs alive at this node's forward that no earlier node keeps.
         let storage = |name: &'g str| -> &'g str { alias.get(name).copied().unwrap_or(name) };
@@ -359,25 +301,16 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         flops += f;
         saved.push(bytes);
         param_bytes.push(node.op.param_count() * 4);
-        if burn {
-            tracked.insert(
-                node.name.as_str(),
-                node.op.param_count() > 0 || in_tracked.iter().any(|&t| t),
-            );
-            let m = rules::burn_backward(&node.op, &sizes, &in_tracked, cpu, act);
-            grads_at.push(m.iter().map(|m| m.bytes).max().unwrap_or(0));
-            moments.push(m);
-            extras.push(extra);
-            forward_live
-                .push(loose + out * act + extra + rules::burn_forward(&node.op, &sizes, act));
-            forward_ws.push(rules::burn_forward_workspace(&node.op, &sizes, cpu, act));
-            packs_at_one |= rules::burn_packs_at_batch_one(&node.op, &sizes);
-        } else {
-            let ws = rules::workspace_elems(&node.op, &sizes) * act;
-            workspace_max = workspace_max.max(ws);
-            grads_at.push((out + in_elems.iter().sum::<u64>()) * act + ws);
-            forward_live.push((out + in_elems.iter().sum::<u64>()) * act + ws);
-        }
+        tracked.insert(
+            node.name.as_str(),
+            node.op.param_count() > 0 || in_tracked.iter().any(|&t| t),
+        );
+        moments.push(rules.backward(&node.op, &sizes, &in_tracked, act));
+        extras.push(extra);
+        forward_live.push(rules.forward_live(&node.op, &sizes, act, loose, extra));
+        forward_ws.push(rules.forward_workspace(&node.op, &sizes, act));
+        workspace_max = workspace_max.max(rules.workspace(&node.op, &sizes, act));
+        packs_at_one |= rules.packs_at_batch_one(&node.op, &sizes);
         layers.push(LayerPlan {
             name: node.name.clone(),
             op: node.op.name(),
@@ -407,7 +340,14 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         (0, None)
     };
 
-    let data = data_bytes(graph, seq, opts.runtime);
+    // Bytes of one sample of the batch: the inputs (fp32; burn converts token ids to its
+    // device's i32, `Tensor::from_data`) and the target.
+    let data = graph
+        .inputs
+        .iter()
+        .map(|i| i.shape.elements(seq) * 4)
+        .sum::<u64>()
+        + rules.target_bytes(graph.loss.kind, logits, seq);
     let params = graph.param_count();
     let largest_param = graph
         .nodes
@@ -417,45 +357,41 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         .max()
         .unwrap_or(0);
     let state = opts.optimizer.state_per_param();
-    let weights = Bytes(params * opts.precision.weight_bytes());
-    let optimizer_state = Bytes(params * 4 * state);
-    let buffers = Bytes(
-        graph
-            .nodes
-            .iter()
-            .map(|n| n.op.buffer_elements())
-            .sum::<u64>()
-            * 4,
-    );
-    let accumulation = match (opts.micro_batch, opts.runtime) {
-        (Some(_), Runtime::Burn) => Bytes(params * 4),
-        _ => Bytes(0),
-    };
-    let runtime = match (opts.runtime, opts.gpu) {
-        (Runtime::Pytorch, true) => PYTORCH_CUDA_CONTEXT + PYTORCH_SMALL_SEGMENT,
-        (Runtime::Pytorch, false) => PYTORCH_SMALL_SEGMENT,
-        (Runtime::Burn, false) => host.gemm_slabs(),
-        (Runtime::Burn, true) => Bytes(0),
-    };
-    // What every moment of a burn step holds besides gradients and kernel buffers.
+    // What every moment of a step holds besides gradients and kernel buffers.
     let base = FixedMemory {
-        weights,
-        optimizer_state,
-        buffers,
-        accumulation,
-        runtime,
+        weights: Bytes(params * opts.precision.weight_bytes()),
+        optimizer_state: Bytes(params * 4 * state),
+        buffers: Bytes(
+            graph
+                .nodes
+                .iter()
+                .map(|n| n.op.buffer_elements())
+                .sum::<u64>()
+                * 4,
+        ),
+        accumulation: rules.accumulation(opts.micro_batch, params),
+        runtime: rules.runtime_bytes(),
         ..FixedMemory::default()
     };
+    // The optimizer's moment: all gradients, and one tensor's update temporaries. Where
+    // the runtime holds every gradient all step, this is every moment's fixed memory.
+    let at_update = FixedMemory {
+        gradients: Bytes(params * 4),
+        optimizer_transient: rules.optimizer_transient(largest_param, state),
+        ..base.clone()
+    };
+    let held = rules.gradients_held_all_step();
+    let fixed_at = |fixed: FixedMemory| if held { at_update.clone() } else { fixed };
 
-    // Backward, in reverse: at node i the live set is everything saved by nodes <= i
-    // (in its segment, under checkpointing) plus node i's gradients and workspace.
-    // Burn: each moment is its own line, with the parameter gradients alive then.
+    // Every moment of the step as (fixed, per-sample bytes, name), in step order.
     let mut lines: Vec<(FixedMemory, u64, String)> = Vec::new();
-    let mut peak = 0u64;
-    let mut peak_at = graph.loss.input.clone();
+    // Backward, in reverse: at node i the live set is everything saved by nodes <= i
+    // (in its segment, under checkpointing) plus what the node's backward holds, with the
+    // parameter gradients of the nodes after it (already made) and its own (finished or
+    // being made, twins included).
     let total_saved: u64 = saved.iter().sum();
     let mut prefix = total_saved;
-    let mut grads_after = 0u64; // burn: parameter gradients of the nodes after i
+    let mut grads_after = 0u64; // parameter gradients of the nodes after i
     for i in (0..n).rev() {
         let alive = match segment_of {
             None => prefix,
@@ -464,140 +400,85 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
                 resident + saved[start..=i].iter().sum::<u64>()
             }
         };
-        let live = alive + grads_at[i];
-        if live > peak {
-            peak = live;
-            peak_at = graph.nodes[i].name.clone();
+        for m in &moments[i] {
+            let own = (m.param_elems * 4).min(param_bytes[i]);
+            let kept = if m.extras_freed {
+                alive - extras[i].min(alive)
+            } else {
+                alive
+            };
+            lines.push((
+                fixed_at(FixedMemory {
+                    gradients: Bytes(grads_after + own),
+                    optimizer_transient: Bytes(m.param_elems * 4 - own),
+                    runtime: base.runtime + Bytes(m.fixed_workspace),
+                    ..base.clone()
+                }),
+                data + kept + m.bytes,
+                graph.nodes[i].name.clone(),
+            ));
         }
-        if burn {
-            // Each moment of the node's backward, with the parameter gradients of the nodes
-            // after it (already made) and its own (finished or being made, twins included).
-            for m in &moments[i] {
-                let own = (m.param_elems * 4).min(param_bytes[i]);
-                let kept = if m.extras_freed {
-                    alive - extras[i].min(alive)
-                } else {
-                    alive
-                };
-                lines.push((
-                    FixedMemory {
-                        gradients: Bytes(grads_after + own),
-                        optimizer_transient: Bytes(m.param_elems * 4 - own),
-                        runtime: base.runtime + Bytes(m.fixed_workspace),
-                        ..base.clone()
-                    },
-                    data + kept + m.bytes,
-                    graph.nodes[i].name.clone(),
-                ));
-            }
-            grads_after += param_bytes[i];
-        }
+        grads_after += param_bytes[i];
         prefix -= saved[i];
     }
-    // Start of backward: everything saved plus the loss's tensors.
+    // Start of backward: everything saved plus the loss's tensors and its backward's.
     let at_loss = match segment_of {
         None => total_saved,
         Some(_) => resident,
     } + loss_bytes
-        + logits * act;
-    if at_loss > peak {
-        peak = at_loss;
-        peak_at = format!("{} (loss)", graph.loss.input);
-    }
-    if burn {
-        let at_loss =
-            at_loss - logits * act + rules::burn_loss_backward_elems(graph.loss.kind, logits) * act;
-        lines.push((
-            base.clone(),
-            data + at_loss,
-            format!("{} (loss)", graph.loss.input),
-        ));
-    }
-    // Forward peak: saved so far plus the node's input, output and workspace.
+        + rules.loss_backward_elems(graph.loss.kind, logits) * act;
+    lines.push((
+        fixed_at(base.clone()),
+        data + at_loss,
+        format!("{} (loss)", graph.loss.input),
+    ));
+    // Forward: saved so far plus what the node's forward holds.
     let mut so_far = 0u64;
     for (i, f) in forward_live.iter().enumerate() {
         let live = match segment_of {
             None => so_far,
             Some(_) => resident,
         } + f;
-        if live > peak {
-            peak = live;
-            peak_at = format!("{} (forward)", graph.nodes[i].name);
-        }
-        if burn {
-            lines.push((
-                FixedMemory {
-                    runtime: base.runtime + Bytes(forward_ws[i]),
-                    ..base.clone()
-                },
-                data + live,
-                format!("{} (forward)", graph.nodes[i].name),
-            ));
-        }
+        lines.push((
+            fixed_at(FixedMemory {
+                runtime: base.runtime + Bytes(forward_ws[i]),
+                ..base.clone()
+            }),
+            data + live,
+            format!("{} (forward)", graph.nodes[i].name),
+        ));
         so_far += saved[i];
     }
-    if burn {
-        // The optimizer: all gradients, and one tensor's update temporaries (burn-optim
-        // `AdaptiveMomentum::transform` and `Momentum::transform` clone the gradient or a
-        // moment into a new tensor; plain SGD updates in place).
-        lines.push((
-            FixedMemory {
-                gradients: Bytes(params * 4),
-                optimizer_transient: Bytes(if state > 0 { largest_param * 4 } else { 0 }),
-                ..base.clone()
-            },
-            data,
-            "optimizer".to_string(),
-        ));
-    }
+    lines.push((at_update.clone(), data, "optimizer".to_string()));
 
     let activations = match segment_of {
         None => total_saved,
         Some(_) => resident,
     } + loss_bytes;
-    let (fixed, per_sample, peaks) = if burn {
-        // The line that is largest at large batches: the most per sample, then the most fixed.
-        let (f, p, at) = lines
-            .iter()
-            .max_by_key(|(f, p, _)| (*p, f.total()))
-            .cloned()
-            .expect("a step has an optimizer moment");
-        peak_at = at;
-        let peaks = lines
-            .iter()
-            .map(|(f, p, _)| MemoryLine {
-                fixed_bytes: f.total(),
-                per_sample_bytes: Bytes(*p),
-            })
-            .collect();
-        let per_sample = PerSampleMemory {
-            data: Bytes(data),
-            activations: Bytes(activations),
-            transient_at_peak: Bytes(p.saturating_sub(data + activations)),
-            workspace: Bytes(workspace_max),
-            total: Bytes(p),
-        };
-        (f, per_sample, peaks)
-    } else {
-        let per_sample = PerSampleMemory {
-            data: Bytes(data),
-            activations: Bytes(activations),
-            transient_at_peak: Bytes(peak.saturating_sub(activations)),
-            workspace: Bytes(workspace_max),
-            total: Bytes(data + peak.max(activations)),
-        };
-        let fixed = FixedMemory {
-            gradients: Bytes(params * 4),
-            // The update of one tensor allocates its new value and new state before the
-            // old ones are dropped (PyTorch's foreach temporaries).
-            optimizer_transient: Bytes(largest_param * 4 * (state + 1)),
-            ..base
-        };
-        (fixed, per_sample, Vec::new())
+    let keys: Vec<(u64, Bytes)> = lines.iter().map(|(f, p, _)| (*p, f.total())).collect();
+    let (fixed, p, peak_at) = lines[rules.peak_index(&keys)].clone();
+    let per_sample = PerSampleMemory {
+        data: Bytes(data),
+        activations: Bytes(activations),
+        transient_at_peak: Bytes(p.saturating_sub(data + activations)),
+        workspace: Bytes(workspace_max),
+        total: Bytes(p),
     };
-    let memory = MemoryLine {
+    let (gemm_buffer_bytes, gemm_buffer_from_batch) = rules.gemm_buffer(packs_at_one);
+    let memory = Memory {
         fixed_bytes: fixed.total(),
         per_sample_bytes: per_sample.total,
+        moments: lines
+            .into_iter()
+            .map(|(f, p, moment)| Moment {
+                moment,
+                fixed_bytes: f.total(),
+                per_sample_bytes: Bytes(p),
+            })
+            .collect(),
+        rounding_bytes: rules.rounding_bytes(n),
+        gemm_buffer_bytes,
+        gemm_buffer_from_batch,
     };
     Plan {
         model: graph.name.clone(),
@@ -611,33 +492,5 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         peak_at,
         forward_flops_per_sample: Flops(flops),
         train_flops_per_sample: Flops(3.0 * flops),
-        peaks,
-        gemm_buffer: match (opts.runtime, opts.gpu) {
-            (Runtime::Burn, false) => (host.gemm_slabs(), if packs_at_one { 1 } else { 2 }),
-            _ => (Bytes(0), 0),
-        },
-    }
-}
-
-/// Bytes of one sample of the batch: the inputs (fp32; burn converts token ids to its
-/// device's i32, `Tensor::from_data`) and the target.
-fn data_bytes(graph: &Graph, seq: usize, runtime: Runtime) -> u64 {
-    let inputs: u64 = graph.inputs.iter().map(|i| i.shape.elements(seq) * 4).sum();
-    inputs + target_bytes(graph, seq, runtime)
-}
-
-/// Bytes of one sample's target: the output's shape for MSE, one int64 class per
-/// sample or frame for cross-entropy, a label sequence of up to T int64 for CTC.
-/// Burn's engine feeds cross-entropy one-hot fp32 rows (`data::one_hot`): the logits' size.
-fn target_bytes(graph: &Graph, seq: usize, runtime: Runtime) -> u64 {
-    match (graph.loss.kind, runtime) {
-        (LossKind::Mse, _) => graph.output().shape.elements(seq) * 4,
-        (LossKind::CrossEntropy | LossKind::CrossEntropyPerFrame, Runtime::Burn) => {
-            graph.output().shape.elements(seq) * 4
-        }
-        (LossKind::CrossEntropy, Runtime::Pytorch) => 8,
-        (LossKind::CrossEntropyPerFrame, Runtime::Pytorch) | (LossKind::Ctc { .. }, _) => {
-            8 * seq as u64
-        }
     }
 }

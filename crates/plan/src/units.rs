@@ -9,8 +9,11 @@ use std::ops::{Add, AddAssign, Mul, Sub};
 pub struct Bytes(pub u64);
 
 impl Bytes {
+    /// Bytes in a KiB.
     pub const KIB: u64 = 1 << 10;
+    /// Bytes in a MiB.
     pub const MIB: u64 = 1 << 20;
+    /// Bytes in a GiB.
     pub const GIB: u64 = 1 << 30;
 
     /// Bytes as a float, for ratios and fits.
@@ -19,15 +22,16 @@ impl Bytes {
     }
 
     /// Parses `6GiB`, `512MiB`, `4GB` (decimal), `1.5 GiB` or a plain byte count.
-    pub fn parse(text: &str) -> Result<Bytes, String> {
+    pub fn parse(text: &str) -> Result<Bytes, ParseBytesError> {
         let t = text.trim();
         let split = t
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
             .unwrap_or(t.len());
         let (num, unit) = t.split_at(split);
-        let value: f64 = num
-            .parse()
-            .map_err(|_| format!("`{text}` is not a size like 6GiB, 512MiB or 4GB"))?;
+        let value: f64 = num.parse().map_err(|source| ParseBytesError::NotASize {
+            text: text.to_string(),
+            source,
+        })?;
         let scale = match unit.trim().to_ascii_lowercase().as_str() {
             "" | "b" => 1.0,
             "k" | "kib" => 1024.0,
@@ -39,17 +43,48 @@ impl Bytes {
             "gb" => 1e9,
             "tb" => 1e12,
             other => {
-                return Err(format!(
-                    "`{text}`: unknown unit `{other}` (use B, KiB, MiB, GiB, KB, MB, GB)"
-                ));
+                return Err(ParseBytesError::UnknownUnit {
+                    text: text.to_string(),
+                    unit: other.to_string(),
+                });
             }
         };
         let bytes = value * scale;
         if !bytes.is_finite() || bytes < 1.0 {
-            return Err(format!("`{text}` must be a positive size"));
+            return Err(ParseBytesError::NotPositive {
+                text: text.to_string(),
+            });
         }
         Ok(Bytes(bytes as u64))
     }
+}
+
+/// Why a text is not a size ([`Bytes::parse`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ParseBytesError {
+    /// The number in front is not a number.
+    #[error("`{text}` is not a size like 6GiB, 512MiB or 4GB")]
+    NotASize {
+        /// The text as given.
+        text: String,
+        /// Why the number did not parse.
+        #[source]
+        source: std::num::ParseFloatError,
+    },
+    /// The unit is none of the known ones.
+    #[error("`{text}`: unknown unit `{unit}` (use B, KiB, MiB, GiB, KB, MB, GB)")]
+    UnknownUnit {
+        /// The text as given.
+        text: String,
+        /// The unit, lowercased.
+        unit: String,
+    },
+    /// The size is zero, below one byte or not finite.
+    #[error("`{text}` must be a positive size")]
+    NotPositive {
+        /// The text as given.
+        text: String,
+    },
 }
 
 impl fmt::Display for Bytes {
@@ -147,9 +182,19 @@ mod tests {
         assert_eq!(Bytes::parse("512 MiB").unwrap(), Bytes(512 << 20));
         assert_eq!(Bytes::parse("4GB").unwrap(), Bytes(4_000_000_000));
         assert_eq!(Bytes::parse("1.5GiB").unwrap(), Bytes(3 << 29));
-        assert!(Bytes::parse("0").is_err());
-        assert!(Bytes::parse("-1GiB").is_err());
-        assert!(Bytes::parse("6 parsecs").is_err());
+        assert!(matches!(
+            Bytes::parse("0"),
+            Err(ParseBytesError::NotPositive { .. })
+        ));
+        assert!(matches!(
+            Bytes::parse("-1GiB"),
+            Err(ParseBytesError::NotASize { .. })
+        ));
+        let e = Bytes::parse("6 parsecs").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "`6 parsecs`: unknown unit `parsecs` (use B, KiB, MiB, GiB, KB, MB, GB)"
+        );
     }
 
     #[test]

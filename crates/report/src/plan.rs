@@ -9,6 +9,7 @@ use serde::Serialize;
 pub struct BudgetFit {
     /// Preset name, or `memory` for `--memory`.
     pub name: String,
+    /// The budget.
     pub budget_bytes: Bytes,
     /// Largest batch whose planned peak fits; `null` if none.
     pub max_batch: Option<u64>,
@@ -32,8 +33,11 @@ impl BudgetFit {
 /// The JSON document of `batchfit plan --json`.
 #[derive(Serialize)]
 pub struct PlanDocument<'a> {
+    /// [`crate::SCHEMA_VERSION`].
     pub schema_version: u32,
+    /// Always `plan`.
     pub kind: &'static str,
+    /// The plan's own fields, at the top level (`memory.moments` reproduces `max_batch`).
     #[serde(flatten)]
     pub plan: &'a Plan,
     /// Largest batch for the first budget asked (`--memory` or the first preset); null if none fits or none was asked.
@@ -42,6 +46,7 @@ pub struct PlanDocument<'a> {
 }
 
 impl<'a> PlanDocument<'a> {
+    /// The document of `plan` with what fits each of `budgets`.
     pub fn new(plan: &'a Plan, budgets: &'a [BudgetFit]) -> Self {
         PlanDocument {
             schema_version: crate::SCHEMA_VERSION,
@@ -175,4 +180,107 @@ pub fn render(plan: &Plan, budgets: &[BudgetFit]) -> String {
         out.push('\n');
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use batchfit_graph::zoo;
+    use batchfit_plan::plan::{CpuHost, plan_on};
+    use batchfit_plan::{Optimizer, Runtime, TrainOptions};
+    use serde_json::Value;
+
+    /// `bytes_at` with `b` samples per pass, as docs/json.md says to compute it from `memory`
+    /// (in u128: the search below tries batches whose bytes overflow u64).
+    fn at_samples(memory: &Value, b: u64) -> u128 {
+        let field = |v: &Value, k: &str| u128::from(v[k].as_u64().expect(k));
+        let b = u128::from(b);
+        let peak = memory["moments"]
+            .as_array()
+            .expect("moments")
+            .iter()
+            .map(|m| field(m, "fixed_bytes") + field(m, "per_sample_bytes") * b)
+            .max()
+            .expect("one moment at least")
+            + field(memory, "rounding_bytes");
+        if b < field(memory, "gemm_buffer_from_batch") {
+            peak.saturating_sub(field(memory, "gemm_buffer_bytes"))
+        } else {
+            peak
+        }
+    }
+
+    /// `bytes_at(B)` from the document alone.
+    fn bytes_at(doc: &Value, batch: u64) -> u128 {
+        let b = doc["options"]["micro_batch"]
+            .as_u64()
+            .map_or(batch, |m| m.min(batch));
+        at_samples(&doc["memory"], b)
+    }
+
+    /// `max_batch(budget)` from the document alone: the largest B whose planned bytes
+    /// without micro-batching fit (they grow with B), searched up to 2^47.
+    fn max_batch(doc: &Value, budget: u64) -> Option<u64> {
+        let fits = |b: u64| at_samples(&doc["memory"], b) <= u128::from(budget);
+        if !fits(1) {
+            return None;
+        }
+        let (mut lo, mut hi) = (1u64, 1u64 << 47);
+        if fits(hi) {
+            return Some(hi);
+        }
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if fits(mid) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        Some(lo)
+    }
+
+    /// Every zoo model, both runtimes, CPU and GPU, with and without a micro-batch: the
+    /// JSON document alone gives the library's `bytes_at` and `max_batch`.
+    #[test]
+    fn json_reproduces_bytes_at_and_max_batch() {
+        let host = CpuHost {
+            threads: 4,
+            l2_bytes: 1 << 20,
+        };
+        let budgets = [1000u64, 3 << 20, 64 << 20, 1 << 30, 6 << 30, 80 << 30];
+        for name in zoo::NAMES {
+            let graph = zoo::build(name).unwrap();
+            for runtime in [Runtime::Burn, Runtime::Pytorch] {
+                for (gpu, micro_batch) in [(false, None), (true, None), (false, Some(3))] {
+                    let opts = TrainOptions {
+                        runtime,
+                        gpu,
+                        micro_batch,
+                        optimizer: Optimizer::Momentum,
+                        ..TrainOptions::default()
+                    };
+                    let plan = plan_on(&graph, &opts, host);
+                    let fits: Vec<BudgetFit> = budgets
+                        .iter()
+                        .map(|&b| BudgetFit::new(&plan, "memory", Bytes(b)))
+                        .collect();
+                    let doc = serde_json::to_value(PlanDocument::new(&plan, &fits)).unwrap();
+                    let case = format!("{name} {opts:?}");
+                    for b in [1u64, 2, 3, 5, 8, 17, 64, 100, 1000, 12_345, 1 << 20] {
+                        assert_eq!(
+                            bytes_at(&doc, b),
+                            u128::from(plan.bytes_at(b).0),
+                            "{case} at {b}"
+                        );
+                    }
+                    for (fit, &budget) in doc["budgets"].as_array().unwrap().iter().zip(&budgets) {
+                        let mb = max_batch(&doc, budget);
+                        assert_eq!(mb, plan.max_batch(Bytes(budget)), "{case} in {budget}");
+                        assert_eq!(fit["max_batch"].as_u64(), mb, "{case} in {budget}");
+                    }
+                }
+            }
+        }
+    }
 }

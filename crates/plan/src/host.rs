@@ -1,0 +1,85 @@
+//! The CPU a burn step runs on, as rayon and gemm see it.
+
+use crate::units::Bytes;
+
+/// This machine as burn's CPU backend (flex) sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuHost {
+    /// Threads of rayon's global pool: `RAYON_NUM_THREADS`, else the available parallelism.
+    pub threads: u64,
+    /// L2 cache bytes per core as gemm reads them (sysfs `size` over the CPUs sharing it;
+    /// gemm's default 256 KiB when unknown).
+    pub l2_bytes: u64,
+}
+
+impl CpuHost {
+    /// Reads rayon's thread count and the L2 size the way rayon and gemm do.
+    pub fn detect() -> CpuHost {
+        let threads = std::env::var("RAYON_NUM_THREADS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|&n| n > 0)
+            .or_else(|| {
+                std::thread::available_parallelism()
+                    .ok()
+                    .map(|n| n.get() as u64)
+            })
+            .unwrap_or(1);
+        CpuHost {
+            threads,
+            l2_bytes: l2_per_core().unwrap_or(256 * 1024),
+        }
+    }
+
+    /// gemm's packing buffer (gemm-common `L2_SLAB`): an L2-sized thread-local buffer that
+    /// each thread allocates the first time it packs a matrix product, and keeps. Which
+    /// threads pack depends on every product's shape (gemm-common `gemm_basic_generic`:
+    /// matrix-vector products pack nothing, flex runs products under 192^3 multiply-adds
+    /// on the calling thread and larger ones on the pool), so a step holds 0 to
+    /// threads + 1 of them; the plan counts one.
+    pub fn gemm_slabs(&self) -> Bytes {
+        Bytes(self.l2_bytes)
+    }
+}
+
+/// sysfs's level-2 cache of cpu0 divided by the CPUs that share it, as gemm-common's
+/// `cache_info` computes it.
+fn l2_per_core() -> Option<u64> {
+    let dir = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let path = entry.path();
+        let read = |f: &str| std::fs::read_to_string(path.join(f)).ok();
+        let (Some(level), Some(kind), Some(size)) = (read("level"), read("type"), read("size"))
+        else {
+            continue;
+        };
+        if level.trim() != "2" || kind.trim() == "Instruction" {
+            continue;
+        }
+        let size = size.trim();
+        let (digits, unit) = match size.char_indices().last()? {
+            (i, 'K') => (&size[..i], 1024),
+            (i, 'M') => (&size[..i], 1024 * 1024),
+            (i, 'G') => (&size[..i], 1024 * 1024 * 1024),
+            _ => (size, 1),
+        };
+        let bytes = digits.parse::<u64>().ok()? * unit;
+        let shared = read("shared_cpu_list").map_or(1, |l| cpu_count(l.trim()));
+        return Some(bytes / shared.max(1));
+    }
+    None
+}
+
+/// CPUs in a sysfs list such as `0-3,8`.
+fn cpu_count(list: &str) -> u64 {
+    list.split(',')
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.split_once('-') {
+            Some((a, b)) => match (a.parse::<u64>(), b.parse::<u64>()) {
+                (Ok(a), Ok(b)) if b >= a => b - a + 1,
+                _ => 1,
+            },
+            None => 1,
+        })
+        .sum()
+}

@@ -1,0 +1,624 @@
+//! burn's rules, as batchfit's engine drives burn 0.22.1 on the flex CPU backend:
+//! burn-autodiff's backward ops (what `prep.checkpoint` keeps; `prep.checkpoint(&x)`
+//! keeps `x`, a shared handle, so the tensor stays alive until that backward step), the
+//! flex kernels (what they allocate) and the engine's composition of each op
+//! (`crates/engine/src/model.rs`). burn frees and creates gradients during backward, so
+//! each moment of the step is its own line in the batch.
+//!
+//! A gradient made by a matrix product is a new flex tensor from `FlexTensor::empty`, whose
+//! zeroed `Vec<u8>` is copied into a 16-byte aligned buffer (`Bytes::from_bytes_vec` ->
+//! `try_enforce_runtime_align`): two copies exist for a moment. Element-wise backward ops
+//! (`relu_backward`, `mask_fill`, `mul` by the dropout mask) write into the incoming
+//! gradient when nothing else holds it, adding nothing. burn-autodiff computes an op's
+//! input gradient before its weight gradient (`binary`: lhs, then rhs).
+
+use super::{BackwardMoment, RuntimeRules, Saved, Sizes, rnn_steps_dirs};
+use crate::units::Bytes;
+use batchfit_graph::{Cell, LossKind, Op, PoolKind};
+
+/// burn's rules on a GPU or on a CPU with the given threads and gemm buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Burn {
+    /// The CPU the flex kernels run on (their per-thread buffers).
+    pub cpu: BurnCpu,
+    /// Whether the step runs on a GPU (no CPU gemm buffer then).
+    pub gpu: bool,
+}
+
+/// The flex CPU backend's parallel kernels run on rayon's pool; a few temporaries exist
+/// once per thread working at the same time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BurnCpu {
+    /// Threads of rayon's global pool.
+    pub threads: u64,
+    /// Bytes of gemm's packing buffer, which every thread that packs keeps (`CpuHost::gemm_slabs`).
+    pub gemm_slab: u64,
+}
+
+/// Burn: whether the engine runs `op` as one im2col matrix product (model.rs
+/// `conv_im2col`): a convolution without dilation or groups whose input needs no gradient.
+pub fn burn_im2col(op: &Op, s: &Sizes) -> bool {
+    matches!(op, Op::Conv { window, groups: 1, .. }
+        if !s.input_tracked && window.dilation.iter().all(|&d| d == 1))
+}
+
+/// Burn: how many chunks of whole samples the engine's im2col product splits a batch
+/// of `b` into (their GEMMs run on separate threads, each leaving a weight-gradient
+/// partial): the largest divisor of `b` up to [`IM2COL_MAX_CHUNKS`].
+pub fn im2col_chunks(b: usize) -> usize {
+    (1..=IM2COL_MAX_CHUNKS.min(b))
+        .rev()
+        .find(|&n| b.is_multiple_of(n))
+        .unwrap_or(1)
+}
+
+/// Most chunks [`im2col_chunks`] makes: enough for the cores of a desktop CPU, and
+/// the weight-gradient partials stay a small fixed cost (the plan counts this many).
+pub const IM2COL_MAX_CHUNKS: usize = 16;
+
+/// Largest window matrix (input by output positions) of an average pool the engine
+/// runs as a matrix product (model.rs `avg_pool_matrix`); larger pools use burn's
+/// `avg_pool2d`.
+pub const POOL_MATRIX_MAX: usize = 1 << 16;
+
+/// Per-sample elements of the im2col matrix `[OH·OW, k·C]` of a convolution.
+fn im2col_elems(op: &Op, s: &Sizes) -> u64 {
+    match op {
+        Op::Conv {
+            in_channels,
+            out_channels,
+            window,
+            ..
+        } => s.output / *out_channels as u64 * (*in_channels * window.kernel_elements()) as u64,
+        _ => 0,
+    }
+}
+
+/// flex's im2col tile: at most this many output positions per tile (`ops/conv.rs`, `TILE_SIZE`).
+const FLEX_CONV_TILE: u64 = 512;
+/// flex's transposed-convolution column buffer is tiled above this size (`ops/conv_transpose.rs`,
+/// `COLUMNS_BYTES`).
+const FLEX_CONV_TRANSPOSE_COLUMNS: u64 = 8 << 20;
+
+impl RuntimeRules for Burn {
+    /// What burn-autodiff keeps for each op as the engine builds it.
+    fn saved(&self, op: &Op, s: &Sizes) -> Saved {
+        let none = Saved::default();
+        let inputs = Saved {
+            inputs: true,
+            ..none
+        };
+        match op {
+            // The im2col product keeps its matrix (`float_matmul` checkpoints the lhs when the
+            // weight is tracked); the untracked input's pad and window views are not recorded.
+            Op::Conv { .. } if burn_im2col(op, s) => Saved {
+                extra_elems: im2col_elems(op, s),
+                ..none
+            },
+            // burn-autodiff `float_matmul` (ops/tensor.rs): checkpoints lhs (x) and rhs (W);
+            // `conv2d`/`conv1d` (ops/module.rs): x, weight, bias.
+            Op::Linear { .. } | Op::Conv { .. } | Op::MatMul => inputs,
+            // `relu`, `sigmoid`, `gelu` (ops/activation.rs) and `float_tanh` (ops/tensor.rs)
+            // checkpoint their INPUT and recompute from it: unlike PyTorch, the pre-activation
+            // stays alive beside the activation the next layer keeps.
+            Op::Relu | Op::Tanh | Op::Sigmoid | Op::Gelu => inputs,
+            // `clamp` is burn-backend's default `float_clamp` = `clamp_min(clamp_max(x))`, each
+            // a comparison plus `float_mask_fill`, whose backward keeps only the bool mask
+            // (flex stores bools as one byte): two bytes per element, not the input.
+            Op::ClippedRelu { .. } => Saved {
+                extra_bytes: 2 * s.output,
+                ..none
+            },
+            // Softmax is burn-backend's default `softmax`: x - max, `float_exp` (keeps its
+            // input), sum, `float_div` (keeps the exponentials and the sums).
+            Op::Softmax { .. } => Saved {
+                extra_elems: 2 * s.inputs[0],
+                ..none
+            },
+            // `max_pool2d` keeps x and the argmax indices at the device's int type (flex: i32).
+            Op::Pool {
+                pool: PoolKind::Max,
+                ..
+            } => Saved {
+                inputs: true,
+                extra_bytes: 4 * s.output,
+                ..none
+            },
+            // burn's `avg_pool2d` keeps x. The engine's product with the window matrix
+            // (model.rs `avg_pool_matrix`) should keep only the matrix, but without x the
+            // plan under-predicts seed2-dual's measured peak by 11 % at batch 128 (5.5 % at
+            // 1024): a tensor of x's size is alive at the peak, not yet identified. Counted
+            // as x, which matches the measurements (-6.7 %, -0.6 %).
+            Op::Pool { .. } => inputs,
+            // The engine's global max pool is `max_dim` (keeps i32 indices); the average is
+            // `mean_dim`, which keeps only the shape.
+            Op::GlobalPool {
+                pool: PoolKind::Max,
+            } => Saved {
+                extra_bytes: 4 * s.output,
+                ..none
+            },
+            Op::GlobalPool { .. } => none,
+            Op::Flatten | Op::Reshape { .. } | Op::Concat { .. } | Op::Add => none,
+            // `float_mul` keeps each factor when the other one is tracked.
+            Op::Mul => inputs,
+            // The engine's dropout is `x * mask` with an untracked f32 mask: `float_mul` keeps
+            // only the mask (at the activation's precision).
+            Op::Dropout { .. } => Saved {
+                extra_elems: s.output,
+                ..none
+            },
+            // `embedding` keeps the index tensor, which is the batch's own token tensor.
+            Op::Embedding { .. } => none,
+            // The engine's norms are composed: `x - mean` and the normalised `y` are each kept
+            // once (by `powi_scalar(2)` = mul, by `div`, by the scale's mul); LayerNorm adds
+            // per-row statistics.
+            Op::BatchNorm { .. } => Saved {
+                extra_elems: 2 * s.inputs[0],
+                ..none
+            },
+            Op::LayerNorm { features } => Saved {
+                extra_elems: 2 * s.inputs[0] + 2 * (s.inputs[0] / *features as u64),
+                ..none
+            },
+            // The engine's fused CPU LSTM (engine lstm.rs) keeps per step and direction the gate
+            // activations i, f, g, o and c_t (5H), and the layer's output; the input
+            // projection's `matmul` keeps the input.
+            Op::Rnn {
+                cell: Cell::Lstm,
+                hidden,
+                ..
+            } => Saved {
+                inputs: true,
+                output: true,
+                extra_elems: rnn_steps_dirs(op, s) * 5 * *hidden as u64,
+                ..none
+            },
+            // The engine's composed GRU (model.rs `rnn_direction`) keeps per step and direction:
+            // the recurrent product 3H (its n slice is kept by `r * rn`), the three gate
+            // pre-activations, r, z, n, 1 - z and h_t: 11H. Plus the input (`matmul`).
+            Op::Rnn { hidden, .. } => Saved {
+                inputs: true,
+                extra_elems: rnn_steps_dirs(op, s) * 11 * *hidden as u64,
+                ..none
+            },
+        }
+    }
+
+    /// The engine's batch tensors are the very tensors the first layers keep.
+    fn keeps_batch_as_data(&self) -> bool {
+        true
+    }
+
+    /// A view (flatten, reshape) shares its input's buffer: a layer keeping the view keeps
+    /// that buffer.
+    fn views_share_buffers(&self) -> bool {
+        true
+    }
+
+    /// The node's inputs no earlier node keeps, its output and what it keeps, plus what
+    /// its kernel allocates on the way (`forward_temporaries` below).
+    fn forward_live(&self, op: &Op, s: &Sizes, act: u64, loose: u64, extra: u64) -> u64 {
+        loose + s.output * act + extra + forward_temporaries(op, s, act)
+    }
+
+    /// Burn (flex): bytes of the op's per-thread kernel buffers at its forward pass, which do
+    /// not grow with the batch: flex `conv3d_impl` gives each busy thread an im2col tile
+    /// (C_in/groups x k by up to 512 output positions) and gemm's result for it.
+    fn forward_workspace(&self, op: &Op, s: &Sizes, act: u64) -> u64 {
+        match op {
+            Op::Conv { .. } if burn_im2col(op, s) => 0,
+            Op::Conv {
+                in_channels,
+                out_channels,
+                window,
+                groups,
+                ..
+            } => {
+                let spatial = s.output / *out_channels as u64;
+                let col = (*in_channels / *groups) as u64 * window.kernel_elements() as u64;
+                let tile = spatial.min(FLEX_CONV_TILE);
+                self.cpu.threads * (col + (*out_channels / *groups) as u64) * tile * act
+            }
+            _ => 0,
+        }
+    }
+
+    /// Burn (flex): the moments of `op`'s backward pass that can set the step's peak (the
+    /// module docs say how flex makes gradients).
+    fn backward(&self, op: &Op, s: &Sizes, tracked: &[bool], act: u64) -> Vec<BackwardMoment> {
+        let cpu = self.cpu;
+        let out = s.output;
+        let input = s.inputs.first().copied().unwrap_or(0);
+        let dx = if tracked.first().copied().unwrap_or(false) {
+            input
+        } else {
+            0
+        };
+        let params: u64 = op.param_count();
+        let largest = op.params().iter().map(|p| p.elements()).max().unwrap_or(0);
+        let one = |elems: u64| {
+            vec![BackwardMoment {
+                bytes: elems * act,
+                param_elems: params,
+                ..BackwardMoment::default()
+            }]
+        };
+        match op {
+            // The im2col product: dy and the gradient of the bias add, then dW as one partial
+            // per chunk (up to IM2COL_MAX_CHUNKS, counted as a fixed cost) summed into its twin.
+            Op::Conv { .. } if burn_im2col(op, s) => vec![BackwardMoment {
+                bytes: 2 * out * act,
+                param_elems: params + largest,
+                fixed_workspace: IM2COL_MAX_CHUNKS as u64 * largest * act,
+                ..BackwardMoment::default()
+            }],
+            // `float_matmul` backward: dx = dy W^T, a new matmul output (two copies for a
+            // moment); then dW = x^T dy, parameter-sized, also with its twin for a moment.
+            Op::Linear { .. } => vec![
+                BackwardMoment {
+                    bytes: (out + 2 * dx) * act,
+                    ..BackwardMoment::default()
+                },
+                BackwardMoment {
+                    bytes: (out + dx) * act,
+                    param_elems: params + largest,
+                    ..BackwardMoment::default()
+                },
+            ],
+            Op::MatMul => {
+                let t: Vec<u64> = s
+                    .inputs
+                    .iter()
+                    .zip(tracked)
+                    .filter(|&(_, &t)| t)
+                    .map(|(&e, _)| e)
+                    .collect();
+                one(out + t.iter().sum::<u64>() + t.iter().copied().max().unwrap_or(0))
+            }
+            // burn-backend `conv2d_x_backward` (modules/conv.rs) is a `conv_transpose2d` into a
+            // new tensor the size of x, with a column buffer of one sample per busy thread
+            // (flex `conv_transpose3d_impl`). `conv2d_weight_backward` ->
+            // `conv2d_weight_grad_no_groups` then runs flex's im2col convolution (`conv3d_impl`)
+            // with the batch as channels: it copies the swapped x (`to_contiguous`, unless
+            // C_in = 1 makes the swap a view) and the swapped dy, flattens dy again as the
+            // kernel (`w_flat`), converts x to NHWC (`x_nhwc`), and each busy thread builds an
+            // im2col tile of B x out_spatial x min(512, k) elements. The weight gradient is
+            // written once into a `Vec` (no twin).
+            Op::Conv {
+                in_channels,
+                out_channels,
+                window,
+                groups,
+                ..
+            } => {
+                let spatial = out / (*out_channels as u64).max(1);
+                let k = window.kernel_elements() as u64;
+                let col = (*in_channels / *groups) as u64 * k;
+                let x_copy = if *in_channels > 1 { input } else { 0 };
+                let busy = cpu.threads.min(*in_channels as u64).max(1);
+                let tiles = busy * spatial * k.min(FLEX_CONV_TILE);
+                let mut moments = Vec::new();
+                if dx > 0 {
+                    moments.push(BackwardMoment {
+                        bytes: (out + dx) * act,
+                        fixed_workspace: cpu.threads
+                            * (col * spatial * act).min(FLEX_CONV_TRANSPOSE_COLUMNS),
+                        ..BackwardMoment::default()
+                    });
+                }
+                moments.push(BackwardMoment {
+                    bytes: (out + dx + x_copy + input + 2 * out + tiles) * act,
+                    param_elems: params,
+                    ..BackwardMoment::default()
+                });
+                moments
+            }
+            // `relu_backward`, the clamp masks' `mask_fill`, the dropout `mul`, views, `cat`'s
+            // slices and `add`: written into the incoming gradient.
+            Op::Relu
+            | Op::ClippedRelu { .. }
+            | Op::Dropout { .. }
+            | Op::Flatten
+            | Op::Reshape { .. }
+            | Op::Concat { .. }
+            | Op::Add => one(out),
+            // `embedding_backward` scatters into a parameter-sized zeroed tensor.
+            Op::Embedding { .. } => vec![BackwardMoment {
+                bytes: out * act,
+                param_elems: 2 * params,
+                ..BackwardMoment::default()
+            }],
+            // `sigmoid`, `float_tanh`, `gelu` recompute the activation from the kept input.
+            Op::Tanh | Op::Sigmoid | Op::Gelu => one(out + input),
+            // exp recomputed, then the quotient rule's two products.
+            Op::Softmax { .. } => one(out + 2 * input),
+            // `max_pool2d_with_indices_backward` / `avg_pool2d_backward`: a new dx.
+            Op::Pool { .. } => one(out + dx),
+            // `mean_dim` backward expands dy to x's shape; `max_dim` scatters into `float_zeros`
+            // (an `empty`, so two copies for a moment).
+            Op::GlobalPool {
+                pool: PoolKind::Max,
+            } => one(out + 2 * dx),
+            Op::GlobalPool { .. } => one(out + dx),
+            Op::Mul => one(out + s.inputs.iter().sum::<u64>()),
+            // The composed norm's backward: dy * gamma, the quotient rule's product and the
+            // statistics' reductions, one input-sized temporary at a time.
+            Op::BatchNorm { .. } | Op::LayerNorm { .. } => one(out + dx + input),
+            // The fused LSTM's backward (both directions at once, one per thread): the output's
+            // gradient, each direction's projection gradient `[T, 4H]` and its h_{t-1} rows
+            // `[T, H]`, and the recurrent weights' gradients; each direction's thread keeps a
+            // gemm packing buffer besides the one the plan counts for the step. Then each
+            // projection's `matmul` makes dx (and its twin) and the input weight's gradient
+            // while the projection gradients are alive.
+            Op::Rnn {
+                cell: Cell::Lstm,
+                hidden,
+                bidirectional,
+                ..
+            } => {
+                let steps = s.in_dims.first().copied().unwrap_or(1) as u64;
+                let dirs = if *bidirectional { 2 } else { 1 };
+                let (g, h) = (4 * *hidden as u64, *hidden as u64);
+                let hh = g * h;
+                vec![
+                    BackwardMoment {
+                        bytes: (out + dirs * steps * (g + h)) * act,
+                        param_elems: dirs * hh,
+                        fixed_workspace: dirs.min(cpu.threads) * cpu.gemm_slab,
+                        ..BackwardMoment::default()
+                    },
+                    BackwardMoment {
+                        bytes: (dirs * steps * g + 2 * dx) * act,
+                        extras_freed: true,
+                        param_elems: params + largest.max(hh),
+                        ..BackwardMoment::default()
+                    },
+                ]
+            }
+            // burn-autodiff visits nodes by depth, so both directions' steps are differentiated
+            // together, from the last step: at the start all per-step tensors are alive, with
+            // the output's gradient, each direction's running sum of the recurrent weight's
+            // gradient and one step's product and its twin. The steps' gate gradients then wait
+            // for the `narrow` nodes that sliced them out of each direction's input projection
+            // `[T, gates x H]`; those come last, all at one depth: each makes a zeroed tensor of
+            // the whole projection (`float_zeros` -> `empty`: two copies for a moment) added to
+            // the projection's gradient. Last, each projection's `float_matmul` makes dx and the
+            // input weight's gradient (twin included).
+            Op::Rnn {
+                cell,
+                hidden,
+                bidirectional,
+                ..
+            } => {
+                let steps = s.in_dims.first().copied().unwrap_or(1) as u64;
+                let dirs = if *bidirectional { 2 } else { 1 };
+                let g = (cell.gates() * *hidden) as u64;
+                let projection = steps * g;
+                let hh = g * *hidden as u64;
+                let ih = largest.max(hh);
+                vec![
+                    BackwardMoment {
+                        bytes: out * act,
+                        param_elems: (dirs + 2) * hh,
+                        ..BackwardMoment::default()
+                    },
+                    BackwardMoment {
+                        bytes: (dirs + 3) * projection * act,
+                        extras_freed: true,
+                        param_elems: dirs * hh,
+                        ..BackwardMoment::default()
+                    },
+                    BackwardMoment {
+                        bytes: (dirs * projection + 2 * dx) * act,
+                        extras_freed: true,
+                        param_elems: params + ih,
+                        ..BackwardMoment::default()
+                    },
+                ]
+            }
+        }
+    }
+
+    /// burn reports no per-sample workspace: its kernels' buffers are in the moments.
+    fn workspace(&self, _op: &Op, _s: &Sizes, _act: u64) -> u64 {
+        0
+    }
+
+    /// Burn (flex): whether `op` multiplies matrices, not a matrix and a vector, at batch 1,
+    /// which makes gemm pack and allocate its buffer. A linear layer on one row per sample
+    /// makes only matrix-vector products at batch 1 (x W and dy W^T have one row, x^T dy a
+    /// depth of one), which gemm-common's `gemm_basic_generic` hands to `gemv`/`gevv`.
+    fn packs_at_batch_one(&self, op: &Op, s: &Sizes) -> bool {
+        match op {
+            Op::Linear { in_features, .. } => s.inputs[0] / (*in_features as u64).max(1) > 1,
+            Op::Conv { .. } | Op::MatMul | Op::Rnn { .. } => true,
+            _ => false,
+        }
+    }
+
+    /// Burn: per-sample elements live at the start of backward besides the kept tensors (the
+    /// loss's own kept tensor included). The engine's losses are composed of tensor ops, whose
+    /// backward makes logits-sized gradients one after another: MSE `(y - t).powi_scalar(2)
+    /// .mean()` = `mean` (expands the gradient), `mul(d, d)` (a product for each factor);
+    /// cross-entropy = burn-backend's default `log_softmax` (`x - max`, `float_exp`, which
+    /// recomputes the exponentials from its kept input, `sum`, `log`, `-`) then `logp * onehot`.
+    /// Two logits-sized tensors beside the kept one, measured for both. CTC: the gradient.
+    fn loss_backward_elems(&self, kind: LossKind, logits: u64) -> u64 {
+        match kind {
+            LossKind::Mse | LossKind::CrossEntropy | LossKind::CrossEntropyPerFrame => 2 * logits,
+            LossKind::Ctc { .. } => logits,
+        }
+    }
+
+    /// The input's shape for MSE; the engine feeds cross-entropy one-hot fp32 rows
+    /// (`data::one_hot`): the logits' size; CTC a label sequence of up to T int64.
+    fn target_bytes(&self, kind: LossKind, logits: u64, seq: usize) -> u64 {
+        match kind {
+            LossKind::Mse | LossKind::CrossEntropy | LossKind::CrossEntropyPerFrame => logits * 4,
+            LossKind::Ctc { .. } => 8 * seq as u64,
+        }
+    }
+
+    /// burn-autodiff makes each parameter gradient during backward and frees its inputs' as
+    /// it goes: the moments carry the gradients alive then.
+    fn gradients_held_all_step(&self) -> bool {
+        false
+    }
+
+    /// burn-optim `AdaptiveMomentum::transform` and `Momentum::transform` clone the gradient
+    /// or a moment into a new tensor; plain SGD updates in place.
+    fn optimizer_transient(&self, largest_param: u64, state: u64) -> Bytes {
+        Bytes(if state > 0 { largest_param * 4 } else { 0 })
+    }
+
+    /// The engine keeps one accumulated gradient beside the step's gradients.
+    fn accumulation(&self, micro_batch: Option<u64>, params: u64) -> Bytes {
+        Bytes(if micro_batch.is_some() { params * 4 } else { 0 })
+    }
+
+    /// On a CPU, gemm's packing buffer (`CpuHost::gemm_slabs`); nothing on a GPU.
+    fn runtime_bytes(&self) -> Bytes {
+        Bytes(if self.gpu { 0 } else { self.cpu.gemm_slab })
+    }
+
+    /// flex allocates exact sizes.
+    fn rounding_bytes(&self, _nodes: usize) -> Bytes {
+        Bytes(0)
+    }
+
+    /// On a CPU, gemm's packing buffer exists from batch 1 if some product is matrix-matrix
+    /// there, else from batch 2.
+    fn gemm_buffer(&self, packs_at_one: bool) -> (Bytes, u64) {
+        if self.gpu {
+            (Bytes(0), 0)
+        } else {
+            (Bytes(self.cpu.gemm_slab), if packs_at_one { 1 } else { 2 })
+        }
+    }
+}
+
+/// Burn (flex): per-sample bytes the forward pass of `op` allocates besides its output and
+/// the tensors it keeps for backward, freed before the next op.
+fn forward_temporaries(op: &Op, s: &Sizes, act: u64) -> u64 {
+    let out = s.output;
+    let input = s.inputs.first().copied().unwrap_or(0);
+    match op {
+        // `matmul` output from `FlexTensor::empty`: zeroed, then copied aligned.
+        Op::Linear { .. } | Op::MatMul => out * act,
+        // The im2col product: the padded channels-last input while the matrix is copied out
+        // of it, then the product (two copies for a moment) before its transposed copy.
+        Op::Conv { window, .. } if burn_im2col(op, s) => {
+            let channels = s.in_dims.first().copied().unwrap_or(1) as u64;
+            let padded: u64 = s.in_dims[1..]
+                .iter()
+                .zip(&window.padding)
+                .map(|(&d, p)| (d + p[0] + p[1]) as u64)
+                .product();
+            (channels * padded).max(out) * act
+        }
+        // flex `conv3d_impl`: the input converted to NHWC (`x_nhwc`).
+        Op::Conv { .. } => input * act,
+        // flex `max_pool2d_with_indices` returns i64 indices, cast to the device's i32.
+        Op::Pool {
+            pool: PoolKind::Max,
+            ..
+        } => 8 * out,
+        // Centred input squared before its mean.
+        Op::BatchNorm { .. } | Op::LayerNorm { .. } => input * act,
+        // The fused LSTM: every direction's input projection `[T, 4H]` and its h_t `[T, H]`
+        // until the output is assembled.
+        Op::Rnn {
+            cell: Cell::Lstm,
+            hidden,
+            ..
+        } => rnn_steps_dirs(op, s) * 5 * *hidden as u64 * act,
+        // Per direction the input projection `[T, gates x H]` lives through the loop.
+        Op::Rnn { cell, hidden, .. } => {
+            let steps = s.in_dims.first().copied().unwrap_or(1) as u64;
+            steps * (cell.gates() * *hidden) as u64 * act
+        }
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::tests::sizes;
+    use batchfit_graph::Window;
+
+    const CPU: Burn = Burn {
+        cpu: BurnCpu {
+            threads: 2,
+            gemm_slab: 512 * 1024,
+        },
+        gpu: false,
+    };
+
+    #[test]
+    fn relu_keeps_its_input_clamp_two_masks() {
+        let s = sizes(&[512], 512, &[512], &[512]);
+        let relu = CPU.saved(&Op::Relu, &s);
+        assert!(relu.inputs && !relu.output);
+        // clamp: two one-byte masks instead of the input.
+        let clip = CPU.saved(&Op::ClippedRelu { max: 20.0 }, &s);
+        assert_eq!((clip.inputs, clip.extra_bytes), (false, 1024));
+    }
+
+    /// seed2-dual's conv on a 2-thread CPU. Its input is a batch input: the engine's im2col
+    /// product keeps the `[81, 234]` matrix per sample, and its backward holds dy and dy's
+    /// contiguous copy. With a tracked input, burn's convolution keeps its input: dx and its
+    /// transposed convolution's column buffers, then the weight gradient (as measured with
+    /// the engine before the im2col path: dy, the copies of x and dy, x in NHWC, two tiles).
+    #[test]
+    fn conv_moments() {
+        let op = Op::Conv {
+            in_channels: 26,
+            out_channels: 26,
+            window: Window::square(2, 3, 1, 1),
+            groups: 1,
+            bias: true,
+        };
+        let mut s = sizes(&[2106], 2106, &[26, 9, 9], &[26, 9, 9]);
+        s.input_tracked = false;
+        assert!(burn_im2col(&op, &s));
+        assert_eq!(CPU.saved(&op, &s).extra_elems, 81 * 234);
+        let m = CPU.backward(&op, &s, &[false], 4);
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].bytes, 2 * 2106 * 4);
+        assert_eq!(m[0].fixed_workspace, 16 * 6084 * 4);
+        assert_eq!(forward_temporaries(&op, &s, 4), 26 * 11 * 11 * 4);
+        let s = sizes(&[2106], 2106, &[26, 9, 9], &[26, 9, 9]);
+        assert!(!burn_im2col(&op, &s));
+        assert!(CPU.saved(&op, &s).inputs);
+        let m = CPU.backward(&op, &s, &[true], 4);
+        assert_eq!(m[0].bytes, 2 * 2106 * 4);
+        assert_eq!(m[0].fixed_workspace, 2 * 26 * 9 * 81 * 4);
+        assert_eq!(m[1].bytes, (6 * 2106 + 2 * 81 * 9) * 4);
+    }
+
+    #[test]
+    fn im2col_chunks_divide_the_batch() {
+        assert_eq!(im2col_chunks(1), 1);
+        assert_eq!(im2col_chunks(34), 2);
+        assert_eq!(im2col_chunks(512), 16);
+        assert_eq!(im2col_chunks(12), 12);
+        assert_eq!(im2col_chunks(509), 1);
+        for b in 1..2000 {
+            let n = im2col_chunks(b);
+            assert!(b % n == 0 && n <= IM2COL_MAX_CHUNKS);
+        }
+    }
+
+    #[test]
+    fn gemm_buffer_only_on_a_cpu() {
+        assert_eq!(CPU.runtime_bytes(), Bytes(512 * 1024));
+        assert_eq!(CPU.gemm_buffer(false), (Bytes(512 * 1024), 2));
+        let gpu = Burn { gpu: true, ..CPU };
+        assert_eq!(
+            (gpu.runtime_bytes(), gpu.gemm_buffer(true)),
+            (Bytes(0), (Bytes(0), 0))
+        );
+    }
+}
