@@ -22,11 +22,6 @@ impl From<batchfit_graph::GraphError> for CliError {
 }
 
 impl CliError {
-    /// Bad input, said in `message`.
-    pub fn input(message: impl Into<String>) -> CliError {
-        CliError::Pipeline(Error::input(message))
-    }
-
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::Pipeline(e) if e.is_input() => 2,

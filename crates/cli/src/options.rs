@@ -19,10 +19,10 @@ pub use batchfit_pipeline::output::check_output_folder;
 #[derive(Args, Clone, Debug)]
 pub struct TrainFlags {
     /// Optimizer.
-    #[arg(long, default_value = "adam", value_parser = parse_optimizer)]
+    #[arg(long, value_enum, default_value = "adam")]
     pub optimizer: Optimizer,
-    /// Precision: fp32, fp16-mixed, bf16-mixed.
-    #[arg(long, default_value = "fp32", value_parser = parse_precision)]
+    /// Precision of weights and activations.
+    #[arg(long, value_enum, default_value = "fp32")]
     pub precision: Precision,
     /// Recompute activations in sqrt(layers) segments instead of keeping them.
     #[arg(long)]
@@ -31,7 +31,7 @@ pub struct TrainFlags {
     #[arg(long, value_name = "N", value_parser = positive_u64)]
     pub micro_batch: Option<u64>,
     /// Whose allocator and autograd to model: burn (batchfit's engine) or pytorch.
-    #[arg(long, default_value = "burn", value_parser = parse_runtime)]
+    #[arg(long, value_enum, default_value = "burn")]
     pub runtime: Runtime,
     /// Sequence length T for recurrent models (default: the model's).
     #[arg(long, value_name = "T", value_parser = positive_usize)]
@@ -81,7 +81,7 @@ pub struct MeasureFlags {
     #[arg(long, default_value_t = 1024, value_parser = positive_u64)]
     pub up_to: u64,
     /// Optimizer of the measured steps.
-    #[arg(long, default_value = "adam", value_parser = parse_optimizer)]
+    #[arg(long, value_enum, default_value = "adam")]
     pub optimizer: Optimizer,
     /// Learning rate of the measured steps.
     #[arg(long, default_value_t = 1e-3)]
@@ -151,23 +151,6 @@ impl DataFlags {
             loss: self.loss,
         }
     }
-}
-
-/// `one_of` for the plan's closed sets, which name their accepted values.
-fn one_of<T>(s: &str, parse: fn(&str) -> Option<T>, names: &[&str]) -> Result<T, String> {
-    parse(s).ok_or_else(|| format!("`{s}` is not one of {}", names.join(", ")))
-}
-
-pub fn parse_optimizer(s: &str) -> Result<Optimizer, String> {
-    one_of(s, Optimizer::parse, Optimizer::NAMES)
-}
-
-fn parse_precision(s: &str) -> Result<Precision, String> {
-    one_of(s, Precision::parse, Precision::NAMES)
-}
-
-fn parse_runtime(s: &str) -> Result<Runtime, String> {
-    one_of(s, Runtime::parse, Runtime::NAMES)
 }
 
 /// A size such as `6GiB`; zero and negative sizes are refused.

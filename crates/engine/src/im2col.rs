@@ -45,7 +45,7 @@ pub fn im2col_views(
 
 /// [`im2col_views`] on the CPU (`None` elsewhere), written by hand: flex copies
 /// overlapping window views element by element (its strided copy takes them for
-/// transposes), 10.6 ms with the channels-last copy for seed 2's matrix at batch 512
+/// transposes), 10.6 ms with the channels-last copy for the dual-input regressor's matrix at batch 512
 /// here, 7.6 ms this way. It reads the input in place, builds each sample's padded
 /// channels-last image in a small buffer that stays in cache and copies every row
 /// as kh runs of kw·C values; samples run in parallel on rayon's pool.
@@ -119,7 +119,7 @@ fn im2col_values(
 /// burn's autodiff ties a product's forward and weight-gradient orientations
 /// together, and no single one is fast for both here. Forward, per chunk of
 /// samples: `cols_chunk x Wᵀ` channels-last, which gemm streams without packing
-/// the im2col matrix (9-10 ms at seed 2's batch 512 against 17-18 ms for the
+/// the im2col matrix (9-10 ms at the dual-input regressor's batch 512 against 17-18 ms for the
 /// channel-major product), then a transpose of the small result. Backward:
 /// `dY_chunk x cols_chunk` per chunk, channel-major, the fast orientation for this
 /// long-K product; chunks on rayon's threads, partials summed.

@@ -18,10 +18,10 @@ pub const NAMES: &[&str] = &[
 pub fn describe(name: &str) -> &'static str {
     match name {
         "seed2-dual" => {
-            "seed 2's dual-input regressor: 26x9x9 image + 8 features, conv, pool, 3 fc, MSE (87,229 parameters)"
+            "a dual-input regressor (a GPU at 5 % utilisation at batch 8192): 26x9x9 image + 8 features, conv, pool, 3 fc, MSE (87,229 parameters)"
         }
         "rnn-tutorial" => {
-            "seed 1's DeepSpeech-style BiLSTM speech model with CTC (RNN-Tutorial), T = 100 frames by default"
+            "a DeepSpeech-style BiLSTM speech model with CTC (RNN-Tutorial; out of memory above batch 25 on a 6 GB card), T = 100 frames by default"
         }
         "mnist-mlp" => "Keras' mnist_mlp: 784-512-512-10 with dropout, cross-entropy",
         "mnist-cnn" => "Keras' mnist_cnn: two 3x3 convs, max-pool, fc 128, fc 10, cross-entropy",
@@ -45,7 +45,7 @@ pub fn build(name: &str) -> Result<Graph, GraphError> {
     }
 }
 
-/// Seed 2: MATLAB dlnetwork with an image branch and a feature branch.
+/// The dual-input regressor: a MATLAB dlnetwork with an image branch and a feature branch.
 fn seed2_dual() -> Result<Graph, GraphError> {
     let mut g = GraphBuilder::new("seed2-dual");
     g.input("image", Shape::fixed(&[26, 9, 9]))?;
@@ -65,7 +65,7 @@ fn seed2_dual() -> Result<Graph, GraphError> {
     g.finish(LossKind::Mse, "fc_3")
 }
 
-/// Seed 1: the BiRNN of silicon-valley-data-science/RNN-Tutorial (DeepSpeech
+/// The speech BiLSTM: the BiRNN of silicon-valley-data-science/RNN-Tutorial (DeepSpeech
 /// style). 26 MFCC with 9 context frames each side = 494 features per frame;
 /// three fc layers with ReLU clipped at 20; a bidirectional BasicLSTMCell
 /// (one bias vector per gate); fc 1024; fc 29 logits (28 characters + blank);

@@ -81,4 +81,5 @@ input_errors!(
     batchfit_engine::noise::NoiseError,
     batchfit_engine::DeviceError,
     batchfit_exec::ExecError,
+    batchfit_plan::PresetError,
 );

@@ -23,13 +23,13 @@ const GIB: u64 = Bytes::GIB;
 pub const PRESETS: &[DevicePreset] = &[
     DevicePreset {
         name: "gtx1050ti-4gb",
-        description: "4 GB consumer card (GTX 1050 Ti), seed 3",
+        description: "4 GB consumer card (GTX 1050 Ti)",
         memory: Bytes(4 * GIB),
         gpu: true,
     },
     DevicePreset {
         name: "gtx1060-6gb",
-        description: "6 GB consumer card (GTX 1060 6GB), seed 1",
+        description: "6 GB consumer card (GTX 1060 6GB)",
         memory: Bytes(6 * GIB),
         gpu: true,
     },

@@ -24,7 +24,7 @@ impl StepPoint {
 }
 
 /// Throughput flat above some batch: a bigger batch then only cuts updates per
-/// epoch (seed 2: 512 -> 8192 made training slower). Fires when the largest
+/// epoch (the dual-input regressor: 512 -> 8192 made training slower). Fires when the largest
 /// measured batch is at least 4x a smaller one yet under 15 % faster per sample.
 pub fn flat_throughput(points: &[StepPoint], device: &str) -> Option<Finding> {
     let largest = points.iter().max_by_key(|p| p.batch)?;
@@ -56,7 +56,7 @@ pub fn step_line(points: &[StepPoint]) -> Option<(f64, f64)> {
 }
 
 /// A large fixed cost per step (launch or dispatch overhead, a small model): at
-/// small batches the device mostly waits (seed 2's GPU at 5 %). Fires when the
+/// small batches the device mostly waits (a GPU at 5 % utilisation). Fires when the
 /// fitted fixed time is over half the step at the smallest measured batch.
 pub fn fixed_overhead(points: &[StepPoint], device: &str) -> Option<Finding> {
     let (fixed, per) = step_line(points)?;

@@ -1,4 +1,4 @@
-//! The knee: the smallest batch that runs efficiently (Sutskever's advice in seed 3).
+//! The knee: the smallest batch that runs efficiently (Sutskever's advice: the smallest minibatch that runs efficiently).
 
 /// The smallest batch whose throughput reaches `efficiency` of the best measured.
 /// `points` are `(batch, samples_per_s)`; returns `None` for no points.

@@ -2,7 +2,7 @@
 //! batch, steps and epochs per batch size, and learning-rate scaling.
 
 use crate::error::CliResult;
-use crate::options::{DataFlags, emit, parse_optimizer, positive_u64, positive_usize, progress};
+use crate::options::{DataFlags, emit, positive_u64, positive_usize, progress};
 use batchfit_pipeline::noise::{Init, NoiseSettings, noise};
 use batchfit_plan::Optimizer;
 use batchfit_report::noise::render;
@@ -27,7 +27,7 @@ pub struct NoiseFlags {
     #[arg(long, default_value_t = 1e-3)]
     pub lr: f64,
     /// Optimizer of the run.
-    #[arg(long, default_value = "adam", value_parser = parse_optimizer)]
+    #[arg(long, value_enum, default_value = "adam")]
     pub optimizer: Optimizer,
     /// Measurements (and optimizer steps) in the run.
     #[arg(long, default_value_t = 200, value_parser = positive_usize)]

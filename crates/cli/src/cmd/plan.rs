@@ -1,6 +1,6 @@
 //! `batchfit plan`: the static plan.
 
-use crate::error::{CliError, CliResult};
+use crate::error::CliResult;
 use crate::options::{DEFAULT_MODEL, TrainFlags, emit_json, parse_bytes, print};
 use batchfit_plan::{Bytes, PRESETS, plan, preset};
 use batchfit_report::plan::{BudgetFit, PlanDocument, render};
@@ -28,7 +28,7 @@ pub fn run(args: PlanArgs) -> CliResult {
     let graph = batchfit_graph::load(args.model.as_deref().unwrap_or(DEFAULT_MODEL))?;
     let mut devices = Vec::new();
     for name in &args.device_presets {
-        devices.push(preset(name).map_err(CliError::input)?);
+        devices.push(preset(name).map_err(batchfit_pipeline::Error::from)?);
     }
     if args.memory.is_none() && devices.is_empty() {
         devices.extend(PRESETS.iter().cloned());

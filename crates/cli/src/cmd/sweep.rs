@@ -4,8 +4,7 @@
 
 use crate::error::CliResult;
 use crate::options::{
-    DataFlags, emit_with_html, parse_optimizer, positive_f64, positive_u64, positive_usize,
-    progress,
+    DataFlags, emit_with_html, positive_f64, positive_u64, positive_usize, progress,
 };
 use batchfit_pipeline::sweep::{SweepConfig, sweep};
 use batchfit_plan::Optimizer;
@@ -34,7 +33,7 @@ pub struct SweepArgs {
     #[arg(long, default_value_t = 1e-3, value_parser = positive_f64)]
     pub ref_lr: f64,
     /// Optimizer.
-    #[arg(long, default_value = "adam", value_parser = parse_optimizer)]
+    #[arg(long, value_enum, default_value = "adam")]
     pub optimizer: Optimizer,
     /// Epochs over which the learning rate rises linearly from the reference rate to the
     /// scaled one, for batches above --ref-batch (Goyal et al. use 5 of 90).

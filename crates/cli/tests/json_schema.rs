@@ -1,0 +1,175 @@
+//! The wire format documented next to its emitter: every key `docs/json.md`
+//! shows for a command appears in that command's real `--json` output.
+
+mod common;
+
+use common::json;
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+/// The keys (`"name":`) of the code block under `## \`batchfit CMD --json\``.
+fn documented_keys(command: &str) -> BTreeSet<String> {
+    let doc = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/json.md"),
+    )
+    .unwrap();
+    let heading = format!("## `batchfit {command} --json`");
+    let section = doc
+        .split("\n## ")
+        .find(|s| format!("## {s}").starts_with(&heading))
+        .unwrap_or_else(|| panic!("docs/json.md has no section {heading}"));
+    let block = section
+        .split("```")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{heading} has no code block"));
+    let mut keys = BTreeSet::new();
+    let mut rest = block;
+    while let Some(start) = rest.find('"') {
+        let after = &rest[start + 1..];
+        let Some(end) = after.find('"') else { break };
+        let word = &after[..end];
+        let tail = after[end + 1..].trim_start();
+        if tail.starts_with(':')
+            && !word.is_empty()
+            && word
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        {
+            keys.insert(word.to_string());
+        }
+        rest = &after[end + 1..];
+    }
+    assert!(!keys.is_empty(), "{heading}: no keys found");
+    keys
+}
+
+/// Every object key anywhere in `v`.
+fn keys_of(v: &Value, into: &mut BTreeSet<String>) {
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m {
+                into.insert(k.clone());
+                keys_of(x, into);
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|x| keys_of(x, into)),
+        _ => {}
+    }
+}
+
+fn check(command: &str, args: &[&str]) {
+    let documented = documented_keys(command);
+    let mut present = BTreeSet::new();
+    keys_of(&json(args), &mut present);
+    let missing: Vec<&String> = documented.difference(&present).collect();
+    assert!(
+        missing.is_empty(),
+        "`batchfit {}` --json lacks keys docs/json.md documents: {missing:?}",
+        args.join(" ")
+    );
+}
+
+#[test]
+fn plan_json_has_every_documented_key() {
+    check(
+        "plan",
+        &["plan", "zoo:seed2-dual", "--device-preset", "gtx1060-6gb"],
+    );
+}
+
+#[test]
+fn probe_json_has_every_documented_key() {
+    check(
+        "probe",
+        &[
+            "probe",
+            "--batches",
+            "4,8",
+            "--memory-limit",
+            "64MiB",
+            "--time-cap",
+            "0.2",
+            "--warmup",
+            "1",
+        ],
+    );
+}
+
+#[test]
+fn noise_json_has_every_documented_key() {
+    check(
+        "noise",
+        &[
+            "noise",
+            "--steps",
+            "20",
+            "--ref-batch",
+            "32",
+            "--ref-lr",
+            "1e-3",
+        ],
+    );
+}
+
+#[test]
+fn sweep_json_has_every_documented_key() {
+    check(
+        "sweep",
+        &[
+            "sweep",
+            "--seeds",
+            "2",
+            "--batches",
+            "16,64",
+            "--epochs",
+            "2",
+        ],
+    );
+}
+
+#[test]
+fn advise_json_has_every_documented_key() {
+    check(
+        "advise",
+        &[
+            "advise",
+            "--noise-steps",
+            "20",
+            "--batches",
+            "8,32",
+            "--time-cap",
+            "0.2",
+            "--warmup",
+            "1",
+        ],
+    );
+}
+
+#[cfg(unix)]
+#[test]
+fn run_json_has_every_documented_key() {
+    let trainer = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/fake_trainer.sh")
+        .display()
+        .to_string();
+    let documented = documented_keys("run");
+    let out = common::batchfit()
+        .args([
+            "run",
+            "--max-batch",
+            "64",
+            "--json",
+            "--",
+            "sh",
+            &trainer,
+            "{batch}",
+        ])
+        .env("FAKE_OOM_ABOVE", "20")
+        .output()
+        .unwrap();
+    let mut present = BTreeSet::new();
+    keys_of(&common::document(out), &mut present);
+    let missing: Vec<&String> = documented.difference(&present).collect();
+    assert!(missing.is_empty(), "run --json lacks {missing:?}");
+}
