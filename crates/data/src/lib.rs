@@ -18,8 +18,12 @@ use std::path::Path;
 /// Why data cannot be used; each names the file, key or row.
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
-    #[error("{path}: {why}")]
-    File { path: String, why: String },
+    #[error("{path}: {source}")]
+    File {
+        path: String,
+        #[source]
+        source: read::FormatError,
+    },
 }
 
 /// Targets, checked against the model's loss.
@@ -85,7 +89,7 @@ impl Dataset {
         } else {
             return Err(DataError::File {
                 path: path.to_string(),
-                why: "unknown data format: use .npy, .npz, .csv (.csv.gz) or an IDX file (*idx*, *ubyte*)".into(),
+                source: "unknown data format: use .npy, .npz, .csv (.csv.gz) or an IDX file (*idx*, *ubyte*)".into(),
             });
         };
         Dataset::bind(path, arrays, graph, seq_len)
@@ -100,7 +104,7 @@ impl Dataset {
     ) -> Result<Dataset, DataError> {
         let fail = |why: String| DataError::File {
             path: source.to_string(),
-            why,
+            source: why.into(),
         };
         let keys: Vec<&str> = arrays.iter().map(|(k, _)| k.as_str()).collect();
         let find = |names: &[&str]| {
@@ -353,15 +357,15 @@ pub mod digits {
     /// The digits bound to `graph` (which must take 64 inputs and predict 10 classes).
     pub fn load(graph: &Graph) -> Result<Dataset, DataError> {
         let (mut x, y) = read::csv_bytes(
-            &read::gunzip(CSV_GZ).map_err(|why| DataError::File {
+            &read::gunzip(CSV_GZ).map_err(|source| DataError::File {
                 path: NAME.into(),
-                why,
+                source,
             })?,
             None,
         )
-        .map_err(|why| DataError::File {
+        .map_err(|source| DataError::File {
             path: NAME.into(),
-            why,
+            source,
         })?;
         for v in &mut x.values {
             *v /= 16.0;

@@ -2,6 +2,7 @@
 
 use crate::DataError;
 use flate2::read::GzDecoder;
+use std::error::Error as StdError;
 use std::io::Read;
 use std::path::Path;
 
@@ -31,15 +32,50 @@ impl Array {
     }
 }
 
-fn err(path: &Path, why: impl Into<String>) -> DataError {
+/// What is wrong with a file's contents, with the reader library's error
+/// behind it when there is one.
+#[derive(Debug, thiserror::Error)]
+#[error("{why}{}", .source.as_ref().map(|s| format!(": {s}")).unwrap_or_default())]
+pub struct FormatError {
+    pub why: String,
+    #[source]
+    pub source: Option<Box<dyn StdError + Send + Sync>>,
+}
+
+impl FormatError {
+    /// `why`, caused by `source`.
+    pub fn because(
+        why: impl Into<String>,
+        source: impl Into<Box<dyn StdError + Send + Sync>>,
+    ) -> Self {
+        FormatError {
+            why: why.into(),
+            source: Some(source.into()),
+        }
+    }
+}
+
+impl From<String> for FormatError {
+    fn from(why: String) -> Self {
+        FormatError { why, source: None }
+    }
+}
+
+impl From<&str> for FormatError {
+    fn from(why: &str) -> Self {
+        why.to_string().into()
+    }
+}
+
+fn err(path: &Path, why: impl Into<FormatError>) -> DataError {
     DataError::File {
         path: path.display().to_string(),
-        why: why.into(),
+        source: why.into(),
     }
 }
 
 fn read_bytes(path: &Path) -> Result<Vec<u8>, DataError> {
-    std::fs::read(path).map_err(|e| err(path, format!("cannot read: {e}")))
+    std::fs::read(path).map_err(|e| err(path, FormatError::because("cannot read", e)))
 }
 
 /// Reads one `.npy` array of f32, f64, u8, i32 or i64.
@@ -48,12 +84,13 @@ pub fn npy(path: &Path) -> Result<Array, DataError> {
     npy_bytes(&bytes).map_err(|why| err(path, why))
 }
 
-fn npy_bytes(bytes: &[u8]) -> Result<Array, String> {
-    let file = npyz::NpyFile::new(bytes).map_err(|e| format!("not a valid .npy file: {e}"))?;
+fn npy_bytes(bytes: &[u8]) -> Result<Array, FormatError> {
+    let file =
+        npyz::NpyFile::new(bytes).map_err(|e| FormatError::because("not a valid .npy file", e))?;
     npy_file(file)
 }
 
-fn npy_file<R: Read>(file: npyz::NpyFile<R>) -> Result<Array, String> {
+fn npy_file<R: Read>(file: npyz::NpyFile<R>) -> Result<Array, FormatError> {
     if file.order() == npyz::Order::Fortran {
         return Err("Fortran-ordered arrays are not supported; save with C order".into());
     }
@@ -61,12 +98,14 @@ fn npy_file<R: Read>(file: npyz::NpyFile<R>) -> Result<Array, String> {
     let type_str = match file.dtype() {
         npyz::DType::Plain(t) => t.to_string(),
         other => {
-            return Err(format!(
-                "unsupported dtype {other:?}; use f32, f64, u8 or integers"
-            ));
+            return Err(
+                format!("unsupported dtype {other:?}; use f32, f64, u8 or integers").into(),
+            );
         }
     };
-    let bad = |e: std::io::Error| format!("cannot decode the array ({type_str}): {e}");
+    let bad = |e: std::io::Error| {
+        FormatError::because(format!("cannot decode the array ({type_str})"), e)
+    };
     let kind = type_str.trim_start_matches(['<', '>', '|', '=']);
     let (values, integral): (Vec<f32>, bool) = match kind {
         "f4" => (file.into_vec::<f32>().map_err(bad)?, false),
@@ -119,9 +158,9 @@ fn npy_file<R: Read>(file: npyz::NpyFile<R>) -> Result<Array, String> {
             true,
         ),
         other => {
-            return Err(format!(
-                "unsupported dtype `{other}`; use f32, f64, u8 or integers"
-            ));
+            return Err(
+                format!("unsupported dtype `{other}`; use f32, f64, u8 or integers").into(),
+            );
         }
     };
     if shape.is_empty() {
@@ -137,7 +176,7 @@ fn npy_file<R: Read>(file: npyz::NpyFile<R>) -> Result<Array, String> {
 /// Reads every array of an `.npz` archive, by key.
 pub fn npz(path: &Path) -> Result<Vec<(String, Array)>, DataError> {
     let mut archive = npyz::npz::NpzArchive::open(path)
-        .map_err(|e| err(path, format!("not a valid .npz archive: {e}")))?;
+        .map_err(|e| err(path, FormatError::because("not a valid .npz archive", e)))?;
     let names: Vec<String> = archive.array_names().map(String::from).collect();
     if names.is_empty() {
         return Err(err(path, "the archive holds no arrays"));
@@ -146,9 +185,10 @@ pub fn npz(path: &Path) -> Result<Vec<(String, Array)>, DataError> {
     for name in names {
         let file = archive
             .by_name(&name)
-            .map_err(|e| err(path, format!("key `{name}`: {e}")))?
+            .map_err(|e| err(path, FormatError::because(format!("key `{name}`"), e)))?
             .ok_or_else(|| err(path, format!("key `{name}` is listed but missing")))?;
-        let array = npy_file(file).map_err(|why| err(path, format!("key `{name}`: {why}")))?;
+        let array = npy_file(file)
+            .map_err(|e| err(path, FormatError::because(format!("key `{name}`"), e)))?;
         out.push((name, array));
     }
     Ok(out)
@@ -162,14 +202,14 @@ pub fn csv(path: &Path, label_col: Option<isize>) -> Result<(Array, Array), Data
 }
 
 /// CSV text to (features, labels); see [`csv`].
-pub fn csv_bytes(bytes: &[u8], label_col: Option<isize>) -> Result<(Array, Array), String> {
+pub fn csv_bytes(bytes: &[u8], label_col: Option<isize>) -> Result<(Array, Array), FormatError> {
     let mut reader = csv::ReaderBuilder::new()
         .has_headers(false)
         .from_reader(bytes);
     let mut rows: Vec<Vec<f32>> = Vec::new();
     let mut integral = Vec::new();
     for (i, rec) in reader.records().enumerate() {
-        let rec = rec.map_err(|e| format!("row {}: {e}", i + 1))?;
+        let rec = rec.map_err(|e| FormatError::because(format!("row {}", i + 1), e))?;
         let parsed: Result<Vec<f32>, _> = rec.iter().map(|f| f.trim().parse::<f32>()).collect();
         match parsed {
             Ok(v) => {
@@ -178,11 +218,14 @@ pub fn csv_bytes(bytes: &[u8], label_col: Option<isize>) -> Result<(Array, Array
             }
             Err(_) if i == 0 => continue, // a header
             Err(_) => {
-                return Err(format!("row {}: a field is not a number", i + 1));
+                return Err(format!("row {}: a field is not a number", i + 1).into());
             }
         }
     }
-    let width = rows.first().map(Vec::len).ok_or("no data rows")?;
+    let width = rows
+        .first()
+        .map(Vec::len)
+        .ok_or(FormatError::from("no data rows"))?;
     if width < 2 {
         return Err("needs at least one feature column and a label column".into());
     }
@@ -191,12 +234,13 @@ pub fn csv_bytes(bytes: &[u8], label_col: Option<isize>) -> Result<(Array, Array
             "row {} has {} fields, the first has {width}",
             i + 1,
             r.len()
-        ));
+        )
+        .into());
     }
     let col = match label_col.unwrap_or(-1) {
         c if c < 0 && (-c) as usize <= width => width - (-c) as usize,
         c if c >= 0 && (c as usize) < width => c as usize,
-        c => return Err(format!("--label-col {c} is outside the {width} columns")),
+        c => return Err(format!("--label-col {c} is outside the {width} columns").into()),
     };
     let n = rows.len();
     let mut x = Vec::with_capacity(n * (width - 1));
@@ -231,7 +275,7 @@ pub fn idx(path: &Path) -> Result<Array, DataError> {
     idx_bytes(&bytes).map_err(|why| err(path, why))
 }
 
-fn idx_bytes(b: &[u8]) -> Result<Array, String> {
+fn idx_bytes(b: &[u8]) -> Result<Array, FormatError> {
     if b.len() < 4 || b[0] != 0 || b[1] != 0 {
         return Err("not an IDX file (bad magic number)".into());
     }
@@ -249,14 +293,11 @@ fn idx_bytes(b: &[u8]) -> Result<Array, String> {
         0x0B => 2,
         0x0C | 0x0D => 4,
         0x0E => 8,
-        t => return Err(format!("unknown IDX element type 0x{t:02X}")),
+        t => return Err(format!("unknown IDX element type 0x{t:02X}").into()),
     };
     let body = &b[head..];
     if body.len() < n * width {
-        return Err(format!(
-            "truncated: {} bytes of data for {n} elements",
-            body.len()
-        ));
+        return Err(format!("truncated: {} bytes of data for {n} elements", body.len()).into());
     }
     let values: Vec<f32> = match type_code {
         0x08 => body[..n].iter().map(|&v| f32::from(v)).collect(),
@@ -300,11 +341,11 @@ fn read_maybe_gz(path: &Path) -> Result<Vec<u8>, DataError> {
 }
 
 /// Decompresses gzip bytes.
-pub fn gunzip(bytes: &[u8]) -> Result<Vec<u8>, String> {
+pub fn gunzip(bytes: &[u8]) -> Result<Vec<u8>, FormatError> {
     let mut out = Vec::new();
     GzDecoder::new(bytes)
         .read_to_end(&mut out)
-        .map_err(|e| format!("bad gzip data: {e}"))?;
+        .map_err(|e| FormatError::because("bad gzip data", e))?;
     Ok(out)
 }
 
