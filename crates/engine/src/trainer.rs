@@ -130,11 +130,6 @@ impl Trainer {
         let _ = self.device.sync();
     }
 
-    /// Squared L2 norm of the whole gradient.
-    pub fn grad_sq_norm(&self, grads: &Gradients) -> f64 {
-        self.grad_vector(grads).iter().map(|x| x * x).sum()
-    }
-
     /// The whole gradient flattened in parameter order (for averaging micro-batches).
     pub fn grad_vector(&self, grads: &Gradients) -> Vec<f64> {
         struct Collect<'a> {
