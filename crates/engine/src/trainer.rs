@@ -12,8 +12,10 @@ use burn::tensor::{Device, Gradients, Tensor};
 /// Why the engine cannot train a model.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
+    /// The graph has an op or weights the engine cannot train.
     #[error(transparent)]
     Unsupported(#[from] Unsupported),
+    /// The device cannot be used: why, as [`DeviceSpec::autodiff_device`] says.
     #[error("{0}")]
     Device(String),
 }
@@ -21,10 +23,15 @@ pub enum EngineError {
 /// How to train.
 #[derive(Clone, Debug)]
 pub struct TrainConfig {
+    /// The update rule, with PyTorch's default settings.
     pub optimizer: Optimizer,
+    /// Learning rate.
     pub lr: f64,
+    /// Sequence length of recurrent models (1 for models without one).
     pub seq_len: usize,
+    /// Seeds the device's generator: initial weights and dropout masks.
     pub seed: u64,
+    /// Where the steps run.
     pub device: DeviceSpec,
     /// Start from random parameters even when the graph carries trained
     /// values (an ONNX file's weights); `false` starts from those values.
@@ -33,14 +40,18 @@ pub struct TrainConfig {
 
 /// A model with its parameters and optimizer on a device.
 pub struct Trainer {
+    /// The compiled graph.
     pub program: Program,
     params: Option<Params>,
     optim: ModuleOptimizer,
+    /// The autodiff device the parameters live on.
     pub device: Device,
+    /// How it trains; the learning rate may change between steps.
     pub config: TrainConfig,
 }
 
 impl Trainer {
+    /// Compiles `graph` and creates its parameters and optimizer on the configured device.
     pub fn new(graph: &Graph, config: TrainConfig) -> Result<Trainer, EngineError> {
         let device = config
             .device
