@@ -229,7 +229,7 @@ enum Start {
     Constant(f32),
 }
 
-/// PyTorch's default initialisation of `param` of `op`.
+/// How `param` of `op` starts without a trained value: as PyTorch initialises it.
 fn random_start(op: &Op, param: &batchfit_graph::Param) -> Start {
     let fan_in = match *op {
         Op::Linear { in_features, .. } => in_features,
