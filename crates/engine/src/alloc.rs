@@ -11,7 +11,7 @@
 //! parent records it as a result.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The system allocator with counters.
 pub struct CountingAllocator;
@@ -19,7 +19,6 @@ pub struct CountingAllocator;
 static LIVE: AtomicU64 = AtomicU64::new(0);
 static PEAK: AtomicU64 = AtomicU64::new(0);
 static LIMIT: AtomicU64 = AtomicU64::new(u64::MAX);
-static HIT_LIMIT: AtomicBool = AtomicBool::new(false);
 
 unsafe impl GlobalAlloc for CountingAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
@@ -72,7 +71,6 @@ fn reserve(n: u64) -> bool {
     let live = LIVE.fetch_add(n, Ordering::Relaxed) + n;
     if live > LIMIT.load(Ordering::Relaxed) {
         LIVE.fetch_sub(n, Ordering::Relaxed);
-        HIT_LIMIT.store(true, Ordering::Relaxed);
         return false;
     }
     PEAK.fetch_max(live, Ordering::Relaxed);
@@ -82,11 +80,6 @@ fn reserve(n: u64) -> bool {
 /// Whether this process counts its allocations (the binary installed the allocator).
 pub fn counting() -> bool {
     LIVE.load(Ordering::Relaxed) > 0
-}
-
-/// Bytes allocated and not yet freed.
-pub fn live_bytes() -> u64 {
-    LIVE.load(Ordering::Relaxed)
 }
 
 /// High-water mark since the last [`reset_peak`].
@@ -118,11 +111,6 @@ pub fn keep_freed_memory() {
         libc::mallopt(libc::M_MMAP_MAX, 0);
         libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
     }
-}
-
-/// Whether an allocation was refused for the limit.
-pub fn hit_limit() -> bool {
-    HIT_LIMIT.load(Ordering::Relaxed)
 }
 
 /// Peak resident set size of this process (VmHWM), from /proc.

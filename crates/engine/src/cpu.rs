@@ -8,8 +8,11 @@ use burn::backend::ops::FloatTensorOps;
 use burn::tensor::{Tensor, TensorData};
 use burn_autodiff::Autodiff;
 
+/// burn's autodiff over flex: the device the engine's own ops run on.
 pub type Ad = Autodiff<Flex>;
+/// A flex float tensor, the values under an autodiff one.
 pub type FlexT = <Flex as burn::backend::BackendTypes>::FloatTensorPrimitive;
+/// An autodiff float tensor on flex, what a custom op takes and returns.
 pub type AdT = <Ad as burn::backend::BackendTypes>::FloatTensorPrimitive;
 /// flex has one device, the CPU.
 pub type FlexDevice = <Flex as burn::backend::BackendTypes>::Device;
@@ -19,6 +22,7 @@ pub fn available<const D: usize>(x: &Tensor<D>) -> bool {
     x.clone().try_into_primitive::<Ad>().is_ok()
 }
 
+/// `x` with its elements in one row-major run, copied only if they are not.
 pub fn contiguous(x: FlexT) -> FlexT {
     if x.layout().contiguous_offsets().is_some() {
         x
@@ -33,6 +37,7 @@ pub fn values(x: &FlexT) -> &[f32] {
     &x.storage::<f32>()[start..end]
 }
 
+/// A flex tensor of `shape` holding `v`.
 pub fn from_vec(v: Vec<f32>, shape: &[usize], device: &FlexDevice) -> FlexT {
     Flex::float_from_data(TensorData::new(v, shape.to_vec()), device)
 }
@@ -45,6 +50,7 @@ pub struct Strided<S> {
 }
 
 impl<S> Strided<S> {
+    /// The matrix at `data` with rows `row` and columns `col` elements apart.
     pub fn new(data: S, row: usize, col: usize) -> Self {
         Strided { data, row, col }
     }

@@ -11,20 +11,25 @@ use std::time::Instant;
 /// What timing one batch size found.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PointResult {
+    /// The batch size.
     pub batch: u64,
     /// Seconds of each timed step (after warm-up), device synchronised.
     pub step_times_s: Vec<f64>,
+    /// Untimed steps before the timed ones.
     pub warmup_steps: usize,
     /// Bytes live at the high-water mark of the timed steps (counting allocator;
     /// `None` where the allocator does not see the device's memory).
     pub peak_bytes: Option<u64>,
     /// Peak resident set size of the process, for comparison.
     pub peak_rss_bytes: Option<u64>,
+    /// Loss of the first warm-up step.
     pub first_loss: f32,
+    /// Loss of the last timed step.
     pub last_loss: f32,
 }
 
 impl PointResult {
+    /// Median, spread and outliers of the step times.
     pub fn summary(&self) -> Summary {
         summarize(&self.step_times_s)
     }
@@ -33,8 +38,16 @@ impl PointResult {
 /// Why a measurement stopped early.
 #[derive(Clone, Debug, Serialize, Deserialize, thiserror::Error)]
 pub enum MeasureError {
+    /// A step's loss was NaN or infinite.
     #[error("the loss became {loss} at step {step} (batch {batch})")]
-    NonFiniteLoss { step: usize, batch: u64, loss: f32 },
+    NonFiniteLoss {
+        /// The step, counting warm-up steps from 0.
+        step: usize,
+        /// The batch size.
+        batch: u64,
+        /// The loss it gave.
+        loss: f32,
+    },
 }
 
 /// Runs `warmup` steps, then timed steps until `stop` is satisfied, on a synthetic batch.

@@ -16,22 +16,37 @@ use batchfit_tune::noise::{NoiseEstimator, NoiseRecord, two_batch};
 /// How to measure.
 #[derive(Clone, Debug)]
 pub struct NoiseConfig {
+    /// Samples per micro-batch.
     pub b_small: usize,
     /// Micro-batches per measurement: `B_big = k x b_small`.
     pub k: usize,
+    /// Measurements to make.
     pub steps: usize,
     /// Smoothing of the estimates (`None`: plain mean, right for fixed weights).
     pub beta: Option<f64>,
+    /// Seeds the order the data is drawn in.
     pub seed: u64,
 }
 
 /// Why a run stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum NoiseError {
+    /// The mean loss of a measurement was NaN or infinite.
     #[error("the loss became {loss} at step {step}; lower --lr or check the data")]
-    NonFiniteLoss { step: usize, loss: f64 },
+    NonFiniteLoss {
+        /// The measurement, from 0.
+        step: usize,
+        /// Its mean loss over the micro-batches.
+        loss: f64,
+    },
+    /// The data has fewer rows than one big batch.
     #[error("B_big = {big} exceeds the {rows} rows of the data; lower --b-small or --k")]
-    TooFewRows { big: usize, rows: usize },
+    TooFewRows {
+        /// `B_big = k x b_small`.
+        big: usize,
+        /// Rows of the data.
+        rows: usize,
+    },
 }
 
 /// Runs the measurement; `on_step` sees each record as it is made (progress).

@@ -22,16 +22,20 @@ const EVAL_CHUNK: usize = 512;
 /// One run.
 #[derive(Clone, Debug)]
 pub struct RunSpec {
+    /// Samples per step.
     pub batch: usize,
     /// Learning rate after warm-up.
     pub lr: f64,
     /// Learning rate at the first step; it rises linearly to `lr` over
     /// `warmup_steps` (Goyal et al. 2017 start from the small-batch rate).
     pub lr_start: f64,
+    /// Steps of the linear warm-up.
     pub warmup_steps: u64,
     /// Initial weights and data order.
     pub seed: u64,
+    /// Training loss that ends the run early, if any.
     pub target_loss: Option<f64>,
+    /// Epochs at most.
     pub max_epochs: u32,
 }
 

@@ -12,19 +12,26 @@ use burn::tensor::{Device, Gradients, Tensor};
 /// Why the engine cannot train a model.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
+    /// The graph has an op or weights the engine cannot train.
     #[error(transparent)]
     Unsupported(#[from] Unsupported),
-    #[error("{0}")]
-    Device(String),
+    /// The device cannot be used: why, as [`DeviceSpec::autodiff_device`] says.
+    #[error(transparent)]
+    Device(#[from] crate::DeviceError),
 }
 
 /// How to train.
 #[derive(Clone, Debug)]
 pub struct TrainConfig {
+    /// The update rule, with PyTorch's default settings.
     pub optimizer: Optimizer,
+    /// Learning rate.
     pub lr: f64,
+    /// Sequence length of recurrent models (1 for models without one).
     pub seq_len: usize,
+    /// Seeds the device's generator: initial weights and dropout masks.
     pub seed: u64,
+    /// Where the steps run.
     pub device: DeviceSpec,
     /// Start from random parameters even when the graph carries trained
     /// values (an ONNX file's weights); `false` starts from those values.
@@ -33,19 +40,20 @@ pub struct TrainConfig {
 
 /// A model with its parameters and optimizer on a device.
 pub struct Trainer {
+    /// The compiled graph.
     pub program: Program,
     params: Option<Params>,
     optim: ModuleOptimizer,
+    /// The autodiff device the parameters live on.
     pub device: Device,
+    /// How it trains; the learning rate may change between steps.
     pub config: TrainConfig,
 }
 
 impl Trainer {
+    /// Compiles `graph` and creates its parameters and optimizer on the configured device.
     pub fn new(graph: &Graph, config: TrainConfig) -> Result<Trainer, EngineError> {
-        let device = config
-            .device
-            .autodiff_device()
-            .map_err(|e| EngineError::Device(e.to_string()))?;
+        let device = config.device.autodiff_device()?;
         device.seed(config.seed);
         let init = if config.init_random {
             Init::Random
@@ -128,11 +136,6 @@ impl Trainer {
         // Flex runs eagerly; GPU backends queue work. An error here means the
         // device failed, which the next tensor read reports with detail.
         let _ = self.device.sync();
-    }
-
-    /// Squared L2 norm of the whole gradient.
-    pub fn grad_sq_norm(&self, grads: &Gradients) -> f64 {
-        self.grad_vector(grads).iter().map(|x| x * x).sum()
     }
 
     /// The whole gradient flattened in parameter order (for averaging micro-batches).

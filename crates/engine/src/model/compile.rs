@@ -1,0 +1,140 @@
+//! The graph compiled onto a device: one kernel per node, reading its inputs
+//! from numbered slots and its parameters from [`Params`].
+
+use super::params::{Init, P, Params, compile_params};
+use super::pool::avg_pool_matrix;
+use super::prod;
+use batchfit_graph::{Graph, LossKind, Op, PoolKind};
+use burn::tensor::{Device, Tensor, TensorData};
+use std::collections::HashMap;
+
+/// One node, compiled: where its inputs and parameters are.
+#[derive(Clone, Debug)]
+pub(super) struct Kernel {
+    pub(super) op: Op,
+    /// Slots of the inputs.
+    pub(super) inputs: Vec<usize>,
+    pub(super) params: Vec<P>,
+    /// Sample shape of each input, resolved.
+    pub(super) in_dims: Vec<Vec<usize>>,
+    /// Sample shape of the output, resolved.
+    pub(super) out_dims: Vec<usize>,
+    /// An average pool's window as a matrix (see [`avg_pool_matrix`]).
+    pub(super) pool_matrix: Option<Tensor<2>>,
+}
+
+impl Kernel {
+    /// Elements of one output sample.
+    pub(super) fn out_elems(&self) -> usize {
+        prod(&self.out_dims)
+    }
+}
+
+/// The graph compiled onto a device.
+#[derive(Clone, Debug)]
+pub struct Program {
+    pub(super) kernels: Vec<Kernel>,
+    /// Slot of each graph input, then one per node.
+    pub(super) input_slots: usize,
+    pub(super) output_slot: usize,
+    pub(super) loss: LossKind,
+    /// Sequence length, or 1 for models without one.
+    pub seq_len: usize,
+    /// Sample shape of the model output, resolved.
+    pub out_dims: Vec<usize>,
+}
+
+/// Why a graph cannot be turned into a program.
+#[derive(Debug, thiserror::Error)]
+#[error("node `{node}`: the engine cannot train {what} yet")]
+pub struct Unsupported {
+    /// The node's name.
+    pub node: String,
+    /// What about it the engine lacks.
+    pub what: String,
+}
+
+impl Program {
+    /// Compiles `graph` and creates its parameters on `device`, from the graph's
+    /// trained values or randomly as `init` says.
+    pub fn new(
+        graph: &Graph,
+        seq_len: usize,
+        init: Init,
+        device: &Device,
+    ) -> Result<(Program, Params), Unsupported> {
+        let mut params = Params {
+            r1: Vec::new(),
+            r2: Vec::new(),
+            r3: Vec::new(),
+            r4: Vec::new(),
+        };
+        let mut slot_of: HashMap<&str, usize> = Default::default();
+        for (i, input) in graph.inputs.iter().enumerate() {
+            slot_of.insert(&input.name, i);
+        }
+        let mut kernels = Vec::with_capacity(graph.nodes.len());
+        for (k, node) in graph.nodes.iter().enumerate() {
+            let inputs: Vec<usize> = node.inputs.iter().map(|n| slot_of[n.as_str()]).collect();
+            let in_dims: Vec<Vec<usize>> = node
+                .inputs
+                .iter()
+                .map(|n| graph.shape_of(n).expect("shapes checked").resolve(seq_len))
+                .collect();
+            let p = compile_params(node, init, &mut params, device)?;
+            let out_dims = node.shape.resolve(seq_len);
+            let pool_matrix = match &node.op {
+                Op::Pool {
+                    pool: PoolKind::Avg,
+                    window,
+                } => avg_pool_matrix(&in_dims[0][1..], &out_dims[1..], window).map(|m| {
+                    let shape = [m.len() / prod(&out_dims[1..]), prod(&out_dims[1..])];
+                    Tensor::from_data(TensorData::new(m, shape), device)
+                }),
+                _ => None,
+            };
+            kernels.push(Kernel {
+                op: node.op.clone(),
+                inputs,
+                params: p,
+                in_dims,
+                out_dims,
+                pool_matrix,
+            });
+            slot_of.insert(&node.name, graph.inputs.len() + k);
+        }
+        let out = graph.output();
+        Ok((
+            Program {
+                kernels,
+                input_slots: graph.inputs.len(),
+                output_slot: slot_of[out.name.as_str()],
+                loss: graph.loss.kind,
+                seq_len,
+                out_dims: out.shape.resolve(seq_len),
+            },
+            params,
+        ))
+    }
+}
+
+/// Checks, without allocating anything, that the engine can train every node of `graph`.
+pub fn check_trainable(graph: &Graph) -> Result<(), Unsupported> {
+    for node in &graph.nodes {
+        let what = match &node.op {
+            Op::Conv { window, .. } if window.spatial() > 2 => Some("3-d convolution"),
+            Op::Pool { window, .. } if window.spatial() > 2 => Some("3-d pooling"),
+            Op::Add | Op::Mul if node.shape.rank() > 5 => {
+                Some("broadcasting over more than 5 dimensions")
+            }
+            _ => None,
+        };
+        if let Some(what) = what {
+            return Err(Unsupported {
+                node: node.name.clone(),
+                what: format!("{what} ({})", node.op.name()),
+            });
+        }
+    }
+    Ok(())
+}
