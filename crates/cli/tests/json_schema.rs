@@ -166,6 +166,7 @@ fn run_json_has_every_documented_key() {
             "{batch}",
         ])
         .env("FAKE_OOM_ABOVE", "20")
+        .env("FAKE_NOISE", "1")
         .output()
         .unwrap();
     let mut present = BTreeSet::new();

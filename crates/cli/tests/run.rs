@@ -264,3 +264,76 @@ fn interrupting_ends_the_process_tree_and_leaves_no_files() {
         .collect();
     assert_eq!(left.len(), 2, "{left:?}"); // tmp/ and pids only
 }
+
+/// A command that reports gradient-noise measurements (as the Python helper
+/// does) gets the statistical half of the answer: B_simple from its own
+/// training, the recommendation and the time-to-target table. The stand-in
+/// reports a true |G|^2 = 1 and tr(Sigma) = 256, so B_simple is 256 exactly;
+/// its step takes 2 ms + 10 us per sample, so (1 + 256/B)(2 ms + 10 us B) is
+/// lowest at B = sqrt(256 x 200) ≈ 226: the recommendation is the measured
+/// batch nearest that optimum by this formula.
+#[test]
+fn noise_lines_give_b_simple_and_time_to_target() {
+    let doc = run_json(
+        &["--max-batch", "4096"],
+        &[("FAKE_OOM_ABOVE", "300"), ("FAKE_NOISE", "1")],
+    );
+    let noise = &doc["noise"];
+    let b = noise["b_simple"].as_f64().unwrap();
+    assert!((b - 256.0).abs() < 1e-6, "{noise}");
+    assert!(noise["b_simple_low"].as_f64().unwrap() <= b);
+    assert!(noise["measurements"].as_u64().unwrap() >= 8);
+    assert!(noise["s_min"].as_f64().unwrap() > 0.0);
+    let time = |b: f64| (1.0 + 256.0 / b) * (2000.0 + 10.0 * b);
+    let best = doc["devices"][0]["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["failure"].is_null())
+        .map(|p| p["batch"].as_u64().unwrap())
+        .min_by(|a, b| time(*a as f64).total_cmp(&time(*b as f64)))
+        .unwrap();
+    assert!((128..=300).contains(&best), "{best}");
+    assert_eq!(doc["recommendation"]["recommended_batch"], best);
+    let table = doc["time_to_target"].as_array().unwrap();
+    assert_eq!(table[0]["micro_batch"], best);
+    assert_eq!(table[0]["vs_best"], 1.0);
+    assert!(
+        table
+            .iter()
+            .all(|t| t["micro_batch"].as_u64().unwrap() <= 300)
+    );
+    assert!(doc["target_loss"].as_f64().unwrap() > 0.0);
+
+    // The terminal says it too.
+    let out = batchfit()
+        .args([
+            "run",
+            "--max-batch",
+            "4096",
+            "--",
+            "sh",
+            &trainer(),
+            "{batch}",
+        ])
+        .env("FAKE_OOM_ABOVE", "300")
+        .env("FAKE_NOISE", "1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("B_simple ≈ 256"), "{text}");
+    assert!(text.contains("PREDICTED TIME TO TARGET"), "{text}");
+    assert!(text.contains(&format!("train with batch {best}")), "{text}");
+}
+
+/// Without noise lines the run still recommends, from throughput alone (the knee).
+#[test]
+fn without_noise_lines_the_knee_is_recommended() {
+    let doc = run_json(&["--max-batch", "4096"], &[("FAKE_OOM_ABOVE", "300")]);
+    assert!(doc["noise"].is_null());
+    assert!(doc["time_to_target"].as_array().unwrap().is_empty());
+    assert_eq!(
+        doc["recommendation"]["recommended_batch"],
+        doc["devices"][0]["knee_batch"]
+    );
+}

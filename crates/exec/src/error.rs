@@ -40,4 +40,6 @@ pub enum StepLineError {
     NotPositive(String),
     #[error("no number in the match on `{0}`")]
     NoNumber(String),
+    #[error("`noise` needs finite, non-negative norms and b_big > b_small > 0 in `{0}`")]
+    BadNoise(String),
 }

@@ -89,6 +89,16 @@ pub fn terminate_group(pgid: i32) {
     kill_group(pgid);
 }
 
+/// Waits up to `limit` until no process of the group is left (SIGKILL is
+/// delivered asynchronously; the next trial must not share the machine with
+/// this one's leftovers).
+pub(crate) fn wait_group_gone(pgid: i32, limit: Duration) {
+    let start = Instant::now();
+    while group_alive(pgid) && start.elapsed() < limit {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// SIGKILL to every process of the group (nothing if it is gone).
 pub fn kill_group(pgid: i32) {
     // SAFETY: as above.

@@ -29,7 +29,7 @@ pub use error::{ExecError, StepLineError};
 pub use oom::looks_like_oom;
 #[cfg(unix)]
 pub use process::{ExitInfo, Finished, LineHandler, ProcessOptions, run_process};
-pub use protocol::{StepReader, StepReport, StepStats};
+pub use protocol::{NoiseReport, StepReader, StepReport, StepStats};
 pub use result::{Outcome, TrialResult};
 pub use template::CommandTemplate;
 #[cfg(unix)]

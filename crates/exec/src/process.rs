@@ -204,6 +204,7 @@ pub fn run_process(
     let wall_s = started.elapsed().as_secs_f64();
     // Workers the command left behind must not hold memory into the next trial.
     interrupt::kill_group(pid);
+    interrupt::wait_group_gone(pid, Duration::from_secs(2));
     interrupt::unregister_group(pid);
     // The readers end when every writer of the pipes has; a process that left
     // the group may hold them open, so do not wait for it forever.

@@ -26,6 +26,36 @@ pub struct StepReport {
     pub step: Option<u64>,
     pub samples: Option<u64>,
     pub seconds: f64,
+    /// The step's mean training loss, when the command reports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<f64>,
+    /// Gradient norms at two batch sizes, on the steps the helper measures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub noise: Option<NoiseReport>,
+}
+
+/// Squared gradient norms of one step at two batch sizes, as the Python helper
+/// (`python/`) measures them: the step's batch of `b_big` samples split into
+/// micro-batches of `b_small`; `g_small_sq` is the mean of their gradients'
+/// squared norms, `g_big_sq` the squared norm of the whole batch's gradient.
+/// batchfit turns them into the noise scale with `batchfit_tune::noise`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NoiseReport {
+    pub b_small: f64,
+    pub g_small_sq: f64,
+    pub b_big: f64,
+    pub g_big_sq: f64,
+}
+
+impl NoiseReport {
+    /// Usable by the two-batch estimator: finite, non-negative, `b_big > b_small > 0`.
+    pub fn is_valid(&self) -> bool {
+        [self.b_small, self.g_small_sq, self.b_big, self.g_big_sq]
+            .iter()
+            .all(|x| x.is_finite() && *x >= 0.0)
+            && self.b_big > self.b_small
+            && self.b_small > 0.0
+    }
 }
 
 /// Reads step reports out of a command's output lines.
@@ -60,10 +90,12 @@ impl StepReader {
                             source,
                         })
                         .and_then(|r| {
-                            if r.seconds.is_finite() && r.seconds > 0.0 {
-                                Ok(r)
-                            } else {
+                            if !(r.seconds.is_finite() && r.seconds > 0.0) {
                                 Err(StepLineError::NotPositive(line.trim().to_string()))
+                            } else if r.noise.is_some_and(|n| !n.is_valid()) {
+                                Err(StepLineError::BadNoise(line.trim().to_string()))
+                            } else {
+                                Ok(r)
                             }
                         }),
                 )
@@ -81,6 +113,8 @@ impl StepReader {
                     step: None,
                     samples,
                     seconds,
+                    loss: None,
+                    noise: None,
                 }))
             }
         }
@@ -122,6 +156,31 @@ pub fn step_stats(steps: &[StepReport], batch: u64, warmup: usize) -> Option<Ste
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_noise_fields() {
+        let r = StepReader::Protocol;
+        let s = r
+            .read(
+                r#"BATCHFIT {"step": 3, "samples": 128, "seconds": 0.05, "loss": 0.7, "noise": {"b_small": 16, "g_small_sq": 0.02, "b_big": 128, "g_big_sq": 0.005}}"#,
+                128,
+            )
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.loss, Some(0.7));
+        let n = s.noise.unwrap();
+        assert_eq!((n.b_small, n.b_big), (16.0, 128.0));
+        assert_eq!((n.g_small_sq, n.g_big_sq), (0.02, 0.005));
+        // B_big must exceed B_small.
+        assert!(
+            r.read(
+                r#"BATCHFIT {"seconds": 0.05, "noise": {"b_small": 16, "g_small_sq": 0.02, "b_big": 16, "g_big_sq": 0.005}}"#,
+                16
+            )
+            .unwrap()
+            .is_err()
+        );
+    }
 
     #[test]
     fn reads_protocol_lines() {
@@ -166,6 +225,8 @@ mod tests {
                 step: None,
                 samples: None,
                 seconds,
+                loss: None,
+                noise: None,
             })
             .collect();
         let s = step_stats(&steps, 10, 2).unwrap();

@@ -44,6 +44,10 @@ pub struct TrialResult {
     pub gpu_util_mean_pct: Option<f64>,
     pub gpu_util_max_pct: Option<u32>,
     pub gpu_device: Option<u32>,
+    /// Every step the command reported, in order (losses and noise
+    /// measurements are read from these; not part of the JSON).
+    #[serde(skip)]
+    pub reports: Vec<crate::protocol::StepReport>,
 }
 
 impl TrialResult {
@@ -59,6 +63,7 @@ impl TrialResult {
             gpu_util_mean_pct: None,
             gpu_util_max_pct: None,
             gpu_device: None,
+            reports: Vec::new(),
         }
     }
 }

@@ -94,6 +94,7 @@ pub fn run_trial(
         outcome: finished.outcome(),
         wall_s: finished.wall_s,
         steps: step_stats(&c.steps, batch, opts.warmup_steps),
+        reports: c.steps,
         bad_step_lines: c.bad_lines,
         peak_host_bytes: Some(peak_host.max(finished.exit.max_rss_bytes)).filter(|&b| b > 0),
         peak_gpu_bytes: peak_gpu,

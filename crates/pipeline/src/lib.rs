@@ -25,6 +25,8 @@ pub mod probe;
 pub mod progress;
 #[cfg(unix)]
 pub mod run;
+#[cfg(unix)]
+pub mod run_advice;
 pub mod sweep;
 
 pub use error::{Error, Result};

@@ -8,6 +8,7 @@ use batchfit_exec::{CommandTemplate, Outcome, StepReader, TrialOptions, TrialRes
 use batchfit_report::probe::{DeviceProbe, ProbePoint};
 use batchfit_report::run::{RunDocument, RunTrial};
 use batchfit_tune::knee::{knee, refine_between};
+use batchfit_tune::lr::LrRule;
 use batchfit_tune::search::{LadderResult, Verdict, each_listed, ladder_then_bisect};
 use std::cell::RefCell;
 use std::path::PathBuf;
@@ -35,6 +36,8 @@ pub struct RunConfig {
     pub show_output: bool,
     /// Checked before the first trial (the binary writes it).
     pub html: Option<PathBuf>,
+    /// How the learning rate should follow the batch (from the command's optimizer).
+    pub lr_rule: LrRule,
 }
 
 /// Runs the trials: the search (or the listed batches), then the knee refinement.
@@ -125,17 +128,25 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunDocument> {
         }
     }
 
+    let device = device_probe(
+        &trials,
+        search.max_batch,
+        knee_batch,
+        cfg.efficiency,
+        started,
+    );
+    let (noise, target_loss) = crate::run_advice::noise_of(&trials);
+    let advice = crate::run_advice::advise_run(&device, &trials, noise.as_ref(), cfg.lr_rule);
     Ok(RunDocument {
         schema_version: batchfit_report::SCHEMA_VERSION,
         kind: "run",
         command: template.display(),
-        devices: vec![device_probe(
-            &trials,
-            search.max_batch,
-            knee_batch,
-            cfg.efficiency,
-            started,
-        )],
+        devices: vec![device],
+        noise,
+        recommendation: advice.recommendation,
+        time_to_target: advice.time_to_target,
+        target_loss,
+        findings: advice.findings,
         trials,
         max_batch: search.max_batch,
         smallest_failure: search.smallest_failure,

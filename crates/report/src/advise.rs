@@ -91,43 +91,7 @@ pub fn render(d: &AdviseDocument) -> String {
                 .unwrap_or_else(|| "∞".into()),
         ));
     }
-    if !d.time_to_target.is_empty() {
-        out.push_str(&format!(
-            "\nPREDICTED TIME TO TARGET{} (steps from the noise scale x measured step time)\n",
-            d.target_loss
-                .map(|l| format!(" (loss {l:.4})"))
-                .unwrap_or_default()
-        ));
-        let mut t = table(&[
-            "device",
-            "batch",
-            "accumulation",
-            "effective",
-            "updates vs min",
-            "time / update",
-            "time to target",
-            "vs best",
-        ]);
-        for o in d.time_to_target.iter().take(14) {
-            t.add_row(vec![
-                o.option.device.clone(),
-                thousands(o.option.micro_batch),
-                format!("x{}", o.option.accumulation),
-                thousands(o.option.effective_batch()),
-                format!("{:.2}x", o.steps_vs_min),
-                crate::duration(o.option.update_s()),
-                o.seconds.map(crate::duration).unwrap_or_else(|| "-".into()),
-                if o.vs_best <= 1.0 + 1e-9 {
-                    "best".into()
-                } else {
-                    format!("{:.2}x", o.vs_best)
-                },
-            ]);
-        }
-        align_numbers(&mut t, 1);
-        out.push_str(&t.to_string());
-        out.push('\n');
-    }
+    out.push_str(&time_to_target_table(&d.time_to_target, d.target_loss));
     if !d.findings.is_empty() {
         out.push_str("\nDIAGNOSIS (from the measurements)\n");
         for f in &d.findings {
@@ -285,4 +249,47 @@ pub fn html(d: &AdviseDocument) -> String {
     body.push_str(&esc(&crate::plan::render(&d.plan, &[])));
     body.push_str("</pre>\n");
     crate::page(&d.model, &body)
+}
+
+/// The time-to-target table `advise` and `run` print (empty without rows).
+pub fn time_to_target_table(rows: &[TimeToTarget], target_loss: Option<f64>) -> String {
+    let mut out = String::new();
+    if !rows.is_empty() {
+        out.push_str(&format!(
+            "\nPREDICTED TIME TO TARGET{} (steps from the noise scale x measured step time)\n",
+            target_loss
+                .map(|l| format!(" (loss {l:.4})"))
+                .unwrap_or_default()
+        ));
+        let mut t = table(&[
+            "device",
+            "batch",
+            "accumulation",
+            "effective",
+            "updates vs min",
+            "time / update",
+            "time to target",
+            "vs best",
+        ]);
+        for o in rows.iter().take(14) {
+            t.add_row(vec![
+                o.option.device.clone(),
+                thousands(o.option.micro_batch),
+                format!("x{}", o.option.accumulation),
+                thousands(o.option.effective_batch()),
+                format!("{:.2}x", o.steps_vs_min),
+                crate::duration(o.option.update_s()),
+                o.seconds.map(crate::duration).unwrap_or_else(|| "-".into()),
+                if o.vs_best <= 1.0 + 1e-9 {
+                    "best".into()
+                } else {
+                    format!("{:.2}x", o.vs_best)
+                },
+            ]);
+        }
+        align_numbers(&mut t, 1);
+        out.push_str(&t.to_string());
+        out.push('\n');
+    }
+    out
 }

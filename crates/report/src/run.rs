@@ -6,6 +6,9 @@ use crate::probe::DeviceProbe;
 use crate::{align_numbers, esc, table, thousands};
 use batchfit_exec::TrialResult;
 use batchfit_plan::Bytes;
+use batchfit_tune::advice::Recommendation;
+use batchfit_tune::diagnose::Finding;
+use batchfit_tune::target::TimeToTarget;
 use serde::Serialize;
 
 /// One trial and why it was run.
@@ -37,6 +40,36 @@ pub struct RunDocument {
     /// The search reached --max-batch still running.
     pub capped: bool,
     pub seconds: f64,
+    /// The gradient noise scale of the command's own training, when it
+    /// reported noise measurements (the Python helper, docs/run.md).
+    pub noise: Option<RunNoise>,
+    /// What to train with, from the measured curve (and the noise scale when known).
+    pub recommendation: Option<Recommendation>,
+    /// Every (batch, accumulation) option ranked by predicted time to target
+    /// (empty without a noise scale).
+    pub time_to_target: Vec<TimeToTarget>,
+    /// The loss the noise trial reached; seconds are predicted for it.
+    pub target_loss: Option<f64>,
+    pub findings: Vec<Finding>,
+}
+
+/// The noise scale measured in one trial of the user's command.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunNoise {
+    /// The trial it comes from (the one with the most noise measurements).
+    pub batch: u64,
+    /// B_simple at the end of that trial, with its 90 % band (measured).
+    pub b_simple: f64,
+    pub b_simple_low: f64,
+    /// `None`: unbounded.
+    pub b_simple_high: Option<f64>,
+    /// Noise measurements and optimizer steps in that trial.
+    pub measurements: usize,
+    pub steps: usize,
+    /// S_min of S(B) = S_min (1 + B_noise/B) through that trial's steps to its final loss (predicted).
+    pub s_min: Option<f64>,
+    /// B_simple of every trial that reported noise: (batch, B_simple).
+    pub per_trial: Vec<(u64, f64)>,
 }
 
 fn bytes(b: Option<u64>) -> String {
@@ -147,6 +180,47 @@ pub fn render(d: &RunDocument) -> String {
                 "no throughput: the command reported no step times; print `BATCHFIT {\"seconds\": ...}` per step or pass --throughput-regex (see examples/)\n",
             ),
             None => {}
+        }
+    }
+    if let Some(n) = &d.noise {
+        out.push_str(&format!(
+            "gradient noise scale of your training: B_simple ≈ {} (90 % band {}–{}; measured in the batch-{} trial, {} measurements over {} steps)\n",
+            thousands(n.b_simple.round() as u64),
+            thousands(n.b_simple_low.round() as u64),
+            n.b_simple_high
+                .map(|h| thousands(h.round() as u64))
+                .unwrap_or_else(|| "∞".into()),
+            thousands(n.batch),
+            n.measurements,
+            n.steps,
+        ));
+    }
+    if let Some(r) = &d.recommendation
+        && let Some(b) = r.recommended_batch
+    {
+        out.push_str(&format!(
+            "\nRECOMMENDATION\n  train with batch {} ({})\n    why: {}\n",
+            thousands(b),
+            r.learning_rate_rule,
+            r.reason
+        ));
+        if let Some(a) = &r.accumulation {
+            out.push_str(&format!(
+                "    memory caps the batch below the critical batch: accumulate {} x {} = {} per update\n",
+                a.steps,
+                thousands(a.micro_batch),
+                thousands(a.effective_batch)
+            ));
+        }
+    }
+    out.push_str(&crate::advise::time_to_target_table(
+        &d.time_to_target,
+        d.target_loss,
+    ));
+    if !d.findings.is_empty() {
+        out.push_str("\nDIAGNOSIS (from the measurements)\n");
+        for f in &d.findings {
+            out.push_str(&format!("  - {}\n", f.message));
         }
     }
     for tr in &d.trials {

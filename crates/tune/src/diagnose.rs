@@ -80,6 +80,18 @@ pub fn fixed_overhead(points: &[StepPoint], device: &str) -> Option<Finding> {
     })
 }
 
+/// The GPU sat idle much of the time (NVML's utilisation: the share of time a
+/// kernel ran). Fires below half: the step is then bound by something else
+/// than the GPU (input pipeline, Python overhead, synchronisation).
+pub fn gpu_idle(util_mean_pct: f64, batch: u64, device: &str) -> Option<Finding> {
+    (util_mean_pct < 50.0).then(|| Finding {
+        rule: "gpu_idle",
+        message: format!(
+            "{device}: at batch {batch} the GPU ran kernels {util_mean_pct:.0} % of the time (NVML, measured): the step waits on something else (input pipeline, Python overhead, synchronisation); raise the batch, or prefetch and overlap data loading"
+        ),
+    })
+}
+
 /// Input pipeline bound: preparing a batch takes a large share of the step.
 pub fn input_bound(load_s: f64, step_s: f64, batch: u64, device: &str) -> Option<Finding> {
     let share = load_s / (load_s + step_s);

@@ -5,7 +5,9 @@
 use crate::error::CliResult;
 use crate::options::{emit_with_html, parse_seconds, parse_share, positive_u64, progress};
 use batchfit_pipeline::run::{RunConfig, run as run_trials};
+use batchfit_plan::Optimizer;
 use batchfit_report::run::{html, render};
+use batchfit_tune::lr::LrRule;
 use clap::Args;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -43,6 +45,10 @@ pub struct RunArgs {
     /// Copy the command's output to stderr, each line prefixed with its batch.
     #[arg(long)]
     pub show_output: bool,
+    /// The command's optimizer, for the learning-rate rule of the advice
+    /// (square root for Adam-family, linear for SGD).
+    #[arg(long, value_enum, default_value = "adam")]
+    pub optimizer: Optimizer,
     /// Print the trials as JSON (schema: docs/json.md).
     #[arg(long)]
     pub json: bool,
@@ -66,6 +72,7 @@ pub fn run(args: RunArgs) -> CliResult {
         efficiency: args.efficiency,
         show_output: args.show_output,
         html: args.html.clone(),
+        lr_rule: LrRule::for_optimizer(args.optimizer.is_adaptive()),
     };
     let bar = progress(args.json || args.show_output);
     let doc = run_trials(&cfg, &bar)?;
