@@ -337,3 +337,34 @@ fn without_noise_lines_the_knee_is_recommended() {
         doc["devices"][0]["knee_batch"]
     );
 }
+
+/// Under `--memory-limit` (RLIMIT_AS, as `ulimit -v`) the search predicts the
+/// largest batch from the measured peaks: a stand-in whose memory grows by
+/// 100 KiB a sample is bracketed to within 2 % in at most 6 trials, and every
+/// failure is out of memory, as GNU dd reports it.
+#[test]
+fn a_memory_limit_is_bracketed_by_prediction() {
+    let doc = run_json(
+        &["--memory-limit", "128MiB", "--margin", "10"],
+        &[("FAKE_MEM_KB", "100")],
+    );
+    let t = trials(&doc);
+    let max = doc["max_batch"].as_u64().unwrap();
+    let fail = doc["smallest_failure"].as_u64().unwrap();
+    assert!(fail as f64 <= (max as f64 * 1.02).ceil(), "{t:?}");
+    // 128 MiB / 100 KiB = 1,310 samples at most, less dd's own few MiB.
+    assert!((1000..=1310).contains(&max), "{t:?}");
+    assert!(doc["search_trials"].as_u64().unwrap() <= 6, "{t:?}");
+    for (b, outcome) in &t {
+        assert!(
+            outcome == "ran" || outcome == "out_of_memory",
+            "{b}: {outcome}"
+        );
+    }
+    assert!(t.contains(&(max, "ran".into())) && t.contains(&(fail, "out_of_memory".into())));
+    let margin = doc["batch_with_margin"].as_u64().unwrap();
+    assert!(
+        margin < max && margin as f64 >= 0.8 * max as f64,
+        "{margin} vs {max}"
+    );
+}

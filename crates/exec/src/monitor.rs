@@ -51,6 +51,19 @@ fn parse_stat(stat: &str) -> Option<(i32, u64)> {
     Some((pgrp, rss))
 }
 
+/// The peak virtual size (`VmPeak` of /proc/PID/status) of process `pid`:
+/// what `RLIMIT_AS` holds each process to. `None` once it has ended.
+pub fn vm_peak(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_vm_peak(&status)
+}
+
+fn parse_vm_peak(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("VmPeak:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 fn page_size() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
@@ -119,6 +132,14 @@ mod tests {
         let line = "4242 (python3 (worker) x) S 4200 4242 4242 0 -1 4194560 5 0 0 0 1 2 0 0 20 0 3 0 100 123456789 2500 18446744073709551615 0";
         assert_eq!(parse_stat(line), Some((4242, 2500)));
         assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn reads_vm_peak() {
+        let status = "Name:\tpython3\nVmPeak:\t 2048 kB\nVmSize:\t 1024 kB\n";
+        assert_eq!(parse_vm_peak(status), Some(2048 * 1024));
+        assert_eq!(parse_vm_peak("Name: x"), None);
+        assert!(vm_peak(std::process::id()).is_some_and(|b| b > 0));
     }
 
     #[test]

@@ -20,6 +20,7 @@ const MARKERS: &[(&str, &str)] = &[
     ("cannot allocate memory", "the host allocator (ENOMEM)"),
     ("memory allocation of", "Rust's allocation failure"),
     ("outofmemory", "cubecl's OutOfMemory"),
+    ("memory exhausted", "GNU tools (xalloc_die)"),
 ];
 
 /// Whether a process that ended with `stderr`, terminating `signal` and exit

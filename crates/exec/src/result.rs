@@ -38,6 +38,9 @@ pub struct TrialResult {
     /// Peak resident memory of the whole process tree (sampled; at least the
     /// command's own peak from the kernel).
     pub peak_host_bytes: Option<u64>,
+    /// Peak virtual size of the tree's largest process (VmPeak), sampled under
+    /// `--memory-limit` (what RLIMIT_AS holds each process to); else null.
+    pub peak_vm_bytes: Option<u64>,
     /// Peak GPU memory of the tree's processes (NVML), when on an NVIDIA GPU.
     pub peak_gpu_bytes: Option<u64>,
     /// Mean and highest utilisation of that GPU while the trial ran (whole device).
@@ -59,6 +62,7 @@ impl TrialResult {
             steps: None,
             bad_step_lines: 0,
             peak_host_bytes: None,
+            peak_vm_bytes: None,
             peak_gpu_bytes: None,
             gpu_util_mean_pct: None,
             gpu_util_max_pct: None,

@@ -1,6 +1,6 @@
 //! One trial: the user's command at one batch size, through the one runner.
 
-use crate::monitor::{gpu_sample, group_members};
+use crate::monitor::{gpu_sample, group_members, vm_peak};
 use crate::process::{LineHandler, ProcessOptions, run_process};
 use crate::protocol::{StepReader, StepReport, step_stats};
 use crate::result::TrialResult;
@@ -18,6 +18,10 @@ pub struct TrialOptions {
     pub warmup_steps: usize,
     /// Copy the command's output to our stderr, prefixed with the batch.
     pub echo: bool,
+    /// Each process of the trial may map at most this many bytes (RLIMIT_AS,
+    /// as `ulimit -v` sets it): an allocation past it fails, and the command
+    /// reports out of memory as it would on a full device.
+    pub memory_limit: Option<u64>,
 }
 
 /// What the output readers collect.
@@ -54,12 +58,18 @@ pub fn run_trial(
     };
 
     let mut peak_host = 0u64;
+    let mut peak_vm = 0u64;
     let mut peak_gpu: Option<u64> = None;
     let mut gpu_utils: Vec<u32> = Vec::new();
     let mut gpu_device = None;
     let mut sample = |pid: i32| {
         let members = group_members(pid);
         peak_host = peak_host.max(members.iter().map(|m| m.1).sum());
+        if opts.memory_limit.is_some() {
+            // The limit holds each process, so the largest one is what nears it.
+            let vm = members.iter().filter_map(|m| vm_peak(m.0)).max();
+            peak_vm = peak_vm.max(vm.unwrap_or(0));
+        }
         let pids: Vec<u32> = members.iter().map(|m| m.0).collect();
         if let Some(g) = gpu_sample(&pids) {
             peak_gpu = Some(peak_gpu.unwrap_or(0).max(g.bytes));
@@ -68,10 +78,13 @@ pub fn run_trial(
         }
         progress(collected.lock().map_or(0, |c| c.steps.len()));
     };
+    let mut command = Command::new(&argv[0]);
+    command.args(&argv[1..]).env(BATCH_ENV, batch.to_string());
+    if let Some(limit) = opts.memory_limit {
+        limit_address_space(&mut command, limit);
+    }
     let finished = run_process(
-        Command::new(&argv[0])
-            .args(&argv[1..])
-            .env(BATCH_ENV, batch.to_string()),
+        &mut command,
         ProcessOptions {
             timeout: opts.timeout,
             on_line: Some(on_line),
@@ -97,10 +110,31 @@ pub fn run_trial(
         reports: c.steps,
         bad_step_lines: c.bad_lines,
         peak_host_bytes: Some(peak_host.max(finished.exit.max_rss_bytes)).filter(|&b| b > 0),
+        peak_vm_bytes: (peak_vm > 0).then_some(peak_vm),
         peak_gpu_bytes: peak_gpu,
         gpu_util_mean_pct: (!gpu_utils.is_empty())
             .then(|| gpu_utils.iter().map(|&u| u as f64).sum::<f64>() / gpu_utils.len() as f64),
         gpu_util_max_pct: gpu_utils.iter().copied().max(),
         gpu_device,
+    }
+}
+
+/// Sets RLIMIT_AS in the child before it execs: every process of the trial
+/// inherits it, as under `ulimit -v`.
+fn limit_address_space(command: &mut Command, bytes: u64) {
+    use std::os::unix::process::CommandExt;
+    let limit = libc::rlimit {
+        rlim_cur: bytes as libc::rlim_t,
+        rlim_max: bytes as libc::rlim_t,
+    };
+    // SAFETY: setrlimit is async-signal-safe and touches only the child.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::setrlimit(libc::RLIMIT_AS, &limit) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
     }
 }

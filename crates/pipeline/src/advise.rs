@@ -193,6 +193,7 @@ pub fn decide(e: &Evidence) -> Decision {
                 efficiency: p.efficiency,
                 max_batch,
                 max_batch_source,
+                noise_hint: "add --data to measure it on your data",
             },
             b_noise,
             LrAdviceInput {

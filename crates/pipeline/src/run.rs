@@ -5,11 +5,15 @@
 use crate::output::check_output_folder;
 use crate::{Error, Progress, Result};
 use batchfit_exec::{CommandTemplate, Outcome, StepReader, TrialOptions, TrialResult, run_trial};
+use batchfit_plan::Bytes;
 use batchfit_report::probe::{DeviceProbe, ProbePoint};
 use batchfit_report::run::{RunDocument, RunTrial};
 use batchfit_tune::knee::{knee, refine_between};
 use batchfit_tune::lr::LrRule;
-use batchfit_tune::search::{LadderResult, Verdict, each_listed, ladder_then_bisect};
+use batchfit_tune::search::{
+    LadderResult, Line, PredictOptions, Verdict, each_listed, ladder_then_bisect,
+    predict_then_bracket,
+};
 use std::cell::RefCell;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -38,6 +42,14 @@ pub struct RunConfig {
     pub html: Option<PathBuf>,
     /// How the learning rate should follow the batch (from the command's optimizer).
     pub lr_rule: LrRule,
+    /// Each process of a trial may map at most this much (RLIMIT_AS); with it
+    /// the search predicts the largest batch from the measured peaks.
+    pub memory_limit: Option<Bytes>,
+    /// The predicting search stops when the largest batch that ran is within
+    /// this share of the smallest that did not (0.02 = 2 %).
+    pub tolerance: f64,
+    /// Also report the batch that leaves this share of the limit free.
+    pub margin: Option<f64>,
 }
 
 /// Runs the trials: the search (or the listed batches), then the knee refinement.
@@ -68,6 +80,7 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunDocument> {
         reader,
         warmup_steps: cfg.warmup_steps,
         echo: cfg.show_output,
+        memory_limit: cfg.memory_limit.map(|b| b.0),
     };
     let started = Instant::now();
     let mut trials: Vec<RunTrial> = Vec::new();
@@ -86,18 +99,30 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunDocument> {
         if let Outcome::NotStarted(why) = &result.outcome {
             *not_started.borrow_mut() = Some(why.clone());
         }
-        let v = result.outcome.verdict(None);
+        // Under a limit the search reads the measured peak the limit holds.
+        let peak = result.peak_vm_bytes.or(result.peak_host_bytes).map(Bytes);
+        let v = result.outcome.verdict(peak);
         trials.push(RunTrial { reason, result });
         v
     };
 
-    let search: LadderResult = if cfg.batches.is_empty() {
+    let search: LadderResult = if !cfg.batches.is_empty() {
+        each_listed(&cfg.batches, |b, why| trial(b, why, &mut trials))
+    } else if let Some(budget) = cfg.memory_limit {
+        let opts = PredictOptions {
+            start: cfg.start,
+            cap: cfg.max_batch,
+            budget,
+            tolerance: cfg.tolerance,
+            max_trials: 40,
+        };
+        predict_then_bracket(&opts, |b, why| trial(b, why, &mut trials))
+    } else {
         ladder_then_bisect(cfg.start, cfg.max_batch, |b, why| {
             trial(b, why, &mut trials)
         })
-    } else {
-        each_listed(&cfg.batches, |b, why| trial(b, why, &mut trials))
     };
+    let search_trials = trials.len();
     if let Some(why) = not_started.take() {
         return Err(Error::input(format!("{why}; check the command after `--`")));
     }
@@ -115,19 +140,31 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunDocument> {
             })
             .collect()
     };
+    // A predicting search samples the curve sparsely: refine until the batch
+    // below the knee is within a factor 2 of it (three rounds at most).
     let mut knee_batch = knee(&curve(&trials), cfg.efficiency);
-    if cfg.batches.is_empty()
-        && let Some(k) = knee_batch
-    {
+    for _ in 0..3 {
+        let Some(k) = knee_batch.filter(|_| cfg.batches.is_empty()) else {
+            break;
+        };
         let below = curve(&trials).iter().map(|p| p.0).filter(|&b| b < k).max();
-        if let Some(below) = below {
-            for b in refine_between(below, k, 2) {
-                trial(b, "knee refinement", &mut trials);
-            }
-            knee_batch = knee(&curve(&trials), cfg.efficiency);
+        let Some(below) = below.filter(|&b| b * 2 < k || !refined_once(&trials)) else {
+            break;
+        };
+        let extra = refine_between(below, k, 2);
+        if extra.is_empty() {
+            break;
         }
+        for b in extra {
+            trial(b, "knee refinement", &mut trials);
+        }
+        knee_batch = knee(&curve(&trials), cfg.efficiency);
     }
 
+    let with_margin = cfg
+        .margin
+        .zip(search.max_batch)
+        .map(|(m, max)| batch_with_margin(&trials, cfg.memory_limit, max, m));
     let device = device_probe(
         &trials,
         search.max_batch,
@@ -152,8 +189,42 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunDocument> {
         smallest_failure: search.smallest_failure,
         stopped_at: search.stopped_at,
         capped: search.capped,
+        search_trials,
+        memory_limit_bytes: cfg.memory_limit,
+        batch_with_margin: with_margin,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// Whether a knee refinement already ran.
+fn refined_once(trials: &[RunTrial]) -> bool {
+    trials.iter().any(|t| t.reason == "knee refinement")
+}
+
+/// The largest batch that leaves `margin` of the memory free: on the line
+/// through the measured peaks of the two largest batches that ran when a limit
+/// was given, else `max_batch` shrunk by the margin.
+fn batch_with_margin(trials: &[RunTrial], limit: Option<Bytes>, max: u64, margin: f64) -> u64 {
+    let mut peaks: Vec<(u64, f64)> = trials
+        .iter()
+        .filter(|t| t.result.outcome == Outcome::Ran)
+        .filter_map(|t| {
+            let r = &t.result;
+            r.peak_vm_bytes
+                .or(r.peak_host_bytes)
+                .map(|p| (r.batch, p as f64))
+        })
+        .collect();
+    peaks.sort_by_key(|p| p.0);
+    peaks.dedup_by_key(|p| p.0);
+    let fitted = match (limit, peaks.as_slice()) {
+        (Some(l), [.., a, b]) => Line::through(*a, *b)
+            .map(|line| line.max_batch(Bytes((l.as_f64() * (1.0 - margin)) as u64))),
+        _ => None,
+    };
+    fitted
+        .unwrap_or(((max as f64) * (1.0 - margin)).floor() as u64)
+        .clamp(1, max)
 }
 
 /// The trials in `probe`'s shape, one point per batch (its last trial).

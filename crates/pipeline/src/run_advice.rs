@@ -135,6 +135,7 @@ pub fn advise_run(
             } else {
                 MaxBatchSource::NotSearched
             },
+            noise_hint: "report it from your training loop with the Python helper, docs/run.md",
         },
         b_noise,
         LrAdviceInput {

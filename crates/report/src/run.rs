@@ -39,6 +39,12 @@ pub struct RunDocument {
     pub stopped_at: Option<u64>,
     /// The search reached --max-batch still running.
     pub capped: bool,
+    /// Trials the max-batch search took (knee refinements not counted).
+    pub search_trials: usize,
+    /// `--memory-limit`: each process of a trial could map at most this (RLIMIT_AS).
+    pub memory_limit_bytes: Option<Bytes>,
+    /// `--margin`: the largest batch leaving that share of the limit free (predicted).
+    pub batch_with_margin: Option<u64>,
     pub seconds: f64,
     /// The gradient noise scale of the command's own training, when it
     /// reported noise measurements (the Python helper, docs/run.md).
@@ -159,10 +165,20 @@ pub fn render(d: &RunDocument) -> String {
         (None, None) => out.push_str("no batch ran"),
     }
     out.push_str(&format!(
-        "; {} trials, {:.1} s\n",
+        "; {} trials ({} for the search), {:.1} s{}\n",
         d.trials.len(),
-        d.seconds
+        d.search_trials,
+        d.seconds,
+        d.memory_limit_bytes
+            .map(|l| format!("; each process limited to {l} of address space"))
+            .unwrap_or_default()
     ));
+    if let Some(b) = d.batch_with_margin {
+        out.push_str(&format!(
+            "with headroom: batch {} leaves the requested margin free (predicted from the measured peaks)\n",
+            thousands(b)
+        ));
+    }
     if let Some(b) = d.stopped_at {
         out.push_str(&format!(
             "the search stopped at batch {}: it crashed or timed out for a reason other than memory (see below)\n",

@@ -73,6 +73,8 @@ pub struct DeviceEvidence<'a> {
     pub efficiency: f64,
     pub max_batch: Option<u64>,
     pub max_batch_source: MaxBatchSource,
+    /// How the user gets the noise scale, said when there is none.
+    pub noise_hint: &'static str,
 }
 
 /// The learning-rate side of the advice.
@@ -126,8 +128,9 @@ pub fn recommend(
         None => (
             e.knee_batch,
             format!(
-                "the smallest batch reaching {:.0} % of the best measured throughput (no data was given, so the statistical side is unknown: add --data to weigh steps needed)",
-                e.efficiency * 100.0
+                "the smallest batch reaching {:.0} % of the best measured throughput (the noise scale is unknown, so steps needed are not weighed: {})",
+                e.efficiency * 100.0,
+                e.noise_hint
             ),
         ),
     };
@@ -206,6 +209,7 @@ mod tests {
             } else {
                 MaxBatchSource::NotSearched
             },
+            noise_hint: "add --data",
         }
     }
 

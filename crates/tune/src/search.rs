@@ -372,6 +372,121 @@ pub fn ladder_then_bisect(
     r
 }
 
+/// How [`predict_then_bracket`] searches.
+#[derive(Clone, Copy, Debug)]
+pub struct PredictOptions {
+    /// First batch tried.
+    pub start: u64,
+    /// Never try above this.
+    pub cap: u64,
+    /// The memory the measured peaks are held against.
+    pub budget: Bytes,
+    /// Done when the largest batch that ran, x (1 + tolerance), ran out of memory.
+    pub tolerance: f64,
+    /// Give up after this many trials.
+    pub max_trials: usize,
+}
+
+/// Largest batch that runs, to within `tolerance`, for a command whose peak
+/// memory is measured at every trial: two rungs (`start`, then 8 x `start`)
+/// give a line `fixed + per_sample x B` through the measured peaks; one trial
+/// just under the line's batch at the budget, one `tolerance` above it to
+/// confirm the bracket. Where memory is linear in the batch that is four
+/// trials. The line is refitted through the two largest batches that ran
+/// after each success (memory may bend); a prediction that runs out of
+/// memory falls back to geometric bisection of the gap. A crash or time-out
+/// stops the search, as in [`ladder_then_bisect`].
+pub fn predict_then_bracket(
+    opts: &PredictOptions,
+    mut trial: impl FnMut(u64, &'static str) -> Verdict,
+) -> LadderResult {
+    let mut r = LadderResult::default();
+    let cap = opts.cap.max(1);
+    let tol = opts.tolerance.max(1e-6);
+    let mut lo = 0u64;
+    let mut hi: Option<u64> = None;
+    let mut peaks: Vec<(u64, f64)> = Vec::new();
+    let mut run = |b: u64, why: &'static str, r: &mut LadderResult| {
+        let v = trial(b, why);
+        r.trials.push((b, why, v));
+        v
+    };
+    let done = |lo: u64, hi: Option<u64>| {
+        hi.is_some_and(|h| h <= lo + 1 || (lo as f64 * (1.0 + tol)).ceil() as u64 >= h)
+    };
+    // The next batch: the line's prediction just under the budget, else a
+    // step of `tolerance` above the largest run, else geometric bisection.
+    let next =
+        |lo: u64, hi: Option<u64>, peaks: &[(u64, f64)], missed: bool| -> (u64, &'static str) {
+            let top = hi.map_or(cap, |h| h - 1).min(cap);
+            let mid = |lo: u64, h: u64| {
+                ((lo.max(1) as f64 * h as f64).sqrt().round() as u64).clamp(lo + 1, h - 1)
+            };
+            if lo == 0 {
+                return match hi {
+                    Some(h) => (h / 2, "bisection"),
+                    None => (opts.start.clamp(1, cap), "start"),
+                };
+            }
+            if peaks.len() < 2 {
+                return match hi {
+                    Some(h) => (mid(lo, h), "bisection"),
+                    None => ((lo.saturating_mul(8)).min(top), "rung"),
+                };
+            }
+            if missed && let Some(h) = hi {
+                return (mid(lo, h), "bisection");
+            }
+            let mut two: Vec<(u64, f64)> = peaks.to_vec();
+            two.sort_by_key(|p| p.0);
+            let line = Line::through(two[two.len() - 2], two[two.len() - 1]);
+            let step_up = ((lo as f64 * (1.0 + tol)).ceil() as u64)
+                .max(lo + 1)
+                .min(top);
+            match line.map(|l| l.max_batch(opts.budget)) {
+                Some(p) => {
+                    let under = (p as f64 * (1.0 - tol / 2.0)).floor() as u64;
+                    if under > lo && under <= top {
+                        (under, "prediction")
+                    } else {
+                        (step_up, "confirmation")
+                    }
+                }
+                None => (step_up, "step-up"),
+            }
+        };
+    let mut missed = false;
+    while !done(lo, hi) && r.trials.len() < opts.max_trials {
+        if lo >= cap {
+            r.capped = true;
+            break;
+        }
+        let (b, why) = next(lo, hi, &peaks, missed);
+        if b == 0 || b <= lo || hi.is_some_and(|h| b >= h) {
+            break;
+        }
+        match run(b, why, &mut r) {
+            Verdict::Runs { peak } => {
+                lo = b;
+                if let Some(p) = peak {
+                    peaks.push((b, p.as_f64()));
+                }
+            }
+            Verdict::OutOfMemory => {
+                hi = Some(hi.map_or(b, |h| h.min(b)));
+                missed = why == "prediction" || missed;
+            }
+            Verdict::Broken => {
+                r.stopped_at = Some(b);
+                break;
+            }
+        }
+    }
+    r.max_batch = (lo > 0).then_some(lo);
+    r.smallest_failure = hi;
+    r
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -574,5 +689,104 @@ mod tests {
         let last = res.trials.last().unwrap();
         assert_eq!(last.verdict, Verdict::Broken);
         assert_eq!(Some(last.batch), res.stopped_at);
+    }
+
+    /// A command whose memory is `fixed + per x B` with a budget: at most 6
+    /// trials to within 2 %, across starts, slopes and budgets.
+    #[test]
+    fn predicting_search_brackets_linear_memory_in_few_trials() {
+        let cases: [(f64, f64, f64, u64); 4] = [
+            (500e6, 2.0e5, 4.0e9, 64),
+            (300e6, 1.0e6, 6.0e9, 1),
+            (2.0e9, 3.3e4, 4.0e9, 64),
+            (100e6, 5.0e7, 24.0e9, 8),
+        ];
+        for (fixed, per, budget, start) in cases {
+            let truth = ((budget - fixed) / per).floor() as u64;
+            let r = predict_then_bracket(
+                &PredictOptions {
+                    start,
+                    cap: 1 << 30,
+                    budget: Bytes(budget as u64),
+                    tolerance: 0.02,
+                    max_trials: 24,
+                },
+                |b, _| {
+                    let peak = fixed + per * b as f64;
+                    if peak <= budget {
+                        Verdict::fits(Bytes(peak as u64))
+                    } else {
+                        Verdict::OutOfMemory
+                    }
+                },
+            );
+            let m = r.max_batch.unwrap();
+            assert!(
+                m <= truth && m as f64 >= truth as f64 / 1.02,
+                "{m} vs {truth}: {r:?}"
+            );
+            assert!(
+                r.trials.len() <= 6,
+                "{} trials: {:?}",
+                r.trials.len(),
+                r.trials
+            );
+        }
+    }
+
+    /// Memory that bends upward: the prediction misses, bisection finishes.
+    #[test]
+    fn predicting_search_falls_back_to_bisection() {
+        let budget = 8.0e9;
+        let peak = |b: u64| 1e8 + 1e5 * b as f64 + 2.0 * (b as f64).powi(2);
+        let truth = (1..200_000u64)
+            .take_while(|&b| peak(b) <= budget)
+            .last()
+            .unwrap();
+        let r = predict_then_bracket(
+            &PredictOptions {
+                start: 16,
+                cap: 1 << 30,
+                budget: Bytes(budget as u64),
+                tolerance: 0.02,
+                max_trials: 40,
+            },
+            |b, _| {
+                if peak(b) <= budget {
+                    Verdict::fits(Bytes(peak(b) as u64))
+                } else {
+                    Verdict::OutOfMemory
+                }
+            },
+        );
+        let m = r.max_batch.unwrap();
+        assert!(
+            m <= truth && m as f64 >= truth as f64 / 1.02,
+            "{m} vs {truth}: {r:?}"
+        );
+        assert!(r.trials.len() <= 12, "{:?}", r.trials);
+    }
+
+    #[test]
+    fn predicting_search_stops_at_a_crash() {
+        let r = predict_then_bracket(
+            &PredictOptions {
+                start: 8,
+                cap: 1 << 20,
+                budget: Bytes(1 << 30),
+                tolerance: 0.02,
+                max_trials: 24,
+            },
+            |b, _| {
+                if b > 8 {
+                    Verdict::Broken
+                } else {
+                    Verdict::fits(Bytes(1000 * b))
+                }
+            },
+        );
+        assert_eq!(r.max_batch, Some(8));
+        assert_eq!(r.stopped_at, Some(64));
+        assert_eq!(r.smallest_failure, None);
     }
 }

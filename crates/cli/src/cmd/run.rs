@@ -3,9 +3,11 @@
 //! throughput curve and its knee.
 
 use crate::error::CliResult;
-use crate::options::{emit_with_html, parse_seconds, parse_share, positive_u64, progress};
+use crate::options::{
+    emit_with_html, parse_bytes, parse_seconds, parse_share, positive_u64, progress,
+};
 use batchfit_pipeline::run::{RunConfig, run as run_trials};
-use batchfit_plan::Optimizer;
+use batchfit_plan::{Bytes, Optimizer};
 use batchfit_report::run::{html, render};
 use batchfit_tune::lr::LrRule;
 use clap::Args;
@@ -45,6 +47,19 @@ pub struct RunArgs {
     /// Copy the command's output to stderr, each line prefixed with its batch.
     #[arg(long)]
     pub show_output: bool,
+    /// Limit each process of a trial to this much address space (RLIMIT_AS, as
+    /// `ulimit -v`), e.g. 4GiB; the search then predicts the largest batch from
+    /// the measured peaks instead of doubling.
+    #[arg(long, value_parser = parse_bytes)]
+    pub memory_limit: Option<Bytes>,
+    /// With --memory-limit: stop when the largest batch that ran is within this
+    /// many percent of the smallest that did not.
+    #[arg(long, default_value_t = 2.0, value_parser = parse_percent)]
+    pub tolerance: f64,
+    /// Also report the largest batch that leaves this many percent of the
+    /// memory free (a run that grows later still fits).
+    #[arg(long, value_parser = parse_percent)]
+    pub margin: Option<f64>,
     /// The command's optimizer, for the learning-rate rule of the advice
     /// (square root for Adam-family, linear for SGD).
     #[arg(long, value_enum, default_value = "adam")]
@@ -73,9 +88,20 @@ pub fn run(args: RunArgs) -> CliResult {
         show_output: args.show_output,
         html: args.html.clone(),
         lr_rule: LrRule::for_optimizer(args.optimizer.is_adaptive()),
+        memory_limit: args.memory_limit,
+        tolerance: args.tolerance / 100.0,
+        margin: args.margin.map(|m| m / 100.0),
     };
     let bar = progress(args.json || args.show_output);
     let doc = run_trials(&cfg, &bar)?;
     drop(bar);
     emit_with_html(&doc, args.json, render, args.html.as_deref(), html)
+}
+
+/// A percentage in [0, 100).
+fn parse_percent(s: &str) -> Result<f64, String> {
+    match s.trim_end_matches('%').parse::<f64>() {
+        Ok(x) if (0.0..100.0).contains(&x) => Ok(x),
+        _ => Err(format!("`{s}` must be a percentage in [0, 100), e.g. 2")),
+    }
 }
