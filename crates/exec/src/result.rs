@@ -44,6 +44,22 @@ pub struct TrialResult {
     pub gpu_util_mean_pct: Option<f64>,
     pub gpu_util_max_pct: Option<u32>,
     pub gpu_device: Option<u32>,
+    /// Each rank's own figures (one entry, rank 0, without a launcher).
+    pub ranks: Vec<RankResult>,
+}
+
+/// What one rank (one worker of a launched trial) measured.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RankResult {
+    pub rank: u32,
+    /// Steps it reported.
+    pub steps: usize,
+    /// Its median step time, warm-up left out.
+    pub median_step_s: Option<f64>,
+    /// Peak resident memory of its processes (it and its children).
+    pub peak_host_bytes: Option<u64>,
+    /// Peak GPU memory of its processes (NVML).
+    pub peak_gpu_bytes: Option<u64>,
 }
 
 impl TrialResult {
@@ -59,6 +75,7 @@ impl TrialResult {
             gpu_util_mean_pct: None,
             gpu_util_max_pct: None,
             gpu_device: None,
+            ranks: Vec::new(),
         }
     }
 }
