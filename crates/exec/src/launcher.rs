@@ -20,10 +20,13 @@ pub const RANK_VARS: &[&str] = &[
 
 /// Which launcher: they spell the same settings differently.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum LauncherKind {
     /// PyTorch's `torchrun` (torch.distributed.run).
+    #[cfg_attr(feature = "clap", value(name = "torchrun"))]
     Torchrun,
     /// DeepSpeed's `deepspeed` runner.
+    #[cfg_attr(feature = "clap", value(name = "deepspeed"))]
     Deepspeed,
 }
 
@@ -40,15 +43,19 @@ impl LauncherKind {
 /// A launcher and the topology it is asked for.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Launcher {
+    /// Which launcher, for its spelling of the flags.
     pub kind: LauncherKind,
     /// What to run: [`LauncherKind::program`] or the user's `--launcher-cmd`.
     pub program: String,
     /// Workers (devices) on this node.
     pub nproc_per_node: u32,
+    /// Nodes taking part, each running batchfit with the same flags.
     pub nnodes: u32,
     /// This node's place among the nodes.
     pub node_rank: u32,
+    /// Rendezvous host (node 0); the launcher's default when `None`.
     pub master_addr: Option<String>,
+    /// Rendezvous port; the launcher's default (29500) when `None`.
     pub master_port: Option<u16>,
 }
 

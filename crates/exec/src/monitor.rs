@@ -15,10 +15,13 @@ use std::sync::OnceLock;
 /// One process as /proc shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProcInfo {
+    /// Its process id.
     pub pid: u32,
+    /// Its parent's process id.
     pub ppid: u32,
     /// Its process group.
     pub pgid: i32,
+    /// Its resident memory.
     pub rss_bytes: u64,
 }
 
@@ -58,6 +61,18 @@ pub fn group_members(pgid: i32) -> Vec<(u32, u64)> {
         .into_iter()
         .filter(|p| p.pgid == pgid)
         .map(|p| (p.pid, p.rss_bytes))
+        .collect()
+}
+
+/// Those of `groups` that still hold a process among `seen`: a group whose
+/// every process has ended may have its number reused by an unrelated one,
+/// which must not be signalled.
+pub fn groups_still_ours(groups: &[i32], seen: &std::collections::HashSet<u32>) -> Vec<i32> {
+    let all = all_processes();
+    groups
+        .iter()
+        .copied()
+        .filter(|&g| all.iter().any(|p| p.pgid == g && seen.contains(&p.pid)))
         .collect()
 }
 

@@ -4,9 +4,10 @@
 //! reading, Ctrl-C handling and the same reading of how it ended ([`Outcome`]).
 
 use crate::interrupt;
-use crate::monitor::{ProcInfo, process_tree};
+use crate::monitor::{ProcInfo, groups_still_ours, process_tree};
 use crate::oom::looks_like_oom;
 use crate::result::Outcome;
+use std::collections::HashSet;
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::CommandExt;
@@ -215,13 +216,15 @@ pub fn run_process(
     let mut timed_out = false;
     // Process groups of the tree other than the child's own: ended with it.
     let mut groups: Vec<i32> = Vec::new();
+    // Every process seen in the tree, to tell our groups from reused numbers.
+    let mut seen: HashSet<u32> = HashSet::new();
     let exit = loop {
         if let Some(exit) = try_reap(pid) {
             break exit;
         }
         if started.elapsed() > opts.timeout {
             timed_out = true;
-            break end_tree(pid, &groups);
+            break end_tree(pid, &groups_still_ours(&groups, &seen));
         }
         if let Some(f) = on_sample.as_mut()
             && Instant::now() >= next_sample
@@ -229,6 +232,7 @@ pub fn run_process(
             next_sample += opts.sample_every;
             let tree = process_tree(pid, &groups);
             for p in &tree {
+                seen.insert(p.pid);
                 if p.pgid != pid && p.pgid > 1 && p.pgid != own_group() && !groups.contains(&p.pgid)
                 {
                     groups.push(p.pgid);
@@ -242,8 +246,10 @@ pub fn run_process(
     interrupt::hold_if_interrupted();
     let wall_s = started.elapsed().as_secs_f64();
     // Workers the command left behind must not hold memory into the next trial.
-    for &g in groups.iter().chain([&pid]) {
+    for &g in groups_still_ours(&groups, &seen).iter().chain([&pid]) {
         interrupt::kill_group(g);
+    }
+    for &g in groups.iter().chain([&pid]) {
         interrupt::unregister_group(g);
     }
     // The readers end when every writer of the pipes has; a process that left
