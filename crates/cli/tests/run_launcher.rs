@@ -8,6 +8,7 @@ mod common;
 use common::{batchfit, document};
 use serde_json::Value;
 use std::path::PathBuf;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn fixture(name: &str) -> String {
@@ -178,6 +179,92 @@ fn ranks_in_their_own_sessions_are_ended_at_the_timeout() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(pids.iter().all(|&p| !alive(p)), "left running: {pids:?}");
+}
+
+#[test]
+fn on_the_second_node_the_ranks_are_its_own_and_the_world_counts_both() {
+    let doc = run_json(
+        2,
+        &[
+            "--batches",
+            "16",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "1",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            "29600",
+        ],
+        &[("FAKE_SLEEP", "0.3")],
+    );
+    assert_eq!(doc["world_size"], 4);
+    assert!(
+        doc["launch_command"].as_str().unwrap().contains(
+            "--nproc-per-node 2 --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 --master-port 29600 --no-python"
+        ),
+        "{doc}"
+    );
+    let t = trial(&doc, 16);
+    let ids: Vec<u64> = t["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["rank"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ids, [2, 3], "{t}");
+    // Four ranks of 16 samples per step, though only two are on this node.
+    let step = (2000.0 + 10.0 * 16.0) * 1e-6;
+    let rate = t["steps"]["samples_per_s"].as_f64().unwrap();
+    assert!((rate - 64.0 / step).abs() < 1e-6 * rate, "{t}");
+}
+
+#[test]
+fn interrupting_ends_every_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pids");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_batchfit"))
+        .args(["run", "--launcher", "torchrun", "--nproc-per-node", "2"])
+        .arg("--launcher-cmd")
+        .arg(fixture("fake_launcher.sh"))
+        .args(["--", "sh", &fixture("fake_trainer.sh"), "{batch}"])
+        .env("FAKE_HANG_AT", "1")
+        .env("FAKE_PIDS", &pid_file)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pids = || -> Vec<u32> {
+        std::fs::read_to_string(&pid_file)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    };
+    let waited = Instant::now();
+    // Both ranks and their children started, and a sample has seen them.
+    while pids().len() < 4 {
+        assert!(
+            waited.elapsed() < Duration::from_secs(60),
+            "ranks never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: signals the batchfit process this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    assert_eq!(child.wait().unwrap().code(), Some(130));
+    let alive = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| !s[s.rfind(')').unwrap() + 2..].starts_with('Z'))
+    };
+    let p = pids();
+    let waited = Instant::now();
+    while p.iter().any(|&pid| alive(pid)) && waited.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(p.iter().all(|&pid| !alive(pid)), "left running: {p:?}");
 }
 
 #[test]
