@@ -174,3 +174,34 @@ fn run_json_has_every_documented_key() {
     let missing: Vec<&String> = documented.difference(&present).collect();
     assert!(missing.is_empty(), "run --json lacks {missing:?}");
 }
+
+/// Under a launcher too (the stand-in torchrun): the same keys, every rank listed.
+#[cfg(unix)]
+#[test]
+fn run_json_under_a_launcher_has_every_documented_key() {
+    let fixture = |name: &str| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name)
+            .display()
+            .to_string()
+    };
+    let documented = documented_keys("run");
+    let out = common::batchfit()
+        .args(["run", "--max-batch", "64", "--launcher", "torchrun"])
+        .args(["--nproc-per-node", "2", "--launcher-cmd"])
+        .arg(fixture("fake_launcher.sh"))
+        .args(["--json", "--", "sh", &fixture("fake_trainer.sh"), "{batch}"])
+        .env("FAKE_OOM_ABOVE", "20")
+        .env("FAKE_NOISE", "1")
+        .env("FAKE_SLEEP", "0.2")
+        .output()
+        .unwrap();
+    let mut present = BTreeSet::new();
+    keys_of(&common::document(out), &mut present);
+    let missing: Vec<&String> = documented.difference(&present).collect();
+    assert!(
+        missing.is_empty(),
+        "run --launcher --json lacks {missing:?}"
+    );
+}

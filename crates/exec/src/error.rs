@@ -22,6 +22,9 @@ pub enum ExecError {
         "needs a named group `(?P<seconds>...)` (seconds per step) or `(?P<samples_per_s>...)`, e.g. '(?P<samples_per_s>[0-9.]+) samples/s'"
     )]
     RegexGroups,
+    /// `--launcher` asked for a topology that cannot run.
+    #[error("{0}")]
+    Launcher(String),
     /// The Ctrl-C handler could not be installed.
     #[error("cannot install the Ctrl-C handler")]
     Interrupt(#[source] ctrlc::Error),

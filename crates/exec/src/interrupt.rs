@@ -24,9 +24,7 @@ pub fn install(message: String) -> Result<(), crate::error::ExecError> {
     ctrlc::set_handler(move || {
         INTERRUPTED.store(true, Ordering::SeqCst);
         let groups: Vec<i32> = GROUPS.lock().map(|g| g.clone()).unwrap_or_default();
-        for g in groups {
-            terminate_group(g);
-        }
+        terminate_groups(&groups);
         for f in PARTIAL_FILES.lock().map(|f| f.clone()).unwrap_or_default() {
             let _ = std::fs::remove_file(f);
         }
@@ -80,13 +78,21 @@ fn group_alive(pgid: i32) -> bool {
 /// SIGTERM to every process of the group, SIGKILL to what is left after a
 /// grace period (frameworks release the GPU on SIGTERM; a hung one ignores it).
 pub fn terminate_group(pgid: i32) {
-    // SAFETY: kill with a negative pid signals that process group only.
-    unsafe { libc::kill(-pgid, libc::SIGTERM) };
+    terminate_groups(&[pgid]);
+}
+
+/// [`terminate_group`] for several groups at once (a launcher's workers each
+/// have their own), sharing one grace period.
+pub fn terminate_groups(pgids: &[i32]) {
+    for &g in pgids {
+        // SAFETY: kill with a negative pid signals that process group only.
+        unsafe { libc::kill(-g, libc::SIGTERM) };
+    }
     let start = Instant::now();
-    while group_alive(pgid) && start.elapsed() < Duration::from_secs(2) {
+    while pgids.iter().any(|&g| group_alive(g)) && start.elapsed() < Duration::from_secs(2) {
         std::thread::sleep(Duration::from_millis(20));
     }
-    kill_group(pgid);
+    pgids.iter().for_each(|&g| kill_group(g));
 }
 
 /// Waits up to `limit` until no process of the group is left (SIGKILL is

@@ -3,7 +3,8 @@
 //! measuring worker in `probe`), in a fresh process group each time; how it
 //! ended ([`Outcome`]: out-of-memory told apart from other crashes); the step
 //! times a command reports; the peak memory of its process tree; its GPU use
-//! where NVML is present.
+//! where NVML is present; under a data-parallel launcher ([`launcher`]),
+//! each rank's.
 //!
 //! Fresh processes matter: an in-process batch finder measures a process
 //! whose memory has been fragmented by every earlier try, so the batch it
@@ -14,6 +15,7 @@
 pub mod error;
 #[cfg(unix)]
 pub mod interrupt;
+pub mod launcher;
 #[cfg(unix)]
 pub mod monitor;
 pub mod oom;
@@ -26,11 +28,12 @@ pub mod template;
 pub mod trial;
 
 pub use error::{ExecError, StepLineError};
+pub use launcher::{Launcher, LauncherKind};
 pub use oom::looks_like_oom;
 #[cfg(unix)]
 pub use process::{ExitInfo, Finished, LineHandler, ProcessOptions, run_process};
 pub use protocol::{NoiseReport, StepReader, StepReport, StepStats};
-pub use result::{Outcome, TrialResult};
+pub use result::{Outcome, RankResult, TrialResult};
 pub use template::CommandTemplate;
 #[cfg(unix)]
 pub use trial::{TrialOptions, run_trial};

@@ -4,8 +4,10 @@
 //! reading, Ctrl-C handling and the same reading of how it ended ([`Outcome`]).
 
 use crate::interrupt;
+use crate::monitor::{ProcInfo, groups_still_ours, process_tree};
 use crate::oom::looks_like_oom;
 use crate::result::Outcome;
+use std::collections::HashSet;
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::CommandExt;
@@ -21,6 +23,9 @@ const CRASH_LINES: usize = 8;
 /// Called with every output line of the child: `(is_stderr, line)`.
 pub type LineHandler = Arc<dyn Fn(bool, &str) + Send + Sync>;
 
+/// Called with the child's process tree while it runs.
+pub type SampleHandler<'a> = &'a mut dyn FnMut(&[ProcInfo]);
+
 /// How to run one child.
 pub struct ProcessOptions<'a> {
     /// Past this the child's process group gets SIGTERM, then SIGKILL.
@@ -28,8 +33,11 @@ pub struct ProcessOptions<'a> {
     /// Sees every line of output as it arrives (on reader threads).
     pub on_line: Option<LineHandler>,
     /// Called about every `sample_every` while the child runs, with its
-    /// process group id (to read the tree's memory, GPU use, progress).
-    pub on_sample: Option<&'a mut dyn FnMut(i32)>,
+    /// process tree (to read the tree's memory, GPU use, progress). Sampling
+    /// is also how processes that left the child's group are found (a
+    /// launcher's workers, each in a session of its own), so that they are
+    /// ended with it.
+    pub on_sample: Option<SampleHandler<'a>>,
     pub sample_every: Duration,
 }
 
@@ -74,6 +82,10 @@ pub struct Finished {
     /// The last lines of each stream.
     pub stdout_tail: String,
     pub stderr_tail: String,
+    /// How the first output line that reports out-of-memory did so, wherever
+    /// it was: a launcher prints its own summary after the failing worker's
+    /// traceback, which can push the worker's message out of the tails.
+    pub oom_seen: Option<String>,
 }
 
 impl Finished {
@@ -88,7 +100,9 @@ impl Finished {
             return Outcome::Ran;
         }
         let text = format!("{}\n{}", self.stderr_tail, self.stdout_tail);
-        if let Some(why) = looks_like_oom(&text, self.exit.signal, self.exit.code) {
+        if let Some(why) = looks_like_oom(&text, self.exit.signal, self.exit.code)
+            .or_else(|| self.oom_seen.clone())
+        {
             return Outcome::OutOfMemory(why);
         }
         let shown = if self.stderr_tail.trim().is_empty() {
@@ -122,12 +136,14 @@ fn try_reap(pid: i32) -> Option<ExitInfo> {
     })
 }
 
-/// Reads `stream` line by line into a tail, handing each line to `on_line`.
+/// Reads `stream` line by line into a tail, handing each line to `on_line`
+/// and noting the first that reports out-of-memory in `oom`.
 fn spawn_reader(
     stream: impl Read + Send + 'static,
     is_stderr: bool,
     on_line: Option<LineHandler>,
     tail: Arc<Mutex<VecDeque<String>>>,
+    oom: Arc<Mutex<Option<String>>>,
     done: mpsc::Sender<()>,
 ) {
     std::thread::spawn(move || {
@@ -138,6 +154,11 @@ fn spawn_reader(
             buf.clear();
             if let Some(f) = &on_line {
                 f(is_stderr, &line);
+            }
+            if let Ok(mut o) = oom.lock()
+                && o.is_none()
+            {
+                *o = looks_like_oom(&line, None, None);
             }
             let Ok(mut t) = tail.lock() else { break };
             if t.len() == TAIL_LINES {
@@ -169,6 +190,7 @@ pub fn run_process(
 
     let out_tail = Arc::new(Mutex::new(VecDeque::new()));
     let err_tail = Arc::new(Mutex::new(VecDeque::new()));
+    let oom_seen = Arc::new(Mutex::new(None));
     let (done_tx, done_rx) = mpsc::channel();
     let out = child.stdout.take().expect("piped");
     let err = child.stderr.take().expect("piped");
@@ -177,35 +199,64 @@ pub fn run_process(
         false,
         opts.on_line.clone(),
         out_tail.clone(),
+        oom_seen.clone(),
         done_tx.clone(),
     );
-    spawn_reader(err, true, opts.on_line, err_tail.clone(), done_tx);
+    spawn_reader(
+        err,
+        true,
+        opts.on_line,
+        err_tail.clone(),
+        oom_seen.clone(),
+        done_tx,
+    );
 
     let mut on_sample = opts.on_sample;
     let mut next_sample = Instant::now();
     let mut timed_out = false;
+    // Process groups of the tree other than the child's own: ended with it.
+    let mut groups: Vec<i32> = Vec::new();
+    // Every process seen in the tree, to tell our groups from reused numbers.
+    let mut seen: HashSet<u32> = HashSet::new();
     let exit = loop {
         if let Some(exit) = try_reap(pid) {
             break exit;
         }
         if started.elapsed() > opts.timeout {
             timed_out = true;
-            break end_tree(pid);
+            break end_tree(pid, &groups_still_ours(&groups, &seen));
         }
         if let Some(f) = on_sample.as_mut()
             && Instant::now() >= next_sample
         {
             next_sample += opts.sample_every;
-            f(pid);
+            let tree = process_tree(pid, &groups);
+            for p in &tree {
+                seen.insert(p.pid);
+                if p.pgid != pid && p.pgid > 1 && p.pgid != own_group() && !groups.contains(&p.pgid)
+                {
+                    groups.push(p.pgid);
+                    interrupt::register_group(p.pgid);
+                }
+            }
+            f(&tree);
         }
         std::thread::sleep(Duration::from_millis(5));
     };
     interrupt::hold_if_interrupted();
     let wall_s = started.elapsed().as_secs_f64();
     // Workers the command left behind must not hold memory into the next trial.
-    interrupt::kill_group(pid);
-    interrupt::wait_group_gone(pid, Duration::from_secs(2));
-    interrupt::unregister_group(pid);
+    let ours = groups_still_ours(&groups, &seen);
+    for &g in ours.iter().chain([&pid]) {
+        interrupt::kill_group(g);
+    }
+    // SIGKILL lands asynchronously: wait (briefly) until nothing is left.
+    for &g in ours.iter().chain([&pid]) {
+        interrupt::wait_group_gone(g, Duration::from_secs(2));
+    }
+    for &g in groups.iter().chain([&pid]) {
+        interrupt::unregister_group(g);
+    }
     // The readers end when every writer of the pipes has; a process that left
     // the group may hold them open, so do not wait for it forever.
     for _ in 0..2 {
@@ -222,22 +273,34 @@ pub fn run_process(
         wall_s,
         stdout_tail: tail(&out_tail),
         stderr_tail: tail(&err_tail),
+        oom_seen: oom_seen.lock().ok().and_then(|o| o.clone()),
     })
 }
 
-/// Ends a child that ran past its time-out: SIGTERM to its group, SIGKILL
-/// after a grace period, and reaps it.
-fn end_tree(pid: i32) -> ExitInfo {
-    // SAFETY: signals our child's own process group.
-    unsafe { libc::kill(-pid, libc::SIGTERM) };
+/// batchfit's own process group, never signalled.
+fn own_group() -> i32 {
+    // SAFETY: getpgrp has no preconditions.
+    unsafe { libc::getpgrp() }
+}
+
+/// Ends a child that ran past its time-out: SIGTERM to its group and to the
+/// other `groups` of its tree (a launcher's workers), SIGKILL after a grace
+/// period, and reaps it.
+fn end_tree(pid: i32, groups: &[i32]) -> ExitInfo {
+    for &g in groups.iter().chain([&pid]) {
+        // SAFETY: signals process groups of our child's tree.
+        unsafe { libc::kill(-g, libc::SIGTERM) };
+    }
     let grace = Instant::now();
     while grace.elapsed() < Duration::from_secs(2) {
         if let Some(exit) = try_reap(pid) {
+            groups.iter().for_each(|&g| interrupt::kill_group(g));
             interrupt::kill_group(pid);
             return exit;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    groups.iter().for_each(|&g| interrupt::kill_group(g));
     interrupt::kill_group(pid);
     loop {
         if let Some(exit) = try_reap(pid) {
@@ -319,6 +382,66 @@ mod tests {
         let mut seen = seen.lock().unwrap().clone();
         seen.sort();
         assert_eq!(seen, vec![(false, "a".into()), (true, "b".into())]);
+    }
+
+    #[test]
+    fn out_of_memory_is_recognised_above_a_long_summary() {
+        // A launcher's summary after the worker's message: more lines than the tail keeps.
+        let f = sh(
+            "echo 'torch.OutOfMemoryError: CUDA out of memory' >&2; \
+             i=0; while [ $i -lt 60 ]; do echo \"summary line $i\" >&2; i=$((i+1)); done; exit 1",
+            Duration::from_secs(10),
+        );
+        assert!(
+            !f.stderr_tail.contains("OutOfMemoryError"),
+            "{}",
+            f.stderr_tail
+        );
+        assert!(matches!(f.outcome(), Outcome::OutOfMemory(_)));
+    }
+
+    #[test]
+    fn workers_in_their_own_sessions_are_ended_with_the_trial() {
+        if !std::path::Path::new("/proc/self/stat").exists()
+            || Command::new("setsid").arg("true").status().is_err()
+        {
+            return; // needs Linux's /proc and util-linux's setsid
+        }
+        let dir = std::env::temp_dir().join(format!("batchfit-exec-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pid_file = dir.join("pid");
+        let script = format!(
+            "setsid sh -c 'echo $$ > {}; exec sleep 60' & wait",
+            pid_file.display()
+        );
+        let mut seen = 0;
+        let mut sample = |tree: &[ProcInfo]| seen = seen.max(tree.len());
+        let f = run_process(
+            Command::new("sh").arg("-c").arg(&script),
+            ProcessOptions {
+                timeout: Duration::from_millis(600),
+                on_sample: Some(&mut sample),
+                ..ProcessOptions::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(f.outcome(), Outcome::TimedOut);
+        assert!(seen >= 2, "the worker was not seen in the tree");
+        let worker: u32 = std::fs::read_to_string(&pid_file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let gone = Instant::now();
+        let alive = || {
+            std::fs::read_to_string(format!("/proc/{worker}/stat"))
+                .is_ok_and(|s| !s[s.rfind(')').unwrap() + 2..].starts_with('Z'))
+        };
+        while alive() && gone.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(!alive(), "worker {worker} outlived the trial");
     }
 
     #[test]

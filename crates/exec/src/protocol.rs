@@ -7,10 +7,11 @@
 //! ```
 //!
 //! `seconds` (the step's wall time, device synchronised) is required; `samples`
-//! defaults to the batch size and `step` to the line's position. Commands that
+//! defaults to the batch size, `step` to the line's position and `rank` (the
+//! data-parallel rank that ran the step, under a launcher) to 0. Commands that
 //! already print their speed can be read with a regular expression instead
 //! (`--throughput-regex`), one match per step, with a named group `seconds` or
-//! `samples_per_s` and optionally `samples`.
+//! `samples_per_s` and optionally `samples` and `rank`.
 
 use crate::error::{ExecError, StepLineError};
 use batchfit_tune::stats::{Summary, summarize};
@@ -32,6 +33,9 @@ pub struct StepReport {
     /// Gradient norms at two batch sizes, on the steps the helper measures.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub noise: Option<NoiseReport>,
+    /// The rank that ran the step (every rank of a launched trial prints its own lines).
+    #[serde(default)]
+    pub rank: Option<u32>,
 }
 
 /// Squared gradient norms of one step at two batch sizes, as the Python helper
@@ -104,6 +108,7 @@ impl StepReader {
                 let c = re.captures(line)?;
                 let num = |n: &str| c.name(n).and_then(|m| m.as_str().parse::<f64>().ok());
                 let samples = num("samples").map(|s| s as u64);
+                let rank = c.name("rank").and_then(|m| m.as_str().parse().ok());
                 let seconds = match (num("seconds"), num("samples_per_s")) {
                     (Some(s), _) => s,
                     (None, Some(rate)) if rate > 0.0 => samples.unwrap_or(batch) as f64 / rate,
@@ -115,6 +120,7 @@ impl StepReader {
                     seconds,
                     loss: None,
                     noise: None,
+                    rank,
                 }))
             }
         }
@@ -150,6 +156,24 @@ pub fn step_stats(steps: &[StepReport], batch: u64, warmup: usize) -> Option<Ste
         steps_used: used.len(),
         step_time: summarize(&times),
         samples_per_s: samples / times.iter().sum::<f64>(),
+    })
+}
+
+/// The step statistics of a data-parallel trial from each rank's
+/// (`per_rank`, as `(rank, stats)`): a synchronous step waits for the slowest
+/// rank, so the step time is the slowest rank's (by median), and every rank
+/// trains its own micro-batch, so samples/s is the slowest rank's samples per
+/// step times the world size over its mean step time. `world_size` is the
+/// launcher's; more ranks reporting than that count instead. One rank: its
+/// own statistics, unchanged.
+pub fn combine_ranks(per_rank: &[(u32, StepStats)], world_size: u32) -> Option<StepStats> {
+    let (_, slowest) = per_rank
+        .iter()
+        .max_by(|a, b| a.1.step_time.median.total_cmp(&b.1.step_time.median))?;
+    let world = world_size.max(per_rank.len() as u32).max(1) as f64;
+    Some(StepStats {
+        samples_per_s: slowest.samples_per_s * world,
+        ..slowest.clone()
     })
 }
 
@@ -198,6 +222,12 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!((s.step, s.samples, s.seconds), (None, None, 0.002));
+        assert_eq!(s.rank, None);
+        let s = r
+            .read(r#"BATCHFIT {"rank": 3, "seconds": 0.5}"#, 8)
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.rank, Some(3));
         assert!(r.read("Epoch 1/3 - loss 0.2", 8).is_none());
         assert!(r.read(r#"BATCHFIT {"step": 1}"#, 8).unwrap().is_err());
         assert!(r.read(r#"BATCHFIT {"seconds": 0}"#, 8).unwrap().is_err());
@@ -215,6 +245,15 @@ mod tests {
             r.read("10/10 - 0.25s/step", 32).unwrap().unwrap().seconds,
             0.25
         );
+        // torchrun --tee prefixes each line with its rank.
+        let r = StepReader::regex(r"\[rank(?P<rank>\d+)\]:.* (?P<seconds>[0-9.]+)s/step").unwrap();
+        assert_eq!(
+            r.read("[rank1]: step 4 0.25s/step", 32)
+                .unwrap()
+                .unwrap()
+                .rank,
+            Some(1)
+        );
     }
 
     #[test]
@@ -227,6 +266,7 @@ mod tests {
                 seconds,
                 loss: None,
                 noise: None,
+                rank: None,
             })
             .collect();
         let s = step_stats(&steps, 10, 2).unwrap();
@@ -236,5 +276,35 @@ mod tests {
         // Too few steps to skip any: all are used.
         assert_eq!(step_stats(&steps[..2], 10, 2).unwrap().steps_used, 2);
         assert!(step_stats(&[], 10, 2).is_none());
+    }
+
+    #[test]
+    fn the_slowest_rank_sets_the_step_and_every_rank_counts_its_samples() {
+        let stats = |secs: &[f64]| {
+            let steps: Vec<StepReport> = secs
+                .iter()
+                .map(|&seconds| StepReport {
+                    step: None,
+                    samples: None,
+                    seconds,
+                    loss: None,
+                    noise: None,
+                    rank: None,
+                })
+                .collect();
+            step_stats(&steps, 10, 0).unwrap()
+        };
+        let fast = stats(&[0.1, 0.1, 0.1]);
+        let slow = stats(&[0.2, 0.2, 0.2]);
+        let c = combine_ranks(&[(0, fast.clone()), (1, slow.clone())], 2).unwrap();
+        assert_eq!(c.step_time, slow.step_time);
+        // 10 samples per rank per step, 2 ranks, 0.2 s per step.
+        assert!((c.samples_per_s - 100.0).abs() < 1e-9);
+        // A world of one: the rank's own figures.
+        assert_eq!(combine_ranks(&[(0, fast.clone())], 1), Some(fast.clone()));
+        // Ranks on other nodes count through the world size.
+        let c = combine_ranks(&[(0, fast)], 4).unwrap();
+        assert!((c.samples_per_s - 400.0).abs() < 1e-9);
+        assert!(combine_ranks(&[], 2).is_none());
     }
 }

@@ -51,6 +51,22 @@ pub struct TrialResult {
     /// measurements are read from these; not part of the JSON).
     #[serde(skip)]
     pub reports: Vec<crate::protocol::StepReport>,
+    /// Each rank's own figures (one entry, rank 0, without a launcher).
+    pub ranks: Vec<RankResult>,
+}
+
+/// What one rank (one worker of a launched trial) measured.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RankResult {
+    pub rank: u32,
+    /// Steps it reported.
+    pub steps: usize,
+    /// Its median step time, warm-up left out.
+    pub median_step_s: Option<f64>,
+    /// Peak resident memory of its processes (it and its children).
+    pub peak_host_bytes: Option<u64>,
+    /// Peak GPU memory of its processes (NVML).
+    pub peak_gpu_bytes: Option<u64>,
 }
 
 impl TrialResult {
@@ -68,6 +84,7 @@ impl TrialResult {
             gpu_util_max_pct: None,
             gpu_device: None,
             reports: Vec::new(),
+            ranks: Vec::new(),
         }
     }
 }

@@ -37,10 +37,19 @@ impl CommandTemplate {
             .collect()
     }
 
+    /// The arguments, placeholders unreplaced.
+    pub fn argv(&self) -> &[String] {
+        &self.argv
+    }
+
     /// The template as one line, for reports.
     pub fn display(&self) -> String {
-        self.argv
-            .iter()
+        Self::display_argv(&self.argv)
+    }
+
+    /// Any argument vector as one line, arguments with spaces quoted.
+    pub fn display_argv(argv: &[String]) -> String {
+        argv.iter()
             .map(|a| {
                 if a.is_empty() || a.contains(char::is_whitespace) {
                     format!("'{a}'")

@@ -18,6 +18,8 @@ use std::cell::RefCell;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+pub use batchfit_exec::{Launcher, LauncherKind};
+
 /// How to run the user's command.
 #[derive(Clone, Debug)]
 pub struct RunConfig {
@@ -50,6 +52,9 @@ pub struct RunConfig {
     pub tolerance: f64,
     /// Also report the batch that leaves this share of the limit free.
     pub margin: Option<f64>,
+    /// Run the command through a data-parallel launcher; `{batch}` is then
+    /// the per-device micro-batch.
+    pub launcher: Option<Launcher>,
 }
 
 /// Runs the trials: the search (or the listed batches), then the knee refinement.
@@ -70,6 +75,9 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunDocument> {
     if let Some(path) = &cfg.html {
         check_output_folder("--html", path)?;
     }
+    if let Some(l) = &cfg.launcher {
+        l.check()?;
+    }
     batchfit_exec::interrupt::install(
         "the running trial's process tree was ended; no report was written".into(),
     )
@@ -81,6 +89,7 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunDocument> {
         warmup_steps: cfg.warmup_steps,
         echo: cfg.show_output,
         memory_limit: cfg.memory_limit.map(|b| b.0),
+        launcher: cfg.launcher.clone(),
     };
     let started = Instant::now();
     let mut trials: Vec<RunTrial> = Vec::new();
@@ -124,7 +133,12 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunDocument> {
     };
     let search_trials = trials.len();
     if let Some(why) = not_started.take() {
-        return Err(Error::input(format!("{why}; check the command after `--`")));
+        let check = if cfg.launcher.is_some() {
+            "check --launcher / --launcher-cmd"
+        } else {
+            "check the command after `--`"
+        };
+        return Err(Error::input(format!("{why}; {check}")));
     }
 
     // The knee, refined between it and the sampled batch below it.
@@ -178,6 +192,11 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunDocument> {
         schema_version: batchfit_report::SCHEMA_VERSION,
         kind: "run",
         command: template.display(),
+        launch_command: cfg
+            .launcher
+            .as_ref()
+            .map(|l| CommandTemplate::display_argv(&l.wrap(template.argv()))),
+        world_size: cfg.launcher.as_ref().map_or(1, Launcher::world_size),
         devices: vec![device],
         noise,
         recommendation: advice.recommendation,

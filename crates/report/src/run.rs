@@ -27,6 +27,10 @@ pub struct RunDocument {
     pub kind: &'static str,
     /// The command as given, with its `{batch}` placeholder.
     pub command: String,
+    /// What was run under `--launcher`: the launcher around the command.
+    pub launch_command: Option<String>,
+    /// Data-parallel workers (1 without a launcher); `batch` is per worker.
+    pub world_size: u32,
     /// The same shape as `probe`'s devices (one entry: where the command ran).
     pub devices: Vec<DeviceProbe>,
     /// Every trial in the order it ran.
@@ -87,21 +91,35 @@ fn bytes(b: Option<u64>) -> String {
 pub fn render(d: &RunDocument) -> String {
     let mut out = format!(
         "\n{} (measured: each trial a fresh process tree)\n",
-        d.command
+        d.launch_command.as_deref().unwrap_or(&d.command)
     );
-    let mut t = table(&[
+    let ranked = d.world_size > 1;
+    if ranked {
+        out.push_str(&format!(
+            "world size {}: batch is the per-device micro-batch; step = the slowest rank's median; samples/s = micro-batch x {} / that rank's step\n",
+            d.world_size, d.world_size
+        ));
+    }
+    let mut header = vec![
         "#",
         "batch",
         "why",
         "outcome",
         "wall",
-        "step (median)",
+        if ranked {
+            "step (slowest rank)"
+        } else {
+            "step (median)"
+        },
         "samples/s",
         "peak host",
         "peak GPU",
-        "GPU util",
-        "",
-    ]);
+    ];
+    if ranked {
+        header.extend(["max rank host", "max rank GPU"]);
+    }
+    header.extend(["GPU util", ""]);
+    let mut t = table(&header);
     let dev = d.devices.first();
     for (i, tr) in d.trials.iter().enumerate() {
         let r = &tr.result;
@@ -115,7 +133,7 @@ pub fn render(d: &RunDocument) -> String {
         if r.steps.as_ref().is_some_and(|s| s.step_time.noisy()) {
             mark.push("noisy");
         }
-        t.add_row(vec![
+        let mut row = vec![
             (i + 1).to_string(),
             thousands(r.batch),
             tr.reason.to_string(),
@@ -131,12 +149,21 @@ pub fn render(d: &RunDocument) -> String {
                 .unwrap_or_else(|| "-".into()),
             bytes(r.peak_host_bytes),
             bytes(r.peak_gpu_bytes),
+        ];
+        if ranked {
+            row.push(bytes(
+                r.ranks.iter().filter_map(|x| x.peak_host_bytes).max(),
+            ));
+            row.push(bytes(r.ranks.iter().filter_map(|x| x.peak_gpu_bytes).max()));
+        }
+        row.push(
             r.gpu_util_mean_pct
                 .zip(r.gpu_util_max_pct)
                 .map(|(m, x)| format!("{m:.0} % (max {x})"))
                 .unwrap_or_else(|| "-".into()),
-            mark.join(", "),
-        ]);
+        );
+        row.push(mark.join(", "));
+        t.add_row(row);
     }
     align_numbers(&mut t, 0);
     out.push_str(&t.to_string());
@@ -241,6 +268,20 @@ pub fn render(d: &RunDocument) -> String {
     }
     for tr in &d.trials {
         let r = &tr.result;
+        // Under a launcher, ranks without step lines: their lines lacked "rank".
+        let silent: Vec<String> = r
+            .ranks
+            .iter()
+            .filter(|x| x.steps == 0)
+            .map(|x| x.rank.to_string())
+            .collect();
+        if ranked && r.steps.is_some() && !silent.is_empty() {
+            out.push_str(&format!(
+                "batch {}: rank(s) {} reported no steps; each rank should print \"rank\" in its BATCHFIT lines (lines without one count as rank 0)\n",
+                thousands(r.batch),
+                silent.join(", ")
+            ));
+        }
         if r.bad_step_lines > 0 {
             out.push_str(&format!(
                 "batch {}: {} BATCHFIT lines did not parse and were skipped\n",
@@ -319,9 +360,17 @@ pub fn figures(d: &RunDocument) -> Vec<(Figure, String)> {
 /// The HTML page: findings, figures, the trial log.
 pub fn html(d: &RunDocument) -> String {
     let mut body = format!(
-        "<h1>batchfit run</h1>\n<p class=\"meta\">command: <code>{}</code></p>\n<h2>Figures</h2>\n",
+        "<h1>batchfit run</h1>\n<p class=\"meta\">command: <code>{}</code></p>\n",
         esc(&d.command)
     );
+    if let Some(l) = &d.launch_command {
+        body.push_str(&format!(
+            "<p class=\"meta\">launched as: <code>{}</code> (world size {}; batch is per device)</p>\n",
+            esc(l),
+            d.world_size
+        ));
+    }
+    body.push_str("<h2>Figures</h2>\n");
     body.push_str(&crate::figures_html(figures(d)));
     body.push_str("<h2>Trials</h2>\n<pre>");
     body.push_str(&esc(&render(d)));

@@ -6,7 +6,7 @@ use crate::error::CliResult;
 use crate::options::{
     emit_with_html, parse_bytes, parse_seconds, parse_share, positive_u64, progress,
 };
-use batchfit_pipeline::run::{RunConfig, run as run_trials};
+use batchfit_pipeline::run::{Launcher, LauncherKind, RunConfig, run as run_trials};
 use batchfit_plan::{Bytes, Optimizer};
 use batchfit_report::run::{html, render};
 use batchfit_tune::lr::LrRule;
@@ -19,7 +19,9 @@ use std::time::Duration;
     after_help = "Example:\n  batchfit run -- python train.py --batch-size {batch} --steps 30\n\n\
 Each trial runs the command with {batch} replaced (also exported as BATCHFIT_BATCH) in a fresh\n\
 process group. Step times come from lines `BATCHFIT {\"seconds\": 0.031}` the command prints per\n\
-step (docs/run.md, examples/) or from --throughput-regex."
+step (docs/run.md, examples/) or from --throughput-regex.\n\n\
+Several GPUs: batchfit run --launcher torchrun --nproc-per-node 2 -- python train.py --batch-size {batch}\n\
+runs `torchrun --nproc-per-node 2 train.py --batch-size B` per trial; every rank is measured."
 )]
 pub struct RunArgs {
     /// Run exactly these batch sizes (comma-separated) instead of searching.
@@ -70,6 +72,27 @@ pub struct RunArgs {
     /// Also write an HTML report with plots to this file.
     #[arg(long)]
     pub html: Option<PathBuf>,
+    /// Run the command through a data-parallel launcher, {batch} per device (docs/run.md).
+    #[arg(long, value_enum, requires = "nproc_per_node")]
+    pub launcher: Option<LauncherKind>,
+    /// Workers (GPUs) on this node; --num-gpus is DeepSpeed's name for it.
+    #[arg(long, visible_alias = "num-gpus", value_name = "N", requires = "launcher", value_parser = clap::value_parser!(u32).range(1..))]
+    pub nproc_per_node: Option<u32>,
+    /// Nodes taking part (run batchfit on each, with the same flags).
+    #[arg(long, value_name = "M", requires = "launcher", value_parser = clap::value_parser!(u32).range(1..))]
+    pub nnodes: Option<u32>,
+    /// This node's rank among the nodes (0-based).
+    #[arg(long, value_name = "R", requires = "launcher")]
+    pub node_rank: Option<u32>,
+    /// Rendezvous address (node 0), passed to the launcher.
+    #[arg(long, value_name = "ADDR", requires = "launcher")]
+    pub master_addr: Option<String>,
+    /// Rendezvous port, passed to the launcher.
+    #[arg(long, value_name = "PORT", requires = "launcher")]
+    pub master_port: Option<u16>,
+    /// The launcher program to run instead of torchrun / deepspeed from PATH.
+    #[arg(long, value_name = "PATH", requires = "launcher")]
+    pub launcher_cmd: Option<PathBuf>,
     /// The training command, after `--`, with {batch} where the batch size goes.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -91,6 +114,20 @@ pub fn run(args: RunArgs) -> CliResult {
         memory_limit: args.memory_limit,
         tolerance: args.tolerance / 100.0,
         margin: args.margin.map(|m| m / 100.0),
+        launcher: args.launcher.map(|kind| {
+            let base = Launcher::new(kind, args.nproc_per_node.unwrap_or(1));
+            Launcher {
+                program: args
+                    .launcher_cmd
+                    .as_ref()
+                    .map_or(base.program.clone(), |p| p.display().to_string()),
+                nnodes: args.nnodes.unwrap_or(1),
+                node_rank: args.node_rank.unwrap_or(0),
+                master_addr: args.master_addr.clone(),
+                master_port: args.master_port,
+                ..base
+            }
+        }),
     };
     let bar = progress(args.json || args.show_output);
     let doc = run_trials(&cfg, &bar)?;
