@@ -13,7 +13,7 @@ use batchfit_plan::{Plan, TrainOptions, plan};
 use batchfit_report::advise::AdviseDocument;
 use batchfit_report::noise::NoiseDocument;
 use batchfit_report::probe::DeviceProbe;
-use batchfit_tune::advice::{DeviceEvidence, LrAdviceInput, MaxBatchSource, recommend};
+use batchfit_tune::advice::{DeviceEvidence, LrAdviceInput, MaxBatchSource, NoiseBand, recommend};
 use batchfit_tune::diagnose::{self, Finding, StepPoint};
 use batchfit_tune::lr::LrRule;
 use batchfit_tune::target::{StepsCurve, rank};
@@ -164,6 +164,7 @@ pub fn step_points(p: &DeviceProbe) -> Vec<StepPoint> {
         .map(|q| StepPoint {
             batch: q.batch,
             step_s: q.step_time_s,
+            rel_err: q.step_time_rel_err,
         })
         .collect()
 }
@@ -172,6 +173,13 @@ pub fn step_points(p: &DeviceProbe) -> Vec<StepPoint> {
 /// ranked by predicted time to target, the diagnosis. Spawns nothing.
 pub fn decide(e: &Evidence) -> Decision {
     let b_noise = e.noise.and_then(|n| n.b_simple);
+    let band = e.noise.and_then(|n| {
+        n.b_simple.map(|b| NoiseBand {
+            b_noise: b,
+            low: n.b_simple_low.unwrap_or(b),
+            high: n.b_simple_high,
+        })
+    });
     let mut recommendations = Vec::new();
     let mut options = Vec::new();
     let mut findings: Vec<Finding> = Vec::new();
@@ -195,7 +203,7 @@ pub fn decide(e: &Evidence) -> Decision {
                 max_batch_source,
                 noise_hint: "add --data to measure it on your data",
             },
-            b_noise,
+            band,
             LrAdviceInput {
                 rule: e.rule,
                 reference: e.reference,
@@ -299,6 +307,7 @@ mod tests {
                 .collect(),
             max_batch,
             knee_batch: Some(steps[0].0),
+            knee_range: None,
             efficiency: 0.9,
             search_trials: 0,
             search: None,

@@ -8,8 +8,9 @@ use batchfit_engine::worker::{WorkerRequest, WorkerResult, run_child};
 use batchfit_exec::Outcome;
 use batchfit_graph::Graph;
 use batchfit_plan::{Bytes, Optimizer, Plan, TrainOptions, plan};
+use batchfit_report::probe::curve_with_errors;
 use batchfit_report::probe::{DeviceProbe, MaxBatchSearch, ProbePoint};
-use batchfit_tune::knee::{geometric_batches, knee, refine_between};
+use batchfit_tune::knee::{geometric_batches, knee, knee_range, refine_between};
 use batchfit_tune::search::{Line, SearchOptions, find_max_batch};
 use batchfit_tune::stats::StopRule;
 use std::path::PathBuf;
@@ -178,7 +179,9 @@ pub fn probe_device(
         }
     }
     points.sort_by_key(|p| p.batch);
+    let range = knee_range(&curve_with_errors(&points), cfg.efficiency);
     Ok(DeviceProbe {
+        knee_range: range,
         device: device.to_string(),
         threads: (!device.is_gpu()).then(|| cfg.threads.unwrap_or_else(default_threads)),
         points,

@@ -6,9 +6,10 @@ use crate::output::check_output_folder;
 use crate::{Error, Progress, Result};
 use batchfit_exec::{CommandTemplate, Outcome, StepReader, TrialOptions, TrialResult, run_trial};
 use batchfit_plan::Bytes;
+use batchfit_report::probe::curve_with_errors;
 use batchfit_report::probe::{DeviceProbe, ProbePoint};
 use batchfit_report::run::{RunDocument, RunTrial};
-use batchfit_tune::knee::{knee, refine_between};
+use batchfit_tune::knee::{knee, knee_range, refine_between};
 use batchfit_tune::lr::LrRule;
 use batchfit_tune::search::{
     LadderResult, Line, PredictOptions, Verdict, each_listed, ladder_then_bisect,
@@ -262,6 +263,7 @@ fn device_probe(
     points.sort_by_key(|p| p.batch);
     let gpu = trials.iter().find_map(|t| t.result.gpu_device);
     DeviceProbe {
+        knee_range: knee_range(&curve_with_errors(&points), efficiency),
         device: gpu.map_or_else(|| "host".to_string(), |d| format!("cuda:{d}")),
         threads: None,
         points,

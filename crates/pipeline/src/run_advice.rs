@@ -7,7 +7,7 @@ use batchfit_exec::{Outcome, StepReport, TrialResult};
 use batchfit_report::probe::DeviceProbe;
 use batchfit_report::run::{RunNoise, RunTrial};
 use batchfit_tune::advice::{
-    DeviceEvidence, LrAdviceInput, MaxBatchSource, Recommendation, recommend,
+    DeviceEvidence, LrAdviceInput, MaxBatchSource, NoiseBand, Recommendation, recommend,
 };
 use batchfit_tune::diagnose::{self, Finding};
 use batchfit_tune::lr::LrRule;
@@ -137,7 +137,11 @@ pub fn advise_run(
             },
             noise_hint: "report it from your training loop with the Python helper, docs/run.md",
         },
-        b_noise,
+        noise.map(|n| NoiseBand {
+            b_noise: n.b_simple,
+            low: n.b_simple_low,
+            high: n.b_simple_high,
+        }),
         LrAdviceInput {
             rule,
             reference: None,

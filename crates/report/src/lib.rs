@@ -47,6 +47,27 @@ pub fn duration(s: f64) -> String {
     }
 }
 
+/// What the timings' noise says about a knee: its range when it is not one
+/// batch, and where the throughput is flat within the noise.
+pub fn knee_noise(r: Option<&batchfit_tune::knee::KneeRange>) -> String {
+    let Some(r) = r else {
+        return String::new();
+    };
+    let mut out = String::new();
+    if r.low != r.high {
+        out.push_str(&format!(
+            "; within the timings' noise anywhere from {} to {}",
+            thousands(r.low),
+            thousands(r.high)
+        ));
+    }
+    out.push_str(&format!(
+        "; throughput flat within noise from batch {} up",
+        thousands(r.flat_from)
+    ));
+    out
+}
+
 /// Thousands separators: `87229` -> `87,229`.
 pub fn thousands(n: u64) -> String {
     let s = n.to_string();

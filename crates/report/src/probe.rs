@@ -15,6 +15,8 @@ pub struct ProbePoint {
     pub step_time_s: f64,
     pub step_time_p10_s: f64,
     pub step_time_p90_s: f64,
+    /// Standard error of the median step time, relative to it (measured spread).
+    pub step_time_rel_err: f64,
     pub steps_timed: usize,
     /// batch / median step time (measured).
     pub samples_per_s: f64,
@@ -46,6 +48,7 @@ impl ProbePoint {
             step_time_s: s.median,
             step_time_p10_s: s.p10,
             step_time_p90_s: s.p90,
+            step_time_rel_err: s.rel_std_err,
             steps_timed: s.n,
             samples_per_s: batch as f64 / s.median,
             peak_bytes: peak.map(Bytes),
@@ -67,6 +70,7 @@ impl ProbePoint {
             step_time_s: f64::NAN,
             step_time_p10_s: f64::NAN,
             step_time_p90_s: f64::NAN,
+            step_time_rel_err: f64::NAN,
             steps_timed: 0,
             samples_per_s: 0.0,
             peak_bytes: None,
@@ -114,6 +118,9 @@ pub struct DeviceProbe {
     pub max_batch: Option<u64>,
     /// Smallest batch within `efficiency` of the best throughput (measured).
     pub knee_batch: Option<u64>,
+    /// Where the knee lies given the timings' errors, and from which batch the
+    /// throughput is flat within them.
+    pub knee_range: Option<batchfit_tune::knee::KneeRange>,
     pub efficiency: f64,
     /// Trial steps the max-batch search took (0 when it did not run).
     pub search_trials: usize,
@@ -231,9 +238,10 @@ pub fn render(model: &str, devices: &[DeviceProbe]) -> String {
         }
         if let Some(k) = d.knee_batch {
             out.push_str(&format!(
-                "knee: batch {} is the smallest reaching {:.0} % of the best measured throughput\n",
+                "knee: batch {} is the smallest reaching {:.0} % of the best measured throughput{}\n",
                 thousands(k),
-                d.efficiency * 100.0
+                d.efficiency * 100.0,
+                crate::knee_noise(d.knee_range.as_ref())
             ));
         }
     }
@@ -305,4 +313,13 @@ pub fn throughput_figure(devices: &[DeviceProbe]) -> (Figure, String) {
         },
         "Measured: median of timed training steps (forward, backward, optimizer) after warm-up, per device. Triangles mark the knee (smallest batch within the efficiency share of the best) and the largest batch that fits.".into(),
     )
+}
+
+/// The probe's points as `(batch, samples/s, relative error)` for the knee's range.
+pub fn curve_with_errors(points: &[ProbePoint]) -> Vec<(u64, f64, f64)> {
+    points
+        .iter()
+        .filter(|p| p.ok() && p.samples_per_s.is_finite())
+        .map(|p| (p.batch, p.samples_per_s, p.step_time_rel_err))
+        .collect()
 }

@@ -215,9 +215,10 @@ pub fn render(d: &RunDocument) -> String {
     if let Some(dev) = dev {
         match dev.knee_batch {
             Some(k) => out.push_str(&format!(
-                "knee: batch {} is the smallest reaching {:.0} % of the best measured throughput\n",
+                "knee: batch {} is the smallest reaching {:.0} % of the best measured throughput{}\n",
                 thousands(k),
-                dev.efficiency * 100.0
+                dev.efficiency * 100.0,
+                crate::knee_noise(dev.knee_range.as_ref())
             )),
             None if d.trials.iter().any(|t| t.result.outcome.label() == "ran") => out.push_str(
                 "no throughput: the command reported no step times; print `BATCHFIT {\"seconds\": ...}` per step or pass --throughput-regex (see examples/)\n",

@@ -50,7 +50,16 @@ pub struct Recommendation {
     pub learning_rate_rule: String,
     /// Gradient accumulation when memory caps the batch below the critical batch.
     pub accumulation: Option<Accumulation>,
+    /// The batches whose predicted time to target cannot be told apart from the
+    /// fastest, given the step times' errors and B_noise's band (ascending).
+    pub tied_batches: Vec<u64>,
 }
+
+/// How a recommendation picks among batches that tie: the smallest. Within the
+/// tie none is measurably faster to the target, and the smallest keeps the
+/// most memory free and the most updates per epoch; it also depends only on
+/// which batches tie, not on their noisy order, so a second run names it again.
+pub const TIE_BREAK: &str = "the smallest of the batches whose predicted time to target cannot be told apart from the fastest (step-time errors and B_noise's 90 % band)";
 
 /// Micro-batches accumulated into one update.
 #[derive(Clone, Debug, Serialize)]
@@ -77,6 +86,55 @@ pub struct DeviceEvidence<'a> {
     pub noise_hint: &'static str,
 }
 
+/// The noise scale with its 90 % band.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NoiseBand {
+    pub b_noise: f64,
+    pub low: f64,
+    /// `None`: unbounded above.
+    pub high: Option<f64>,
+}
+
+impl NoiseBand {
+    /// A noise scale known exactly (tests, or a band not measured).
+    pub fn exact(b_noise: f64) -> NoiseBand {
+        NoiseBand {
+            b_noise,
+            low: b_noise,
+            high: Some(b_noise),
+        }
+    }
+}
+
+/// One-sided 95 % normal quantile: a ratio counts as a tie while its lower
+/// 95 % bound (step-time errors combined) does not exceed 1.
+const Z: f64 = 1.645;
+
+/// The batches whose predicted time to target cannot be told apart from the
+/// fastest: for B_noise anywhere in its band, a batch ties when its time
+/// ratio to that B_noise's fastest option, less Z standard errors of the two
+/// measured step times, is not above 1. Ascending.
+pub fn tied_batches(options: &[(u64, f64, f64)], band: NoiseBand) -> Vec<u64> {
+    let rel = |e: f64| if e.is_finite() { e.min(1.0) } else { 1.0 };
+    let high = band.high.unwrap_or(band.b_noise * 4.0).max(band.b_noise);
+    let mut tied: Vec<u64> = Vec::new();
+    for bn in [band.low.max(1e-9), band.b_noise, high] {
+        let time = |o: &(u64, f64, f64)| updates_vs_min(bn, o.0 as f64) * o.1;
+        let Some(best) = options.iter().min_by(|a, b| time(a).total_cmp(&time(b))) else {
+            return tied;
+        };
+        for o in options {
+            let ratio = time(o) / time(best);
+            let err = (rel(o.2).powi(2) + rel(best.2).powi(2)).sqrt();
+            if ratio * (1.0 - Z * err) <= 1.0 && !tied.contains(&o.0) {
+                tied.push(o.0);
+            }
+        }
+    }
+    tied.sort_unstable();
+    tied
+}
+
 /// The learning-rate side of the advice.
 #[derive(Clone, Copy, Debug)]
 pub struct LrAdviceInput {
@@ -93,9 +151,10 @@ pub struct LrAdviceInput {
 /// (1 + B_noise/B) x step time; without one, the knee.
 pub fn recommend(
     e: &DeviceEvidence,
-    b_noise: Option<f64>,
+    noise: Option<NoiseBand>,
     lr: LrAdviceInput,
 ) -> (Recommendation, Vec<TrainingOption>) {
+    let b_noise = noise.map(|n| n.b_noise);
     let fits = |b: u64| e.max_batch.is_none_or(|m| b <= m);
     let mut options: Vec<TrainingOption> = e
         .points
@@ -108,21 +167,37 @@ pub fn recommend(
             micro_step_s: q.step_s,
         })
         .collect();
-    let (recommended, reason) = match b_noise {
-        Some(bn) => {
+    let mut tied = Vec::new();
+    let (recommended, reason) = match noise {
+        Some(band) => {
+            let bn = band.b_noise;
+            let measured: Vec<(u64, f64, f64)> = e
+                .points
+                .iter()
+                .filter(|q| fits(q.batch))
+                .map(|q| (q.batch, q.step_s, q.rel_err))
+                .collect();
+            tied = tied_batches(&measured, band);
             let time =
                 |o: &TrainingOption| updates_vs_min(bn, o.micro_batch as f64) * o.micro_step_s;
-            match options.iter().min_by(|a, b| time(a).total_cmp(&time(b))) {
-                Some(o) => (
-                    Some(o.micro_batch),
+            let fastest = options.iter().min_by(|a, b| time(a).total_cmp(&time(b)));
+            match (tied.first(), fastest) {
+                (Some(&b), Some(f)) => (
+                    Some(b),
                     format!(
-                        "fastest predicted time to target among the measured batches: (1 + B_noise/B) x step time is lowest at B = {} (B_noise ≈ {:.0}, step {:.2} ms measured)",
-                        o.micro_batch,
+                        "lowest predicted time to target, (1 + B_noise/B) x step time, within the measurement's noise: batches {} cannot be told apart (B_noise ≈ {:.0}, band {:.0}–{}; fastest point estimate B = {}, step {:.2} ms measured); of those, the smallest",
+                        tied.iter()
+                            .map(|b| b.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", "),
                         bn,
-                        o.micro_step_s * 1e3
+                        band.low,
+                        band.high.map_or("∞".to_string(), |h| format!("{h:.0}")),
+                        f.micro_batch,
+                        f.micro_step_s * 1e3
                     ),
                 ),
-                None => (None, "no batch size could be measured".into()),
+                _ => (None, "no batch size could be measured".into()),
             }
         }
         None => (
@@ -181,6 +256,7 @@ pub fn recommend(
             learning_rate,
             learning_rate_rule: rule_text.to_string(),
             accumulation,
+            tied_batches: tied,
         },
         options,
     )
@@ -193,7 +269,11 @@ mod tests {
 
     fn pts(v: &[(u64, f64)]) -> Vec<StepPoint> {
         v.iter()
-            .map(|&(batch, step_s)| StepPoint { batch, step_s })
+            .map(|&(batch, step_s)| StepPoint {
+                batch,
+                step_s,
+                rel_err: 0.0,
+            })
             .collect()
     }
 
@@ -229,7 +309,7 @@ mod tests {
             (256, 3.56e-3),
             (1024, 11.24e-3),
         ]);
-        let (rec, options) = recommend(&evidence(&p, None), Some(400.0), ADAM);
+        let (rec, options) = recommend(&evidence(&p, None), Some(NoiseBand::exact(400.0)), ADAM);
         assert_eq!(rec.recommended_batch, Some(256));
         assert_eq!(options.len(), 4);
         assert!(rec.accumulation.is_none());
@@ -253,7 +333,8 @@ mod tests {
     fn memory_below_the_critical_batch_adds_accumulation() {
         // The device fits 32 at most; B_noise = 250: accumulate ceil(250/32) = 8.
         let p = pts(&[(8, 1e-3), (32, 2e-3), (128, 6e-3)]);
-        let (rec, options) = recommend(&evidence(&p, Some(32)), Some(250.0), ADAM);
+        let (rec, options) =
+            recommend(&evidence(&p, Some(32)), Some(NoiseBand::exact(250.0)), ADAM);
         let acc = rec.accumulation.expect("accumulation advised");
         assert_eq!(
             (acc.micro_batch, acc.steps, acc.effective_batch),
@@ -273,7 +354,7 @@ mod tests {
             rule: LrRule::Sqrt,
             reference: Some((16, 1e-3)),
         };
-        let (rec, _) = recommend(&evidence(&p, None), Some(100.0), lr);
+        let (rec, _) = recommend(&evidence(&p, None), Some(NoiseBand::exact(100.0)), lr);
         assert_eq!(rec.recommended_batch, Some(64));
         assert!((rec.learning_rate.unwrap() - 2e-3).abs() < 1e-12);
     }
@@ -282,5 +363,49 @@ mod tests {
     fn the_source_serialises_as_before() {
         let s = serde_json::to_string(&MaxBatchSource::PredictedForRam).unwrap();
         assert_eq!(s, "\"predicted for this machine's RAM\"");
+    }
+
+    /// Step times with 10 % errors: batches within the noise of the fastest
+    /// tie, and the smallest of them is named; the tie does not depend on
+    /// which of them happened to measure fastest.
+    #[test]
+    fn ties_within_noise_name_the_smallest_tied_batch() {
+        // (1 + 400/B) x step: 128: 4.125 x 3.0 = 12.4; 256: 2.5625 x 4.6 = 11.8;
+        // 512: 1.78 x 7.8 = 13.9; 32: 13.5 x 1.4 = 18.9. 128 and 256 are within
+        // 5 % errors of each other; 32 is not, at any B_noise of the band.
+        let mk = |s256: f64| {
+            let pts: Vec<StepPoint> = [(32, 1.4e-3), (128, 3.0e-3), (256, s256), (512, 7.8e-3)]
+                .iter()
+                .map(|&(batch, step_s)| StepPoint {
+                    batch,
+                    step_s,
+                    rel_err: 0.05,
+                })
+                .collect();
+            let band = NoiseBand {
+                b_noise: 400.0,
+                low: 300.0,
+                high: Some(520.0),
+            };
+            let (rec, _) = recommend(&evidence(&pts, None), Some(band), ADAM);
+            rec
+        };
+        // Whether 256 measures a little faster or slower, the answer is the same.
+        for s256 in [4.4e-3, 4.6e-3, 4.9e-3] {
+            let rec = mk(s256);
+            assert!(
+                rec.tied_batches.starts_with(&[128, 256]),
+                "{s256}: {:?}",
+                rec.tied_batches
+            );
+            assert_eq!(rec.recommended_batch, Some(128));
+        }
+    }
+
+    #[test]
+    fn exact_measurements_tie_only_at_equal_times() {
+        let pts = [(64u64, 1e-3, 0.0), (128, 1.5e-3, 0.0), (256, 3.0e-3, 0.0)];
+        // B_noise 128: 64: 3 x 1 = 3.0; 128: 2 x 1.5 = 3.0; 256: 1.5 x 3 = 4.5.
+        assert_eq!(tied_batches(&pts, NoiseBand::exact(128.0)), vec![64, 128]);
     }
 }

@@ -15,6 +15,8 @@ pub struct Finding {
 pub struct StepPoint {
     pub batch: u64,
     pub step_s: f64,
+    /// Standard error of `step_s` relative to it (0 when unknown).
+    pub rel_err: f64,
 }
 
 impl StepPoint {
@@ -139,6 +141,7 @@ mod tests {
         [16, 64, 256, 1024, 4096]
             .iter()
             .map(|&b| StepPoint {
+                rel_err: 0.0,
                 batch: b,
                 step_s: f(b),
             })

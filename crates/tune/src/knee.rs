@@ -14,6 +14,61 @@ pub fn knee(points: &[(u64, f64)], efficiency: f64) -> Option<u64> {
         .min()
 }
 
+/// One-sided 95 % normal quantile for "within the measurement's noise".
+const Z: f64 = 1.645;
+
+/// The knee with its uncertainty, from `(batch, samples_per_s, relative
+/// standard error)`: `low` is the smallest batch whose throughput could reach
+/// `efficiency` of the best within Z standard errors (the two errors
+/// combined), `high` the smallest that reaches it even at the low end of its
+/// error; `flat_from` the smallest batch than which no larger measured batch
+/// is faster beyond the noise (throughput is flat within noise from there).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct KneeRange {
+    pub low: u64,
+    pub high: u64,
+    pub flat_from: u64,
+}
+
+/// See [`KneeRange`]; `None` for no points.
+pub fn knee_range(points: &[(u64, f64, f64)], efficiency: f64) -> Option<KneeRange> {
+    let rel = |e: f64| if e.is_finite() { e.min(1.0) } else { 1.0 };
+    let best = points
+        .iter()
+        .filter(|p| p.1.is_finite())
+        .max_by(|a, b| a.1.total_cmp(&b.1))?;
+    let bound = |p: &(u64, f64, f64), sign: f64| {
+        let err = (rel(p.2).powi(2) + rel(best.2).powi(2)).sqrt();
+        p.1 / best.1 * (1.0 + sign * Z * err)
+    };
+    let mut sorted: Vec<&(u64, f64, f64)> = points.iter().filter(|p| p.1.is_finite()).collect();
+    sorted.sort_by_key(|p| p.0);
+    let low = sorted
+        .iter()
+        .find(|p| p.0 == best.0 || bound(p, 1.0) >= efficiency)?
+        .0;
+    let high = sorted
+        .iter()
+        .find(|p| p.0 == best.0 || bound(p, -1.0) >= efficiency)?
+        .0;
+    // The smallest batch no larger batch is measurably faster than.
+    let faster = |a: &(u64, f64, f64), b: &(u64, f64, f64)| {
+        let err = (rel(a.2).powi(2) + rel(b.2).powi(2)).sqrt();
+        b.1 > a.1 * (1.0 + Z * err)
+    };
+    let flat_from = sorted
+        .iter()
+        .enumerate()
+        .find(|(i, p)| sorted[i + 1..].iter().all(|q| !faster(p, q)))?
+        .1
+        .0;
+    Some(KneeRange {
+        low,
+        high: high.max(low),
+        flat_from,
+    })
+}
+
 /// Batches to sample: powers of two from `lo` to `hi`, always ending at `hi`.
 pub fn geometric_batches(lo: u64, hi: u64) -> Vec<u64> {
     let mut v = Vec::new();
@@ -70,5 +125,28 @@ mod tests {
         assert_eq!(geometric_batches(8, 100), vec![8, 16, 32, 64, 100]);
         assert_eq!(refine_between(32, 64, 1), vec![45]);
         assert!(refine_between(32, 33, 2).is_empty());
+    }
+
+    #[test]
+    fn knee_range_widens_with_noise() {
+        let pts = [
+            (16, 100.0),
+            (32, 180.0),
+            (64, 270.0),
+            (128, 300.0),
+            (256, 290.0),
+        ];
+        let exact: Vec<(u64, f64, f64)> = pts.iter().map(|&(b, t)| (b, t, 0.0)).collect();
+        let r = knee_range(&exact, 0.9).unwrap();
+        assert_eq!((r.low, r.high), (64, 64));
+        // Nothing above 128 is faster than it.
+        assert_eq!(r.flat_from, 128);
+        let noisy: Vec<(u64, f64, f64)> = pts.iter().map(|&(b, t)| (b, t, 0.05)).collect();
+        let r = knee_range(&noisy, 0.9).unwrap();
+        // 180/300 = 0.6 cannot reach 0.9 even with 5 % errors; 270/300 = 0.9 can,
+        // but not surely: the knee lies between 64 and 128.
+        assert_eq!((r.low, r.high), (64, 128));
+        assert_eq!(r.flat_from, 64);
+        assert!(knee_range(&[], 0.9).is_none());
     }
 }
