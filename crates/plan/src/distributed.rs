@@ -181,7 +181,7 @@ pub fn ddp_buckets(layer_bytes: &[u64]) -> Vec<u64> {
 /// Messages of at most `cap` bytes that carry `total` bytes.
 fn chunks(total: u64, cap: u64) -> Vec<u64> {
     let mut out = vec![cap; (total / cap) as usize];
-    if total % cap > 0 {
+    if !total.is_multiple_of(cap) {
         out.push(total % cap);
     }
     out
@@ -876,7 +876,7 @@ mod tests {
         let c = comm_time(
             &CommModel {
                 layer_params: &[1_000_000],
-                per: per,
+                per,
                 forward_share: 1.0 / 3.0,
             },
             Strategy::Ddp,
@@ -925,7 +925,7 @@ mod tests {
         let c = comm_time(
             &CommModel {
                 layer_params: &[1_000_000, 1_000_000],
-                per: per,
+                per,
                 forward_share: 1.0 / 3.0,
             },
             Strategy::Zero3,
@@ -945,7 +945,7 @@ mod tests {
         let z1 = comm_time(
             &CommModel {
                 layer_params: &[1_000_000, 1_000_000],
-                per: per,
+                per,
                 forward_share: 1.0 / 3.0,
             },
             Strategy::Zero1,
@@ -959,7 +959,7 @@ mod tests {
         let z2 = comm_time(
             &CommModel {
                 layer_params: &[1_000_000, 1_000_000],
-                per: per,
+                per,
                 forward_share: 1.0 / 3.0,
             },
             Strategy::Zero2,
@@ -983,7 +983,7 @@ mod tests {
             let c = comm_time(
                 &CommModel {
                     layer_params: &[10, 20],
-                    per: per,
+                    per,
                     forward_share: 0.5,
                 },
                 s,
