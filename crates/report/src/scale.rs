@@ -38,7 +38,7 @@ pub fn render(d: &Distributed) -> String {
     );
     let mut t = table(&[
         "strategy",
-        "GPUs",
+        if r.nodes > 1 { "nodes x GPUs" } else { "GPUs" },
         "states/device",
         "comm buffers",
         "max micro",
@@ -56,7 +56,10 @@ pub fn render(d: &Distributed) -> String {
         t.add_row(vec![
             m.strategy.name().to_string(),
             if row.nodes > 1 {
-                format!("{} x {}", row.nodes, row.gpus_per_node)
+                format!(
+                    "{} x {} = {}",
+                    row.nodes, row.gpus_per_node, row.memory.world_size
+                )
             } else {
                 row.gpus_per_node.to_string()
             },
