@@ -1032,4 +1032,57 @@ mod tests {
         assert!(z3.bytes_at(&p, m) <= budget && z3.bytes_at(&p, m + 1) > budget);
         assert_eq!(z3.max_micro_batch(&p, Bytes(1)), None);
     }
+
+    #[test]
+    fn compute_times_by_hand() {
+        let g = batchfit_graph::zoo::build("mnist-mlp").unwrap();
+        let p = crate::plan::plan(&g, &plan_options(&TrainOptions::default()));
+        let given = Compute::StepTime {
+            seconds: 0.2,
+            micro_batch: 32,
+        };
+        // In proportion to the micro-batch: 64 samples take twice 32's time.
+        assert!((given.micro_step_s(&p, 64).unwrap() - 0.4).abs() < 1e-12);
+        let flops = Compute::Flops { tflops: 10.0 };
+        let want = p.train_flops_per_sample.0 * 100.0 / 1e13;
+        assert!((flops.micro_step_s(&p, 100).unwrap() - want).abs() < 1e-18);
+        assert_eq!(Compute::Unknown.micro_step_s(&p, 1), None);
+    }
+
+    /// The table: a global batch split over world sizes, update = compute + exposed.
+    #[test]
+    fn scale_table_rows() {
+        let g = batchfit_graph::zoo::build("mnist-mlp").unwrap();
+        let p = crate::plan::plan(&g, &plan_options(&TrainOptions::default()));
+        let req = ScaleRequest {
+            gpus_per_node: vec![1, 4],
+            nodes: 2,
+            strategies: vec![Strategy::Ddp, Strategy::Zero3],
+            budget_bytes: Some(Bytes(2 * Bytes::GIB)),
+            micro_batch: Some(50),
+            global_batch: Some(1000),
+            link: LinkPreset::Ib100.link(),
+            compute: Compute::StepTime {
+                seconds: 0.1,
+                micro_batch: 50,
+            },
+        };
+        let rows = scale_table(&p, &req);
+        assert_eq!(rows.len(), 4);
+        // 2 devices: 500 each, 10 steps of 50; 8 devices: 125 each, 3 steps of 42.
+        let r = &rows[0];
+        assert_eq!(r.memory.world_size, 2);
+        assert_eq!((r.micro_batch, r.accumulation), (Some(50), Some(10)));
+        assert_eq!(r.global_batch, Some(1000));
+        assert!((r.compute_s.unwrap() - 1.0).abs() < 1e-12);
+        let r = &rows[3];
+        assert_eq!((r.memory.world_size, r.stage), (8, 3));
+        assert_eq!((r.micro_batch, r.accumulation), (Some(42), Some(3)));
+        assert_eq!(r.global_batch, Some(8 * 42 * 3));
+        for r in &rows {
+            let step = r.step_s.unwrap();
+            assert!((step - r.compute_s.unwrap() - r.comm.exposed_s.unwrap()).abs() < 1e-12);
+            assert!(r.max_micro_batch.unwrap() >= 50);
+        }
+    }
 }

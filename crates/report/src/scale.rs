@@ -149,3 +149,62 @@ pub fn torchrun_line(row: &ScaleRow) -> Result<String, EmitError> {
     }
     Ok(line)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use batchfit_plan::distributed::{
+        Compute, LinkPreset, ScaleRequest, Strategy, plan_options, scale_table,
+    };
+    use batchfit_plan::{Bytes, TrainOptions, plan};
+
+    fn row(strategy: Strategy, micro: Option<u64>) -> ScaleRow {
+        let g = batchfit_graph::zoo::build("mnist-mlp").unwrap();
+        let p = plan(&g, &plan_options(&TrainOptions::default()));
+        let req = ScaleRequest {
+            gpus_per_node: vec![4],
+            nodes: 1,
+            strategies: vec![strategy],
+            budget_bytes: micro.map(|_| Bytes(Bytes::GIB)),
+            micro_batch: micro,
+            global_batch: Some(256),
+            link: LinkPreset::Nvlink.link(),
+            compute: Compute::Unknown,
+        };
+        scale_table(&p, &req).remove(0)
+    }
+
+    #[test]
+    fn deepspeed_config_fields() {
+        let c = deepspeed_config(&row(Strategy::Zero3, Some(16)), Precision::Fp16Mixed).unwrap();
+        // 256 over 4 devices: 64 each, 4 steps of 16.
+        assert_eq!(c["train_micro_batch_size_per_gpu"], 16);
+        assert_eq!(c["gradient_accumulation_steps"], 4);
+        assert_eq!(c["train_batch_size"], 256);
+        assert_eq!(c["zero_optimization"]["stage"], 3);
+        assert_eq!(c["fp16"]["enabled"], true);
+        assert_eq!(c["bf16"]["enabled"], false);
+        let ddp = deepspeed_config(&row(Strategy::Ddp, Some(64)), Precision::Fp32).unwrap();
+        assert_eq!(ddp["zero_optimization"]["stage"], 0);
+        assert_eq!(
+            deepspeed_config(&row(Strategy::Fsdp, Some(16)), Precision::Fp32),
+            Err(EmitError::FsdpInDeepSpeed)
+        );
+        assert_eq!(
+            deepspeed_config(&row(Strategy::Zero1, None), Precision::Fp32),
+            Err(EmitError::NoMicroBatch)
+        );
+    }
+
+    #[test]
+    fn torchrun_line_by_hand() {
+        assert_eq!(
+            torchrun_line(&row(Strategy::Fsdp, Some(16))).unwrap(),
+            "torchrun --nnodes 1 --nproc-per-node 4 train.py --batch-size 16 --grad-accum 4"
+        );
+        assert_eq!(
+            torchrun_line(&row(Strategy::Ddp, None)),
+            Err(EmitError::NoMicroBatch)
+        );
+    }
+}
