@@ -20,6 +20,7 @@
 #![warn(missing_docs)]
 
 pub mod devices;
+pub mod distributed;
 pub mod host;
 pub mod options;
 pub mod plan;

@@ -2,6 +2,13 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Bytes of one fp32 element: master weights, optimizer state, and gradients as the
+/// single-device plan counts them (PyTorch's AMP keeps fp32 gradients).
+pub const FP32_BYTES: u64 = 4;
+
+/// Bytes of one fp16 or bf16 element: the working copy under mixed precision.
+pub const HALF_BYTES: u64 = 2;
+
 /// The optimizer, which decides the state kept per parameter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
@@ -45,6 +52,11 @@ impl Optimizer {
         }
     }
 
+    /// Bytes of optimizer state per parameter: [`Optimizer::state_per_param`] fp32 tensors.
+    pub fn state_bytes(self) -> u64 {
+        self.state_per_param() * FP32_BYTES
+    }
+
     /// Whether the learning rate scales like Adam's (square root) rather than SGD's (linear).
     pub fn is_adaptive(self) -> bool {
         matches!(self, Optimizer::Adam | Optimizer::Adamw)
@@ -85,8 +97,8 @@ impl Precision {
     /// Bytes of one saved activation element.
     pub fn activation_bytes(self) -> u64 {
         match self {
-            Precision::Fp32 => 4,
-            Precision::Fp16Mixed | Precision::Bf16Mixed => 2,
+            Precision::Fp32 => FP32_BYTES,
+            Precision::Fp16Mixed | Precision::Bf16Mixed => HALF_BYTES,
         }
     }
 
@@ -94,8 +106,8 @@ impl Precision {
     /// working copy under mixed precision (PyTorch autocast caches one per step).
     pub fn weight_bytes(self) -> u64 {
         match self {
-            Precision::Fp32 => 4,
-            Precision::Fp16Mixed | Precision::Bf16Mixed => 4 + 2,
+            Precision::Fp32 => FP32_BYTES,
+            Precision::Fp16Mixed | Precision::Bf16Mixed => FP32_BYTES + HALF_BYTES,
         }
     }
 

@@ -360,7 +360,7 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
     // What every moment of a step holds besides gradients and kernel buffers.
     let base = FixedMemory {
         weights: Bytes(params * opts.precision.weight_bytes()),
-        optimizer_state: Bytes(params * 4 * state),
+        optimizer_state: Bytes(params * opts.optimizer.state_bytes()),
         buffers: Bytes(
             graph
                 .nodes

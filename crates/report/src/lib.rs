@@ -6,6 +6,7 @@ pub mod plan;
 pub mod plots;
 pub mod probe;
 pub mod run;
+pub mod scale;
 pub mod sweep;
 
 /// Version of the JSON documents; bumped when a field changes meaning or is removed.

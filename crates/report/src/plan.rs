@@ -43,6 +43,9 @@ pub struct PlanDocument<'a> {
     /// Largest batch for the first budget asked (`--memory` or the first preset); null if none fits or none was asked.
     pub max_batch: Option<u64>,
     pub budgets: &'a [BudgetFit],
+    /// `--gpus`: memory per device, batches and communication per (world size, strategy).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub distributed: Option<&'a crate::scale::Distributed>,
 }
 
 impl<'a> PlanDocument<'a> {
@@ -54,6 +57,7 @@ impl<'a> PlanDocument<'a> {
             plan,
             max_batch: budgets.first().and_then(|b| b.max_batch),
             budgets,
+            distributed: None,
         }
     }
 }

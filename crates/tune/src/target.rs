@@ -97,6 +97,132 @@ pub fn rank(options: &[TrainingOption], b_noise: f64, s_min: Option<f64>) -> Vec
     out
 }
 
+/// One data-parallel way to train: `world_size` devices, each running `micro_batch` samples
+/// `accumulation` times per update, with one update taking `update_s` seconds (compute plus
+/// exposed communication).
+#[derive(Clone, Debug, Serialize)]
+pub struct ScaleOption {
+    /// Devices in the data-parallel group.
+    pub world_size: u64,
+    /// How the model states are sharded (`ddp`, `zero1`, ...).
+    pub strategy: String,
+    /// Samples per device per forward and backward.
+    pub micro_batch: u64,
+    /// Micro-batches per update.
+    pub accumulation: u64,
+    /// Seconds of one update.
+    pub update_s: f64,
+}
+
+impl ScaleOption {
+    /// The batch one update sees: world size x micro-batch x accumulation.
+    pub fn global_batch(&self) -> u64 {
+        self.world_size * self.micro_batch * self.accumulation
+    }
+}
+
+/// Predicted time to target of one data-parallel option.
+#[derive(Clone, Debug, Serialize)]
+pub struct ScaleTime {
+    #[serde(flatten)]
+    pub option: ScaleOption,
+    /// World size x micro-batch x accumulation.
+    pub global_batch: u64,
+    /// Updates needed relative to the minimum: `1 + B_noise / B_global`.
+    pub updates_vs_min: f64,
+    /// Updates needed, when `S_min` is known.
+    pub updates: Option<f64>,
+    /// Predicted seconds (updates x update time), when `S_min` is known.
+    pub seconds: Option<f64>,
+    /// Time relative to the fastest option (1.0 = the winner).
+    pub vs_best: f64,
+}
+
+/// Time to target of each option, in the given order: `S(B_global) x update time`, with
+/// S(B) from [`StepsCurve`] (relative to S_min when it is not known).
+pub fn time_across_world_sizes(
+    options: &[ScaleOption],
+    b_noise: f64,
+    s_min: Option<f64>,
+) -> Vec<ScaleTime> {
+    let curve = StepsCurve {
+        s_min: s_min.unwrap_or(1.0),
+        b_noise,
+    };
+    let mut out: Vec<ScaleTime> = options
+        .iter()
+        .map(|o| {
+            let b = o.global_batch() as f64;
+            ScaleTime {
+                option: o.clone(),
+                global_batch: o.global_batch(),
+                updates_vs_min: updates_vs_min(b_noise, b),
+                updates: s_min.map(|_| curve.steps(b)),
+                seconds: s_min.map(|_| curve.seconds(b, o.update_s)),
+                vs_best: updates_vs_min(b_noise, b) * o.update_s,
+            }
+        })
+        .collect();
+    let best = out.iter().map(|t| t.vs_best).fold(f64::INFINITY, f64::min);
+    for t in &mut out {
+        t.vs_best /= best;
+    }
+    out
+}
+
+/// Elasticity of the updates with respect to the batch, `-d ln S / d ln B = (B_noise/B) /
+/// (1 + B_noise/B)`: the share of a batch increase that turns into fewer updates. It is 1/2
+/// exactly at B = B_noise.
+pub fn updates_elasticity(b_noise: f64, batch: f64) -> f64 {
+    let r = b_noise / batch;
+    r / (1.0 + r)
+}
+
+/// Where extra devices stop paying for one strategy.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ScalingLimit {
+    /// The strategy.
+    pub strategy: String,
+    /// Past this world size extra devices stop paying (`None`: every world size given still pays).
+    pub stop_after: Option<u64>,
+    /// `-d ln T / d ln N` between `stop_after` and the next world size given.
+    pub elasticity: Option<f64>,
+    /// The fastest world size given.
+    pub fastest_world_size: u64,
+}
+
+/// The rule: going from N to N' devices pays while the time to target falls at least half as
+/// fast as the devices grow, `e = ln(T(N)/T(N')) / ln(N'/N) >= 1/2`. The device-hours to
+/// target, N x T, change as `1 - e`; below e = 1/2 they grow faster than the time shrinks.
+/// With the step time constant and the global batch growing with N, e is
+/// [`updates_elasticity`] and the limit is the critical batch B = B_noise (McCandlish et al.
+/// 2018: there S = 2 S_min and E = 2 E_min), so a measured step time that grows with N only
+/// brings the limit earlier.
+/// `times` are one strategy's rows (any order); `None` if there are none.
+pub fn scaling_limit(times: &[ScaleTime]) -> Option<ScalingLimit> {
+    let mut rows: Vec<&ScaleTime> = times.iter().collect();
+    rows.sort_by_key(|t| t.option.world_size);
+    rows.dedup_by_key(|t| t.option.world_size);
+    let fastest = rows.iter().min_by(|a, b| a.vs_best.total_cmp(&b.vs_best))?;
+    let mut limit = ScalingLimit {
+        strategy: rows[0].option.strategy.clone(),
+        stop_after: None,
+        elasticity: None,
+        fastest_world_size: fastest.option.world_size,
+    };
+    for w in rows.windows(2) {
+        let (a, b) = (w[0], w[1]);
+        let e = (a.vs_best / b.vs_best).ln()
+            / (b.option.world_size as f64 / a.option.world_size as f64).ln();
+        if e < 0.5 {
+            limit.stop_after = Some(a.option.world_size);
+            limit.elasticity = Some(e);
+            break;
+        }
+    }
+    Some(limit)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,5 +264,79 @@ mod tests {
         assert!((c.steps(256.0) - 200.0).abs() < 1e-12);
         assert!((c.seconds(256.0, 0.5) - 100.0).abs() < 1e-12);
         assert!((updates_vs_min(100.0, 25.0) - 5.0).abs() < 1e-12);
+    }
+
+    fn scale(world: u64, micro: u64, acc: u64, update_s: f64) -> ScaleOption {
+        ScaleOption {
+            world_size: world,
+            strategy: "ddp".into(),
+            micro_batch: micro,
+            accumulation: acc,
+            update_s,
+        }
+    }
+
+    /// B_noise = 1000, S_min = 100, 32 per device, 1 s per update whatever N.
+    #[test]
+    fn time_across_world_sizes_by_hand() {
+        let opts = [
+            scale(1, 32, 1, 1.0),
+            scale(8, 32, 1, 1.0),
+            scale(8, 32, 4, 4.0),
+        ];
+        let t = time_across_world_sizes(&opts, 1000.0, Some(100.0));
+        // N = 1: B = 32, S = 100 x (1 + 31.25) = 3225 s. N = 8: B = 256, S = 100 x 4.90625.
+        assert_eq!(t[1].global_batch, 256);
+        assert!((t[0].seconds.unwrap() - 3225.0).abs() < 1e-9);
+        assert!((t[1].seconds.unwrap() - 490.625).abs() < 1e-9);
+        // x4 accumulation: B = 1024, 100 x 1.9765625 x 4 s.
+        assert!((t[2].seconds.unwrap() - 790.625).abs() < 1e-9);
+        assert!((t[1].vs_best - 1.0).abs() < 1e-12);
+        assert!((t[0].vs_best - 3225.0 / 490.625).abs() < 1e-9);
+        // Without S_min: only ratios.
+        let r = time_across_world_sizes(&opts, 1000.0, None);
+        assert_eq!(r[0].seconds, None);
+        assert!((r[0].vs_best - t[0].vs_best).abs() < 1e-12);
+    }
+
+    /// Constant step time, global batch doubling with N: the limit is where the global batch
+    /// passes B_noise (the continuous rule's e = 1/2 at B = B_noise).
+    #[test]
+    fn extra_devices_stop_paying_past_the_critical_batch() {
+        assert!((updates_elasticity(500.0, 500.0) - 0.5).abs() < 1e-12);
+        let b_noise = 1024.0;
+        let opts: Vec<ScaleOption> = [1, 2, 4, 8, 16, 32, 64, 128]
+            .iter()
+            .map(|&n| scale(n, 32, 1, 1.0))
+            .collect();
+        let t = time_across_world_sizes(&opts, b_noise, None);
+        let l = scaling_limit(&t).unwrap();
+        // Doubling from B to 2B: e = log2((1 + b/B) / (1 + b/2B)). From 32 x 16 = 512 to 1024:
+        // (1 + 2) / (1 + 1) = 1.5, e = 0.585 (pays); from 1024 to 2048: 2 / 1.5, e = 0.415.
+        assert_eq!(l.stop_after, Some(32));
+        assert!((l.elasticity.unwrap() - (2.0f64 / 1.5).log2()).abs() < 1e-12);
+        assert_eq!(l.fastest_world_size, 128);
+    }
+
+    /// A step that slows with N (communication) stops paying earlier; a perfect one never.
+    #[test]
+    fn slower_steps_bring_the_limit_earlier() {
+        let opts = [
+            scale(1, 16, 1, 1.0),
+            scale(2, 16, 1, 1.0),
+            scale(4, 16, 1, 1.8),
+        ];
+        let t = time_across_world_sizes(&opts, 1e6, None);
+        // Far below B_noise the updates halve per doubling; 1 -> 2 pays (e = 1), 2 -> 4:
+        // T falls by 2 / 1.8, e = log2(1.111) = 0.152.
+        let l = scaling_limit(&t).unwrap();
+        assert_eq!(l.stop_after, Some(2));
+        assert_eq!(
+            l.fastest_world_size, 4,
+            "still fastest, at 1.8x the device-hours for 1.1x the speed"
+        );
+        let perfect = time_across_world_sizes(&opts[..2], 1e6, None);
+        assert_eq!(scaling_limit(&perfect).unwrap().stop_after, None);
+        assert_eq!(scaling_limit(&[]), None);
     }
 }

@@ -1,10 +1,18 @@
-//! `batchfit plan`: the static plan.
+//! `batchfit plan`: the static plan; with `--gpus`, per device under data parallelism.
 
-use crate::error::CliResult;
-use crate::options::{DEFAULT_MODEL, TrainFlags, emit_json, parse_bytes, print};
+use crate::error::{CliError, CliResult};
+use crate::options::{
+    DEFAULT_MODEL, TrainFlags, emit_json, parse_bytes, parse_seconds, positive_f64, positive_u64,
+    print,
+};
+use batchfit_pipeline::Error;
+use batchfit_plan::distributed::{
+    self, Compute, Link, LinkPreset, ScaleRequest, StateBytes, Strategy,
+};
 use batchfit_plan::{Bytes, PRESETS, plan, preset};
 use batchfit_report::plan::{BudgetFit, PlanDocument, render};
-use clap::Args;
+use batchfit_report::scale::{self, Distributed};
+use clap::{Args, ValueEnum};
 
 #[derive(Args)]
 pub struct PlanArgs {
@@ -22,6 +30,58 @@ pub struct PlanArgs {
     /// Print the plan as JSON (schema: docs/json.md).
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub scale: ScaleFlags,
+}
+
+/// Data parallelism over several GPUs (docs/scale.md).
+#[derive(Args)]
+pub struct ScaleFlags {
+    /// GPUs per node (comma-separated for several world sizes): plan memory per device,
+    /// micro-batch, accumulation and communication under data parallelism.
+    #[arg(long, value_name = "N", value_delimiter = ',', value_parser = positive_u64)]
+    pub gpus: Vec<u64>,
+    /// Nodes, each with --gpus GPUs.
+    #[arg(long, value_name = "M", default_value_t = 1, value_parser = positive_u64)]
+    pub nodes: u64,
+    /// How model states are sharded (comma-separated) [default: all]; fsdp is FULL_SHARD.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub strategy: Vec<Strategy>,
+    /// Global batch to reach per update (micro-batch x accumulation x world size).
+    #[arg(long, value_name = "G", value_parser = positive_u64)]
+    pub global_batch: Option<u64>,
+    /// The link of the ring: between GPUs on one node; between nodes with --nodes > 1
+    /// [default: pcie4 on one node, ib100 between nodes].
+    #[arg(long, value_enum, conflicts_with = "link_gbps")]
+    pub link: Option<LinkPreset>,
+    /// The ring's link as a bandwidth in Gb/s instead of a preset.
+    #[arg(long, value_name = "GBPS", value_parser = positive_f64)]
+    pub link_gbps: Option<f64>,
+    /// The link between GPUs within a node when --nodes > 1 [default: pcie4].
+    #[arg(long, value_enum)]
+    pub intra_link: Option<LinkPreset>,
+    /// Seconds of one device's forward and backward at --micro-batch (measured, e.g. by probe).
+    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds, conflicts_with = "device_tflops")]
+    pub step_time: Option<f64>,
+    /// Sustained TFLOP/s of one device: compute predicted as training FLOPs / this.
+    #[arg(long, value_name = "TFLOPS", value_parser = positive_f64)]
+    pub device_tflops: Option<f64>,
+    /// Write a launch configuration for the one --gpus and --strategy asked, instead of the plan.
+    #[arg(long, value_enum)]
+    pub emit: Option<Emit>,
+}
+
+/// Launch configurations `--emit` writes.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Emit {
+    /// A DeepSpeed config (ds_config.json) on stdout.
+    Deepspeed,
+    /// The torchrun command line.
+    Torchrun,
+}
+
+fn bad(message: impl Into<String>) -> CliError {
+    CliError::Pipeline(Error::input(message))
 }
 
 pub fn run(args: PlanArgs) -> CliResult {
@@ -29,6 +89,42 @@ pub fn run(args: PlanArgs) -> CliResult {
     let mut devices = Vec::new();
     for name in &args.device_presets {
         devices.push(preset(name).map_err(batchfit_pipeline::Error::from)?);
+    }
+    let distributed = if args.scale.gpus.is_empty() {
+        args.scale.check_unused()?;
+        None
+    } else {
+        let opts = distributed::plan_options(&args.train.options(true));
+        let budget = args.memory.or(devices.first().map(|d| d.memory));
+        let request = args.scale.request(budget, args.train.micro_batch)?;
+        let p = plan(&graph, &opts);
+        Some((
+            Distributed {
+                state_bytes_per_param: StateBytes::of(&opts),
+                rows: distributed::scale_table(&p, &request),
+                request,
+            },
+            opts.precision,
+        ))
+    };
+    if let Some(emit) = args.scale.emit {
+        let Some((d, precision)) = &distributed else {
+            return Err(bad("--emit needs --gpus N and --strategy S"));
+        };
+        let [row] = d.rows.as_slice() else {
+            return Err(bad(
+                "--emit writes one launch: give one --gpus value and one --strategy",
+            ));
+        };
+        return match emit {
+            Emit::Deepspeed => emit_json(
+                &scale::deepspeed_config(row, *precision).map_err(|e| bad(e.to_string()))?,
+            ),
+            Emit::Torchrun => print(&format!(
+                "{}\n",
+                scale::torchrun_line(row).map_err(|e| bad(e.to_string()))?
+            )),
+        };
     }
     if args.memory.is_none() && devices.is_empty() {
         devices.extend(PRESETS.iter().cloned());
@@ -43,9 +139,91 @@ pub fn run(args: PlanArgs) -> CliResult {
         let p = plan(&graph, &args.train.options(d.gpu));
         budgets.push(BudgetFit::new(&p, d.name, d.memory));
     }
+    let distributed = distributed.map(|(d, _)| d);
     if args.json {
-        emit_json(&PlanDocument::new(&base, &budgets))
+        let mut doc = PlanDocument::new(&base, &budgets);
+        doc.distributed = distributed.as_ref();
+        emit_json(&doc)
     } else {
-        print(&render(&base, &budgets))
+        let mut text = render(&base, &budgets);
+        if let Some(d) = &distributed {
+            text.push_str(&scale::render(d));
+        }
+        print(&text)
+    }
+}
+
+impl ScaleFlags {
+    /// Without --gpus, no distributed flag may be given.
+    fn check_unused(&self) -> CliResult {
+        let given = [
+            (!self.strategy.is_empty(), "--strategy"),
+            (self.nodes != 1, "--nodes"),
+            (self.global_batch.is_some(), "--global-batch"),
+            (self.link.is_some(), "--link"),
+            (self.link_gbps.is_some(), "--link-gbps"),
+            (self.intra_link.is_some(), "--intra-link"),
+            (self.step_time.is_some(), "--step-time"),
+            (self.device_tflops.is_some(), "--device-tflops"),
+            (self.emit.is_some(), "--emit"),
+        ];
+        match given.iter().find(|(g, _)| *g) {
+            Some((_, flag)) => Err(bad(format!("{flag} needs --gpus N"))),
+            None => Ok(()),
+        }
+    }
+
+    /// The library's request, with the budget of one device and the fixed micro-batch.
+    fn request(&self, budget: Option<Bytes>, micro_batch: Option<u64>) -> CliResult<ScaleRequest> {
+        let multi = self.nodes > 1;
+        if self.intra_link.is_some() && !multi {
+            return Err(bad(
+                "--intra-link is the link within a node when --nodes > 1; on one node use --link",
+            ));
+        }
+        let named = self.link.unwrap_or(if multi {
+            LinkPreset::Ib100
+        } else {
+            LinkPreset::Pcie4
+        });
+        let outer = match self.link_gbps {
+            Some(g) => Link::gbps(g),
+            None => named.link(),
+        };
+        let link = if multi {
+            Link::ring(
+                &self.intra_link.unwrap_or(LinkPreset::Pcie4).link(),
+                Some(&outer),
+            )
+        } else {
+            outer
+        };
+        let compute = match (self.step_time, self.device_tflops, micro_batch) {
+            (Some(seconds), _, Some(m)) => Compute::StepTime {
+                seconds,
+                micro_batch: m,
+            },
+            (Some(_), _, None) => {
+                return Err(bad(
+                    "--step-time is the time of one micro-batch: give the micro-batch it was measured at with --micro-batch",
+                ));
+            }
+            (None, Some(tflops), _) => Compute::Flops { tflops },
+            (None, None, _) => Compute::Unknown,
+        };
+        Ok(ScaleRequest {
+            gpus_per_node: self.gpus.clone(),
+            nodes: self.nodes,
+            strategies: if self.strategy.is_empty() {
+                Strategy::ALL.to_vec()
+            } else {
+                self.strategy.clone()
+            },
+            budget_bytes: budget,
+            micro_batch,
+            global_batch: self.global_batch,
+            link,
+            compute,
+        })
     }
 }
