@@ -98,3 +98,53 @@ fn html_into_a_missing_folder_is_bad_input_and_leaves_nothing() {
         .assert()
         .code(2);
 }
+
+/// `advise --gpus`: time to target across world sizes on the shipped digits,
+/// and the world size past which the global batch exceeds B_noise.
+#[test]
+fn gpus_give_time_to_target_across_world_sizes() {
+    let doc = common::json(&[
+        "advise",
+        "--gpus",
+        "1,2,4,8",
+        "--noise-steps",
+        "50",
+        "--batches",
+        "16,64,256",
+        "--time-cap",
+        "0.2",
+    ]);
+    let w = &doc["world_sizes"];
+    let table = w["table"].as_array().unwrap();
+    let sizes: Vec<u64> = table
+        .iter()
+        .map(|r| r["world_size"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes, [1, 2, 4, 8]);
+    let b_noise = w["b_noise"].as_f64().unwrap();
+    for r in table {
+        let global = r["global_batch"].as_u64().unwrap();
+        assert_eq!(
+            global,
+            r["world_size"].as_u64().unwrap() * r["micro_batch"].as_u64().unwrap()
+        );
+        assert!([16, 64, 256].contains(&r["micro_batch"].as_u64().unwrap()));
+        assert!(r["vs_best"].as_f64().unwrap() >= 1.0 - 1e-9);
+    }
+    // The named world size is the largest whose global batch is within B_noise.
+    let within = table
+        .iter()
+        .filter(|r| r["global_batch"].as_f64().unwrap() <= b_noise)
+        .map(|r| r["world_size"].as_u64().unwrap())
+        .max();
+    assert_eq!(w["within_b_noise"].as_u64(), within);
+
+    let out = common::batchfit()
+        .args(["advise", "--gpus", "1,2,4,8", "--noise-steps", "50"])
+        .args(["--batches", "16,64,256", "--time-cap", "0.2"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("ACROSS WORLD SIZES"), "{text}");
+    assert!(text.contains("B_noise"), "{text}");
+}

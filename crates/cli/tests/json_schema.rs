@@ -134,6 +134,8 @@ fn advise_json_has_every_documented_key() {
         "advise",
         &[
             "advise",
+            "--gpus",
+            "1,2,4",
             "--noise-steps",
             "20",
             "--batches",

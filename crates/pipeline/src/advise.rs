@@ -10,7 +10,7 @@ use batchfit_data::Dataset;
 use batchfit_engine::DeviceSpec;
 use batchfit_graph::Graph;
 use batchfit_plan::{Plan, TrainOptions, plan};
-use batchfit_report::advise::AdviseDocument;
+use batchfit_report::advise::{AdviseDocument, WorldSizes};
 use batchfit_report::noise::NoiseDocument;
 use batchfit_report::probe::DeviceProbe;
 use batchfit_tune::advice::{DeviceEvidence, LrAdviceInput, MaxBatchSource, NoiseBand, recommend};
@@ -36,6 +36,12 @@ pub struct AdviseConfig {
     pub reference: Option<(u64, f64)>,
     /// The command line, recorded in the report.
     pub command: String,
+    /// Data-parallel world sizes to predict time to target for (empty: none).
+    pub gpus: Vec<u64>,
+    /// How the model states are sharded across them.
+    pub strategy: batchfit_plan::distributed::Strategy,
+    /// The ring's link.
+    pub link: batchfit_plan::distributed::Link,
 }
 
 /// Runs the whole advice pipeline.
@@ -110,6 +116,12 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<AdviseDocum
         reference: cfg.reference,
         input_seconds: &|b| data.as_ref().map(|d| batch_load_seconds(d, &graph, b)),
     });
+    let scale = match (noise.as_ref().and_then(|n| n.b_simple), probes.first()) {
+        (Some(bn), Some(p)) if !cfg.gpus.is_empty() => {
+            Some(across_world_sizes(&graph, cfg, p, bn, verdict.s_min))
+        }
+        _ => None,
+    };
     let budgets = cfg
         .measure
         .memory_limit
@@ -131,7 +143,69 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<AdviseDocum
         target_loss: verdict.target_loss,
         findings: verdict.findings,
         budgets,
+        world_sizes: scale,
     })
+}
+
+/// Time to target across data-parallel world sizes of devices like the first
+/// measured one: for each world size the measured micro-batch per device with
+/// the lowest predicted time, S(N x micro) x (measured step + exposed
+/// communication of the ring); where extra devices stop paying; and the
+/// largest world size whose global batch stays within B_noise.
+fn across_world_sizes(
+    graph: &Graph,
+    cfg: &AdviseConfig,
+    device: &DeviceProbe,
+    b_noise: f64,
+    s_min: Option<f64>,
+) -> WorldSizes {
+    use batchfit_plan::distributed::{CommModel, comm_time, plan_options};
+    use batchfit_tune::target::{ScaleOption, scaling_limit, time_across_world_sizes};
+    let gpu_plan = plan(
+        graph,
+        &plan_options(&TrainOptions {
+            optimizer: cfg.measure.optimizer,
+            seq_len: cfg.measure.seq_len,
+            ..TrainOptions::default()
+        }),
+    );
+    let layer_params: Vec<u64> = gpu_plan.layers.iter().map(|l| l.parameters).collect();
+    let model = CommModel::of(&gpu_plan, &layer_params);
+    let points = step_points(device);
+    let mut rows = Vec::new();
+    for &world in &cfg.gpus {
+        let options: Vec<ScaleOption> = points
+            .iter()
+            .map(|q| {
+                let comm = comm_time(&model, cfg.strategy, world, 1, Some(q.step_s), &cfg.link);
+                ScaleOption {
+                    world_size: world,
+                    strategy: cfg.strategy.name().to_string(),
+                    micro_batch: q.batch,
+                    accumulation: 1,
+                    update_s: q.step_s + comm.exposed_s.unwrap_or(comm.seconds),
+                }
+            })
+            .collect();
+        let best = time_across_world_sizes(&options, b_noise, s_min)
+            .into_iter()
+            .min_by(|a, b| a.vs_best.total_cmp(&b.vs_best));
+        rows.extend(best.map(|t| t.option));
+    }
+    let table = time_across_world_sizes(&rows, b_noise, s_min);
+    WorldSizes {
+        device: device.device.clone(),
+        strategy: cfg.strategy.name().to_string(),
+        link_gbps: cfg.link.bytes_per_s * 8.0 / 1e9,
+        limit: scaling_limit(&table),
+        within_b_noise: table
+            .iter()
+            .filter(|t| t.global_batch as f64 <= b_noise)
+            .map(|t| t.option.world_size)
+            .max(),
+        b_noise,
+        table,
+    }
 }
 
 /// What the decision is made from: measurements only.
@@ -153,6 +227,8 @@ pub struct Decision {
     pub time_to_target: Vec<batchfit_tune::target::TimeToTarget>,
     /// The loss the noise run reached: the target the times are predicted for.
     pub target_loss: Option<f64>,
+    /// S_min through the noise run (predicted).
+    pub s_min: Option<f64>,
     pub findings: Vec<Finding>,
 }
 
@@ -254,6 +330,7 @@ pub fn decide(e: &Evidence) -> Decision {
             .map(|bn| rank(&options, bn, s_min))
             .unwrap_or_default(),
         target_loss,
+        s_min,
         findings,
     }
 }

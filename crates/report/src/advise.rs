@@ -33,6 +33,26 @@ pub struct AdviseDocument {
     pub findings: Vec<Finding>,
     /// Memory budget per device, for the memory figure: (device, bytes).
     pub budgets: Vec<(String, Bytes)>,
+    /// `--gpus`: time to target across data-parallel world sizes (predicted).
+    pub world_sizes: Option<WorldSizes>,
+}
+
+/// Time to target across data-parallel world sizes of one measured device.
+#[derive(Clone, Debug, Serialize)]
+pub struct WorldSizes {
+    /// The measured device the world is made of.
+    pub device: String,
+    /// How the model states are sharded.
+    pub strategy: String,
+    /// The ring's bandwidth, Gb/s.
+    pub link_gbps: f64,
+    pub b_noise: f64,
+    /// One row per world size: the micro-batch per device with the lowest predicted time.
+    pub table: Vec<batchfit_tune::target::ScaleTime>,
+    /// Where extra devices stop paying.
+    pub limit: Option<batchfit_tune::target::ScalingLimit>,
+    /// The largest world size whose global batch stays within B_noise.
+    pub within_b_noise: Option<u64>,
 }
 
 /// The terminal summary: recommendation first.
@@ -92,6 +112,9 @@ pub fn render(d: &AdviseDocument) -> String {
         ));
     }
     out.push_str(&time_to_target_table(&d.time_to_target, d.target_loss));
+    if let Some(w) = &d.world_sizes {
+        out.push_str(&world_size_table(w));
+    }
     if !d.findings.is_empty() {
         out.push_str("\nDIAGNOSIS (from the measurements)\n");
         for f in &d.findings {
@@ -290,6 +313,66 @@ pub fn time_to_target_table(rows: &[TimeToTarget], target_loss: Option<f64>) -> 
         align_numbers(&mut t, 1);
         out.push_str(&t.to_string());
         out.push('\n');
+    }
+    out
+}
+
+/// The `--gpus` table: time to target across world sizes, and where scaling stops paying.
+pub fn world_size_table(w: &WorldSizes) -> String {
+    let mut out = format!(
+        "\nPREDICTED TIME TO TARGET ACROSS WORLD SIZES ({} devices like {}, {}, {:.0} Gb/s ring; measured step + ring communication)\n",
+        w.table.len(),
+        w.device,
+        w.strategy,
+        w.link_gbps
+    );
+    let mut t = table(&[
+        "devices",
+        "micro-batch",
+        "global batch",
+        "updates vs min",
+        "time / update",
+        "time to target",
+        "vs best",
+    ]);
+    let mut rows: Vec<&batchfit_tune::target::ScaleTime> = w.table.iter().collect();
+    rows.sort_by_key(|r| r.option.world_size);
+    for r in rows {
+        t.add_row(vec![
+            r.option.world_size.to_string(),
+            thousands(r.option.micro_batch),
+            thousands(r.global_batch),
+            format!("{:.2}x", r.updates_vs_min),
+            crate::duration(r.option.update_s),
+            r.seconds.map(crate::duration).unwrap_or_else(|| "-".into()),
+            if r.vs_best <= 1.0 + 1e-9 {
+                "best".into()
+            } else {
+                format!("{:.2}x", r.vs_best)
+            },
+        ]);
+    }
+    align_numbers(&mut t, 0);
+    out.push_str(&t.to_string());
+    out.push('\n');
+    match w.within_b_noise {
+        Some(n) => out.push_str(&format!(
+            "  past {n} devices the global batch exceeds B_noise ≈ {:.0}: each added device then buys less than it costs in samples\n",
+            w.b_noise
+        )),
+        None => out.push_str(&format!(
+            "  every world size given puts the global batch above B_noise ≈ {:.0}\n",
+            w.b_noise
+        )),
+    }
+    if let Some(l) = &w.limit {
+        match (l.stop_after, l.elasticity) {
+            (Some(n), Some(e)) => out.push_str(&format!(
+                "  extra devices stop paying after {n}: the next size cuts the time to target by only {:.0} % of what it adds in devices (elasticity {e:.2} < 0.5)\n",
+                100.0 * e
+            )),
+            _ => out.push_str("  every world size given still pays (elasticity of time to target at least 0.5)\n"),
+        }
     }
     out
 }

@@ -6,6 +6,7 @@ use crate::options::{
 };
 use batchfit_pipeline::advise::{AdviseConfig, advise};
 use batchfit_pipeline::probe::parse_devices;
+use batchfit_plan::distributed::{LinkPreset, Strategy};
 use batchfit_report::advise::{html, render};
 use clap::Args;
 use std::path::PathBuf;
@@ -33,6 +34,16 @@ pub struct AdviseArgs {
     /// The learning rate tuned at --ref-batch.
     #[arg(long, requires = "ref_batch")]
     pub ref_lr: Option<f64>,
+    /// Also predict time to target on this many data-parallel devices like the
+    /// first one measured (comma-separated world sizes, e.g. 1,2,4,8).
+    #[arg(long, value_delimiter = ',', value_parser = positive_u64)]
+    pub gpus: Vec<u64>,
+    /// With --gpus: how the model states are sharded (docs/scale.md).
+    #[arg(long, value_enum, default_value = "ddp", requires = "gpus")]
+    pub strategy: Strategy,
+    /// With --gpus: the link of the ring between the devices.
+    #[arg(long, value_enum, default_value = "pcie4", requires = "gpus")]
+    pub link: LinkPreset,
     /// Write a self-contained HTML report with plots here.
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
@@ -61,6 +72,9 @@ pub fn run(args: AdviseArgs) -> CliResult {
         k: args.k,
         reference: args.ref_batch.zip(args.ref_lr),
         command: std::env::args().collect::<Vec<_>>().join(" "),
+        gpus: args.gpus.clone(),
+        strategy: args.strategy,
+        link: args.link.link(),
     };
     let bar = progress(args.json);
     let doc = advise(&cfg, &bar)?;
