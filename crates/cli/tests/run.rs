@@ -368,3 +368,33 @@ fn a_memory_limit_is_bracketed_by_prediction() {
         "{margin} vs {max}"
     );
 }
+
+/// Advice that holds when asked twice: step times that vary by up to 20 %
+/// (as on a busy machine) still name the same batch in 10 of 10 invocations,
+/// since the recommendation is the smallest of the batches whose time to
+/// target cannot be told apart from the fastest, not the noisy fastest.
+#[test]
+fn the_recommendation_is_stable_under_noisy_step_times() {
+    let mut named = Vec::new();
+    for _ in 0..10 {
+        let doc = run_json(
+            &["--max-batch", "1024"],
+            &[
+                ("FAKE_NOISE", "1"),
+                ("FAKE_JITTER", "20"),
+                ("FAKE_OOM_ABOVE", "2000"),
+            ],
+        );
+        let rec = &doc["recommendation"];
+        let b = rec["recommended_batch"].as_u64().unwrap();
+        let tied: Vec<u64> = rec["tied_batches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        assert_eq!(tied.first(), Some(&b), "{rec}");
+        named.push(b);
+    }
+    assert!(named.iter().all(|&b| b == named[0]), "{named:?}");
+}

@@ -51,15 +51,18 @@ pub struct Recommendation {
     /// Gradient accumulation when memory caps the batch below the critical batch.
     pub accumulation: Option<Accumulation>,
     /// The batches whose predicted time to target cannot be told apart from the
-    /// fastest, given the step times' errors and B_noise's band (ascending).
+    /// fastest, given the step times' errors and B_noise's band: the one
+    /// recommended first (see [`TIE_BREAK`]), then the others ascending.
     pub tied_batches: Vec<u64>,
 }
 
-/// How a recommendation picks among batches that tie: the smallest. Within the
-/// tie none is measurably faster to the target, and the smallest keeps the
-/// most memory free and the most updates per epoch; it also depends only on
-/// which batches tie, not on their noisy order, so a second run names it again.
-pub const TIE_BREAK: &str = "the smallest of the batches whose predicted time to target cannot be told apart from the fastest (step-time errors and B_noise's 90 % band)";
+/// How a recommendation picks among batches that tie (none is measurably
+/// faster to the target): the one nearest the optimum of the curve fitted to
+/// all measured step times, B* = sqrt(B_noise x fixed / per_sample), which a
+/// second run reproduces because it rests on every point rather than on which
+/// single point measured fastest; without a fitted curve, the smallest (the
+/// most memory free and updates per epoch).
+pub const TIE_BREAK: &str = "of the batches whose predicted time to target cannot be told apart from the fastest (step-time errors and B_noise's 90 % band), the one nearest the fitted curve's optimum sqrt(B_noise x fixed / per_sample); without a fitted curve, the smallest";
 
 /// Micro-batches accumulated into one update.
 #[derive(Clone, Debug, Serialize)]
@@ -135,6 +138,89 @@ pub fn tied_batches(options: &[(u64, f64, f64)], band: NoiseBand) -> Vec<u64> {
     tied
 }
 
+/// The step times the tie is judged on, as `(batch, seconds, relative
+/// error)`. Step time is smooth in the batch: where the line `fixed +
+/// per_sample x B` fitted to the measured points explains at least 70 % of
+/// them within 4 standard errors (or 10 %), the line refitted to those replaces
+/// the single medians, with the error of a line through n points (the median
+/// error x sqrt(2 / n)); so one noisy point does not move the answer.
+/// Otherwise the medians as measured.
+pub fn smoothed_step_times(points: &[StepPoint]) -> Vec<(u64, f64, f64)> {
+    smoothed(points).0
+}
+
+/// [`smoothed_step_times`] and the line, when it was used.
+fn smoothed(points: &[StepPoint]) -> (Vec<(u64, f64, f64)>, Option<(f64, f64)>) {
+    let measured: Vec<(u64, f64, f64)> = points
+        .iter()
+        .map(|q| (q.batch, q.step_s, q.rel_err))
+        .collect();
+    if points.len() < 3 {
+        return (measured, None);
+    }
+    let Some((fixed, per)) = relative_line(points) else {
+        return (measured, None);
+    };
+    let explained = |q: &&StepPoint| {
+        let model = fixed + per * q.batch as f64;
+        let allowed = (4.0 * q.rel_err).max(0.10);
+        model > 0.0 && ((model - q.step_s) / q.step_s).abs() <= allowed
+    };
+    // A few outliers (a busy moment) are left out of the line; more mean the
+    // curve is not a line, and the medians stand.
+    let inliers: Vec<StepPoint> = points.iter().filter(explained).copied().collect();
+    if fixed < 0.0 || inliers.len() * 10 < points.len() * 7 || inliers.len() < 3 {
+        return (measured, None);
+    }
+    let Some((fixed, per)) = relative_line(&inliers) else {
+        return (measured, None);
+    };
+    if fixed < 0.0 || per <= 0.0 {
+        return (measured, None);
+    }
+    let mut errs: Vec<f64> = points
+        .iter()
+        .map(|q| {
+            if q.rel_err.is_finite() {
+                q.rel_err
+            } else {
+                1.0
+            }
+        })
+        .collect();
+    errs.sort_by(f64::total_cmp);
+    let err = errs[errs.len() / 2] * (2.0 / points.len() as f64).sqrt();
+    let smooth = points
+        .iter()
+        .map(|q| (q.batch, fixed + per * q.batch as f64, err))
+        .collect();
+    (smooth, Some((fixed, per)))
+}
+
+/// `fixed + per_sample x B` by least squares on relative errors (weights
+/// 1/step^2): timings scatter in proportion to their size, and an unweighted
+/// fit lets the largest batch's noise set the line.
+fn relative_line(points: &[StepPoint]) -> Option<(f64, f64)> {
+    let w: Vec<(f64, f64, f64)> = points
+        .iter()
+        .filter(|q| q.step_s > 0.0 && q.step_s.is_finite())
+        .map(|q| (q.batch as f64, q.step_s, 1.0 / (q.step_s * q.step_s)))
+        .collect();
+    let sw: f64 = w.iter().map(|p| p.2).sum();
+    if w.len() < 2 || sw <= 0.0 {
+        return None;
+    }
+    let mx = w.iter().map(|p| p.2 * p.0).sum::<f64>() / sw;
+    let my = w.iter().map(|p| p.2 * p.1).sum::<f64>() / sw;
+    let sxx: f64 = w.iter().map(|p| p.2 * (p.0 - mx).powi(2)).sum();
+    let sxy: f64 = w.iter().map(|p| p.2 * (p.0 - mx) * (p.1 - my)).sum();
+    if sxx <= 0.0 {
+        return None;
+    }
+    let per = sxy / sxx;
+    Some((my - per * mx, per))
+}
+
 /// The learning-rate side of the advice.
 #[derive(Clone, Copy, Debug)]
 pub struct LrAdviceInput {
@@ -171,13 +257,30 @@ pub fn recommend(
     let (recommended, reason) = match noise {
         Some(band) => {
             let bn = band.b_noise;
-            let measured: Vec<(u64, f64, f64)> = e
-                .points
-                .iter()
-                .filter(|q| fits(q.batch))
-                .map(|q| (q.batch, q.step_s, q.rel_err))
-                .collect();
-            tied = tied_batches(&measured, band);
+            let fitting: Vec<StepPoint> =
+                e.points.iter().filter(|q| fits(q.batch)).copied().collect();
+            let (times, line) = smoothed(&fitting);
+            tied = tied_batches(&times, band);
+            // Within the tie, the batch nearest the optimum of the fitted curve,
+            // (1 + B_noise/B)(fixed + per_sample B): B* = sqrt(B_noise fixed / per_sample).
+            let optimum = line
+                .filter(|(f, p)| *f > 0.0 && *p > 0.0)
+                .map(|(f, p)| (bn * f / p).sqrt());
+            if let Some(opt) = optimum
+                && let Some(&near) = tied.iter().min_by(|a, b| {
+                    ((**a as f64) / opt)
+                        .ln()
+                        .abs()
+                        .total_cmp(&((**b as f64) / opt).ln().abs())
+                })
+            {
+                tied.retain(|&b| b != near);
+                tied.insert(0, near);
+            }
+            let tie_break = match optimum {
+                Some(opt) => format!("the nearest to the fitted curve's optimum B* ≈ {opt:.0}"),
+                None => "the smallest".to_string(),
+            };
             let time =
                 |o: &TrainingOption| updates_vs_min(bn, o.micro_batch as f64) * o.micro_step_s;
             let fastest = options.iter().min_by(|a, b| time(a).total_cmp(&time(b)));
@@ -185,11 +288,15 @@ pub fn recommend(
                 (Some(&b), Some(f)) => (
                     Some(b),
                     format!(
-                        "lowest predicted time to target, (1 + B_noise/B) x step time, within the measurement's noise: batches {} cannot be told apart (B_noise ≈ {:.0}, band {:.0}–{}; fastest point estimate B = {}, step {:.2} ms measured); of those, the smallest",
-                        tied.iter()
-                            .map(|b| b.to_string())
-                            .collect::<Vec<_>>()
-                            .join(", "),
+                        "lowest predicted time to target, (1 + B_noise/B) x step time, within the measurement's noise: batches {} cannot be told apart (B_noise ≈ {:.0}, band {:.0}–{}; fastest point estimate B = {}, step {:.2} ms measured); of those, {tie_break}",
+                        {
+                            let mut all = tied.clone();
+                            all.sort_unstable();
+                            all.iter()
+                                .map(|b| b.to_string())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        },
                         bn,
                         band.low,
                         band.high.map_or("∞".to_string(), |h| format!("{h:.0}")),
