@@ -7,7 +7,8 @@
 This package imports neither framework itself; `batchfit.core` is plain Python.
 """
 from .core import (  # noqa: F401
-    DEFAULT_EVERY,
+    DEFAULT_BUDGET,
+    DEFAULT_FIRST,
     DEFAULT_K,
     PREFIX,
     Schedule,

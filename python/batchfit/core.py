@@ -25,11 +25,18 @@ PREFIX = "BATCHFIT "
 #: Micro-batches per measurement when neither `k` nor `b_small` is given.
 DEFAULT_K = 8
 
-#: Measure every this many steps when `every` is not given. Chosen from
-#: bench/noise_overhead.py: the measuring step costs about as much as a few
-#: ordinary steps, so the mean overhead stays under 5 % at this rate.
-DEFAULT_EVERY = 20
+#: Default share of training time the measurements may take: with `every`
+#: unset the helper spaces its measuring steps by their measured cost so that
+#: they add about this much (bench/noise_overhead.py measures the result). A
+#: measuring step costs c ordinary steps, from c ~ 2 (big batches, where the k
+#: micro-batches use the hardware as well as the batch did) to c ~ k + 2 (small
+#: batches, where every pass costs its fixed overheads), so no fixed rate fits
+#: every model and batch: 1 in 20 costs 5 % at c = 2 and 40 % at c = 9.
+DEFAULT_BUDGET = 0.05
 
+#: The first measuring step when `every` is unset (the steps before it time the
+#: ordinary step).
+DEFAULT_FIRST = 10
 
 class Split(namedtuple("Split", "b_small k b_big remainder")):
     """How one batch is split on a measuring step.
@@ -97,22 +104,71 @@ def split_batch(batch, k=None, b_small=None):
 
 
 class Schedule(object):
-    """Which steps measure: steps are numbered from 1; step `s` measures when
-    `s >= first` and `(s - first) % every == 0`. `first` defaults to `every`
-    (steps every, 2 every, ...). `every = 0` never measures."""
+    """Which steps measure; steps are numbered from 1.
 
-    def __init__(self, every=None, first=None):
-        self.every = DEFAULT_EVERY if every is None else int(every)
+    Fixed (`every` given): step `s` measures when `s >= first` and
+    `(s - first) % every == 0`; `first` defaults to `every`; `every = 0` never
+    measures.
+
+    Adaptive (`every` None, the default): the first measurement is at step
+    `first` (default 10); after each, the gap to the next is
+    `ceil((c - 1) / budget)` steps, where `c` is the time of a measuring step
+    over the median time of the recent ordinary steps (the median of the last
+    five such ratios), so the measurements add about `budget` (default 5 %) to
+    the training time. The caller reports each step's time with `record`.
+    """
+
+    MAX_GAP = 1000
+
+    def __init__(self, every=None, first=None, budget=None):
+        self.budget = DEFAULT_BUDGET if budget is None else float(budget)
+        if not self.budget > 0:
+            raise ValueError("budget must be > 0, got %r" % (budget,))
+        self.adaptive = every is None
+        self.every = 0 if every is None else int(every)
         if self.every < 0:
             raise ValueError("every must be >= 0, got %r" % (every,))
-        self.first = self.every if first is None else int(first)
-        if self.every and self.first < 1:
+        if self.adaptive:
+            self.first = DEFAULT_FIRST if first is None else int(first)
+        else:
+            self.first = self.every if first is None else int(first)
+        if (self.adaptive or self.every) and self.first < 1:
             raise ValueError("first must be >= 1, got %r" % (first,))
+        self.next = self.first
+        self._ordinary = []  # recent ordinary step times
+        self._costs = []  # recent c
 
     def measures(self, step):
+        if self.adaptive:
+            return step >= self.next
         if self.every == 0 or step < self.first:
             return False
         return (step - self.first) % self.every == 0
+
+    def record(self, step, seconds, measured):
+        """Tells the schedule how long step `step` took and whether it measured."""
+        if not self.adaptive:
+            return
+        if not measured:
+            if step > 2:  # batchfit's warm-up steps are not typical
+                self._ordinary = (self._ordinary + [float(seconds)])[-64:]
+            return
+        if self._ordinary:
+            base = sorted(self._ordinary)[len(self._ordinary) // 2]
+            if base > 0:
+                self._costs = (self._costs + [float(seconds) / base])[-5:]
+        if self._costs:
+            c = sorted(self._costs)[len(self._costs) // 2]
+            gap = int(math.ceil(max(c - 1.0, 0.0) / self.budget))
+        else:
+            gap = self.first
+        self.next = step + min(max(gap, 1), self.MAX_GAP)
+
+    def cost(self):
+        """The current estimate of c (a measuring step in ordinary steps), or None."""
+        if not self._costs:
+            return None
+        return sorted(self._costs)[len(self._costs) // 2]
 
 
 def sq_norm(g):

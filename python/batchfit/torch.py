@@ -1,7 +1,7 @@
 """PyTorch: one training step that also measures gradient noise on a schedule.
 
     from batchfit.torch import NoiseProbe
-    probe = NoiseProbe(model, optimizer)                 # k=8, every=20
+    probe = NoiseProbe(model, optimizer)          # k=8; measures about 5 % of the time
     for x, y in loader:
         loss = probe.step(lambda xb, yb: loss_fn(model(xb), yb), x, y)
 
@@ -64,22 +64,25 @@ class NoiseProbe(object):
     optimizer: any `torch.optim.Optimizer` (`zero_grad` and `step` are called).
     k, b_small: the split (`batchfit.core.plan_split`; default k = 8,
         b_small = floor(B / 8)).
-    every: measure every this many steps (default `core.DEFAULT_EVERY`; 0: never,
-        the lines then carry only step, samples, seconds, loss).
-    first: the first measuring step (default `every`).
+    every: measure every this many steps; 0: never (the lines then carry only
+        step, samples, seconds, loss). Default None: adaptive, spacing the
+        measurements by their measured cost so that they add about `budget`
+        (default 5 %) to the training time (`batchfit.core.Schedule`).
+    first: the first measuring step (default `every`; 10 when adaptive).
+    budget: the adaptive schedule's share of training time (default 0.05).
     on_grads: called with no arguments after `.grad` holds the batch's gradient
         and before `optimizer.step()` (gradient clipping, for example).
     file: where the lines go (default stdout).
     """
 
     def __init__(self, model, optimizer, k=None, b_small=None, every=None, first=None,
-                 on_grads=None, file=None):
+                 budget=None, on_grads=None, file=None):
         self.model = model
         self.optimizer = optimizer
         self.k = k
         self.b_small = b_small
         core.plan_split(64, k=k, b_small=b_small)  # validates k and b_small
-        self.schedule = core.Schedule(every, first)
+        self.schedule = core.Schedule(every, first, budget)
         self.on_grads = on_grads
         self.file = file
         self.steps = 0
@@ -128,6 +131,7 @@ class NoiseProbe(object):
         self._sync(params)
         seconds = time.perf_counter() - t0
         self.last_noise = noise
+        self.schedule.record(self.steps, seconds, noise is not None)
         core.emit(self.steps, n, seconds, loss=loss_f, noise=noise, file=self.file)
         return loss_f
 

@@ -166,11 +166,47 @@ class Line(unittest.TestCase):
 
 
 class ScheduleTest(unittest.TestCase):
-    def test_default(self):
+    def run_adaptive(self, ordinary, measuring, steps, **kw):
+        s = core.Schedule(**kw)
+        got = []
+        for t in range(1, steps + 1):
+            m = s.measures(t)
+            if m:
+                got.append(t)
+            s.record(t, measuring if m else ordinary, m)
+        return s, got
+
+    def test_adaptive_default(self):
+        # A measuring step costing 3 ordinary steps: gap (3 - 1) / 0.05 = 40.
+        s, got = self.run_adaptive(0.01, 0.03, 200)
+        self.assertEqual(got, [10, 50, 90, 130, 170])
+        self.assertAlmostEqual(s.cost(), 3.0)
+        # The measurements' extra time is about the budget.
+        extra = len(got) * (0.03 - 0.01)
+        self.assertLess(extra / (200 * 0.01), 0.05 + 1e-9)
+
+    def test_adaptive_small_batch_costs_more(self):
+        # c = 11 (k = 8 tiny micro-batches): one measurement in 200 steps.
+        _, got = self.run_adaptive(0.001, 0.011, 500)
+        self.assertEqual(got, [10, 210, 410])
+
+    def test_adaptive_budget_and_first(self):
+        _, got = self.run_adaptive(1.0, 2.0, 30, budget=0.25, first=3)
+        # no ordinary step timed before step 3 (1 and 2 are warm-up): gap = first
+        self.assertEqual(got, [3, 6, 10, 14, 18, 22, 26, 30])
+
+    def test_adaptive_without_timings_keeps_first_as_gap(self):
         s = core.Schedule()
-        e = core.DEFAULT_EVERY
-        got = [t for t in range(1, 5 * e + 1) if s.measures(t)]
-        self.assertEqual(got, [e, 2 * e, 3 * e, 4 * e, 5 * e])
+        self.assertFalse(s.measures(9))
+        self.assertTrue(s.measures(10))
+        s.record(10, 1.0, True)  # no ordinary step recorded yet
+        self.assertEqual([t for t in range(11, 40) if s.measures(t)][:1], [20])
+
+    def test_adaptive_skipped_measurement_stays_due(self):
+        # A step that was due but could not measure (a batch of 1) leaves the next one due.
+        s = core.Schedule()
+        s.record(10, 0.01, False)
+        self.assertTrue(s.measures(11))
 
     def test_every_and_first(self):
         s = core.Schedule(every=10, first=3)
@@ -187,6 +223,8 @@ class ScheduleTest(unittest.TestCase):
             core.Schedule(every=-1)
         with self.assertRaises(ValueError):
             core.Schedule(every=5, first=0)
+        with self.assertRaises(ValueError):
+            core.Schedule(budget=0)
 
 
 class SplitTest(unittest.TestCase):
