@@ -37,21 +37,24 @@ from . import core
 
 
 def _split_arg(a, start, stop, n):
-    if torch.is_tensor(a) and a.dim() > 0 and a.shape[0] == n:
-        return a[start:stop]
-    if isinstance(a, (list, tuple)) and len(a) == n and n > 1 and torch.is_tensor(a[0]):
-        return type(a)(a[start:stop])
+    """Cuts every tensor whose first dimension is the batch, inside lists,
+    tuples and dicts too; anything else passes unchanged."""
+    if torch.is_tensor(a):
+        return a[start:stop] if a.dim() > 0 and a.shape[0] == n else a
+    if isinstance(a, (list, tuple)):
+        return type(a)(_split_arg(v, start, stop, n) for v in a)
     if isinstance(a, dict):
         return {key: _split_arg(v, start, stop, n) for key, v in a.items()}
     return a
 
 
 def _batch_len(args):
+    """The first dimension of the first tensor (looking inside lists, tuples, dicts)."""
     for a in args:
         if torch.is_tensor(a) and a.dim() > 0:
             return int(a.shape[0])
-        if isinstance(a, dict):
-            n = _batch_len(list(a.values()))
+        if isinstance(a, (list, tuple, dict)):
+            n = _batch_len(list(a.values()) if isinstance(a, dict) else a)
             if n is not None:
                 return n
     return None
@@ -102,8 +105,9 @@ class NoiseProbe(object):
         """One training step on `batch`; returns the batch's mean loss (a float).
 
         `compute_loss(*chunk)` gets the arguments of `batch` with every tensor
-        whose first dimension is the batch size cut to the chunk (other
-        arguments are passed unchanged) and returns the mean loss over it.
+        whose first dimension is the batch size cut to the chunk (also inside
+        lists, tuples and dicts; anything else is passed unchanged) and returns
+        the mean loss over it.
         `samples` overrides the batch size read from the first tensor.
         """
         t0 = time.perf_counter()

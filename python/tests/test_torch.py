@@ -111,6 +111,15 @@ class NoiseProbeTest(unittest.TestCase):
 
         probe.step(loss_of, {"x": self.x, "y": self.y}, 1.0)
         self.assertEqual(seen, [10] * 5)
+        # A tuple of inputs: each cut; a short list of parameters is not.
+        seen.clear()
+
+        def loss_of2(xs, y, weights):
+            seen.append((len(xs[0]), len(xs[1]), len(weights)))
+            return torch.nn.functional.cross_entropy(m(xs[0] + xs[1]), y) * weights[0]
+
+        probe.step(loss_of2, (self.x, self.x), self.y, torch.ones(2, dtype=torch.float64))
+        self.assertEqual(seen, [(10, 10, 2)] * 5)
         self.assertEqual(records(out)[0]["noise"]["b_big"], 50)
 
     def test_batch_of_one_is_not_measured(self):
