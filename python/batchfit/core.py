@@ -110,15 +110,16 @@ class Schedule(object):
     `(s - first) % every == 0`; `first` defaults to `every`; `every = 0` never
     measures.
 
-    Adaptive (`every` None, the default): the first measurement is at step
-    `first` (default 10); after each, the gap to the next is
-    `ceil((c - 1) / budget)` steps, where `c` is the time of a measuring step
-    over the median time of the recent ordinary steps (the median of the last
-    five such ratios), so the measurements add about `budget` (default 5 %) to
-    the training time. The caller reports each step's time with `record`.
+    Adaptive (`every` None, the default): a budget. The first measurement is at
+    step `first` (default 10). Each measuring step costs `c` ordinary steps (its
+    time over the median time of the recent ordinary steps), so it spends
+    `c - 1` steps' worth of extra time; step `s` measures when the extra spent
+    so far plus that of one more measurement (the median `c` of the last five)
+    is at most `budget * s` (default 5 %). So after the first measurement the
+    measurements never add more than `budget` to the time so far, and in a long
+    run they add about that much. The caller reports each step's time with
+    `record`.
     """
-
-    MAX_GAP = 1000
 
     def __init__(self, every=None, first=None, budget=None):
         self.budget = DEFAULT_BUDGET if budget is None else float(budget)
@@ -134,16 +135,22 @@ class Schedule(object):
             self.first = self.every if first is None else int(first)
         if (self.adaptive or self.every) and self.first < 1:
             raise ValueError("first must be >= 1, got %r" % (first,))
-        self.next = self.first
         self._ordinary = []  # recent ordinary step times
         self._costs = []  # recent c
+        self._spent = 0.0  # extra time of the measurements so far, in ordinary steps
+        self._last = 0  # the last measuring step
 
     def measures(self, step):
-        if self.adaptive:
-            return step >= self.next
-        if self.every == 0 or step < self.first:
+        if not self.adaptive:
+            if self.every == 0 or step < self.first:
+                return False
+            return (step - self.first) % self.every == 0
+        if step < self.first:
             return False
-        return (step - self.first) % self.every == 0
+        c = self.cost()
+        if c is None:  # nothing timed yet: every `first` steps
+            return step >= self._last + self.first
+        return self.budget * step + 1e-9 >= self._spent + max(c - 1.0, 0.0)
 
     def record(self, step, seconds, measured):
         """Tells the schedule how long step `step` took and whether it measured."""
@@ -153,16 +160,13 @@ class Schedule(object):
             if step > 2:  # batchfit's warm-up steps are not typical
                 self._ordinary = (self._ordinary + [float(seconds)])[-64:]
             return
+        self._last = step
         if self._ordinary:
             base = sorted(self._ordinary)[len(self._ordinary) // 2]
             if base > 0:
-                self._costs = (self._costs + [float(seconds) / base])[-5:]
-        if self._costs:
-            c = sorted(self._costs)[len(self._costs) // 2]
-            gap = int(math.ceil(max(c - 1.0, 0.0) / self.budget))
-        else:
-            gap = self.first
-        self.next = step + min(max(gap, 1), self.MAX_GAP)
+                c = float(seconds) / base
+                self._costs = (self._costs + [c])[-5:]
+                self._spent += max(c - 1.0, 0.0)
 
     def cost(self):
         """The current estimate of c (a measuring step in ordinary steps), or None."""

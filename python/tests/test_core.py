@@ -177,23 +177,31 @@ class ScheduleTest(unittest.TestCase):
         return s, got
 
     def test_adaptive_default(self):
-        # A measuring step costing 3 ordinary steps: gap (3 - 1) / 0.05 = 40.
+        # A measuring step costing 3 ordinary steps spends 2: one more when
+        # 0.05 x step covers the extra so far plus 2, i.e. every 40 steps.
         s, got = self.run_adaptive(0.01, 0.03, 200)
-        self.assertEqual(got, [10, 50, 90, 130, 170])
+        self.assertEqual(got, [10, 80, 120, 160, 200])
         self.assertAlmostEqual(s.cost(), 3.0)
         # The measurements' extra time is about the budget.
         extra = len(got) * (0.03 - 0.01)
         self.assertLess(extra / (200 * 0.01), 0.05 + 1e-9)
 
     def test_adaptive_small_batch_costs_more(self):
-        # c = 11 (k = 8 tiny micro-batches): one measurement in 200 steps.
-        _, got = self.run_adaptive(0.001, 0.011, 500)
-        self.assertEqual(got, [10, 210, 410])
+        # c = 11 (k = 8 tiny micro-batches): one measurement per 200 steps.
+        _, got = self.run_adaptive(0.001, 0.011, 700)
+        self.assertEqual(got, [10, 400, 600])
+
+    def test_adaptive_stays_within_budget(self):
+        for c in (1.5, 2.0, 4.0, 9.0, 30.0):
+            _, got = self.run_adaptive(1.0, c, 3000)
+            for n, step in enumerate(got[1:], start=2):
+                self.assertLessEqual(n * (c - 1.0), 0.05 * step + 1e-6, (c, step))
+            self.assertGreater(len(got) * (c - 1.0), 0.05 * 3000 - 2 * (c - 1.0), c)
 
     def test_adaptive_budget_and_first(self):
         _, got = self.run_adaptive(1.0, 2.0, 30, budget=0.25, first=3)
-        # no ordinary step timed before step 3 (1 and 2 are warm-up): gap = first
-        self.assertEqual(got, [3, 6, 10, 14, 18, 22, 26, 30])
+        # no ordinary step timed before step 3 (1 and 2 are warm-up): then `first` later
+        self.assertEqual(got, [3, 6, 8, 12, 16, 20, 24, 28])
 
     def test_adaptive_without_timings_keeps_first_as_gap(self):
         s = core.Schedule()
