@@ -10,8 +10,8 @@ order for `--rounds` rounds at each batch size:
 * plain: zero_grad, forward, loss, backward, optimizer.step(), loss.item(), and
   the basic `BATCHFIT` line (docs/run.md) printed to /dev/null;
 * helper, every=0: NoiseProbe.step, never measuring (the helper's own cost);
-* helper at the default rate: adaptive, measurements spaced to cost about
-  5 % (batchfit.core.Schedule); `--every N` times a fixed rate instead.
+* helper at the default rate: adaptive, measurements spaced to cost at most
+  about 3.5 % (batchfit.core.DEFAULT_BUDGET, batchfit.core.Schedule); `--every N` times a fixed rate instead.
 
 Prints per batch: median ms per step of each loop, the overhead of the helper
 at the default rate over plain (median over rounds of the paired ratio), and

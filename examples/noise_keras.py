@@ -16,7 +16,7 @@ after each hidden layer) for 784 feature columns, or `zoo:digits-mlp`
 The lines marked `# batchfit` are all it takes: wrap the model in `NoiseModel`,
 compile and fit the wrapper, and pass the `BatchfitLines` callback, which prints
 `BATCHFIT {"step", "samples", "seconds", "loss"}` per step, with `"noise"` on
-measuring steps (adaptive, about 5 % of the time, by default; `--every`).
+measuring steps (adaptive, about 3.5 % of the time, by default; `--every`).
 """
 import argparse
 import csv

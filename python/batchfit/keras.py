@@ -18,7 +18,7 @@ update is the ordinary one. The squared norms go into variables that the
 `BatchfitLines` callback reads after the step; it also times the step (Keras has
 finished the step when the callback reads them) and prints the `BATCHFIT` line.
 The callback decides which steps measure (`batchfit.core.Schedule`: adaptive
-by default, about 5 % of the training time; `every=N` for a fixed rate) by
+by default, about 3.5 % of the training time; `every=N` for a fixed rate) by
 setting a flag variable before each step; without the callback the model
 never measures and trains as usual.
 
@@ -178,7 +178,7 @@ class BatchfitLines(keras.callbacks.Callback):
     loss and, on measuring steps, the noise fields (with a `NoiseModel`).
 
     every, first, budget: the schedule (`batchfit.core.Schedule`; default
-    adaptive, about 5 % of the training time; `every=0` never measures).
+    adaptive, about 3.5 % of the training time; `every=0` never measures).
     file: where the lines go (default stdout). With a model that is not a
     `NoiseModel` the lines carry step, samples (`batch_size`) and seconds only.
     """

@@ -179,7 +179,7 @@ class ScheduleTest(unittest.TestCase):
     def test_adaptive_default(self):
         # A measuring step costing 3 ordinary steps spends 2: one more when
         # 0.05 x step covers the extra so far plus 2, i.e. every 40 steps.
-        s, got = self.run_adaptive(0.01, 0.03, 200)
+        s, got = self.run_adaptive(0.01, 0.03, 200, budget=0.05)
         self.assertEqual(got, [10, 80, 120, 160, 200])
         self.assertAlmostEqual(s.cost(), 3.0)
         # The measurements' extra time is about the budget.
@@ -188,15 +188,16 @@ class ScheduleTest(unittest.TestCase):
 
     def test_adaptive_small_batch_costs_more(self):
         # c = 11 (k = 8 tiny micro-batches): one measurement per 200 steps.
-        _, got = self.run_adaptive(0.001, 0.011, 700)
+        _, got = self.run_adaptive(0.001, 0.011, 700, budget=0.05)
         self.assertEqual(got, [10, 400, 600])
 
     def test_adaptive_stays_within_budget(self):
         for c in (1.5, 2.0, 4.0, 9.0, 30.0):
-            _, got = self.run_adaptive(1.0, c, 3000)
+            _, got = self.run_adaptive(1.0, c, 3000)  # the default budget
+            b = core.DEFAULT_BUDGET
             for n, step in enumerate(got[1:], start=2):
-                self.assertLessEqual(n * (c - 1.0), 0.05 * step + 1e-6, (c, step))
-            self.assertGreater(len(got) * (c - 1.0), 0.05 * 3000 - 2 * (c - 1.0), c)
+                self.assertLessEqual(n * (c - 1.0), b * step + 1e-6, (c, step))
+            self.assertGreater(len(got) * (c - 1.0), b * 3000 - 2 * (c - 1.0), c)
 
     def test_adaptive_budget_and_first(self):
         _, got = self.run_adaptive(1.0, 2.0, 30, budget=0.25, first=3)
