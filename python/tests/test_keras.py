@@ -1,0 +1,102 @@
+"""batchfit.keras; skipped where keras with the TensorFlow backend is not installed."""
+import io
+import json
+import os
+import sys
+import unittest
+
+try:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras
+    import tensorflow as tf
+    if keras.backend.backend() != "tensorflow":
+        keras = None
+except ImportError:  # the numpy-only run (CI)
+    keras = None
+
+if keras is not None:
+    import numpy as np
+    try:
+        from batchfit.keras import BatchfitLines, NoiseModel
+    except ImportError:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+        from batchfit.keras import BatchfitLines, NoiseModel
+
+
+def records(out):
+    return [json.loads(t[len("BATCHFIT "):]) for t in out.getvalue().splitlines()]
+
+
+@unittest.skipIf(keras is None, "keras with the TensorFlow backend is not installed")
+class NoiseModelTest(unittest.TestCase):
+    def setUp(self):
+        rng = np.random.default_rng(0)
+        self.x = rng.normal(size=(100, 6)).astype("float32")
+        self.y = rng.integers(0, 3, size=100)
+
+    def inner(self):
+        keras.utils.set_random_seed(1)
+        return keras.Sequential([
+            keras.Input((6,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(3)])
+
+    def loss(self):
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def test_fields_match_direct_micro_batch_gradients(self):
+        inner = self.inner()
+        m = NoiseModel(inner)
+        m.compile(optimizer=keras.optimizers.SGD(0.0), loss=self.loss())
+        out = io.StringIO()
+        m.fit(self.x[:50], self.y[:50], batch_size=50, epochs=1, verbose=0, shuffle=False,
+              callbacks=[BatchfitLines(every=1, file=out)])
+        rec = records(out)[0]
+        self.assertEqual(rec["samples"], 50)
+        self.assertEqual(rec["noise"]["b_small"], 6)  # 50 = 8 x 6 + 2
+        self.assertEqual(rec["noise"]["b_big"], 48)
+        grads = []
+        for i in range(8):
+            with tf.GradientTape() as tape:
+                loss = self.loss()(self.y[6 * i:6 * i + 6], inner(self.x[6 * i:6 * i + 6]))
+            g = tape.gradient(loss, inner.trainable_weights)
+            grads.append(np.concatenate([t.numpy().ravel() for t in g]).astype("float64"))
+        small = np.mean([g @ g for g in grads])
+        mean = np.mean(grads, axis=0)
+        self.assertAlmostEqual(rec["noise"]["g_small_sq"] / small, 1.0, places=5)
+        self.assertAlmostEqual(rec["noise"]["g_big_sq"] / (mean @ mean), 1.0, places=5)
+        full = float(self.loss()(self.y[:50], inner(self.x[:50])))
+        self.assertAlmostEqual(rec["loss"], full, places=5)
+
+    def test_training_unchanged(self):
+        ref = self.inner()
+        ref.compile(optimizer=keras.optimizers.Adam(1e-2), loss=self.loss())
+        ref.fit(self.x, self.y, batch_size=30, epochs=2, verbose=0, shuffle=False)
+        inner = self.inner()
+        m = NoiseModel(inner)
+        m.compile(optimizer=keras.optimizers.Adam(1e-2), loss=self.loss())
+        out = io.StringIO()
+        m.fit(self.x, self.y, batch_size=30, epochs=2, verbose=0, shuffle=False,
+              callbacks=[BatchfitLines(every=1, file=out)])
+        recs = records(out)
+        # 100 = 30 + 30 + 30 + 10 per epoch: every step measured, the last batch too.
+        self.assertEqual([r["samples"] for r in recs], [30, 30, 30, 10] * 2)
+        self.assertTrue(all("noise" in r for r in recs))
+        self.assertEqual(recs[3]["noise"]["b_small"], 1)
+        self.assertEqual(recs[3]["noise"]["b_big"], 8)
+        for a, b in zip(ref.get_weights(), inner.get_weights()):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+    def test_schedule(self):
+        m = NoiseModel(self.inner(), k=4)
+        m.compile(optimizer="sgd", loss=self.loss())
+        out = io.StringIO()
+        m.fit(self.x, self.y, batch_size=20, epochs=1, verbose=0,
+              callbacks=[BatchfitLines(every=2, file=out)])
+        recs = records(out)
+        self.assertEqual([r["step"] for r in recs], [1, 2, 3, 4, 5])
+        self.assertEqual([("noise" in r) for r in recs], [False, True, False, True, False])
+        self.assertEqual(recs[1]["noise"]["b_small"], 5)
+        self.assertEqual(recs[1]["noise"]["b_big"], 20)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,135 @@
+"""batchfit.torch; skipped where torch is not installed."""
+import io
+import json
+import os
+import sys
+import unittest
+
+try:
+    import torch
+except ImportError:  # the numpy-only run (CI)
+    torch = None
+
+if torch is not None:
+    try:
+        import batchfit.torch as bt
+    except ImportError:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+        import batchfit.torch as bt
+
+
+def records(out):
+    return [json.loads(t[len("BATCHFIT "):]) for t in out.getvalue().splitlines()]
+
+
+@unittest.skipIf(torch is None, "torch is not installed")
+class NoiseProbeTest(unittest.TestCase):
+    def setUp(self):
+        torch.manual_seed(0)
+        self.x = torch.randn(50, 6, dtype=torch.float64)
+        self.y = torch.randint(0, 3, (50,))
+
+    def model(self):
+        torch.manual_seed(1)
+        return torch.nn.Sequential(
+            torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)).double()
+
+    def test_fields_match_direct_micro_batch_gradients(self):
+        m = self.model()
+        opt = torch.optim.SGD(m.parameters(), lr=0.0)
+        out = io.StringIO()
+        probe = bt.NoiseProbe(m, opt, every=1, file=out)
+        loss_fn = torch.nn.functional.cross_entropy
+        probe.step(lambda xb, yb: loss_fn(m(xb), yb), self.x, self.y)
+        rec = records(out)[0]
+        # 50 = 8 x 6 + 2
+        self.assertEqual(rec["noise"]["b_small"], 6)
+        self.assertEqual(rec["noise"]["b_big"], 48)
+        grads = []
+        for i in range(8):
+            sl = slice(6 * i, 6 * i + 6)
+            g = torch.autograd.grad(loss_fn(m(self.x[sl]), self.y[sl]), list(m.parameters()))
+            grads.append(torch.cat([t.reshape(-1) for t in g]))
+        small = float(sum((g * g).sum() for g in grads) / 8)
+        mean = sum(grads) / 8
+        big = float((mean * mean).sum())
+        self.assertAlmostEqual(rec["noise"]["g_small_sq"], small, places=10)
+        self.assertAlmostEqual(rec["noise"]["g_big_sq"], big, places=10)
+        full = float(loss_fn(m(self.x), self.y).detach())
+        self.assertAlmostEqual(rec["loss"], full, places=10)
+
+    def check_identical_training(self, make_opt):
+        loss_fn = torch.nn.functional.cross_entropy
+        # Plain training: one backward over the whole batch.
+        ref = self.model()
+        opt = make_opt(ref.parameters())
+        for _ in range(4):
+            opt.zero_grad()
+            loss_fn(ref(self.x), self.y).backward()
+            opt.step()
+        # Through the probe, measuring on every step.
+        m = self.model()
+        opt = make_opt(m.parameters())
+        probe = bt.NoiseProbe(m, opt, every=1, file=io.StringIO())
+        for _ in range(4):
+            probe.step(lambda xb, yb: loss_fn(m(xb), yb), self.x, self.y)
+        for a, b in zip(ref.parameters(), m.parameters()):
+            self.assertTrue(torch.allclose(a, b, rtol=1e-10, atol=1e-12), (a - b).abs().max())
+
+    def test_training_unchanged_sgd(self):
+        self.check_identical_training(lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9))
+
+    def test_training_unchanged_adam(self):
+        self.check_identical_training(lambda p: torch.optim.Adam(p, lr=1e-2))
+
+    def test_schedule_and_lines(self):
+        m = self.model()
+        opt = torch.optim.SGD(m.parameters(), lr=0.01)
+        out = io.StringIO()
+        probe = bt.NoiseProbe(m, opt, every=3, file=out)
+        for _ in range(7):
+            probe.step(lambda xb, yb: torch.nn.functional.cross_entropy(m(xb), yb), self.x, self.y)
+        recs = records(out)
+        self.assertEqual([r["step"] for r in recs], list(range(1, 8)))
+        self.assertEqual([("noise" in r) for r in recs], [False, False, True, False, False, True, False])
+        for r in recs:
+            self.assertEqual(r["samples"], 50)
+            self.assertGreater(r["seconds"], 0)
+            self.assertIn("loss", r)
+
+    def test_kwargs_free_inputs_and_dicts(self):
+        # A dict of tensors is cut too; non-tensor arguments pass through unchanged.
+        m = self.model()
+        opt = torch.optim.SGD(m.parameters(), lr=0.0)
+        out = io.StringIO()
+        probe = bt.NoiseProbe(m, opt, b_small=10, every=1, file=out)
+        seen = []
+
+        def loss_of(batch, scale):
+            seen.append(len(batch["x"]))
+            return scale * torch.nn.functional.cross_entropy(m(batch["x"]), batch["y"])
+
+        probe.step(loss_of, {"x": self.x, "y": self.y}, 1.0)
+        self.assertEqual(seen, [10] * 5)
+        # A tuple of inputs: each cut; a short list of parameters is not.
+        seen.clear()
+
+        def loss_of2(xs, y, weights):
+            seen.append((len(xs[0]), len(xs[1]), len(weights)))
+            return torch.nn.functional.cross_entropy(m(xs[0] + xs[1]), y) * weights[0]
+
+        probe.step(loss_of2, (self.x, self.x), self.y, torch.ones(2, dtype=torch.float64))
+        self.assertEqual(seen, [(10, 10, 2)] * 5)
+        self.assertEqual(records(out)[0]["noise"]["b_big"], 50)
+
+    def test_batch_of_one_is_not_measured(self):
+        m = self.model()
+        opt = torch.optim.SGD(m.parameters(), lr=0.01)
+        out = io.StringIO()
+        probe = bt.NoiseProbe(m, opt, every=1, file=out)
+        probe.step(lambda xb, yb: torch.nn.functional.cross_entropy(m(xb), yb), self.x[:1], self.y[:1])
+        self.assertNotIn("noise", records(out)[0])
+
+
+if __name__ == "__main__":
+    unittest.main()
