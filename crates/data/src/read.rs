@@ -201,7 +201,7 @@ pub fn csv(path: &Path, label_col: Option<isize>) -> Result<(Array, Array), Data
     csv_bytes(&bytes, label_col).map_err(|why| err(path, why))
 }
 
-/// CSV text to (features, labels); see [`csv`].
+/// CSV text to (features, labels); see [`csv()`].
 pub fn csv_bytes(bytes: &[u8], label_col: Option<isize>) -> Result<(Array, Array), FormatError> {
     let mut reader = csv::ReaderBuilder::new()
         .has_headers(false)

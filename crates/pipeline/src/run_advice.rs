@@ -46,13 +46,11 @@ fn trial_noise(reports: &[StepReport]) -> Option<TrialNoise> {
     })
 }
 
-/// Optimizer steps a trial reported (the highest `step` + 1, else the count).
+/// Optimizer steps a trial reported: the highest `step` (steps count from 1,
+/// as the helper and the examples number them), at least the lines reported.
 fn steps_taken(reports: &[StepReport]) -> usize {
-    reports
-        .iter()
-        .filter_map(|r| r.step)
-        .max()
-        .map_or(reports.len(), |s| s as usize + 1)
+    let highest = reports.iter().filter_map(|r| r.step).max().unwrap_or(0);
+    (highest as usize).max(reports.len())
 }
 
 /// The noise scale of the trials: each trial that reported noise gets its

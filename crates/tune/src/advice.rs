@@ -149,8 +149,11 @@ pub fn smoothed_step_times(points: &[StepPoint]) -> Vec<(u64, f64, f64)> {
     smoothed(points).0
 }
 
-/// [`smoothed_step_times`] and the line, when it was used.
-fn smoothed(points: &[StepPoint]) -> (Vec<(u64, f64, f64)>, Option<(f64, f64)>) {
+/// Step times to judge ties on: `(batch, seconds, relative error)`.
+type StepTimes = Vec<(u64, f64, f64)>;
+
+/// [`smoothed_step_times`] and the line `(fixed, per_sample)`, when it was used.
+fn smoothed(points: &[StepPoint]) -> (StepTimes, Option<(f64, f64)>) {
     let measured: Vec<(u64, f64, f64)> = points
         .iter()
         .map(|q| (q.batch, q.step_s, q.rel_err))
