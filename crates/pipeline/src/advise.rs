@@ -234,7 +234,12 @@ pub struct Decision {
 
 /// The measured (batch, step time) of a device's batches that ran.
 pub fn step_points(p: &DeviceProbe) -> Vec<StepPoint> {
-    p.points
+    points_to_steps(&p.points)
+}
+
+/// The measured (batch, step time, its error) of the points that ran.
+pub fn points_to_steps(points: &[batchfit_report::probe::ProbePoint]) -> Vec<StepPoint> {
+    points
         .iter()
         .filter(|q| q.ok())
         .map(|q| StepPoint {

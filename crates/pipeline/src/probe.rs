@@ -10,7 +10,7 @@ use batchfit_graph::Graph;
 use batchfit_plan::{Bytes, Optimizer, Plan, TrainOptions, plan};
 use batchfit_report::probe::curve_with_errors;
 use batchfit_report::probe::{DeviceProbe, MaxBatchSearch, ProbePoint};
-use batchfit_tune::knee::{geometric_batches, knee, knee_range, refine_between};
+use batchfit_tune::knee::{geometric_batches, knee, knee_range, refine_between, smooth_knee};
 use batchfit_tune::search::{Line, SearchOptions, find_max_batch};
 use batchfit_tune::stats::StopRule;
 use std::path::PathBuf;
@@ -161,7 +161,12 @@ pub fn probe_device(
             .map(|p| (p.batch, p.samples_per_s))
             .collect()
     };
-    let mut knee_batch = knee(&curve(&points), cfg.efficiency);
+    // The step-time line's knee where the line explains the points, else the medians'.
+    let knee_of = |points: &[ProbePoint]| {
+        smooth_knee(&crate::advise::points_to_steps(points), cfg.efficiency)
+            .or_else(|| knee(&curve(points), cfg.efficiency))
+    };
+    let mut knee_batch = knee_of(&points);
     // Refine between the knee and the sampled batch below it.
     if !explicit && let Some(k) = knee_batch {
         let below = points
@@ -175,7 +180,7 @@ pub fn probe_device(
             for b in extra {
                 measure(b, &mut points);
             }
-            knee_batch = knee(&curve(&points), cfg.efficiency);
+            knee_batch = knee_of(&points);
         }
     }
     points.sort_by_key(|p| p.batch);

@@ -9,7 +9,8 @@ use batchfit_plan::Bytes;
 use batchfit_report::probe::curve_with_errors;
 use batchfit_report::probe::{DeviceProbe, ProbePoint};
 use batchfit_report::run::{RunDocument, RunTrial};
-use batchfit_tune::knee::{knee, knee_range, refine_between};
+use batchfit_tune::diagnose::StepPoint;
+use batchfit_tune::knee::{knee, knee_range, refine_between, smooth_knee};
 use batchfit_tune::lr::LrRule;
 use batchfit_tune::search::{
     LadderResult, Line, PredictOptions, Verdict, each_listed, ladder_then_bisect,
@@ -157,7 +158,22 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunDocument> {
     };
     // A predicting search samples the curve sparsely: refine until the batch
     // below the knee is within a factor 2 of it (three rounds at most).
-    let mut knee_batch = knee(&curve(&trials), cfg.efficiency);
+    // The step-time line's knee where the line explains the points, else the medians'.
+    let knee_of = |trials: &[RunTrial]| {
+        let steps: Vec<StepPoint> = trials
+            .iter()
+            .filter(|t| t.result.outcome == Outcome::Ran)
+            .filter_map(|t| {
+                t.result.steps.as_ref().map(|s| StepPoint {
+                    batch: t.result.batch,
+                    step_s: s.step_time.median,
+                    rel_err: s.step_time.rel_std_err,
+                })
+            })
+            .collect();
+        smooth_knee(&steps, cfg.efficiency).or_else(|| knee(&curve(trials), cfg.efficiency))
+    };
+    let mut knee_batch = knee_of(&trials);
     for _ in 0..3 {
         let Some(k) = knee_batch.filter(|_| cfg.batches.is_empty()) else {
             break;
@@ -173,7 +189,7 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunDocument> {
         for b in extra {
             trial(b, "knee refinement", &mut trials);
         }
-        knee_batch = knee(&curve(&trials), cfg.efficiency);
+        knee_batch = knee_of(&trials);
     }
 
     let with_margin = cfg

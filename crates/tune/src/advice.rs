@@ -149,6 +149,12 @@ pub fn smoothed_step_times(points: &[StepPoint]) -> Vec<(u64, f64, f64)> {
     smoothed(points).0
 }
 
+/// The line `(fixed, per_sample)` through the measured step times, when it
+/// explains them (see [`smoothed_step_times`]); `None` when the curve is not a line.
+pub fn step_time_line(points: &[StepPoint]) -> Option<(f64, f64)> {
+    smoothed(points).1
+}
+
 /// Step times to judge ties on: `(batch, seconds, relative error)`.
 type StepTimes = Vec<(u64, f64, f64)>;
 

@@ -69,6 +69,26 @@ pub fn knee_range(points: &[(u64, f64, f64)], efficiency: f64) -> Option<KneeRan
     })
 }
 
+/// The knee read off the step-time line when the line explains the measured
+/// points (`advice::step_time_line`): the smallest measured batch whose fitted
+/// throughput, B / (fixed + per_sample B), reaches `efficiency` of the best
+/// fitted throughput among the measured batches. It rests on every point, not
+/// on the single noisy median next to the threshold, so a second run reproduces
+/// it; `None` when the curve is not a line (then [`knee`] on the medians).
+pub fn smooth_knee(points: &[crate::diagnose::StepPoint], efficiency: f64) -> Option<u64> {
+    let (fixed, per) = crate::advice::step_time_line(points)?;
+    let fitted = |b: u64| b as f64 / (fixed + per * b as f64);
+    let best = points
+        .iter()
+        .map(|q| fitted(q.batch))
+        .fold(f64::NAN, f64::max);
+    points
+        .iter()
+        .map(|q| q.batch)
+        .filter(|&b| fitted(b) >= efficiency * best)
+        .min()
+}
+
 /// Batches to sample: powers of two from `lo` to `hi`, always ending at `hi`.
 pub fn geometric_batches(lo: u64, hi: u64) -> Vec<u64> {
     let mut v = Vec::new();
@@ -148,5 +168,32 @@ mod tests {
         assert_eq!((r.low, r.high), (64, 128));
         assert_eq!(r.flat_from, 64);
         assert!(knee_range(&[], 0.9).is_none());
+    }
+
+    /// On a line of step times the smooth knee is the medians' knee; one noisy
+    /// median near the threshold moves the medians' knee but not the line's.
+    #[test]
+    fn smooth_knee_rests_on_every_point() {
+        use crate::diagnose::StepPoint;
+        let line = |b: u64| 2e-3 + 1e-5 * b as f64;
+        let mut pts: Vec<StepPoint> = [16u64, 32, 64, 128, 256, 512, 1024, 2048]
+            .iter()
+            .map(|&b| StepPoint {
+                batch: b,
+                step_s: line(b),
+                rel_err: 0.03,
+            })
+            .collect();
+        let curve = |pts: &[StepPoint]| -> Vec<(u64, f64)> {
+            pts.iter()
+                .map(|p| (p.batch, p.batch as f64 / p.step_s))
+                .collect()
+        };
+        let exact = smooth_knee(&pts, 0.9);
+        assert_eq!(exact, knee(&curve(&pts), 0.9));
+        // 1024 measures 8 % slow: the medians' knee moves to 2048, the line's stays.
+        pts[6].step_s *= 1.08;
+        assert_eq!(knee(&curve(&pts), 0.9), Some(2048));
+        assert_eq!(smooth_knee(&pts, 0.9), exact);
     }
 }
