@@ -169,6 +169,12 @@ fn nvml() -> Option<&'static Nvml> {
     NVML.get_or_init(|| Nvml::init().ok()).as_ref()
 }
 
+/// Total memory of GPU `device` (NVML); `None` without NVML.
+pub fn gpu_total_bytes(device: u32) -> Option<u64> {
+    let dev = nvml()?.device_by_index(device).ok()?;
+    dev.memory_info().ok().map(|m| m.total)
+}
+
 /// What the GPUs say about `pids` right now.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct GpuSample {

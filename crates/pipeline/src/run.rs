@@ -129,9 +129,44 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunDocument> {
         };
         predict_then_bracket(&opts, |b, why| trial(b, why, &mut trials))
     } else {
-        ladder_then_bisect(cfg.start, cfg.max_batch, |b, why| {
-            trial(b, why, &mut trials)
-        })
+        // The first trial tells where the command runs: on an NVIDIA GPU (NVML
+        // saw it) the budget is the device's memory and the measure NVML's use,
+        // so the search can predict; elsewhere nothing bounds memory but the
+        // machine, and the ladder doubles to the first out-of-memory.
+        let first = trial(cfg.start.clamp(1, cfg.max_batch), "start", &mut trials);
+        let gpu = trials.last().and_then(|t| {
+            let r = &t.result;
+            r.gpu_device
+                .and_then(batchfit_exec::monitor::gpu_total_bytes)
+                .filter(|_| r.peak_gpu_bytes.is_some())
+        });
+        match gpu {
+            Some(total) => {
+                let opts = PredictOptions {
+                    start: cfg.start,
+                    cap: cfg.max_batch,
+                    budget: Bytes(total),
+                    tolerance: cfg.tolerance,
+                    max_trials: 40,
+                };
+                let mut done_first = Some(first);
+                predict_then_bracket(&opts, |b, why| match done_first.take() {
+                    // The start trial already ran: its verdict, now read as GPU memory.
+                    Some(_) => gpu_verdict(trials.last().map(|t| &t.result)),
+                    None => {
+                        trial(b, why, &mut trials);
+                        gpu_verdict(trials.last().map(|t| &t.result))
+                    }
+                })
+            }
+            None => {
+                let mut done_first = Some(first);
+                ladder_then_bisect(cfg.start, cfg.max_batch, |b, why| match done_first.take() {
+                    Some(v) => v,
+                    None => trial(b, why, &mut trials),
+                })
+            }
+        }
     };
     let search_trials = trials.len();
     if let Some(why) = not_started.take() {
@@ -230,6 +265,14 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunDocument> {
         batch_with_margin: with_margin,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// A trial's verdict with its peak GPU memory (NVML) as the measured peak.
+fn gpu_verdict(r: Option<&TrialResult>) -> Verdict {
+    match r {
+        Some(r) => r.outcome.verdict(r.peak_gpu_bytes.map(Bytes)),
+        None => Verdict::Broken,
+    }
 }
 
 /// Whether a knee refinement already ran.
