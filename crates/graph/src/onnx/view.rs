@@ -92,29 +92,32 @@ pub(super) enum Val {
     Unusable(String),
 }
 
-/// A view with its axes permuted.
-pub(super) fn view_transpose(mut v: View, perm: &[i64]) -> Result<Val, LayoutError> {
-    let rank = v.axes.len();
+/// `perm` as axis indices, checked to be a permutation of `0..rank`.
+pub(crate) fn permutation(perm: &[i64], rank: usize) -> Result<Vec<usize>, LayoutError> {
+    let bad = || LayoutError::NotPermutation {
+        perm: perm.to_vec(),
+        rank,
+    };
     let mut seen = vec![false; rank];
-    let mut axes = Vec::with_capacity(rank);
+    let mut order = Vec::with_capacity(rank);
     for &p in perm {
         let p = usize::try_from(p)
             .ok()
             .filter(|&p| p < rank && !seen[p])
-            .ok_or_else(|| LayoutError::NotPermutation {
-                perm: perm.to_vec(),
-                rank,
-            })?;
+            .ok_or_else(bad)?;
         seen[p] = true;
-        axes.push(v.axes[p]);
+        order.push(p);
     }
-    if axes.len() != rank {
-        return Err(LayoutError::NotPermutation {
-            perm: perm.to_vec(),
-            rank,
-        });
+    if order.len() != rank {
+        return Err(bad());
     }
-    v.axes = axes;
+    Ok(order)
+}
+
+/// A view with its axes permuted.
+pub(super) fn view_transpose(mut v: View, perm: &[i64]) -> Result<Val, LayoutError> {
+    let order = permutation(perm, v.axes.len())?;
+    v.axes = order.iter().map(|&p| v.axes[p]).collect();
     Ok(v.settle())
 }
 

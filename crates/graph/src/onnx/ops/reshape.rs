@@ -6,7 +6,9 @@ use crate::onnx::decode::{Attrs, positive, tensor_f32};
 use crate::onnx::import::{Importer, label};
 use crate::onnx::proto::{DataType, NodeProto, TensorProto};
 use crate::onnx::shapes::{squeeze, unsqueeze};
-use crate::onnx::view::{Ax, LayoutError, Val, View, view_reshape, view_squeeze, view_transpose};
+use crate::onnx::view::{
+    Ax, LayoutError, Val, View, permutation, view_reshape, view_squeeze, view_transpose,
+};
 use crate::op::Op;
 use std::rc::Rc;
 
@@ -182,27 +184,8 @@ impl Importer {
 /// as no op reads them as attributes.
 pub(super) fn transpose_const(t: &TensorProto, perm: &[i64]) -> Result<TensorProto, LayoutError> {
     let rank = t.dims.len();
-    let mut seen = vec![false; rank];
-    let mut dims = Vec::with_capacity(rank);
-    let mut order = Vec::with_capacity(rank);
-    for &p in perm {
-        let p = usize::try_from(p)
-            .ok()
-            .filter(|&p| p < rank && !seen[p])
-            .ok_or_else(|| LayoutError::NotPermutation {
-                perm: perm.to_vec(),
-                rank,
-            })?;
-        seen[p] = true;
-        dims.push(t.dims[p]);
-        order.push(p);
-    }
-    if dims.len() != rank {
-        return Err(LayoutError::NotPermutation {
-            perm: perm.to_vec(),
-            rank,
-        });
-    }
+    let order = permutation(perm, rank)?;
+    let dims: Vec<i64> = order.iter().map(|&p| t.dims[p]).collect();
     if rank <= 1 {
         return Ok(t.clone());
     }
