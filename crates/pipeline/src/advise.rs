@@ -232,6 +232,28 @@ pub struct Decision {
     pub findings: Vec<Finding>,
 }
 
+/// What a device's measured curve says, whoever measured it (`advise`, `run`):
+/// throughput flat above some batch, a large fixed cost per step, and the knee
+/// or the largest batch far above the critical batch.
+pub fn curve_findings(p: &DeviceProbe, points: &[StepPoint], b_noise: Option<f64>) -> Vec<Finding> {
+    let mut findings = Vec::new();
+    findings.extend(diagnose::flat_throughput(points, &p.device));
+    findings.extend(diagnose::fixed_overhead(points, &p.device));
+    if let Some(bn) = b_noise {
+        let largest = points.iter().map(|q| q.batch).max().unwrap_or(0);
+        if let Some(f) = [p.knee_batch.unwrap_or(0), largest]
+            .into_iter()
+            .find_map(|b| diagnose::above_critical(b, bn))
+        {
+            findings.push(Finding {
+                rule: f.rule,
+                message: format!("{}: {}", p.device, f.message),
+            });
+        }
+    }
+    findings
+}
+
 /// The measured (batch, step time) of a device's batches that ran.
 pub fn step_points(p: &DeviceProbe) -> Vec<StepPoint> {
     points_to_steps(&p.points)
@@ -290,8 +312,7 @@ pub fn decide(e: &Evidence) -> Decision {
                 reference: e.reference,
             },
         );
-        findings.extend(diagnose::flat_throughput(&points, &p.device));
-        findings.extend(diagnose::fixed_overhead(&points, &p.device));
+        findings.extend(curve_findings(p, &points, b_noise));
         if let (Some(b), Some(m), MaxBatchSource::Measured) =
             (rec.recommended_batch, rec.max_batch, rec.max_batch_source)
         {
@@ -302,19 +323,6 @@ pub fn decide(e: &Evidence) -> Decision {
             && let Some(load_s) = (e.input_seconds)(b)
         {
             findings.extend(diagnose::input_bound(load_s, step.step_s, b, &p.device));
-        }
-        if let Some(bn) = b_noise {
-            let knee = p.knee_batch.unwrap_or(0);
-            let largest = points.iter().map(|q| q.batch).max().unwrap_or(0);
-            if let Some(f) = [knee, largest]
-                .into_iter()
-                .find_map(|b| diagnose::above_critical(b, bn))
-            {
-                findings.push(Finding {
-                    rule: f.rule,
-                    message: format!("{}: {}", p.device, f.message),
-                });
-            }
         }
         recommendations.push(rec);
         options.extend(opts);

@@ -146,8 +146,7 @@ pub fn advise_run(
         },
     );
     let mut findings = Vec::new();
-    findings.extend(diagnose::flat_throughput(&points, &device.device));
-    findings.extend(diagnose::fixed_overhead(&points, &device.device));
+    findings.extend(crate::advise::curve_findings(device, &points, b_noise));
     if let Some(b) = rec.recommended_batch
         && let Some(util) = trials
             .iter()
@@ -156,18 +155,6 @@ pub fn advise_run(
             .and_then(|t| t.result.gpu_util_mean_pct)
     {
         findings.extend(diagnose::gpu_idle(util, b, &device.device));
-    }
-    if let Some(bn) = b_noise {
-        let largest = points.iter().map(|q| q.batch).max().unwrap_or(0);
-        if let Some(f) = [device.knee_batch.unwrap_or(0), largest]
-            .into_iter()
-            .find_map(|b| diagnose::above_critical(b, bn))
-        {
-            findings.push(Finding {
-                rule: f.rule,
-                message: format!("{}: {}", device.device, f.message),
-            });
-        }
     }
     RunAdvice {
         time_to_target: b_noise
