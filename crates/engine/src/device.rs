@@ -86,13 +86,82 @@ impl DeviceSpec {
 
     /// Devices this build can use and this machine has (CPU always).
     pub fn available() -> Vec<DeviceSpec> {
+        Self::survey().found
+    }
+
+    /// Devices this build can use and this machine has, and a line for each
+    /// kind it cannot use, saying why.
+    pub fn survey() -> Survey {
         #[allow(unused_mut)] // GPU builds push more
-        let mut v = vec![DeviceSpec::Cpu];
+        let mut survey = Survey {
+            found: vec![DeviceSpec::Cpu],
+            missing: Vec::new(),
+        };
         #[cfg(feature = "cuda")]
         if std::path::Path::new("/dev/nvidia0").exists() {
-            v.push(DeviceSpec::Cuda(0));
+            survey.found.push(DeviceSpec::Cuda(0));
+        } else {
+            survey
+                .missing
+                .push("cuda: no NVIDIA device (/dev/nvidia0 is absent)".into());
         }
-        v
+        #[cfg(not(feature = "cuda"))]
+        survey
+            .missing
+            .push("cuda: not in this build (rebuild with --features cuda)".into());
+        #[cfg(feature = "wgpu")]
+        match wgpu_adapters().as_slice() {
+            [] => survey.missing.push(
+                "wgpu: no adapter (no Vulkan, Metal or DX12 driver; on Linux without a GPU, \
+                 Mesa's lavapipe provides one)"
+                    .into(),
+            ),
+            _ => survey.found.push(DeviceSpec::Wgpu(0)),
+        }
+        #[cfg(not(feature = "wgpu"))]
+        survey
+            .missing
+            .push("wgpu: not in this build (rebuild with --features wgpu)".into());
+        survey
+    }
+}
+
+/// What [`DeviceSpec::survey`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Survey {
+    /// Usable devices, the CPU first.
+    pub found: Vec<DeviceSpec>,
+    /// One line per kind of device that cannot be used, with the reason.
+    pub missing: Vec<String>,
+}
+
+/// The adapters wgpu sees on this machine (any backend), by name.
+#[cfg(feature = "wgpu")]
+pub fn wgpu_adapters() -> Vec<String> {
+    use burn::backend::wgpu::wgpu;
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
+    ready(instance.enumerate_adapters(wgpu::Backends::all()))
+        .iter()
+        .map(|a| {
+            let info = a.get_info();
+            format!("{} ({:?}, {:?})", info.name, info.device_type, info.backend)
+        })
+        .collect()
+}
+
+/// The value of a future that is ready when first polled. Native wgpu's
+/// adapter enumeration is synchronous behind its async signature, so no
+/// executor crate is needed; a future that is not ready is polled again.
+#[cfg(feature = "wgpu")]
+fn ready<F: std::future::Future>(f: F) -> F::Output {
+    use std::task::{Context, Poll, Waker};
+    let mut f = std::pin::pin!(f);
+    let mut cx = Context::from_waker(Waker::noop());
+    loop {
+        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::yield_now();
     }
 }
 

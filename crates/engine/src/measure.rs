@@ -4,7 +4,9 @@ use crate::alloc;
 use crate::data;
 use crate::trainer::Trainer;
 use batchfit_graph::Graph;
+use batchfit_plan::Bytes;
 use batchfit_tune::stats::{StopRule, Summary, summarize};
+use burn::tensor::Device;
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
@@ -17,8 +19,10 @@ pub struct PointResult {
     pub step_times_s: Vec<f64>,
     /// Untimed steps before the timed ones.
     pub warmup_steps: usize,
-    /// Bytes live at the high-water mark of the timed steps (counting allocator;
-    /// `None` where the allocator does not see the device's memory).
+    /// Peak memory. On the CPU: bytes live at the high-water mark of the timed
+    /// steps (counting allocator). On a GPU: the most bytes the device runtime
+    /// reserved after any step, warm-up included (CubeCL's pools keep their
+    /// pages): what the device must have free.
     pub peak_bytes: Option<u64>,
     /// Peak resident set size of the process, for comparison.
     pub peak_rss_bytes: Option<u64>,
@@ -48,15 +52,44 @@ pub enum MeasureError {
         /// The loss it gave.
         loss: f32,
     },
+    /// The device runtime reserved more than the memory limit: the step would
+    /// not fit a device of that size.
+    #[error(
+        "the device reserved {} at step {step} (batch {batch}), over the limit of {}",
+        Bytes(*.reserved),
+        Bytes(*.limit)
+    )]
+    DeviceOutOfMemory {
+        /// The step, counting warm-up steps from 0.
+        step: usize,
+        /// The batch size.
+        batch: u64,
+        /// Bytes the runtime held after the step.
+        reserved: u64,
+        /// The limit.
+        limit: u64,
+    },
+}
+
+/// Bytes a GPU's runtime holds in its memory pools (CubeCL's reserved
+/// memory, padding and pages kept for reuse included); `None` on the CPU,
+/// whose memory the counting allocator sees instead.
+pub fn device_reserved(device: &Device) -> Option<u64> {
+    device.memory_pool_usage().map(|u| u.bytes_reserved)
 }
 
 /// Runs `warmup` steps, then timed steps until `stop` is satisfied, on a synthetic batch.
+/// On a GPU, `device_limit` fails the step after which the runtime holds more
+/// than that many bytes, as a device of that size would have (CubeCL keeps
+/// its pages until told to free them, so the reading after a step is the
+/// step's high-water mark).
 pub fn measure_point(
     trainer: &mut Trainer,
     graph: &Graph,
     batch: u64,
     warmup: usize,
     stop: &StopRule,
+    device_limit: Option<u64>,
 ) -> Result<PointResult, MeasureError> {
     let data = data::synthetic(
         graph,
@@ -67,7 +100,20 @@ pub fn measure_point(
     );
     let mut first_loss = f32::NAN;
     let mut last_loss = f32::NAN;
+    let device = trainer.device.clone();
+    let mut device_peak: Option<u64> = None;
     let mut check = |step: usize, loss: f32| -> Result<(), MeasureError> {
+        if let Some(reserved) = device_reserved(&device) {
+            device_peak = device_peak.max(Some(reserved));
+            if let Some(limit) = device_limit.filter(|&l| reserved > l) {
+                return Err(MeasureError::DeviceOutOfMemory {
+                    step,
+                    batch,
+                    reserved,
+                    limit,
+                });
+            }
+        }
         if !loss.is_finite() {
             return Err(MeasureError::NonFiniteLoss { step, batch, loss });
         }
@@ -81,9 +127,9 @@ pub fn measure_point(
     let warmup = warmup.max(1);
     for s in 0..warmup {
         let loss = trainer.step(&data);
+        trainer.sync();
         check(s, loss)?;
     }
-    trainer.sync();
     let mut times = Vec::new();
     let mut peak = 0u64;
     let counting = alloc::counting();
@@ -100,7 +146,11 @@ pub fn measure_point(
         batch,
         step_times_s: times,
         warmup_steps: warmup,
-        peak_bytes: (counting && !trainer.config.device.is_gpu()).then_some(peak),
+        peak_bytes: if trainer.config.device.is_gpu() {
+            device_peak
+        } else {
+            counting.then_some(peak)
+        },
         peak_rss_bytes: alloc::peak_rss(),
         first_loss,
         last_loss,

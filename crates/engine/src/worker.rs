@@ -39,7 +39,8 @@ pub struct WorkerRequest {
     pub max_steps: usize,
     pub time_cap_s: f64,
     pub target_rel_err: f64,
-    /// Allocations beyond this many live bytes fail (CPU only).
+    /// On the CPU, allocations beyond this many live bytes fail; on a GPU, a
+    /// step after which the runtime reserves more fails as out of memory.
     pub memory_limit: Option<u64>,
     pub threads: Option<usize>,
 }
@@ -89,7 +90,12 @@ pub fn serve(request_json: &str) -> Result<(), WorkerError> {
         crate::set_threads(n)?;
     }
     let graph = batchfit_graph::load(&req.model)?;
-    alloc::set_limit(req.memory_limit);
+    let (host_limit, device_limit) = if req.device.is_gpu() {
+        (None, req.memory_limit)
+    } else {
+        (req.memory_limit, None)
+    };
+    alloc::set_limit(host_limit);
     alloc::keep_freed_memory();
     let mut trainer = Trainer::new(
         &graph,
@@ -109,7 +115,14 @@ pub fn serve(request_json: &str) -> Result<(), WorkerError> {
         max_steps: req.max_steps,
         time_cap_s: req.time_cap_s,
     };
-    let answer = match measure_point(&mut trainer, &graph, req.batch, req.warmup, &stop) {
+    let answer = match measure_point(
+        &mut trainer,
+        &graph,
+        req.batch,
+        req.warmup,
+        &stop,
+        device_limit,
+    ) {
         Ok(p) => WorkerAnswer::Measured(p),
         Err(e) => WorkerAnswer::Failed(e),
     };
@@ -138,7 +151,11 @@ pub fn run_child(exe: &Path, req: &WorkerRequest, timeout: Duration) -> WorkerRe
         })
     };
     let finished = run_process(
-        Command::new(exe).arg(WORKER_SUBCOMMAND).arg(json),
+        // No backtrace: a crash's last lines should be its panic message.
+        Command::new(exe)
+            .arg(WORKER_SUBCOMMAND)
+            .arg(json)
+            .env("RUST_BACKTRACE", "0"),
         ProcessOptions {
             timeout,
             on_line: Some(on_line),
@@ -161,6 +178,9 @@ pub fn run_child(exe: &Path, req: &WorkerRequest, timeout: Duration) -> WorkerRe
                 outcome: Outcome::Ran,
                 point: Some(p),
             },
+            Ok(WorkerAnswer::Failed(e @ MeasureError::DeviceOutOfMemory { .. })) => {
+                WorkerResult::ended(Outcome::OutOfMemory(e.to_string()))
+            }
             Ok(WorkerAnswer::Failed(e)) => WorkerResult::ended(Outcome::Failed(e.to_string())),
             Err(e) => WorkerResult::ended(Outcome::Crashed(format!(
                 "unreadable answer from the worker: {e}"

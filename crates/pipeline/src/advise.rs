@@ -51,10 +51,11 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<AdviseDocum
     let mut graph = batchfit_graph::load(source)?;
     apply_loss(&mut graph, cfg.data.loss)?;
     batchfit_engine::model::check_trainable(&graph)?;
-    let devices = if cfg.devices.is_empty() {
-        DeviceSpec::available()
+    let (devices, devices_not_used) = if cfg.devices.is_empty() {
+        let survey = DeviceSpec::survey();
+        (survey.found, survey.missing)
     } else {
-        cfg.devices.clone()
+        (cfg.devices.clone(), Vec::new())
     };
     let seq_len = cfg.measure.seq_len.or(graph.default_seq_len).unwrap_or(1);
     let data: Option<Dataset> = if cfg.data.data.is_some() || default_model {
@@ -144,6 +145,7 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<AdviseDocum
         findings: verdict.findings,
         budgets,
         world_sizes: scale,
+        devices_not_used,
     })
 }
 

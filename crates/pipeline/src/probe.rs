@@ -87,11 +87,8 @@ impl MeasureConfig {
             max_steps: if short { 1 } else { stop.max_steps },
             time_cap_s: self.time_cap_s,
             target_rel_err: stop.target_rel_err,
-            memory_limit: if device.is_gpu() {
-                None
-            } else {
-                self.memory_limit.map(|b| b.0)
-            },
+            // The worker holds the CPU's allocator or the GPU's pools to it.
+            memory_limit: self.memory_limit.map(|b| b.0),
             threads: self.threads,
         }
     }

@@ -52,6 +52,8 @@ pub struct SweepConfig {
     /// With `out`: train only the runs missing there.
     pub resume: bool,
     pub threads: Option<usize>,
+    /// Where every run trains.
+    pub device: DeviceSpec,
     /// Checked before any work (the binary writes it).
     pub html: Option<PathBuf>,
 }
@@ -106,6 +108,7 @@ pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepDocument
     let settings = SweepSettings {
         model: graph.name.clone(),
         data: data.source.clone(),
+        device: cfg.device.to_string(),
         train_rows: train.rows,
         val_rows: val.rows,
         val_split: cfg.val_split,
@@ -138,7 +141,7 @@ pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepDocument
         lr: cfg.ref_lr,
         seq_len,
         seed: 0,
-        device: DeviceSpec::Cpu,
+        device: cfg.device,
         init_random: true,
     };
     // Seed-major: an interrupted sweep has whole comparisons across batches.

@@ -35,6 +35,9 @@ pub struct AdviseDocument {
     pub budgets: Vec<(String, Bytes)>,
     /// `--gpus`: time to target across data-parallel world sizes (predicted).
     pub world_sizes: Option<WorldSizes>,
+    /// With no `--device`: the kinds of device this build or machine could
+    /// not use, each with the reason.
+    pub devices_not_used: Vec<String>,
 }
 
 /// Time to target across data-parallel world sizes of one measured device.
@@ -119,6 +122,12 @@ pub fn render(d: &AdviseDocument) -> String {
         out.push_str("\nDIAGNOSIS (from the measurements)\n");
         for f in &d.findings {
             out.push_str(&format!("  - {}\n", f.message));
+        }
+    }
+    if !d.devices_not_used.is_empty() {
+        out.push_str("\nDEVICES NOT MEASURED\n");
+        for why in &d.devices_not_used {
+            out.push_str(&format!("  - {why}\n"));
         }
     }
     out.push_str("\nEvidence: `batchfit probe` and `batchfit noise` print the full tables; --html writes the report with plots.\n");

@@ -246,28 +246,100 @@ pub fn render(model: &str, devices: &[DeviceProbe]) -> String {
         }
     }
     if devices.len() > 1 {
-        out.push_str("\nside by side (measured):\n");
-        let mut t = table(&["device", "max batch", "knee", "best samples/s", "at batch"]);
-        for d in devices {
-            let best = d
-                .points
-                .iter()
-                .filter(|p| p.ok())
-                .max_by(|a, b| a.samples_per_s.total_cmp(&b.samples_per_s));
-            t.add_row(vec![
-                d.device.clone(),
-                d.max_batch.map(thousands).unwrap_or_else(|| "-".into()),
-                d.knee_batch.map(thousands).unwrap_or_else(|| "-".into()),
-                best.map(|p| format!("{:.0}", p.samples_per_s))
-                    .unwrap_or_default(),
-                best.map(|p| thousands(p.batch)).unwrap_or_default(),
-            ]);
-        }
-        align_numbers(&mut t, 1);
-        out.push_str(&t.to_string());
-        out.push('\n');
+        out.push_str(&side_by_side(devices));
     }
     out
+}
+
+/// Several devices in one table per question: step time and throughput at each
+/// batch, peak memory against the plan at each batch, and the summary.
+fn side_by_side(devices: &[DeviceProbe]) -> String {
+    let mut batches: Vec<u64> = devices
+        .iter()
+        .flat_map(|d| d.points.iter().map(|p| p.batch))
+        .collect();
+    batches.sort_unstable();
+    batches.dedup();
+    let mut header = vec!["batch".to_string()];
+    header.extend(devices.iter().map(|d| format!("{} step", d.device)));
+    header.extend(devices.iter().map(|d| format!("{} samples/s", d.device)));
+    let mut speed = table(&header.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut header = vec!["batch".to_string()];
+    for d in devices {
+        header.push(format!("{} peak", d.device));
+        header.push("planned".into());
+        header.push("error".into());
+    }
+    let mut memory = table(&header.iter().map(String::as_str).collect::<Vec<_>>());
+    for &b in &batches {
+        let mut steps = vec![thousands(b)];
+        let mut rates = Vec::new();
+        let mut mem = vec![thousands(b)];
+        for d in devices {
+            match d.points.iter().find(|p| p.batch == b) {
+                Some(p) if p.ok() => {
+                    steps.push(crate::duration(p.step_time_s));
+                    rates.push(format!("{:.0}", p.samples_per_s));
+                    mem.push(
+                        p.peak_bytes
+                            .map(|b| b.to_string())
+                            .unwrap_or_else(|| "n/a".into()),
+                    );
+                    mem.push(planned(p));
+                    mem.push(
+                        p.plan_error_pct
+                            .map(|e| format!("{e:+.1}%"))
+                            .unwrap_or_default(),
+                    );
+                }
+                Some(p) => {
+                    let why = p.failure.as_deref().unwrap_or("failed");
+                    let short = if why.contains("out of memory") {
+                        "out of memory"
+                    } else {
+                        "failed"
+                    };
+                    steps.push(short.into());
+                    rates.push(String::new());
+                    mem.push(short.into());
+                    mem.push(planned(p));
+                    mem.push(String::new());
+                }
+                None => {
+                    steps.push("-".into());
+                    rates.push(String::new());
+                    mem.extend(["-".to_string(), String::new(), String::new()]);
+                }
+            }
+        }
+        steps.extend(rates);
+        speed.add_row(steps);
+        memory.add_row(mem);
+    }
+    align_numbers(&mut speed, 0);
+    align_numbers(&mut memory, 0);
+    let mut summary = table(&["device", "max batch", "knee", "best samples/s", "at batch"]);
+    for d in devices {
+        let best = d
+            .points
+            .iter()
+            .filter(|p| p.ok())
+            .max_by(|a, b| a.samples_per_s.total_cmp(&b.samples_per_s));
+        summary.add_row(vec![
+            d.device.clone(),
+            d.max_batch.map(thousands).unwrap_or_else(|| "-".into()),
+            d.knee_batch.map(thousands).unwrap_or_else(|| "-".into()),
+            best.map(|p| format!("{:.0}", p.samples_per_s))
+                .unwrap_or_default(),
+            best.map(|p| thousands(p.batch)).unwrap_or_default(),
+        ]);
+    }
+    align_numbers(&mut summary, 1);
+    format!(
+        "\nSIDE BY SIDE: step time and throughput (measured)\n{speed}\n\
+         \nSIDE BY SIDE: peak memory, measured vs planned (on a GPU: what its runtime reserved)\n{memory}\n\
+         \nSIDE BY SIDE: summary (measured)\n{summary}\n"
+    )
 }
 
 /// Throughput vs batch, one series per device, knee and largest batch marked.

@@ -12,6 +12,9 @@ use serde::{Deserialize, Serialize};
 pub struct SweepSettings {
     pub model: String,
     pub data: String,
+    /// The device every run trained on.
+    #[serde(default = "cpu")]
+    pub device: String,
     pub train_rows: usize,
     pub val_rows: usize,
     pub val_split: f64,
@@ -25,6 +28,10 @@ pub struct SweepSettings {
     pub warmup_epochs: f64,
     pub target_loss: Option<f64>,
     pub max_epochs: u32,
+}
+
+fn cpu() -> String {
+    "cpu".into()
 }
 
 /// One run as the report shows it.
@@ -112,9 +119,10 @@ fn pm(mean: Option<f64>, std: Option<f64>, digits: usize) -> String {
 pub fn render(d: &SweepDocument) -> String {
     let s = &d.settings;
     let mut out = format!(
-        "\nsweep of {} on {} ({} training rows, {} validation), {} x {} seeds, {} with {} lr (reference {} at batch {}), warm-up {} epoch(s)\n",
+        "\nsweep of {} on {}, trained on {} ({} training rows, {} validation), {} x {} seeds, {} with {} lr (reference {} at batch {}), warm-up {} epoch(s)\n",
         s.model,
         s.data,
+        s.device,
         thousands(s.train_rows as u64),
         thousands(s.val_rows as u64),
         s.batches

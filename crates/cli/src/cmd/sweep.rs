@@ -6,6 +6,7 @@ use crate::error::CliResult;
 use crate::options::{
     DataFlags, emit_with_html, positive_f64, positive_u64, positive_usize, progress,
 };
+use batchfit_pipeline::probe::parse_devices;
 use batchfit_pipeline::sweep::{SweepConfig, sweep};
 use batchfit_plan::Optimizer;
 use batchfit_report::sweep::{html, render};
@@ -68,6 +69,9 @@ pub struct SweepArgs {
     /// CPU threads.
     #[arg(long, value_parser = positive_usize)]
     pub threads: Option<usize>,
+    /// The device every run trains on: cpu, wgpu:0, cuda:0 (a GPU needs a GPU build).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
     /// Print the result as JSON (schema: docs/json.md).
     #[arg(long)]
     pub json: bool,
@@ -109,6 +113,7 @@ pub fn run(args: SweepArgs) -> CliResult {
         out: args.out.clone(),
         resume: args.resume,
         threads: args.threads,
+        device: parse_devices(std::slice::from_ref(&args.device))?[0],
         html: args.html.clone(),
     };
     let bar = progress(args.json);

@@ -37,7 +37,7 @@ mod reshape;
 pub use compile::{Program, Unsupported, check_trainable};
 pub use params::{Init, Params};
 
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{Device, Int, Tensor};
 
 /// A value flowing through the graph.
 #[derive(Clone, Debug)]
@@ -109,6 +109,38 @@ pub struct Batch {
     pub target: Target,
     /// Samples in the batch.
     pub size: usize,
+}
+
+impl Batch {
+    /// The same batch on `device` (to feed two devices identical values).
+    pub fn to_device(&self, device: &Device) -> Batch {
+        let target = match &self.target {
+            Target::Dense(t) => Target::Dense(t.clone().to_device(device)),
+            Target::OneHot(t) => Target::OneHot(t.clone().to_device(device)),
+            Target::Ctc {
+                labels,
+                label_lengths,
+            } => Target::Ctc {
+                labels: labels.clone().to_device(device),
+                label_lengths: label_lengths.clone().to_device(device),
+            },
+        };
+        Batch {
+            inputs: self.inputs.iter().map(|v| v.to_device(device)).collect(),
+            target,
+            size: self.size,
+        }
+    }
+}
+
+impl Value {
+    fn to_device(&self, device: &Device) -> Value {
+        match self {
+            Value::Float(t) => Value::Float(t.clone().to_device(device)),
+            Value::Tokens(t) => Value::Tokens(t.clone().to_device(device)),
+            Value::ConvRows(r) => Value::ConvRows(r.clone().map(|t| t.to_device(device))),
+        }
+    }
 }
 
 /// A value as `[B, elements]` in the logical (NCHW) layout.

@@ -1,0 +1,180 @@
+//! What the op-family tests share: one small model per op family, and the
+//! lock that keeps the backend's global generator to one test at a time.
+
+use batchfit_engine::{DeviceSpec, TrainConfig, Trainer};
+use batchfit_graph::{
+    Cell, Graph, GraphBuilder, InputKind, LossKind, Op, PoolKind, RnnBias, Shape, Window,
+};
+use batchfit_plan::Optimizer;
+use std::sync::Mutex;
+
+/// One small model per op family.
+pub fn families() -> Vec<Graph> {
+    let mut out = Vec::new();
+    let mut g = GraphBuilder::new("linear-relu-mse");
+    g.input("x", Shape::fixed(&[6])).unwrap();
+    g.linear("fc1", "x", 8).unwrap();
+    g.push("act", Op::Relu, &["fc1"]).unwrap();
+    g.linear("fc2", "act", 3).unwrap();
+    out.push(g.finish(LossKind::Mse, "fc2").unwrap());
+
+    let mut g = GraphBuilder::new("conv2d-pools-ce");
+    g.input("x", Shape::fixed(&[2, 6, 6])).unwrap();
+    g.conv("c", "x", 3, 2, 3, 1, None).unwrap();
+    g.push("t", Op::Tanh, &["c"]).unwrap();
+    g.pool("mp", "t", PoolKind::Max, 2, 2, 2, Some(0)).unwrap();
+    g.pool("ap", "mp", PoolKind::Avg, 2, 3, 1, None).unwrap();
+    g.push(
+        "gp",
+        Op::GlobalPool {
+            pool: PoolKind::Avg,
+        },
+        &["ap"],
+    )
+    .unwrap();
+    g.push("f", Op::Flatten, &["gp"]).unwrap();
+    g.linear("out", "f", 4).unwrap();
+    out.push(g.finish(LossKind::CrossEntropy, "out").unwrap());
+
+    let mut g = GraphBuilder::new("conv1d-norms");
+    g.input("x", Shape::fixed(&[3, 10])).unwrap();
+    g.push(
+        "c",
+        Op::Conv {
+            in_channels: 3,
+            out_channels: 4,
+            window: Window {
+                kernel: vec![3],
+                stride: vec![2],
+                padding: vec![[1, 2]],
+                dilation: vec![1],
+            },
+            groups: 1,
+            bias: true,
+        },
+        &["x"],
+    )
+    .unwrap();
+    g.batch_norm("bn", "c").unwrap();
+    g.push("s", Op::Sigmoid, &["bn"]).unwrap();
+    g.layer_norm("ln", "s").unwrap();
+    g.push(
+        "gm",
+        Op::GlobalPool {
+            pool: PoolKind::Max,
+        },
+        &["ln"],
+    )
+    .unwrap();
+    g.push("f", Op::Flatten, &["gm"]).unwrap();
+    g.linear("out", "f", 2).unwrap();
+    out.push(g.finish(LossKind::Mse, "out").unwrap());
+
+    let mut g = GraphBuilder::new("branches");
+    g.input("a", Shape::fixed(&[4])).unwrap();
+    g.input("b", Shape::fixed(&[4])).unwrap();
+    g.linear("la", "a", 4).unwrap();
+    g.push("ga", Op::Gelu, &["la"]).unwrap();
+    g.push("sum", Op::Add, &["ga", "b"]).unwrap();
+    g.push("prod", Op::Mul, &["sum", "a"]).unwrap();
+    g.push("cat", Op::Concat { axis: 1 }, &["prod", "b"])
+        .unwrap();
+    g.push("r", Op::Reshape { shape: vec![2, 4] }, &["cat"])
+        .unwrap();
+    g.push("rt", Op::Reshape { shape: vec![4, 2] }, &["cat"])
+        .unwrap();
+    g.push("mm", Op::MatMul, &["r", "rt"]).unwrap();
+    g.push("sm", Op::Softmax { axis: -1 }, &["mm"]).unwrap();
+    g.push("cl", Op::ClippedRelu { max: 0.8 }, &["sm"]).unwrap();
+    g.push("d", Op::Dropout { p: 0.1 }, &["cl"]).unwrap();
+    g.push("f", Op::Flatten, &["d"]).unwrap();
+    g.linear("out", "f", 3).unwrap();
+    out.push(g.finish(LossKind::CrossEntropy, "out").unwrap());
+
+    let mut g = GraphBuilder::new("bilstm-ctc");
+    g.input(
+        "x",
+        Shape(vec![
+            batchfit_graph::Dim::Seq,
+            batchfit_graph::Dim::Fixed(5),
+        ]),
+    )
+    .unwrap();
+    g.seq_len(8);
+    g.rnn("rnn", "x", Cell::Lstm, 6, true, RnnBias::Single)
+        .unwrap();
+    g.linear("out", "rnn", 5).unwrap();
+    out.push(g.finish(LossKind::Ctc { blank: 4 }, "out").unwrap());
+
+    // Seed 2's path: the conv's own row layout through ReLU, a conv of a tracked
+    // input, the pool's window matrix, then NCHW; and a one-direction LSTM with
+    // PyTorch's two biases.
+    let mut g = GraphBuilder::new("conv-relu-avgpool-lstm");
+    g.input("x", Shape::fixed(&[3, 6, 6])).unwrap();
+    g.conv("c", "x", 4, 2, 3, 1, None).unwrap();
+    g.push("r", Op::Relu, &["c"]).unwrap();
+    // A conv of a tracked input: the transposed matrix and col2im, stride 2.
+    g.push(
+        "c2",
+        Op::Conv {
+            in_channels: 4,
+            out_channels: 4,
+            window: Window {
+                kernel: vec![3, 2],
+                stride: vec![1, 2],
+                padding: vec![[1, 1], [0, 1]],
+                dilation: vec![1, 1],
+            },
+            groups: 1,
+            bias: true,
+        },
+        &["r"],
+    )
+    .unwrap();
+    g.pool("ap", "c2", PoolKind::Avg, 2, 3, 3, None).unwrap();
+    g.push("f", Op::Flatten, &["ap"]).unwrap();
+    g.linear("fc", "f", 6).unwrap();
+    g.push("seq", Op::Reshape { shape: vec![3, 2] }, &["fc"])
+        .unwrap();
+    g.rnn("lstm", "seq", Cell::Lstm, 4, false, RnnBias::Double)
+        .unwrap();
+    g.push("flat", Op::Flatten, &["lstm"]).unwrap();
+    g.linear("out", "flat", 2).unwrap();
+    out.push(g.finish(LossKind::Mse, "out").unwrap());
+
+    let mut g = GraphBuilder::new("embedding-gru-frames");
+    g.input_of(
+        "tok",
+        Shape(vec![batchfit_graph::Dim::Seq]),
+        InputKind::Tokens { vocab: 7 },
+    )
+    .unwrap();
+    g.seq_len(6);
+    g.push("emb", Op::Embedding { vocab: 7, dim: 4 }, &["tok"])
+        .unwrap();
+    g.rnn("gru", "emb", Cell::Gru, 5, false, RnnBias::Double)
+        .unwrap();
+    g.linear("out", "gru", 3).unwrap();
+    out.push(g.finish(LossKind::CrossEntropyPerFrame, "out").unwrap());
+    out
+}
+
+/// The backend's random generator is global: tests that seed it and draw
+/// initial weights take turns, so each one's weights are the same every run.
+pub static SEEDED: Mutex<()> = Mutex::new(());
+
+/// Adam at `lr` on `device`, weights drawn from seed 7.
+pub fn trainer(g: &Graph, lr: f64, device: DeviceSpec) -> Trainer {
+    Trainer::new(
+        g,
+        TrainConfig {
+            optimizer: Optimizer::Adam,
+            lr,
+            seq_len: g.default_seq_len.unwrap_or(1),
+            seed: 7,
+            device,
+            init_random: false,
+        },
+    )
+    .unwrap()
+}
