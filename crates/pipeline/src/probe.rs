@@ -7,6 +7,7 @@ use batchfit_engine::DeviceSpec;
 use batchfit_engine::worker::{WorkerRequest, WorkerResult, run_child};
 use batchfit_exec::Outcome;
 use batchfit_graph::Graph;
+use batchfit_plan::plan::{CpuHost, plan_on};
 use batchfit_plan::{Bytes, Optimizer, Plan, TrainOptions, plan};
 use batchfit_report::probe::curve_with_errors;
 use batchfit_report::probe::{DeviceProbe, MaxBatchSearch, ProbePoint};
@@ -54,16 +55,25 @@ pub struct Target<'a> {
 }
 
 impl MeasureConfig {
+    /// The plan for `device`; on the CPU for the threads the worker will use.
     fn plan_for(&self, graph: &Graph, device: DeviceSpec) -> Plan {
-        plan(
-            graph,
-            &TrainOptions {
-                optimizer: self.optimizer,
-                seq_len: self.seq_len,
-                gpu: device.is_gpu(),
-                ..TrainOptions::default()
-            },
-        )
+        let opts = TrainOptions {
+            optimizer: self.optimizer,
+            seq_len: self.seq_len,
+            gpu: device.is_gpu(),
+            ..TrainOptions::default()
+        };
+        match self.threads {
+            Some(threads) if !device.is_gpu() => plan_on(
+                graph,
+                &opts,
+                CpuHost {
+                    threads: threads as u64,
+                    ..CpuHost::detect()
+                },
+            ),
+            _ => plan(graph, &opts),
+        }
     }
 
     /// The worker's request; `short` is one untimed-warm-up step (a search trial).

@@ -14,6 +14,8 @@ const ADDED: &[&str] = &[
     "rounding_bytes",
     "gemm_buffer_bytes",
     "gemm_buffer_from_batch",
+    "gemm_pool_bytes",
+    "gemm_pool_from_batch",
 ];
 
 fn kitchen() -> Graph {

@@ -122,21 +122,31 @@ mod tests {
             .collect();
         assert_eq!(saved, vec![0, 16, 16]);
         assert_eq!(p.per_sample.data, Bytes(40));
-        // Fixed for every moment: weights 46 * 4 and one gemm packing buffer (L2).
+        // Fixed for every moment: weights 46 * 4 and one gemm packing buffer (L2); from
+        // the batch at which fc1's 8 x 4 products reach flex's 192^3 multiply-adds, gemm
+        // splits them across the pool and both pool threads keep a buffer too.
         let base = 46 * 4 + 512 * 1024;
+        let pool = 2 * 512 * 1024;
+        assert_eq!(p.memory.gemm_pool_from_batch, 192 * 192 * 192 / 32);
+        assert_eq!(p.memory.gemm_pool_bytes, Bytes(pool));
         // Largest per sample: fc2's dx = dy W^T (the output's gradient, 2 floats, and dx,
         // 4 floats, twice while it is copied aligned) over everything kept (32 B), plus data.
-        assert_eq!(p.memory.fixed_bytes, Bytes(base));
+        assert_eq!(p.memory.fixed_bytes, Bytes(base + pool));
         assert_eq!(p.memory.per_sample_bytes, Bytes(40 + 32 + (2 + 2 * 4) * 4));
         assert_eq!(p.peak_at, "fc2");
         // At small batches another moment is larger: fc1's dW (8 x 4 floats) being made,
         // with its zeroed twin, after fc2's gradients (10 floats): nothing kept is left but
         // the output's gradient (4 floats). At batch 1 every product is matrix-vector, so
         // gemm never packs and its buffer is not there.
-        let fc1_dw = |b: u64| base + (10 + 36 + 32) * 4 + b * (40 + 4 * 4);
-        assert_eq!(p.bytes_at(2), Bytes(fc1_dw(2)));
-        assert_eq!(p.bytes_at(1), Bytes(fc1_dw(1) - 512 * 1024));
+        let fc1_dw = |b: u64| base + pool + (10 + 36 + 32) * 4 + b * (40 + 4 * 4);
+        assert_eq!(p.bytes_at(2), Bytes(fc1_dw(2) - pool));
+        assert_eq!(p.bytes_at(1), Bytes(fc1_dw(1) - pool - 512 * 1024));
         assert_eq!(p.bytes_at(1000), Bytes(base + 1000 * (40 + 32 + 40)));
+        let split = 192 * 192 * 192 / 32;
+        assert_eq!(
+            p.bytes_at(split).0 - p.bytes_at(split - 1).0,
+            pool + 40 + 32 + 40
+        );
     }
 
     #[test]

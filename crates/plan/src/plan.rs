@@ -96,7 +96,7 @@ pub struct Moment {
 ///
 /// [`Plan::bytes_at`] is, with `b = min(B, micro_batch)`: the largest of the
 /// `moments`' lines at `b`, plus `rounding_bytes`, minus `gemm_buffer_bytes` when
-/// `b < gemm_buffer_from_batch`. `fixed_bytes` and `per_sample_bytes` are the line of
+/// `b < gemm_buffer_from_batch`, minus `gemm_pool_bytes` when `b < gemm_pool_from_batch`. `fixed_bytes` and `per_sample_bytes` are the line of
 /// the moment that is largest at large batches (without `rounding_bytes`).
 #[derive(Clone, Debug, Serialize)]
 pub struct Memory {
@@ -114,6 +114,12 @@ pub struct Memory {
     pub gemm_buffer_bytes: Bytes,
     /// The smallest batch at which `gemm_buffer_bytes` exists (0: always).
     pub gemm_buffer_from_batch: u64,
+    /// Buffers counted in every moment's fixed bytes that exist only from
+    /// `gemm_pool_from_batch` on (burn on a CPU: the packing buffers of the thread pool's
+    /// threads, once a product is split across them).
+    pub gemm_pool_bytes: Bytes,
+    /// The smallest batch at which `gemm_pool_bytes` exist (0: always).
+    pub gemm_pool_from_batch: u64,
 }
 
 /// The static plan of a model under some training options.
@@ -161,8 +167,13 @@ impl Plan {
             .map(|l| l.fixed_bytes + l.per_sample_bytes * b)
             .fold(m.fixed_bytes + m.per_sample_bytes * b, Bytes::max)
             + m.rounding_bytes;
-        if b < m.gemm_buffer_from_batch {
+        let peak = if b < m.gemm_buffer_from_batch {
             peak - m.gemm_buffer_bytes
+        } else {
+            peak
+        };
+        if b < m.gemm_pool_from_batch {
+            peak - m.gemm_pool_bytes
         } else {
             peak
         }
@@ -245,6 +256,7 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
     let mut param_bytes = Vec::with_capacity(n);
     let mut workspace_max = 0u64;
     let mut packs_at_one = false; // a matrix-matrix product at batch 1
+    let mut pool_from: Option<u64> = None; // the smallest batch a product is split at
     let mut flops = 0.0;
     for node in &graph.nodes {
         let in_elems: Vec<u64> = node.inputs.iter().map(|i| elems(i)).collect();
@@ -311,6 +323,9 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         forward_ws.push(rules.forward_workspace(&node.op, &sizes, act));
         workspace_max = workspace_max.max(rules.workspace(&node.op, &sizes, act));
         packs_at_one |= rules.packs_at_batch_one(&node.op, &sizes);
+        if let Some(b) = rules.pool_from_batch(&node.op, &sizes) {
+            pool_from = Some(pool_from.map_or(b, |p| p.min(b)));
+        }
         layers.push(LayerPlan {
             name: node.name.clone(),
             op: node.op.name(),
@@ -357,6 +372,12 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         .max()
         .unwrap_or(0);
     let state = opts.optimizer.state_per_param();
+    // The pool threads' buffers, from the batch a product is first split across them.
+    let pool_bytes = if pool_from.is_some() {
+        rules.pool_buffers()
+    } else {
+        Bytes(0)
+    };
     // What every moment of a step holds besides gradients and kernel buffers.
     let base = FixedMemory {
         weights: Bytes(params * opts.precision.weight_bytes()),
@@ -370,7 +391,7 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
                 * 4,
         ),
         accumulation: rules.accumulation(opts.micro_batch, params),
-        runtime: rules.runtime_bytes(),
+        runtime: rules.runtime_bytes() + pool_bytes,
         ..FixedMemory::default()
     };
     // The optimizer's moment: all gradients, and one tensor's update temporaries. Where
@@ -479,6 +500,8 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         rounding_bytes: rules.rounding_bytes(n),
         gemm_buffer_bytes,
         gemm_buffer_from_batch,
+        gemm_pool_bytes: pool_bytes,
+        gemm_pool_from_batch: pool_from.unwrap_or(0),
     };
     Plan {
         model: graph.name.clone(),

@@ -207,8 +207,13 @@ mod tests {
             .max()
             .expect("one moment at least")
             + field(memory, "rounding_bytes");
-        if b < field(memory, "gemm_buffer_from_batch") {
+        let peak = if b < field(memory, "gemm_buffer_from_batch") {
             peak.saturating_sub(field(memory, "gemm_buffer_bytes"))
+        } else {
+            peak
+        };
+        if b < field(memory, "gemm_pool_from_batch") {
+            peak.saturating_sub(field(memory, "gemm_pool_bytes"))
         } else {
             peak
         }

@@ -487,6 +487,45 @@ impl RuntimeRules for Burn {
         Bytes(0)
     }
 
+    /// flex splits a matrix product across rayon's pool once it reaches 192^3
+    /// multiply-adds (burn-flex 0.22.1 `ops/matmul.rs`, `PARALLEL_THRESHOLD`: gemm with
+    /// `Parallelism::Rayon(0)`); a linear layer's products (forward, input and weight
+    /// gradients) all take `B x rows x in x out` of them. The engine's own CPU ops (im2col
+    /// product, LSTM) run gemm unsplit, one product per thread, within the one slab counted
+    /// in [`RuntimeRules::runtime_bytes`].
+    fn pool_from_batch(&self, op: &Op, s: &Sizes) -> Option<u64> {
+        const PARALLEL_THRESHOLD: u64 = 192 * 192 * 192;
+        let per_sample = match op {
+            Op::Linear {
+                in_features,
+                out_features,
+                ..
+            } => {
+                let rows = s.inputs[0] / (*in_features as u64).max(1);
+                rows * *in_features as u64 * *out_features as u64
+            }
+            // [.., M, K] x [.., K, N], one product per sample: flex splits each one that
+            // reaches the threshold.
+            Op::MatMul => {
+                let k = s.in_dims.last().copied().unwrap_or(1) as u64;
+                let per_product = k * s.output;
+                return (per_product >= PARALLEL_THRESHOLD).then_some(1);
+            }
+            _ => return None,
+        };
+        (per_sample > 0).then(|| PARALLEL_THRESHOLD.div_ceil(per_sample))
+    }
+
+    /// Every pool thread packs into a slab of its own when gemm splits a product across
+    /// all of them (`Rayon(0)`); with one thread the product stays on the caller.
+    fn pool_buffers(&self) -> Bytes {
+        Bytes(if self.gpu || self.cpu.threads <= 1 {
+            0
+        } else {
+            self.cpu.threads * self.cpu.gemm_slab
+        })
+    }
+
     /// On a CPU, gemm's packing buffer exists from batch 1 if some product is matrix-matrix
     /// there, else from batch 2.
     fn gemm_buffer(&self, packs_at_one: bool) -> (Bytes, u64) {
@@ -609,6 +648,31 @@ mod tests {
             let n = im2col_chunks(b);
             assert!(b % n == 0 && n <= IM2COL_MAX_CHUNKS);
         }
+    }
+
+    /// flex splits a product of 192^3 multiply-adds or more across the pool, and every
+    /// pool thread then keeps a slab: from batch 18 for a 784 -> 512 layer.
+    #[test]
+    fn pool_buffers_from_the_batch_a_product_is_split() {
+        let fc = Op::Linear {
+            in_features: 784,
+            out_features: 512,
+            bias: true,
+        };
+        let s = sizes(&[784], 512, &[784], &[512]);
+        assert_eq!(CPU.pool_from_batch(&fc, &s), Some(18));
+        // 17 x 784 x 512 = 6.82 M < 192^3 = 7.08 M <= 18 x 784 x 512 = 7.23 M.
+        assert_eq!(CPU.pool_buffers(), Bytes(2 * 512 * 1024));
+        let one = Burn {
+            cpu: BurnCpu {
+                threads: 1,
+                ..CPU.cpu
+            },
+            ..CPU
+        };
+        assert_eq!(one.pool_buffers(), Bytes(0));
+        assert_eq!(Burn { gpu: true, ..CPU }.pool_buffers(), Bytes(0));
+        assert_eq!(CPU.pool_from_batch(&Op::Relu, &s), None);
     }
 
     #[test]

@@ -131,6 +131,19 @@ pub trait RuntimeRules {
     /// node packs at batch 1.
     fn gemm_buffer(&self, packs_at_one: bool) -> (Bytes, u64);
 
+    /// The smallest batch at which one of `op`'s matrix products is large enough for the
+    /// runtime to split it across its thread pool, whose threads then pack operands into
+    /// buffers of their own ([`RuntimeRules::pool_buffers`]); `None`: never.
+    fn pool_from_batch(&self, _op: &Op, _s: &Sizes) -> Option<u64> {
+        None
+    }
+
+    /// Bytes of the pool threads' packing buffers, which exist from the smallest
+    /// [`RuntimeRules::pool_from_batch`] of the graph on.
+    fn pool_buffers(&self) -> Bytes {
+        Bytes(0)
+    }
+
     /// Index of the moment reported as the step's peak among `(per_sample, fixed)` lines:
     /// the most per sample, then the most fixed; the last of equals.
     fn peak_index(&self, lines: &[(u64, Bytes)]) -> usize {
