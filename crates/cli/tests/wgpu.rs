@@ -49,34 +49,25 @@ fn probe_measures_the_cpu_and_a_wgpu_device_side_by_side() {
 #[test]
 fn the_memory_limit_holds_on_the_wgpu_device() {
     let limit = "48MiB";
-    let mut args = vec![
-        "probe",
-        "zoo:mnist-mlp",
-        "--device",
-        "wgpu:0",
-        "--batches",
-        "8",
-        "--memory-limit",
-        limit,
-    ];
-    args.extend(FAST);
-    let v = json(&args);
+    let probe = |batches: &str| {
+        let mut args = vec![
+            "probe",
+            "zoo:mnist-mlp",
+            "--device",
+            "wgpu:0",
+            "--batches",
+            batches,
+            "--memory-limit",
+            limit,
+        ];
+        args.extend(FAST);
+        json(&args)
+    };
+    let v = probe("8");
     let d = &v["devices"][0];
     let max = d["max_batch"].as_u64().expect("a batch fits under 48 MiB");
     let above = (max as f64 * 1.1).ceil() as u64;
-    let batches = format!("{max},{above}");
-    let mut args = vec![
-        "probe",
-        "zoo:mnist-mlp",
-        "--device",
-        "wgpu:0",
-        "--batches",
-        &batches,
-        "--memory-limit",
-        limit,
-    ];
-    args.extend(FAST);
-    let v = json(&args);
+    let v = probe(&format!("{max},{above}"));
     let pts = v["devices"][0]["points"].as_array().unwrap();
     assert!(pts[0]["failure"].is_null(), "{max} fits: {}", pts[0]);
     assert!(

@@ -139,6 +139,16 @@ pub struct ProbeDocument<'a> {
     pub devices: &'a [DeviceProbe],
 }
 
+/// Samples per second: whole numbers, with two decimals below 10 (a slow
+/// device's 0.42 is not 0).
+fn rate(samples_per_s: f64) -> String {
+    if samples_per_s < 10.0 {
+        format!("{samples_per_s:.2}")
+    } else {
+        format!("{samples_per_s:.0}")
+    }
+}
+
 fn planned(p: &ProbePoint) -> String {
     p.planned_bytes
         .map(|b| b.to_string())
@@ -197,7 +207,7 @@ pub fn render(model: &str, devices: &[DeviceProbe]) -> String {
                         crate::duration(p.step_time_p10_s),
                         crate::duration(p.step_time_p90_s)
                     ),
-                    format!("{:.0}", p.samples_per_s),
+                    rate(p.samples_per_s),
                     p.peak_bytes
                         .map(|b| b.to_string())
                         .unwrap_or_else(|| "n/a".into()),
@@ -279,7 +289,7 @@ fn side_by_side(devices: &[DeviceProbe]) -> String {
             match d.points.iter().find(|p| p.batch == b) {
                 Some(p) if p.ok() => {
                     steps.push(crate::duration(p.step_time_s));
-                    rates.push(format!("{:.0}", p.samples_per_s));
+                    rates.push(rate(p.samples_per_s));
                     mem.push(
                         p.peak_bytes
                             .map(|b| b.to_string())
@@ -329,8 +339,7 @@ fn side_by_side(devices: &[DeviceProbe]) -> String {
             d.device.clone(),
             d.max_batch.map(thousands).unwrap_or_else(|| "-".into()),
             d.knee_batch.map(thousands).unwrap_or_else(|| "-".into()),
-            best.map(|p| format!("{:.0}", p.samples_per_s))
-                .unwrap_or_default(),
+            best.map(|p| rate(p.samples_per_s)).unwrap_or_default(),
             best.map(|p| thousands(p.batch)).unwrap_or_default(),
         ]);
     }
