@@ -314,6 +314,13 @@ pub fn parse_devices(names: &[String]) -> Result<Vec<DeviceSpec>> {
             let spec = DeviceSpec::parse(d)?;
             spec.device()
                 .map_err(|e| Error::input_because(format!("--device {d}: {e}"), e))?;
+            // burn makes a wgpu device lazily: without an adapter every trial would crash.
+            #[cfg(feature = "wgpu")]
+            if matches!(spec, DeviceSpec::Wgpu(_)) && batchfit_engine::device::wgpu_adapters().is_empty() {
+                return Err(Error::input(format!(
+                    "--device {d}: wgpu sees no adapter on this machine (no Vulkan, Metal or DX12 driver; docs/gpu.md)"
+                )));
+            }
             Ok(spec)
         })
         .collect()
