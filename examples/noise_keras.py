@@ -19,43 +19,21 @@ compile and fit the wrapper, and pass the `BatchfitLines` callback, which prints
 measuring steps (adaptive, about 3.5 % of the time, by default; `--every`).
 """
 import argparse
-import csv
-import gzip
-import io
 import os
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
+
+from labelled_csv import read_csv  # noqa: E402  (beside this script)
 
 try:
     from batchfit.keras import BatchfitLines, NoiseModel  # batchfit
 except ImportError:  # run from a checkout without `pip install ./python`
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
     from batchfit.keras import BatchfitLines, NoiseModel
-
-
-def read_csv(path):
-    raw = open(path, "rb").read()
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
-    rows = []
-    for i, rec in enumerate(csv.reader(io.StringIO(raw.decode("utf-8")))):
-        if not rec:
-            continue
-        try:
-            rows.append([float(f) for f in rec])
-        except ValueError:
-            if i == 0:
-                continue  # a header
-            raise SystemExit("%s: row %d: a field is not a number" % (path, i + 1))
-    if not rows:
-        raise SystemExit("%s: no data rows" % path)
-    a = np.asarray(rows, dtype=np.float32)
-    return a[:, :-1], a[:, -1].astype(np.int64)
 
 
 def make_model(features):

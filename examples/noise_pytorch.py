@@ -21,9 +21,6 @@ zero_grad, forward, backward and optimizer.step(), and prints
 steps (every 20 by default; `--every`).
 """
 import argparse
-import csv
-import gzip
-import io
 import os
 import sys
 
@@ -31,31 +28,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from labelled_csv import read_csv  # beside this script
+
 try:
     from batchfit.torch import NoiseProbe  # batchfit
 except ImportError:  # run from a checkout without `pip install ./python`
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
     from batchfit.torch import NoiseProbe
-
-
-def read_csv(path):
-    raw = open(path, "rb").read()
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
-    rows = []
-    for i, rec in enumerate(csv.reader(io.StringIO(raw.decode("utf-8")))):
-        if not rec:
-            continue
-        try:
-            rows.append([float(f) for f in rec])
-        except ValueError:
-            if i == 0:
-                continue  # a header
-            raise SystemExit("%s: row %d: a field is not a number" % (path, i + 1))
-    if not rows:
-        raise SystemExit("%s: no data rows" % path)
-    a = np.asarray(rows, dtype=np.float32)
-    return a[:, :-1], a[:, -1].astype(np.int64)
 
 
 def make_model(features):

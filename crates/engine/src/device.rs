@@ -84,11 +84,6 @@ impl DeviceSpec {
         }
     }
 
-    /// Devices this build can use and this machine has (CPU always).
-    pub fn available() -> Vec<DeviceSpec> {
-        Self::survey().found
-    }
-
     /// Devices this build can use and this machine has, and a line for each
     /// kind it cannot use, saying why.
     pub fn survey() -> Survey {
