@@ -4,7 +4,7 @@
 //! `diagnose`); this module gathers their evidence.
 
 use crate::noise::{DataSource, Init, NoiseSettings, apply_loss, document, load_data, run_noise};
-use crate::probe::{MeasureConfig, Target, probe_device};
+use crate::probe::{MeasureConfig, Target, probe_device_for};
 use crate::{Progress, Result};
 use batchfit_data::Dataset;
 use batchfit_engine::DeviceSpec;
@@ -97,7 +97,14 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<AdviseDocum
     };
     let mut probes = Vec::new();
     for &d in &devices {
-        probes.push(probe_device(&cfg.measure, &target, d, progress)?);
+        let b_noise = noise.as_ref().and_then(|n| n.b_simple);
+        probes.push(probe_device_for(
+            &cfg.measure,
+            &target,
+            d,
+            b_noise,
+            progress,
+        )?);
     }
 
     let plan_cpu = plan(

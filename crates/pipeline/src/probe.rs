@@ -14,8 +14,12 @@ use batchfit_report::probe::{DeviceProbe, MaxBatchSearch, ProbePoint};
 use batchfit_tune::knee::{geometric_batches, knee, knee_range, refine_between, smooth_knee};
 use batchfit_tune::search::{Line, SearchOptions, find_max_batch};
 use batchfit_tune::stats::StopRule;
+use std::cell::RefCell;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
+
+/// Rounds of measuring again the batches that decide an uncertain knee.
+const KNEE_ROUNDS: usize = 2;
 
 /// How to measure training steps (the flags of every measuring command).
 #[derive(Clone, Debug)]
@@ -119,6 +123,19 @@ pub fn probe_device(
     device: DeviceSpec,
     progress: &dyn Progress,
 ) -> Result<DeviceProbe> {
+    probe_device_for(cfg, t, device, None, progress)
+}
+
+/// [`probe_device`] for advice with the noise scale `b_noise` known: the batch
+/// whose predicted time to target, (B + B_noise) / throughput, is least and its
+/// measured neighbours are measured again with the knee's.
+pub fn probe_device_for(
+    cfg: &MeasureConfig,
+    t: &Target,
+    device: DeviceSpec,
+    b_noise: Option<f64>,
+    progress: &dyn Progress,
+) -> Result<DeviceProbe> {
     let started = Instant::now();
     let plan = cfg.plan_for(t.graph, device);
 
@@ -143,15 +160,30 @@ pub fn probe_device(
         geometric_batches(1, max_batch.unwrap_or(cfg.up_to).max(1))
     };
     let mut points: Vec<ProbePoint> = Vec::new();
+    // A batch measured again keeps the faster of its measurements: on a shared
+    // machine interference only ever slows a step down, so the slower process
+    // measured the neighbours, not the batch (as `timeit` keeps the best repeat).
+    // The two measurements of a batch also tell how far one process's median
+    // strays from another's, which a process's own spread does not show.
+    let repeats: RefCell<Vec<f64>> = RefCell::default();
     let measure = |b: u64, points: &mut Vec<ProbePoint>| {
         progress.message(format!("{device}: timing batch {b}"));
-        points.push(point(
-            b,
-            Some(plan.bytes_at(b)),
-            cfg.run(t, device, b, false),
-            cfg,
-        ));
+        let row = point(b, Some(plan.bytes_at(b)), cfg.run(t, device, b, false), cfg);
         progress.advance(1);
+        let earlier = points.iter_mut().find(|q| q.batch == b);
+        if let Some(q) = &earlier
+            && q.ok()
+            && row.ok()
+        {
+            repeats
+                .borrow_mut()
+                .push((row.step_time_s / q.step_time_s).ln());
+        }
+        match earlier {
+            Some(q) if !q.ok() || (row.ok() && row.step_time_s < q.step_time_s) => *q = row,
+            Some(_) => {}
+            None => points.push(row),
+        }
     };
     progress.add_length(batches.len() as u64);
     for &b in &batches {
@@ -190,8 +222,65 @@ pub fn probe_device(
             knee_batch = knee_of(&points);
         }
     }
+    // Settle the knee: measure again the batches that decide it (the knee, the
+    // batch below it, the fastest, and any batch inside the knee's range; with
+    // `b_noise`, those around the time-to-target winner too), then
+    // again while the timings still cannot tell where it is (KNEE_ROUNDS at most).
+    let range_of = |points: &[ProbePoint]| {
+        let between = between_process_error(&repeats.borrow());
+        let curve: Vec<(u64, f64, f64)> = curve_with_errors(points)
+            .into_iter()
+            .map(|(b, rate, err)| (b, rate, err.hypot(between)))
+            .collect();
+        knee_range(&curve, cfg.efficiency)
+    };
+    let mut range = range_of(&points);
+    for round in 0..KNEE_ROUNDS {
+        let (Some(k), Some(r)) = (knee_batch, range) else {
+            break;
+        };
+        if round > 0 && r.low == r.high {
+            break;
+        }
+        let mut ok: Vec<&ProbePoint> = points.iter().filter(|p| p.ok()).collect();
+        ok.sort_by_key(|p| p.batch);
+        let fastest = ok
+            .iter()
+            .max_by(|a, b| a.samples_per_s.total_cmp(&b.samples_per_s))
+            .map(|p| p.batch);
+        let below = ok.iter().map(|p| p.batch).filter(|&b| b < k).max();
+        // The time-to-target winner and the batches either side of it.
+        let winner: Vec<u64> = b_noise
+            .and_then(|bn| {
+                let i = (0..ok.len()).min_by(|&i, &j| {
+                    let time = |p: &ProbePoint| (p.batch as f64 + bn) / p.samples_per_s;
+                    time(ok[i]).total_cmp(&time(ok[j]))
+                })?;
+                Some(
+                    ok[i.saturating_sub(1)..(i + 2).min(ok.len())]
+                        .iter()
+                        .map(|p| p.batch)
+                        .collect(),
+                )
+            })
+            .unwrap_or_default();
+        let mut again: Vec<u64> = ok
+            .iter()
+            .map(|p| p.batch)
+            .filter(|b| (r.low..=r.high).contains(b))
+            .chain([Some(k), below, fastest].into_iter().flatten())
+            .chain(winner)
+            .collect();
+        again.sort_unstable();
+        again.dedup();
+        progress.add_length(again.len() as u64);
+        for b in again {
+            measure(b, &mut points);
+        }
+        knee_batch = knee_of(&points);
+        range = range_of(&points);
+    }
     points.sort_by_key(|p| p.batch);
-    let range = knee_range(&curve_with_errors(&points), cfg.efficiency);
     Ok(DeviceProbe {
         knee_range: range,
         device: device.to_string(),
@@ -204,6 +293,17 @@ pub fn probe_device(
         search,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// The relative error of one process's median step time as another process
+/// would measure it, from the log-ratios of repeated measurements of the same
+/// batch: their variance is twice that error's square. 0 with no repeats.
+fn between_process_error(log_ratios: &[f64]) -> f64 {
+    if log_ratios.is_empty() {
+        return 0.0;
+    }
+    let mean_square = log_ratios.iter().map(|d| d * d).sum::<f64>() / log_ratios.len() as f64;
+    (mean_square / 2.0).sqrt()
 }
 
 /// One row of the throughput table from how its worker ended.

@@ -372,6 +372,10 @@ pub fn ladder_then_bisect(
     r
 }
 
+/// The ratio of the predicting search's rungs, and the furthest it extrapolates a
+/// line past the largest batch that ran.
+const RUNG: u64 = 8;
+
 /// How [`predict_then_bracket`] searches.
 #[derive(Clone, Copy, Debug)]
 pub struct PredictOptions {
@@ -392,10 +396,13 @@ pub struct PredictOptions {
 /// give a line `fixed + per_sample x B` through the measured peaks; one trial
 /// just under the line's batch at the budget, one `tolerance` above it to
 /// confirm the bracket. Where memory is linear in the batch that is four
-/// trials. The line is refitted through the two largest batches that ran
-/// after each success (memory may bend); a prediction that runs out of
-/// memory falls back to geometric bisection of the gap. A crash or time-out
-/// stops the search, as in [`ladder_then_bisect`].
+/// trials. The line is refitted after each success, through the largest batch
+/// that ran and the largest at most half of it (memory may bend; peaks are
+/// coarse). A prediction more than one rung past
+/// the largest batch that ran is approached halfway (in log space) first. Once a
+/// trial ran out of memory, a prediction is tried only in the lower half of the
+/// bracket, else the gap is bisected geometrically. A crash or time-out stops the search, as
+/// in [`ladder_then_bisect`].
 pub fn predict_then_bracket(
     opts: &PredictOptions,
     mut trial: impl FnMut(u64, &'static str) -> Verdict,
@@ -416,65 +423,110 @@ pub fn predict_then_bracket(
     };
     // The next batch: the line's prediction just under the budget, else a
     // step of `tolerance` above the largest run, else geometric bisection.
-    let next =
-        |lo: u64, hi: Option<u64>, peaks: &[(u64, f64)], missed: bool| -> (u64, &'static str) {
-            let top = hi.map_or(cap, |h| h - 1).min(cap);
-            let mid = |lo: u64, h: u64| {
-                ((lo.max(1) as f64 * h as f64).sqrt().round() as u64).clamp(lo + 1, h - 1)
-            };
-            if lo == 0 {
-                return match hi {
-                    Some(h) => (h / 2, "bisection"),
-                    None => (opts.start.clamp(1, cap), "start"),
-                };
-            }
-            if peaks.len() < 2 {
-                return match hi {
-                    Some(h) => (mid(lo, h), "bisection"),
-                    None => ((lo.saturating_mul(8)).min(top), "rung"),
-                };
-            }
-            if missed && let Some(h) = hi {
-                return (mid(lo, h), "bisection");
-            }
-            let mut two: Vec<(u64, f64)> = peaks.to_vec();
-            two.sort_by_key(|p| p.0);
-            let line = Line::through(two[two.len() - 2], two[two.len() - 1]);
-            let step_up = ((lo as f64 * (1.0 + tol)).ceil() as u64)
-                .max(lo + 1)
-                .min(top);
-            match line.map(|l| l.max_batch(opts.budget)) {
-                Some(p) => {
-                    let under = (p as f64 * (1.0 - tol / 2.0)).floor() as u64;
-                    if under > lo && under <= top {
-                        (under, "prediction")
-                    } else {
-                        (step_up, "confirmation")
-                    }
-                }
-                None => (step_up, "step-up"),
-            }
+    // A prediction further than one rung (`RUNG` x the largest run) is not
+    // trusted: a line through small batches is mostly the allocator's fixed
+    // part and its granularity (PyTorch's VmPeak grows by glibc's 64 MiB
+    // arenas), so the next trial goes halfway there in log space and the line
+    // is refitted from it. Inside a bracket a prediction is used only below
+    // the bracket's (geometric) midpoint; else the bracket is bisected.
+    // `ran_up`: confirmations in a row that ran (the line keeps saying the
+    // budget is just above): each doubles the next step, an exponential search.
+    // `down`: trials in a row that ran out of memory, the first a prediction:
+    // the largest batch is likely just under it, so the next trial backs off
+    // from it by `tolerance`, doubling with each further failure, never below
+    // the bracket's midpoint (the same exponential search, downward).
+    let next = |lo: u64,
+                hi: Option<u64>,
+                peaks: &[(u64, f64)],
+                ran_up: i32,
+                down: Option<i32>|
+     -> (u64, &'static str) {
+        let top = hi.map_or(cap, |h| h - 1).min(cap);
+        let mid = |lo: u64, h: u64| {
+            ((lo.max(1) as f64 * h as f64).sqrt().round() as u64).clamp(lo + 1, h - 1)
         };
-    let mut missed = false;
+        if lo == 0 {
+            return match hi {
+                Some(h) => (h / 2, "bisection"),
+                None => (opts.start.clamp(1, cap), "start"),
+            };
+        }
+        if peaks.len() < 2 {
+            return match hi {
+                Some(h) => (mid(lo, h), "bisection"),
+                None => ((lo.saturating_mul(RUNG)).min(top), "rung"),
+            };
+        }
+        // The largest run and, as a base, the largest run at most half its batch
+        // (else the one below it): near enough that a bend in memory shows, wide
+        // enough that the peaks' granularity does not set the slope.
+        let mut sorted: Vec<(u64, f64)> = peaks.to_vec();
+        sorted.sort_by_key(|p| p.0);
+        let last = sorted[sorted.len() - 1];
+        let base = sorted
+            .iter()
+            .rev()
+            .find(|p| p.0 * 2 <= last.0)
+            .copied()
+            .unwrap_or(sorted[sorted.len() - 2]);
+        let line = Line::through(base, last);
+        let step_up = ((lo as f64 * (1.0 + tol * 2f64.powi(ran_up))).ceil() as u64)
+            .max(lo + 1)
+            .min(top);
+        // No growth between the two largest runs: memory is not resolved yet.
+        let Some(p) = line.map(|l| l.max_batch(opts.budget)) else {
+            return match hi {
+                Some(h) => (mid(lo, h), "bisection"),
+                None => ((lo.saturating_mul(RUNG)).min(top), "rung"),
+            };
+        };
+        let under = (p as f64 * (1.0 - tol / 2.0)).floor() as u64;
+        if let (Some(h), Some(k)) = (hi, down) {
+            let back = (h as f64 * (1.0 - tol * 2f64.powi(k))).floor() as u64;
+            if back > lo {
+                return (back.max(mid(lo, h)), "back-off");
+            }
+        }
+        match hi {
+            // Inside a bracket a prediction past the midpoint is what missed before.
+            Some(h) if under > lo && under < mid(lo, h) => (under, "prediction"),
+            Some(h) if under <= lo && step_up < h => (step_up.min(mid(lo, h)), "confirmation"),
+            Some(h) => (mid(lo, h), "bisection"),
+            None if under <= lo => (step_up, "confirmation"),
+            None if under > lo.saturating_mul(RUNG) => {
+                let toward = (lo as f64 * p as f64).sqrt().round() as u64;
+                (toward.clamp(lo + 1, top), "rung")
+            }
+            None => (under.min(top), "prediction"),
+        }
+    };
+    let mut ran_up = 0;
+    let mut down: Option<i32> = None;
     while !done(lo, hi) && r.trials.len() < opts.max_trials {
         if lo >= cap {
             r.capped = true;
             break;
         }
-        let (b, why) = next(lo, hi, &peaks, missed);
+        let (b, why) = next(lo, hi, &peaks, ran_up, down);
         if b == 0 || b <= lo || hi.is_some_and(|h| b >= h) {
             break;
         }
         match run(b, why, &mut r) {
             Verdict::Runs { peak } => {
                 lo = b;
+                ran_up = if why == "confirmation" { ran_up + 1 } else { 0 };
+                down = None;
                 if let Some(p) = peak {
                     peaks.push((b, p.as_f64()));
                 }
             }
             Verdict::OutOfMemory => {
                 hi = Some(hi.map_or(b, |h| h.min(b)));
-                missed = why == "prediction" || missed;
+                down = match (why, down) {
+                    ("prediction", _) => Some(0),
+                    ("back-off", Some(k)) => Some(k + 1),
+                    _ => None,
+                };
             }
             Verdict::Broken => {
                 r.stopped_at = Some(b);
@@ -731,6 +783,44 @@ mod tests {
                 r.trials.len(),
                 r.trials
             );
+        }
+    }
+
+    /// Memory measured in coarse steps, as a process's VmPeak grows by glibc's
+    /// 64 MiB arenas: a line through two small batches is mostly the steps, so
+    /// the search approaches its prediction instead of jumping to it.
+    #[test]
+    fn predicting_search_survives_coarse_memory_steps() {
+        const STEP: f64 = 64.0 * 1024.0 * 1024.0;
+        let budget = 4.096e9;
+        for (fixed, per) in [(3.65e9, 42.5e3), (3.0e9, 1.0e5), (1.0e9, 3.0e5)] {
+            let peak = |b: u64| ((fixed + per * b as f64) / STEP).ceil() * STEP;
+            let truth = (1..1_000_000u64)
+                .take_while(|&b| peak(b) <= budget)
+                .last()
+                .unwrap();
+            let r = predict_then_bracket(
+                &PredictOptions {
+                    start: 64,
+                    cap: 1 << 30,
+                    budget: Bytes(budget as u64),
+                    tolerance: 0.02,
+                    max_trials: 40,
+                },
+                |b, _| {
+                    if peak(b) <= budget {
+                        Verdict::fits(Bytes(peak(b) as u64))
+                    } else {
+                        Verdict::OutOfMemory
+                    }
+                },
+            );
+            let m = r.max_batch.unwrap();
+            assert!(
+                m <= truth && m as f64 >= truth as f64 / 1.02,
+                "{m} vs {truth}: {r:?}"
+            );
+            assert!(r.trials.len() <= 10, "{:?}", r.trials);
         }
     }
 
