@@ -119,3 +119,48 @@ fn a_worker_past_its_time_out_is_timed_out() {
     let why = p.points[0].failure.as_deref().unwrap();
     assert!(why.starts_with("timed out"), "{why}");
 }
+
+/// A stand-in whose first process at each batch runs 1.5x slow (a busy
+/// neighbour) and whose repeats run clean: the batches that decide the knee
+/// are measured again and keep the clean time, and the repeats' disagreement
+/// widens the knee's range.
+#[test]
+fn the_batches_that_decide_the_knee_are_measured_again_and_keep_the_faster() {
+    let dir = tempfile::tempdir().unwrap();
+    let seen = dir.path().join("seen");
+    std::fs::create_dir(&seen).unwrap();
+    // Step time 1 ms + 10 us per sample; x1.5 the first time a batch runs.
+    let body = format!(
+        r#"b=$(echo "$2" | sed 's/.*"batch":\([0-9]*\).*/\1/')
+if [ -e {seen}/$b ]; then slow=1; else slow=1.5; touch {seen}/$b; fi
+t=$(awk "BEGIN {{ printf \"%.9f\", (0.001 + 0.00001 * $b) * $slow }}")
+echo "BATCHFIT_WORKER {{\"Measured\":{{\"batch\":$b,\"step_times_s\":[$t,$t,$t,$t,$t],\"warmup_steps\":1,\"peak_bytes\":null,\"peak_rss_bytes\":null,\"first_loss\":1.0,\"last_loss\":0.5}}}}""#,
+        seen = seen.display()
+    );
+    let stand_in = worker(dir.path(), "busy.sh", &body);
+    let graph = batchfit_graph::load("zoo:digits-mlp").unwrap();
+    let target = Target {
+        source: "zoo:digits-mlp".into(),
+        graph: &graph,
+        seq_len: 1,
+    };
+    let mut cfg = config(stand_in, None);
+    cfg.batches = vec![16, 32, 64, 128, 256, 512];
+    let p = probe_device(&cfg, &target, DeviceSpec::Cpu, &NoProgress).unwrap();
+    let clean = |b: u64| 0.001 + 0.00001 * b as f64;
+    // Clean throughput B / (1 ms + 10 us B): 90 % of the best (512) first at 512.
+    assert_eq!(p.knee_batch, Some(512));
+    for b in [256, 512] {
+        let point = p.points.iter().find(|q| q.batch == b).unwrap();
+        assert!(
+            (point.step_time_s - clean(b)).abs() < 1e-9,
+            "batch {b}: {} s kept, {} s clean",
+            point.step_time_s,
+            clean(b)
+        );
+    }
+    // Every timed step of one process agrees, so only the repeats show the
+    // 1.5x between processes: the range reaches below the knee.
+    let range = p.knee_range.unwrap();
+    assert!(range.low < 512 && range.high >= 512, "{range:?}");
+}
