@@ -23,6 +23,7 @@ pub mod devices;
 pub mod distributed;
 pub mod host;
 pub mod options;
+pub mod pages;
 pub mod plan;
 pub mod rules;
 pub mod units;

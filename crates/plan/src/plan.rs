@@ -7,6 +7,7 @@ pub use crate::host::CpuHost;
 pub use crate::rules::pytorch::{PYTORCH_BLOCK, PYTORCH_CUDA_CONTEXT, PYTORCH_SMALL_SEGMENT};
 
 use crate::options::{Runtime, TrainOptions};
+use crate::pages::{DevicePages, PageMoment, WGPU_OUTSIDE_POOLS};
 use crate::rules::{self, RuntimeRules, Sizes};
 use crate::units::{Bytes, Flops};
 use batchfit_graph::{Graph, Op};
@@ -120,6 +121,9 @@ pub struct Memory {
     pub gemm_pool_bytes: Bytes,
     /// The smallest batch at which `gemm_pool_bytes` exist (0: always).
     pub gemm_pool_from_batch: u64,
+    /// Burn on a GPU: the step's tensors as CubeCL's pools hold them; the planned
+    /// bytes are then the pages reserved for them (see [`crate::pages`]).
+    pub device_pages: Option<DevicePages>,
 }
 
 /// The static plan of a model under some training options.
@@ -172,10 +176,15 @@ impl Plan {
         } else {
             peak
         };
-        if b < m.gemm_pool_from_batch {
+        let peak = if b < m.gemm_pool_from_batch {
             peak - m.gemm_pool_bytes
         } else {
             peak
+        };
+        // The pages hold every live byte, so they are never below the live peak.
+        match &m.device_pages {
+            Some(pages) => pages.reserved_at(b).max(peak),
+            None => peak,
         }
     }
 
@@ -206,6 +215,20 @@ impl Plan {
         }
         Some(lo)
     }
+}
+
+/// A moment's own per-sample `bytes` as the tensors it is made of: the rules give
+/// their sum, made of the node's gradients, copies and kernel temporaries, none
+/// larger than the node's largest input or output (`largest`).
+fn pieces(bytes: u64, largest: u64) -> Vec<u64> {
+    if largest == 0 {
+        return vec![bytes];
+    }
+    let mut v = vec![largest; (bytes / largest) as usize];
+    if bytes % largest > 0 {
+        v.push(bytes % largest);
+    }
+    v
 }
 
 /// Builds the plan of `graph` under `opts` (burn on a CPU: for this machine's threads and L2).
@@ -258,6 +281,12 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
     let mut packs_at_one = false; // a matrix-matrix product at batch 1
     let mut pool_from: Option<u64> = None; // the smallest batch a product is split at
     let mut flops = 0.0;
+    // Per-sample bytes of each tensor each node keeps for backward (its extra first),
+    // for the device's pages.
+    let mut node_kept: Vec<Vec<u64>> = Vec::with_capacity(n);
+    // Per-sample bytes of each node's largest input or output: what its gradients and
+    // copies are sized like.
+    let mut node_largest: Vec<u64> = Vec::with_capacity(n);
     for node in &graph.nodes {
         let in_elems: Vec<u64> = node.inputs.iter().map(|i| elems(i)).collect();
         let in_dims = graph
@@ -299,16 +328,21 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
             .map(|(_, e)| e * act)
             .sum();
         let mut bytes = extra;
+        let mut kept_tensors = vec![extra];
         if rule.inputs {
             for (name, e) in node.inputs.iter().zip(&in_elems) {
                 if kept.insert(storage(name.as_str())) {
                     bytes += e * act;
+                    kept_tensors.push(e * act);
                 }
             }
         }
         if rule.output && kept.insert(node.name.as_str()) {
             bytes += out * act;
+            kept_tensors.push(out * act);
         }
+        node_kept.push(kept_tensors);
+        node_largest.push(in_elems.iter().copied().chain([out]).max().unwrap_or(0) * act);
         let f = rules::forward_flops(&node.op, &sizes);
         flops += f;
         saved.push(bytes);
@@ -406,6 +440,10 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
 
     // Every moment of the step as (fixed, per-sample bytes, name), in step order.
     let mut lines: Vec<(FixedMemory, u64, String)> = Vec::new();
+    // For each line, the tensors the device's pages hold then: the nodes whose kept
+    // tensors are alive (`0..k`), whether the last one's extra is freed, and the
+    // moment's own per-sample tensors.
+    let mut line_tensors: Vec<(usize, bool, Vec<u64>)> = Vec::new();
     // Backward, in reverse: at node i the live set is everything saved by nodes <= i
     // (in its segment, under checkpointing) plus what the node's backward holds, with the
     // parameter gradients of the nodes after it (already made) and its own (finished or
@@ -438,6 +476,7 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
                 data + kept + m.bytes,
                 graph.nodes[i].name.clone(),
             ));
+            line_tensors.push((i + 1, m.extras_freed, pieces(m.bytes, node_largest[i])));
         }
         grads_after += param_bytes[i];
         prefix -= saved[i];
@@ -452,6 +491,18 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         fixed_at(base.clone()),
         data + at_loss,
         format!("{} (loss)", graph.loss.input),
+    ));
+    let loss_backward = rules.loss_backward_elems(graph.loss.kind, logits) * act;
+    line_tensors.push((
+        n,
+        false,
+        // burn's loss backward makes its logits-sized gradients one after another.
+        std::iter::once(loss_bytes)
+            .chain(std::iter::repeat_n(
+                logits * act,
+                (loss_backward / (logits * act).max(1)) as usize,
+            ))
+            .collect(),
     ));
     // Forward: saved so far plus what the node's forward holds.
     let mut so_far = 0u64;
@@ -468,16 +519,19 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
             data + live,
             format!("{} (forward)", graph.nodes[i].name),
         ));
+        line_tensors.push((i, false, pieces(*f, node_largest[i])));
         so_far += saved[i];
     }
     lines.push((at_update.clone(), data, "optimizer".to_string()));
+    line_tensors.push((0, false, Vec::new()));
 
     let activations = match segment_of {
         None => total_saved,
         Some(_) => resident,
     } + loss_bytes;
     let keys: Vec<(u64, Bytes)> = lines.iter().map(|(f, p, _)| (*p, f.total())).collect();
-    let (fixed, p, peak_at) = lines[rules.peak_index(&keys)].clone();
+    let peak_line = rules.peak_index(&keys);
+    let (fixed, p, peak_at) = lines[peak_line].clone();
     let per_sample = PerSampleMemory {
         data: Bytes(data),
         activations: Bytes(activations),
@@ -485,6 +539,65 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         workspace: Bytes(workspace_max),
         total: Bytes(p),
     };
+    let device_pages = (opts.gpu && opts.runtime == Runtime::Burn).then(|| {
+        let params: Vec<u64> = graph
+            .nodes
+            .iter()
+            .flat_map(|n| n.op.params())
+            .map(|p| p.elements() * 4)
+            .collect();
+        let batch_tensors: Vec<u64> = graph
+            .inputs
+            .iter()
+            .map(|i| i.shape.elements(seq) * 4)
+            .chain([rules.target_bytes(graph.loss.kind, logits, seq)])
+            .collect();
+        // The tensors of a line: the parameters with their state (and half copies),
+        // the gradients from backward on, the optimizer's copy of the largest at the
+        // update; the batch, the kept tensors alive then, the moment's own.
+        let moment = |line: usize| -> PageMoment {
+            let (alive, extras_freed, ref own) = line_tensors[line];
+            let from_backward = lines[line].0.gradients.0 > 0 || line == lines.len() - 1;
+            let copies =
+                1 + state + u64::from(from_backward) + u64::from(opts.micro_batch.is_some());
+            let mut fixed_tensors: Vec<u64> = params
+                .iter()
+                .flat_map(|&p| std::iter::repeat_n(p, copies as usize))
+                .collect();
+            if opts.precision.weight_bytes() > 4 {
+                fixed_tensors.extend(params.iter().map(|p| p / 2));
+            }
+            if line == lines.len() - 1 {
+                fixed_tensors.push(rules.optimizer_transient(largest_param, state).0);
+            }
+            let kept = node_kept[..alive].iter().enumerate().flat_map(|(i, t)| {
+                let freed = extras_freed && i + 1 == alive;
+                t.iter().skip(usize::from(freed))
+            });
+            PageMoment {
+                moment: lines[line].2.clone(),
+                fixed_tensors,
+                per_sample_tensors: batch_tensors
+                    .iter()
+                    .chain(kept)
+                    .chain(own)
+                    .copied()
+                    .filter(|&t| t > 0)
+                    .collect(),
+            }
+        };
+        let loss_line = lines.iter().position(|l| l.2.ends_with("(loss)"));
+        let mut candidates: Vec<usize> = [Some(peak_line), loss_line, Some(lines.len() - 1)]
+            .into_iter()
+            .flatten()
+            .collect();
+        candidates.dedup();
+        DevicePages {
+            moments: candidates.into_iter().map(moment).collect(),
+            weights: params,
+            outside_pools: WGPU_OUTSIDE_POOLS,
+        }
+    });
     let (gemm_buffer_bytes, gemm_buffer_from_batch) = rules.gemm_buffer(packs_at_one);
     let memory = Memory {
         fixed_bytes: fixed.total(),
@@ -502,6 +615,7 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         gemm_buffer_from_batch,
         gemm_pool_bytes: pool_bytes,
         gemm_pool_from_batch: pool_from.unwrap_or(0),
+        device_pages,
     };
     Plan {
         model: graph.name.clone(),
