@@ -203,6 +203,8 @@ fn bad_sweep_input_gets_exit_code_2() {
         (vec!["--resume"], "--out"),
         (vec!["--val-split", "0.9"], "0.5"),
         (vec!["--ref-lr", "0"], "positive"),
+        (vec!["--device", "cpu,cpu"], "listed twice"),
+        (vec!["--device", "tpu:0"], "tpu:0"),
     ] {
         let out = batchfit().arg("sweep").args(&args).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}");

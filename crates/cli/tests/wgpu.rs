@@ -32,6 +32,13 @@ fn probe_measures_the_cpu_and_a_wgpu_device_side_by_side() {
             assert!(p["step_time_s"].as_f64().unwrap() > 0.0);
             assert!(p["planned_bytes"].as_u64().unwrap() > 0);
         }
+        // On the device the plan is CubeCL's pages for the step's tensors.
+        if d["device"] == "wgpu:0" {
+            for p in pts {
+                let err = p["plan_error_pct"].as_f64().unwrap();
+                assert!(err.abs() <= 10.0, "planned vs reserved {err:+.1} %: {p}");
+            }
+        }
         // Device memory grows with the batch: the runtime's pools were read.
         let peak = |i: usize| pts[i]["peak_bytes"].as_u64().unwrap();
         assert!(
@@ -83,4 +90,41 @@ fn the_memory_limit_holds_on_the_wgpu_device() {
         "{above} does not fit: {}",
         pts[1]
     );
+}
+
+/// `sweep --device cpu,wgpu:0` trains every run on both devices and compares
+/// seconds to the common target per batch.
+#[test]
+fn sweep_trains_on_the_cpu_and_a_wgpu_device() {
+    let v = json(&[
+        "sweep",
+        "--device",
+        "cpu,wgpu:0",
+        "--batches",
+        "64,256",
+        "--seeds",
+        "1",
+        "--epochs",
+        "2",
+        "--no-noise",
+    ]);
+    assert_eq!(v["settings"]["device"], "cpu,wgpu:0");
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 4);
+    let by = v["by_device"].as_array().unwrap();
+    assert_eq!(by.len(), 2);
+    for (dev, name) in by.iter().zip(["cpu", "wgpu:0"]) {
+        assert_eq!(dev["device"], name);
+        assert_eq!(
+            runs.iter().filter(|r| r["device"] == name).count(),
+            2,
+            "{name}"
+        );
+        for b in dev["per_batch"].as_array().unwrap() {
+            assert_eq!(b["reached"], 1, "{name}: {b}");
+            assert!(b["seconds_mean"].as_f64().unwrap() > 0.0, "{name}: {b}");
+        }
+    }
+    // The fits and the quality verdict are the first device's.
+    assert_eq!(v["per_batch"][0]["runs"], 1);
 }

@@ -222,7 +222,7 @@ pub fn probe_device_for(
             knee_batch = knee_of(&points);
         }
     }
-    // Settle the knee: measure again the batches that decide it (the knee, the
+    // Settle the knee of a sampled curve: measure again the batches that decide it (the knee, the
     // batch below it, the fastest, and any batch inside the knee's range; with
     // `b_noise`, those around the time-to-target winner too), then
     // again while the timings still cannot tell where it is (KNEE_ROUNDS at most).
@@ -235,7 +235,9 @@ pub fn probe_device_for(
         knee_range(&curve, cfg.efficiency)
     };
     let mut range = range_of(&points);
-    for round in 0..KNEE_ROUNDS {
+    // Listed batches are measured as listed, once each.
+    let rounds = if explicit { 0 } else { KNEE_ROUNDS };
+    for round in 0..rounds {
         let (Some(k), Some(r)) = (knee_batch, range) else {
             break;
         };

@@ -11,7 +11,8 @@ use batchfit_engine::sweep::{RunSpec, train_run};
 use batchfit_engine::{DeviceSpec, TrainConfig};
 use batchfit_plan::Optimizer;
 use batchfit_report::sweep::{
-    BatchSummary, MeasuredNoise, SweepDocument, SweepRun, SweepSettings, quality_statement,
+    BatchSummary, DeviceBatchTimes, DeviceTimes, MeasuredNoise, SweepDocument, SweepRun,
+    SweepSettings, quality_statement,
 };
 use batchfit_tune::lr::{LrRule, scale};
 use batchfit_tune::sweep::{
@@ -52,8 +53,8 @@ pub struct SweepConfig {
     /// With `out`: train only the runs missing there.
     pub resume: bool,
     pub threads: Option<usize>,
-    /// Where every run trains.
-    pub device: DeviceSpec,
+    /// Where the runs train: every run on each, in this order (at least one).
+    pub devices: Vec<DeviceSpec>,
     /// Checked before any work (the binary writes it).
     pub html: Option<PathBuf>,
 }
@@ -93,6 +94,21 @@ pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepDocument
             train.rows, data.source
         )));
     }
+    let Some(&first_device) = cfg.devices.first() else {
+        return Err(Error::input("--device: give at least one device"));
+    };
+    if let Some((i, d)) = cfg
+        .devices
+        .iter()
+        .enumerate()
+        .find(|(i, d)| cfg.devices[..*i].contains(d))
+    {
+        return Err(Error::input(format!(
+            "--device: {d} is listed twice (positions {} and {})",
+            cfg.devices.iter().position(|x| x == d).unwrap_or(0) + 1,
+            i + 1
+        )));
+    }
     if let Some(p) = &cfg.html {
         check_output_folder("--html", p)?;
     }
@@ -108,7 +124,12 @@ pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepDocument
     let settings = SweepSettings {
         model: graph.name.clone(),
         data: data.source.clone(),
-        device: cfg.device.to_string(),
+        device: cfg
+            .devices
+            .iter()
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join(","),
         train_rows: train.rows,
         val_rows: val.rows,
         val_split: cfg.val_split,
@@ -136,29 +157,36 @@ pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepDocument
     })
     .map_err(|e| Error::failure("cannot watch for Ctrl-C", e))?;
 
-    let base = TrainConfig {
-        optimizer: cfg.optimizer,
-        lr: cfg.ref_lr,
-        seq_len,
-        seed: 0,
-        device: cfg.device,
-        init_random: true,
-    };
-    // Seed-major: an interrupted sweep has whole comparisons across batches.
-    let order: Vec<(u64, u64)> = seeds
-        .iter()
-        .flat_map(|&s| batches.iter().map(move |&b| (b, s)))
-        .collect();
+    // Device-major, then seed-major: an interrupted sweep has whole comparisons
+    // across batches, on the first device first.
+    let mut order: Vec<(DeviceSpec, u64, u64)> = Vec::new();
+    for &d in &cfg.devices {
+        for &s in &seeds {
+            order.extend(batches.iter().map(|&b| (d, b, s)));
+        }
+    }
     progress.set_length(order.len() as u64 * UNIT);
     let mut runs: Vec<SweepRun> = Vec::new();
-    for (i, &(batch, seed)) in order.iter().enumerate() {
-        let file = cfg.out.as_ref().map(|d| run_file(d, batch, seed));
+    for (i, &(device, batch, seed)) in order.iter().enumerate() {
+        let base = TrainConfig {
+            optimizer: cfg.optimizer,
+            lr: cfg.ref_lr,
+            seq_len,
+            seed: 0,
+            device,
+            init_random: true,
+        };
+        let tag = (device != first_device).then(|| device.to_string());
+        let file = cfg
+            .out
+            .as_ref()
+            .map(|d| run_file(d, tag.as_deref(), batch, seed));
         if cfg.resume
             && let Some(f) = &file
             && let Ok(text) = std::fs::read_to_string(f)
             && let Ok(record) = serde_json::from_str::<RunRecord>(&text)
         {
-            runs.push(sweep_run(record, true));
+            runs.push(sweep_run(record, device, true));
             progress.set_position((i as u64 + 1) * UNIT);
             continue;
         }
@@ -178,7 +206,7 @@ pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepDocument
             max_epochs: cfg.epochs,
         };
         progress.message(format!(
-            "{}/{}: batch {batch}, seed {seed}, lr {lr:.2e}",
+            "{}/{}: {device}, batch {batch}, seed {seed}, lr {lr:.2e}",
             i + 1,
             order.len()
         ));
@@ -192,7 +220,7 @@ pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepDocument
                 &serde_json::to_string_pretty(&record).expect("serialises"),
             )?;
         }
-        runs.push(sweep_run(record, false));
+        runs.push(sweep_run(record, device, false));
         progress.set_position((i as u64 + 1) * UNIT);
     }
 
@@ -201,13 +229,24 @@ pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepDocument
     } else {
         measure_noise(cfg, &graph, &train, seq_len)?
     };
-    Ok(document(settings, runs, noise, started))
+    Ok(document(
+        settings,
+        runs,
+        noise,
+        started,
+        &first_device.to_string(),
+    ))
 }
 
 const SETTINGS_FILE: &str = "sweep.json";
 
-fn run_file(dir: &Path, batch: u64, seed: u64) -> PathBuf {
-    dir.join(format!("run-b{batch}-s{seed}.json"))
+/// A run's record in `--out`: `run-b{batch}-s{seed}.json` on the first device,
+/// with the device's name in front (`run-wgpu0-b…`) on the others.
+fn run_file(dir: &Path, device: Option<&str>, batch: u64, seed: u64) -> PathBuf {
+    let device: String = device
+        .map(|d| format!("{}-", d.replace(':', "")))
+        .unwrap_or_default();
+    dir.join(format!("run-{device}b{batch}-s{seed}.json"))
 }
 
 /// Checks `--out DIR` against the settings: a new sweep needs an empty (or new)
@@ -261,8 +300,9 @@ fn settings_difference(a: &SweepSettings, b: &SweepSettings) -> String {
         .join("; ")
 }
 
-fn sweep_run(record: RunRecord, resumed: bool) -> SweepRun {
+fn sweep_run(record: RunRecord, device: DeviceSpec, resumed: bool) -> SweepRun {
     SweepRun {
+        device: device.to_string(),
         resumed,
         steps_to_target: None,
         seconds_to_target: None,
@@ -298,11 +338,14 @@ fn measure_noise(
 }
 
 /// Target, steps to it, fits and the quality verdicts.
+/// The steps, fits and quality are the first device's runs' (`first`); seconds to
+/// target are compared across every device.
 fn document(
     settings: SweepSettings,
     mut runs: Vec<SweepRun>,
     noise: Option<(f64, f64, f64)>,
     started: Instant,
+    first: &str,
 ) -> SweepDocument {
     let finished = |r: &SweepRun| !matches!(r.record.status, RunStatus::Diverged { .. });
     let (target, source) = match settings.target_loss {
@@ -339,6 +382,10 @@ fn document(
             r.samples_to_target = Some(samples);
         }
     }
+    let by_device = by_device(&settings, &runs);
+    let runs_all = runs;
+    let (runs, others): (Vec<SweepRun>, Vec<SweepRun>) =
+        runs_all.into_iter().partition(|r| r.device == first);
     let points: Vec<(f64, f64)> = runs
         .iter()
         .filter_map(|r| r.steps_to_target.map(|s| (r.record.batch as f64, s)))
@@ -437,12 +484,55 @@ fn document(
         settings,
         target_loss: target,
         target_source: source,
-        runs,
+        runs: runs.into_iter().chain(others).collect(),
         per_batch,
+        by_device,
         fit,
         noise,
         quality_loss,
         quality_accuracy,
         seconds: started.elapsed().as_secs_f64(),
     }
+}
+
+/// Steps and seconds to target per batch on each device.
+fn by_device(settings: &SweepSettings, runs: &[SweepRun]) -> Vec<DeviceTimes> {
+    settings
+        .device
+        .split(',')
+        .map(|device| {
+            let per_batch: Vec<DeviceBatchTimes> = settings
+                .batches
+                .iter()
+                .map(|&batch| {
+                    let of: Vec<&SweepRun> = runs
+                        .iter()
+                        .filter(|r| r.device == device && r.record.batch == batch)
+                        .collect();
+                    let stat = |v: Vec<f64>| (!v.is_empty()).then(|| mean_std(&v));
+                    let steps = stat(of.iter().filter_map(|r| r.steps_to_target).collect());
+                    let seconds = stat(of.iter().filter_map(|r| r.seconds_to_target).collect());
+                    DeviceBatchTimes {
+                        batch,
+                        runs: of.len(),
+                        reached: of.iter().filter(|r| r.seconds_to_target.is_some()).count(),
+                        steps_mean: steps.map(|s| s.0),
+                        seconds_mean: seconds.map(|s| s.0),
+                        seconds_std: seconds.map(|s| s.1),
+                    }
+                })
+                .collect();
+            let fastest = per_batch
+                .iter()
+                .filter(|b| b.reached == b.runs && b.runs > 0)
+                .filter_map(|b| b.seconds_mean.map(|s| (b.batch, s)))
+                .min_by(|a, b| a.1.total_cmp(&b.1))
+                .map(|(b, _)| b);
+            DeviceTimes {
+                device: device.to_string(),
+                per_batch,
+                fastest,
+            }
+        })
+        .collect()
 }

@@ -123,6 +123,7 @@ pub struct Memory {
     pub gemm_pool_from_batch: u64,
     /// Burn on a GPU: the step's tensors as CubeCL's pools hold them; the planned
     /// bytes are then the pages reserved for them (see [`crate::pages`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub device_pages: Option<DevicePages>,
 }
 
@@ -225,7 +226,7 @@ fn pieces(bytes: u64, largest: u64) -> Vec<u64> {
         return vec![bytes];
     }
     let mut v = vec![largest; (bytes / largest) as usize];
-    if bytes % largest > 0 {
+    if !bytes.is_multiple_of(largest) {
         v.push(bytes % largest);
     }
     v

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 pub struct SweepSettings {
     pub model: String,
     pub data: String,
-    /// The device every run trained on.
+    /// The devices every run trained on, comma-separated, in the order trained.
     #[serde(default = "cpu")]
     pub device: String,
     pub train_rows: usize,
@@ -37,6 +37,8 @@ fn cpu() -> String {
 /// One run as the report shows it.
 #[derive(Clone, Debug, Serialize)]
 pub struct SweepRun {
+    /// The device it trained on.
+    pub device: String,
     /// Read back from `--out` instead of trained in this invocation.
     pub resumed: bool,
     /// Steps, seconds and samples to the sweep's target (interpolated; measured).
@@ -72,6 +74,26 @@ pub struct BatchSummary {
     pub val_accuracy_std: Option<f64>,
 }
 
+/// Seconds to target per batch on one device (measured).
+#[derive(Clone, Debug, Serialize)]
+pub struct DeviceTimes {
+    pub device: String,
+    pub per_batch: Vec<DeviceBatchTimes>,
+    /// The batch with the fewest mean seconds to target among those every seed reached.
+    pub fastest: Option<u64>,
+}
+
+/// One batch on one device, over seeds (measured).
+#[derive(Clone, Debug, Serialize)]
+pub struct DeviceBatchTimes {
+    pub batch: u64,
+    pub runs: usize,
+    pub reached: usize,
+    pub steps_mean: Option<f64>,
+    pub seconds_mean: Option<f64>,
+    pub seconds_std: Option<f64>,
+}
+
 /// The noise scale measured on the training split, for comparison.
 #[derive(Clone, Debug, Serialize)]
 pub struct MeasuredNoise {
@@ -92,7 +114,10 @@ pub struct SweepDocument {
     pub target_loss: Option<f64>,
     pub target_source: String,
     pub runs: Vec<SweepRun>,
+    /// Per batch over seeds, on the first device.
     pub per_batch: Vec<BatchSummary>,
+    /// Steps and seconds to target on each device.
+    pub by_device: Vec<DeviceTimes>,
     /// S_min and B_noise fitted to the measured steps to target.
     pub fit: Option<StepsFit>,
     pub noise: Option<MeasuredNoise>,
@@ -200,6 +225,9 @@ pub fn render(d: &SweepDocument) -> String {
         None => out.push_str("; no noise-scale measurement (--no-noise, or too few rows)\n"),
     }
 
+    if d.by_device.len() > 1 {
+        out.push_str(&by_device_table(d));
+    }
     out.push_str("\nFINAL VALIDATION (measured, mean ± sd over seeds)\n");
     let mut t = table(&["batch", "val loss", "val accuracy"]);
     for b in &d.per_batch {
@@ -241,6 +269,51 @@ pub fn render(d: &SweepDocument) -> String {
         resumed,
         d.seconds
     ));
+    out
+}
+
+/// Seconds to target per batch with a column per device, and each device's fastest.
+fn by_device_table(d: &SweepDocument) -> String {
+    let mut out = String::from(
+        "\nSECONDS TO TARGET BY DEVICE (measured, mean ± sd over seeds; steps are the first device's above)\n",
+    );
+    let mut head = vec!["batch".to_string()];
+    head.extend(d.by_device.iter().map(|dev| dev.device.clone()));
+    let head: Vec<&str> = head.iter().map(String::as_str).collect();
+    let mut t = table(&head);
+    for (i, &b) in d.settings.batches.iter().enumerate() {
+        let mut row = vec![thousands(b)];
+        row.extend(d.by_device.iter().map(|dev| {
+            let x = &dev.per_batch[i];
+            match x.seconds_mean {
+                Some(_) if x.reached < x.runs => format!(
+                    "{} ({}/{} reached)",
+                    pm(x.seconds_mean, x.seconds_std, 3),
+                    x.reached,
+                    x.runs
+                ),
+                Some(_) => format!("{} s", pm(x.seconds_mean, x.seconds_std, 3)),
+                None => "not reached".into(),
+            }
+        }));
+        t.add_row(row);
+    }
+    align_numbers(&mut t, 0);
+    out.push_str(&t.to_string());
+    out.push('\n');
+    for dev in &d.by_device {
+        match dev.fastest {
+            Some(b) => out.push_str(&format!(
+                "fastest to target on {}: batch {}\n",
+                dev.device,
+                thousands(b)
+            )),
+            None => out.push_str(&format!(
+                "{}: no batch reached the target in every seed\n",
+                dev.device
+            )),
+        }
+    }
     out
 }
 

@@ -69,9 +69,10 @@ pub struct SweepArgs {
     /// CPU threads.
     #[arg(long, value_parser = positive_usize)]
     pub threads: Option<usize>,
-    /// The device every run trains on: cpu, wgpu:0, cuda:0 (a GPU needs a GPU build).
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
+    /// Devices to train on, comma-separated: cpu, wgpu:0, cuda:0 (a GPU needs a GPU
+    /// build). Every run is trained on each; seconds to target are compared across them.
+    #[arg(long, value_delimiter = ',', default_value = "cpu")]
+    pub device: Vec<String>,
     /// Print the result as JSON (schema: docs/json.md).
     #[arg(long)]
     pub json: bool,
@@ -113,7 +114,7 @@ pub fn run(args: SweepArgs) -> CliResult {
         out: args.out.clone(),
         resume: args.resume,
         threads: args.threads,
-        device: parse_devices(std::slice::from_ref(&args.device))?[0],
+        devices: parse_devices(&args.device)?,
         html: args.html.clone(),
     };
     let bar = progress(args.json);
