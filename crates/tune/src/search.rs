@@ -754,29 +754,7 @@ mod tests {
             (100e6, 5.0e7, 24.0e9, 8),
         ];
         for (fixed, per, budget, start) in cases {
-            let truth = ((budget - fixed) / per).floor() as u64;
-            let r = predict_then_bracket(
-                &PredictOptions {
-                    start,
-                    cap: 1 << 30,
-                    budget: Bytes(budget as u64),
-                    tolerance: 0.02,
-                    max_trials: 24,
-                },
-                |b, _| {
-                    let peak = fixed + per * b as f64;
-                    if peak <= budget {
-                        Verdict::fits(Bytes(peak as u64))
-                    } else {
-                        Verdict::OutOfMemory
-                    }
-                },
-            );
-            let m = r.max_batch.unwrap();
-            assert!(
-                m <= truth && m as f64 >= truth as f64 / 1.02,
-                "{m} vs {truth}: {r:?}"
-            );
+            let r = search_peaks(start, budget, |b| fixed + per * b as f64);
             assert!(
                 r.trials.len() <= 6,
                 "{} trials: {:?}",
@@ -786,56 +764,17 @@ mod tests {
         }
     }
 
-    /// Memory measured in coarse steps, as a process's VmPeak grows by glibc's
-    /// 64 MiB arenas: a line through two small batches is mostly the steps, so
-    /// the search approaches its prediction instead of jumping to it.
-    #[test]
-    fn predicting_search_survives_coarse_memory_steps() {
-        const STEP: f64 = 64.0 * 1024.0 * 1024.0;
-        let budget = 4.096e9;
-        for (fixed, per) in [(3.65e9, 42.5e3), (3.0e9, 1.0e5), (1.0e9, 3.0e5)] {
-            let peak = |b: u64| ((fixed + per * b as f64) / STEP).ceil() * STEP;
-            let truth = (1..1_000_000u64)
-                .take_while(|&b| peak(b) <= budget)
-                .last()
-                .unwrap();
-            let r = predict_then_bracket(
-                &PredictOptions {
-                    start: 64,
-                    cap: 1 << 30,
-                    budget: Bytes(budget as u64),
-                    tolerance: 0.02,
-                    max_trials: 40,
-                },
-                |b, _| {
-                    if peak(b) <= budget {
-                        Verdict::fits(Bytes(peak(b) as u64))
-                    } else {
-                        Verdict::OutOfMemory
-                    }
-                },
-            );
-            let m = r.max_batch.unwrap();
-            assert!(
-                m <= truth && m as f64 >= truth as f64 / 1.02,
-                "{m} vs {truth}: {r:?}"
-            );
-            assert!(r.trials.len() <= 10, "{:?}", r.trials);
-        }
-    }
-
-    /// Memory that bends upward: the prediction misses, bisection finishes.
-    #[test]
-    fn predicting_search_falls_back_to_bisection() {
-        let budget = 8.0e9;
-        let peak = |b: u64| 1e8 + 1e5 * b as f64 + 2.0 * (b as f64).powi(2);
-        let truth = (1..200_000u64)
+    /// The predicting search from `start` under `budget` for a command whose
+    /// peak at batch b is `peak(b)`, checked to land within 2 % under the true
+    /// largest batch.
+    fn search_peaks(start: u64, budget: f64, peak: impl Fn(u64) -> f64) -> LadderResult {
+        let truth = (1..1_000_000u64)
             .take_while(|&b| peak(b) <= budget)
             .last()
             .unwrap();
         let r = predict_then_bracket(
             &PredictOptions {
-                start: 16,
+                start,
                 cap: 1 << 30,
                 budget: Bytes(budget as u64),
                 tolerance: 0.02,
@@ -854,6 +793,29 @@ mod tests {
             m <= truth && m as f64 >= truth as f64 / 1.02,
             "{m} vs {truth}: {r:?}"
         );
+        r
+    }
+
+    /// Memory measured in coarse steps, as a process's VmPeak grows by glibc's
+    /// 64 MiB arenas: a line through two small batches is mostly the steps, so
+    /// the search approaches its prediction instead of jumping to it.
+    #[test]
+    fn predicting_search_survives_coarse_memory_steps() {
+        const STEP: f64 = 64.0 * 1024.0 * 1024.0;
+        for (fixed, per) in [(3.65e9, 42.5e3), (3.0e9, 1.0e5), (1.0e9, 3.0e5)] {
+            let r = search_peaks(64, 4.096e9, |b| {
+                ((fixed + per * b as f64) / STEP).ceil() * STEP
+            });
+            assert!(r.trials.len() <= 10, "{:?}", r.trials);
+        }
+    }
+
+    /// Memory that bends upward: the prediction misses, bisection finishes.
+    #[test]
+    fn predicting_search_falls_back_to_bisection() {
+        let r = search_peaks(16, 8.0e9, |b| {
+            1e8 + 1e5 * b as f64 + 2.0 * (b as f64).powi(2)
+        });
         assert!(r.trials.len() <= 12, "{:?}", r.trials);
     }
 
