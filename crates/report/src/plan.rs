@@ -250,7 +250,9 @@ mod tests {
     }
 
     /// Every zoo model, both runtimes, CPU and GPU, with and without a micro-batch: the
-    /// JSON document alone gives the library's `bytes_at` and `max_batch`.
+    /// JSON document alone gives the library's `bytes_at` and `max_batch`. Burn on a
+    /// GPU is left out: its planned bytes are CubeCL's pages (`batchfit_plan::pages`),
+    /// which the `plan` document (the CPU plan) does not carry.
     #[test]
     fn json_reproduces_bytes_at_and_max_batch() {
         let host = CpuHost {
@@ -262,6 +264,9 @@ mod tests {
             let graph = zoo::build(name).unwrap();
             for runtime in [Runtime::Burn, Runtime::Pytorch] {
                 for (gpu, micro_batch) in [(false, None), (true, None), (false, Some(3))] {
+                    if gpu && runtime == Runtime::Burn {
+                        continue;
+                    }
                     let opts = TrainOptions {
                         runtime,
                         gpu,
