@@ -15,8 +15,9 @@ use batchfit_report::noise::NoiseDocument;
 use batchfit_report::probe::DeviceProbe;
 use batchfit_tune::advice::{DeviceEvidence, LrAdviceInput, MaxBatchSource, NoiseBand, recommend};
 use batchfit_tune::diagnose::{self, Finding, StepPoint};
-use batchfit_tune::lr::LrRule;
-use batchfit_tune::target::{StepsCurve, rank};
+use batchfit_tune::lr::{LrRule, LrScaling, scale};
+use batchfit_tune::target::{PredictionBasis, StepsCurve, rank};
+use batchfit_tune::trajectory::{RunPoint, SEGMENT_MEASUREMENTS, trajectory};
 use std::time::Instant;
 
 /// What `advise` needs beyond the measuring flags.
@@ -58,6 +59,13 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<AdviseDocum
         (cfg.devices.clone(), Vec::new())
     };
     let seq_len = cfg.measure.seq_len.or(graph.default_seq_len).unwrap_or(1);
+    // One learning-rate rule for the noise run, the prediction and the advice:
+    // lr(B) = rule(ref_lr, B / ref_batch), from the user's tuned pair or --lr at B_small.
+    let rule = LrRule::for_optimizer(cfg.measure.optimizer.is_adaptive());
+    let reference = cfg
+        .reference
+        .unwrap_or((cfg.b_small as u64, cfg.measure.lr));
+    let b_big = (cfg.b_small * cfg.k.max(2)) as u64;
     let data: Option<Dataset> = if cfg.data.data.is_some() || default_model {
         Some(load_data(&cfg.data, &graph, seq_len, default_model)?)
     } else {
@@ -68,7 +76,7 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<AdviseDocum
     let noise: Option<NoiseDocument> = match (&data, cfg.noise_steps) {
         (Some(d), steps) if steps > 0 => {
             let settings = NoiseSettings {
-                lr: cfg.measure.lr,
+                lr: scale(rule, reference.0, reference.1, b_big),
                 optimizer: cfg.measure.optimizer,
                 steps,
                 b_small: cfg.b_small,
@@ -97,7 +105,11 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<AdviseDocum
     };
     let mut probes = Vec::new();
     for &d in &devices {
-        let b_noise = noise.as_ref().and_then(|n| n.b_simple);
+        let b_noise = noise.as_ref().and_then(|n| {
+            prediction_basis(n, rule, reference)
+                .map(|b| b.curve.b_noise)
+                .or(n.b_simple)
+        });
         probes.push(probe_device_for(
             &cfg.measure,
             &target,
@@ -120,8 +132,8 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<AdviseDocum
         plan_cpu: &plan_cpu,
         host_memory: batchfit_plan::devices::host_memory(),
         noise: noise.as_ref(),
-        rule: LrRule::for_optimizer(cfg.measure.optimizer.is_adaptive()),
-        reference: cfg.reference,
+        rule,
+        reference,
         input_seconds: &|b| data.as_ref().map(|d| batch_load_seconds(d, &graph, b)),
     });
     let scale = match (noise.as_ref().and_then(|n| n.b_simple), probes.first()) {
@@ -149,6 +161,7 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<AdviseDocum
         recommendations: verdict.recommendations,
         time_to_target: verdict.time_to_target,
         target_loss: verdict.target_loss,
+        prediction: verdict.basis,
         findings: verdict.findings,
         budgets,
         world_sizes: scale,
@@ -224,8 +237,9 @@ pub struct Evidence<'a> {
     pub plan_cpu: &'a Plan,
     pub host_memory: Option<batchfit_plan::Bytes>,
     pub noise: Option<&'a NoiseDocument>,
+    /// The learning-rate rule every batch trains with, and the (batch, rate) it scales from.
     pub rule: LrRule,
-    pub reference: Option<(u64, f64)>,
+    pub reference: (u64, f64),
     /// Seconds to gather one batch of `b` rows from the data, when there is data.
     pub input_seconds: &'a dyn Fn(u64) -> Option<f64>,
 }
@@ -238,6 +252,8 @@ pub struct Decision {
     pub target_loss: Option<f64>,
     /// S_min through the noise run (predicted).
     pub s_min: Option<f64>,
+    /// What the time to target rests on.
+    pub basis: Option<PredictionBasis>,
     pub findings: Vec<Finding>,
 }
 
@@ -281,15 +297,132 @@ pub fn points_to_steps(points: &[batchfit_report::probe::ProbePoint]) -> Vec<Ste
         .collect()
 }
 
+/// The measured time of one update at each batch that ran, as a training
+/// loop spends it: the mean of the timed steps (slow steps count in a total)
+/// plus gathering the batch from the data, which the probe's synthetic batch
+/// leaves out.
+pub fn update_points(
+    p: &DeviceProbe,
+    input_seconds: &dyn Fn(u64) -> Option<f64>,
+) -> Vec<StepPoint> {
+    p.points
+        .iter()
+        .filter(|q| q.ok())
+        .map(|q| StepPoint {
+            batch: q.batch,
+            step_s: q.step_time_mean_s.unwrap_or(q.step_time_s)
+                + input_seconds(q.batch).unwrap_or(0.0),
+            rel_err: q.step_time_rel_err,
+        })
+        .collect()
+}
+
+/// The noise run as a prediction: its target (the training loss it ended at:
+/// the mean of its evaluations on the fixed training rows over its last 10 %
+/// of updates) and S(B) summed over its stretches, each with its own noise
+/// scale ([`trajectory`]); the end value alone when the stretches cannot be
+/// measured. `None` at learning rate 0 (no run to a target) or without a
+/// noise scale.
+pub fn prediction_basis(
+    n: &NoiseDocument,
+    rule: LrRule,
+    reference: (u64, f64),
+) -> Option<PredictionBasis> {
+    let b_end = n.b_simple;
+    if n.lr <= 0.0 || n.history.is_empty() {
+        return None;
+    }
+    let losses: Vec<(f64, f64)> = n
+        .history
+        .iter()
+        .filter_map(|r| r.train_loss.map(|l| (r.step as f64, l)))
+        .collect();
+    let last_tenth = (n.history.len() * 9 / 10) as f64;
+    let tail: Vec<f64> = losses
+        .iter()
+        .filter(|p| p.0 >= last_tenth)
+        .map(|p| p.1)
+        .collect();
+    let target = if tail.is_empty() {
+        losses.last()?.1
+    } else {
+        tail.iter().sum::<f64>() / tail.len() as f64
+    };
+    let points: Vec<RunPoint> = n
+        .history
+        .iter()
+        .map(|r| RunPoint {
+            updates: r.step as f64,
+            g2_raw: r.g2_raw_preconditioned.unwrap_or(r.g2_raw),
+            trace_raw: r.trace_raw_preconditioned.unwrap_or(r.trace_raw),
+        })
+        .collect();
+    let run_batch = n.b_big as f64;
+    let preconditioned = n.history.iter().any(|r| r.g2_raw_preconditioned.is_some());
+    let (curve, updates, segments, method) = match trajectory(&points, &losses, run_batch, target) {
+        Some(t) => (
+            t.curve(),
+            t.updates_to_target,
+            t.segments,
+            format!(
+                "S(B) = Σ ΔS_min,i (1 + B_i/B) over stretches of {SEGMENT_MEASUREMENTS} updates of the noise run, each with its own noise scale B_i{} (McCandlish et al. 2018, section 2.3); the run reached the target after {:.0} updates",
+                if preconditioned {
+                    " of the step Adam takes, g / (sqrt(v) + ε)"
+                } else {
+                    ""
+                },
+                t.updates_to_target
+            ),
+        ),
+        None => {
+            let b = b_end?;
+            (
+                StepsCurve::through(n.steps as f64, run_batch, b),
+                n.steps as f64,
+                Vec::new(),
+                "S(B) through the noise run's updates with its final noise scale (its stretches could not be measured)".to_string(),
+            )
+        }
+    };
+    // The rate grows up to B_noise and is held there; never below the run's own
+    // batch, whose rate the run trained with (so the rule contains the run).
+    let cap = (curve.b_noise.round() as u64).max(n.b_big as u64);
+    Some(PredictionBasis {
+        lr: LrScaling {
+            rule,
+            ref_batch: reference.0,
+            ref_lr: reference.1,
+            cap_batch: Some(cap),
+        },
+        run_batch: n.b_big as u64,
+        run_lr: n.lr,
+        target_loss: target,
+        updates_to_target: updates,
+        curve,
+        b_simple_end: b_end,
+        segments,
+        method,
+        step_time: "the mean of the timed steps plus gathering the batch from the data".into(),
+    })
+}
+
 /// From the evidence to the advice: per device a recommendation, every option
 /// ranked by predicted time to target, the diagnosis. Spawns nothing.
 pub fn decide(e: &Evidence) -> Decision {
-    let b_noise = e.noise.and_then(|n| n.b_simple);
-    let band = e.noise.and_then(|n| {
+    let basis = e
+        .noise
+        .and_then(|n| prediction_basis(n, e.rule, e.reference));
+    // The noise scale the advice weighs batches with: the run's effective one
+    // when the run reached its target, else the measured B_simple.
+    let b_simple = e.noise.and_then(|n| n.b_simple);
+    let b_noise = basis.as_ref().map(|b| b.curve.b_noise).or(b_simple);
+    let band = e.noise.zip(b_noise).and_then(|(n, bn)| {
+        // B_simple's relative band carried over to the effective value.
+        let ratio = b_simple.map_or(1.0, |b| bn / b);
         n.b_simple.map(|b| NoiseBand {
-            b_noise: b,
-            low: n.b_simple_low.unwrap_or(b),
-            high: n.b_simple_high,
+            b_noise: bn,
+            low: n.b_simple_low.unwrap_or(b) * ratio,
+            high: n.b_simple_high.map(|h| h * ratio),
         })
     });
     let mut recommendations = Vec::new();
@@ -297,6 +430,7 @@ pub fn decide(e: &Evidence) -> Decision {
     let mut findings: Vec<Finding> = Vec::new();
     for p in e.probes {
         let points = step_points(p);
+        let updates = update_points(p, e.input_seconds);
         let (max_batch, max_batch_source) = match p.max_batch {
             Some(m) => (Some(m), MaxBatchSource::Measured),
             None if p.device == "cpu" => (
@@ -308,7 +442,7 @@ pub fn decide(e: &Evidence) -> Decision {
         let (rec, opts) = recommend(
             &DeviceEvidence {
                 device: &p.device,
-                points: &points,
+                points: &updates,
                 knee_batch: p.knee_batch,
                 efficiency: p.efficiency,
                 max_batch,
@@ -318,7 +452,7 @@ pub fn decide(e: &Evidence) -> Decision {
             band,
             LrAdviceInput {
                 rule: e.rule,
-                reference: e.reference,
+                reference: Some(e.reference),
             },
         );
         findings.extend(curve_findings(p, &points, b_noise));
@@ -333,26 +467,35 @@ pub fn decide(e: &Evidence) -> Decision {
         {
             findings.extend(diagnose::input_bound(load_s, step.step_s, b, &p.device));
         }
+        let mut rec = rec;
+        if let (Some(b), Some(basis)) = (rec.recommended_batch, &basis) {
+            rec.learning_rate = Some(basis.lr.at(b));
+        }
         recommendations.push(rec);
         options.extend(opts);
     }
-    // S_min from the noise run: it took `steps` updates at B_big to reach its final loss.
-    let (target_loss, s_min) = match (e.noise, b_noise) {
-        (Some(n), Some(bn)) if n.lr > 0.0 => {
-            let tail = &n.history[n.history.len() * 9 / 10..];
-            let loss = tail.iter().map(|r| r.loss).sum::<f64>() / tail.len().max(1) as f64;
-            let curve = StepsCurve::through(n.steps as f64, n.b_big as f64, bn);
-            (Some(loss), Some(curve.s_min))
-        }
-        _ => (None, None),
-    };
+    let s_min = basis.as_ref().map(|b| b.curve.s_min);
+    let mut time_to_target = b_noise
+        .map(|bn| rank(&options, bn, s_min))
+        .unwrap_or_default();
+    let lr = basis.as_ref().map_or(
+        LrScaling {
+            rule: e.rule,
+            ref_batch: e.reference.0,
+            ref_lr: e.reference.1,
+            cap_batch: None,
+        },
+        |b| b.lr,
+    );
+    for t in &mut time_to_target {
+        t.learning_rate = Some(lr.at(t.option.effective_batch()));
+    }
     Decision {
         recommendations,
-        time_to_target: b_noise
-            .map(|bn| rank(&options, bn, s_min))
-            .unwrap_or_default(),
-        target_loss,
+        time_to_target,
+        target_loss: basis.as_ref().map(|b| b.target_loss),
         s_min,
+        basis,
         findings,
     }
 }
@@ -432,7 +575,7 @@ mod tests {
             host_memory: None,
             noise: Some(&noise_doc),
             rule: LrRule::Sqrt,
-            reference: None,
+            reference: (16, 1e-3),
             input_seconds: &|_| None,
         });
         let order: Vec<(&str, u64, u64)> = d

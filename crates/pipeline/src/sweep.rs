@@ -14,7 +14,7 @@ use batchfit_report::sweep::{
     BatchSummary, DeviceBatchTimes, DeviceTimes, MeasuredNoise, SweepDocument, SweepRun,
     SweepSettings, quality_statement,
 };
-use batchfit_tune::lr::{LrRule, scale};
+use batchfit_tune::lr::{LrRule, LrScaling};
 use batchfit_tune::sweep::{
     RunRecord, RunStatus, first_reach, fit_s_min, fit_steps, mean_std, quality,
 };
@@ -35,6 +35,8 @@ pub struct SweepConfig {
     /// The batch the reference learning rate belongs to (default: the smallest).
     pub ref_batch: Option<u64>,
     pub ref_lr: f64,
+    /// Batches above this train at its learning rate.
+    pub lr_cap: Option<u64>,
     pub optimizer: Optimizer,
     /// Epochs of linear warm-up from the reference rate to the scaled one.
     pub warmup_epochs: f64,
@@ -140,6 +142,7 @@ pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepDocument
         lr_rule: format!("{rule:?}").to_lowercase(),
         ref_batch,
         ref_lr: cfg.ref_lr,
+        lr_cap: cfg.lr_cap,
         warmup_epochs: cfg.warmup_epochs,
         target_loss: cfg.target_loss,
         max_epochs: cfg.epochs,
@@ -190,7 +193,13 @@ pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepDocument
             progress.set_position((i as u64 + 1) * UNIT);
             continue;
         }
-        let lr = scale(rule, ref_batch, cfg.ref_lr, batch);
+        let lr = LrScaling {
+            rule,
+            ref_batch,
+            ref_lr: cfg.ref_lr,
+            cap_batch: cfg.lr_cap,
+        }
+        .at(batch);
         let warmup_steps = if batch > ref_batch {
             (cfg.warmup_epochs * (train.rows as u64 / batch) as f64).round() as u64
         } else {

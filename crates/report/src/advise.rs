@@ -7,7 +7,7 @@ use crate::probe::DeviceProbe;
 use crate::{align_numbers, esc, table, thousands};
 use batchfit_plan::{Bytes, Plan};
 use batchfit_tune::diagnose::Finding;
-use batchfit_tune::target::TimeToTarget;
+use batchfit_tune::target::{PredictionBasis, TimeToTarget};
 use serde::Serialize;
 
 pub use batchfit_tune::advice::{Accumulation, MaxBatchSource, Recommendation};
@@ -30,6 +30,9 @@ pub struct AdviseDocument {
     pub time_to_target: Vec<TimeToTarget>,
     /// The loss the noise run reached; time to target is predicted for it.
     pub target_loss: Option<f64>,
+    /// What the predicted time to target rests on: the learning-rate rule, the
+    /// run's updates to the target, S(B) drawn from it.
+    pub prediction: Option<PredictionBasis>,
     pub findings: Vec<Finding>,
     /// Memory budget per device, for the memory figure: (device, bytes).
     pub budgets: Vec<(String, Bytes)>,
@@ -100,12 +103,29 @@ pub fn render(d: &AdviseDocument) -> String {
             ));
         }
     }
+    if let Some(p) = &d.prediction {
+        out.push_str(&format!(
+            "  critical batch ≈ {} for training to loss {:.4} (the noise scale of the steps along the measured run, each stretch weighted by the updates it needs)\n",
+            thousands(p.curve.b_noise.round() as u64),
+            p.target_loss
+        ));
+    }
     if let Some(n) = &d.noise
         && let Some(c) = n.critical_batch
     {
         out.push_str(&format!(
-            "  critical batch ≈ {} (gradient noise scale measured on the data; 90 % band {}–{})\n",
+            "  {} ≈ {} (B_simple of the raw gradient{}; 90 % band {}–{})\n",
+            if d.prediction.is_some() {
+                "B_simple"
+            } else {
+                "critical batch"
+            },
             thousands(c),
+            if d.prediction.is_some() {
+                " at the end of the noise run"
+            } else {
+                ", measured on the data"
+            },
             n.b_simple_low
                 .map(|x| format!("{x:.0}"))
                 .unwrap_or_else(|| "?".into()),
@@ -115,6 +135,9 @@ pub fn render(d: &AdviseDocument) -> String {
         ));
     }
     out.push_str(&time_to_target_table(&d.time_to_target, d.target_loss));
+    if let Some(p) = &d.prediction {
+        out.push_str(&prediction_basis(p));
+    }
     if let Some(w) = &d.world_sizes {
         out.push_str(&world_size_table(w));
     }
@@ -298,7 +321,8 @@ pub fn time_to_target_table(rows: &[TimeToTarget], target_loss: Option<f64>) -> 
             "batch",
             "accumulation",
             "effective",
-            "updates vs min",
+            "updates",
+            "lr",
             "time / update",
             "time to target",
             "vs best",
@@ -309,7 +333,13 @@ pub fn time_to_target_table(rows: &[TimeToTarget], target_loss: Option<f64>) -> 
                 thousands(o.option.micro_batch),
                 format!("x{}", o.option.accumulation),
                 thousands(o.option.effective_batch()),
-                format!("{:.2}x", o.steps_vs_min),
+                match o.steps {
+                    Some(s) => format!("{s:.0}"),
+                    None => format!("{:.2}x min", o.steps_vs_min),
+                },
+                o.learning_rate
+                    .map(|l| format!("{l:.2e}"))
+                    .unwrap_or_else(|| "-".into()),
                 crate::duration(o.option.update_s()),
                 o.seconds.map(crate::duration).unwrap_or_else(|| "-".into()),
                 if o.vs_best <= 1.0 + 1e-9 {
@@ -324,6 +354,24 @@ pub fn time_to_target_table(rows: &[TimeToTarget], target_loss: Option<f64>) -> 
         out.push('\n');
     }
     out
+}
+
+/// The lines under the time-to-target table that say what it assumes.
+pub fn prediction_basis(p: &PredictionBasis) -> String {
+    format!(
+        "  assumes: learning rate lr(B) = {} ({}; held past B_noise, where the best rate stops growing) at every batch; the noise run trained at batch {} with lr {:.2e};\n  updates: {} (S_min {:.0}, B_noise {:.0} over the run{}); one update = {}.\n",
+        p.lr.formula(),
+        p.lr.rule.source(),
+        thousands(p.run_batch),
+        p.run_lr,
+        p.method,
+        p.curve.s_min,
+        p.curve.b_noise,
+        p.b_simple_end
+            .map(|b| format!(", {b:.0} at its end"))
+            .unwrap_or_default(),
+        p.step_time
+    )
 }
 
 /// The `--gpus` table: time to target across world sizes, and where scaling stops paying.

@@ -15,6 +15,10 @@ pub struct ProbePoint {
     pub step_time_s: f64,
     pub step_time_p10_s: f64,
     pub step_time_p90_s: f64,
+    /// Mean seconds per step (measured): what a training's total time grows
+    /// by per step, slow steps included; null where not measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_time_mean_s: Option<f64>,
     /// Standard error of the median step time, relative to it (measured spread).
     pub step_time_rel_err: f64,
     pub steps_timed: usize,
@@ -48,6 +52,7 @@ impl ProbePoint {
             step_time_s: s.median,
             step_time_p10_s: s.p10,
             step_time_p90_s: s.p90,
+            step_time_mean_s: Some(s.mean),
             step_time_rel_err: s.rel_std_err,
             steps_timed: s.n,
             samples_per_s: batch as f64 / s.median,
@@ -70,6 +75,7 @@ impl ProbePoint {
             step_time_s: f64::NAN,
             step_time_p10_s: f64::NAN,
             step_time_p90_s: f64::NAN,
+            step_time_mean_s: None,
             step_time_rel_err: f64::NAN,
             steps_timed: 0,
             samples_per_s: 0.0,

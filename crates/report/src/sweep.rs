@@ -25,6 +25,9 @@ pub struct SweepSettings {
     pub lr_rule: String,
     pub ref_batch: u64,
     pub ref_lr: f64,
+    /// Batches above this train at its learning rate (null: no cap).
+    #[serde(default)]
+    pub lr_cap: Option<u64>,
     pub warmup_epochs: f64,
     pub target_loss: Option<f64>,
     pub max_epochs: u32,
@@ -390,7 +393,7 @@ pub fn figures(d: &SweepDocument) -> Vec<(Figure, String)> {
             series: curve_series(|p| p.step as f64),
             markers: vec![],
         },
-        format!("Measured, {seed_note}: loss on a fixed subset of the training split, about ten times per epoch. Larger batches need fewer steps for the same loss, up to the noise scale."),
+        format!("Measured, {seed_note}: loss on a fixed subset of the training split, about ten times per epoch (at most every 5 % of the steps so far). Larger batches need fewer steps for the same loss, up to the noise scale."),
     ));
     figs.push((
         Figure {

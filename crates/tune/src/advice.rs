@@ -206,6 +206,22 @@ fn smoothed(points: &[StepPoint]) -> (StepTimes, Option<(f64, f64)>) {
     (smooth, Some((fixed, per)))
 }
 
+/// The line through the measured points from half the smallest to twice the
+/// largest of `batches` (at least three points), when both its terms are
+/// positive: step time is a line there even when tiny batches bend the curve.
+fn local_line(points: &[StepPoint], batches: &[u64]) -> Option<(f64, f64)> {
+    let (lo, hi) = (*batches.iter().min()?, *batches.iter().max()?);
+    let near: Vec<StepPoint> = points
+        .iter()
+        .filter(|q| 2 * q.batch >= lo && q.batch <= 2 * hi)
+        .copied()
+        .collect();
+    if near.len() < 3 {
+        return None;
+    }
+    relative_line(&near).filter(|(f, p)| *f > 0.0 && *p > 0.0)
+}
+
 /// `fixed + per_sample x B` by least squares on relative errors (weights
 /// 1/step^2): timings scatter in proportion to their size, and an unweighted
 /// fit lets the largest batch's noise set the line.
@@ -272,7 +288,10 @@ pub fn recommend(
             tied = tied_batches(&times, band);
             // Within the tie, the batch nearest the optimum of the fitted curve,
             // (1 + B_noise/B)(fixed + per_sample B): B* = sqrt(B_noise fixed / per_sample).
+            // Where the whole curve is not a line (per-step overheads at tiny
+            // batches bend it), the line through the tied batches' neighbourhood.
             let optimum = line
+                .or_else(|| local_line(&fitting, &tied))
                 .filter(|(f, p)| *f > 0.0 && *p > 0.0)
                 .map(|(f, p)| (bn * f / p).sqrt());
             if let Some(opt) = optimum

@@ -9,6 +9,8 @@
 //! - [`lr`]: learning-rate scaling rules;
 //! - [`target`]: S(B) = S_min (1 + B_noise/B) and predicted time to a target
 //!   loss per device and batch;
+//! - [`trajectory`]: updates to a target summed over the stretches of a
+//!   measured run, each with its own noise scale;
 //! - [`advice`]: the recommendation for one device from its measurements;
 //! - [`diagnose`]: findings from the measured curves.
 //! - [`sweep`]: records of real training runs, the fit of steps to target
@@ -23,3 +25,4 @@ pub mod search;
 pub mod stats;
 pub mod sweep;
 pub mod target;
+pub mod trajectory;

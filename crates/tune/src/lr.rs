@@ -1,9 +1,9 @@
 //! Learning-rate scaling with the batch size.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// A scaling rule and where it comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum LrRule {
@@ -56,6 +56,43 @@ pub fn scale(rule: LrRule, ref_batch: u64, ref_lr: f64, batch: u64) -> f64 {
     }
 }
 
+/// A rule with its reference pair, and the batch above which the rate stops
+/// growing. S(B) = S_min (1 + B_noise / B) assumes each batch trains at its
+/// best rate, and that rate stops growing near B_noise: for SGD McCandlish et
+/// al. 2018 (eq. 2.6: ε_opt = ε_max / (1 + B_noise / B)); for Adam Li et al.
+/// 2024 ("Surge phenomenon": it peaks there, then falls). Holding the rate
+/// there is what keeps predicted and trained steps the same; a larger rate
+/// past it may train faster or diverge, which the prediction cannot say.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LrScaling {
+    pub rule: LrRule,
+    pub ref_batch: u64,
+    pub ref_lr: f64,
+    /// Batches above this train at this batch's rate (`None`: no cap).
+    pub cap_batch: Option<u64>,
+}
+
+impl LrScaling {
+    /// The learning rate at `batch`.
+    pub fn at(&self, batch: u64) -> f64 {
+        let b = self.cap_batch.map_or(batch, |c| batch.min(c));
+        scale(self.rule, self.ref_batch, self.ref_lr, b)
+    }
+
+    /// "1.00e-3 x sqrt(B / 16), held from B = 163".
+    pub fn formula(&self) -> String {
+        let f = match self.rule {
+            LrRule::Linear => format!("{:.2e} x B / {}", self.ref_lr, self.ref_batch),
+            LrRule::Sqrt => format!("{:.2e} x sqrt(B / {})", self.ref_lr, self.ref_batch),
+            LrRule::Fixed => format!("{:.2e}", self.ref_lr),
+        };
+        match self.cap_batch {
+            Some(c) if self.rule != LrRule::Fixed => format!("{f}, held from B = {c}"),
+            _ => f,
+        }
+    }
+}
+
 /// Warm-up steps Goyal et al. use when scaling up: 5 epochs' worth, only when the
 /// batch grows beyond the reference; 0 otherwise.
 pub fn warmup_steps(ref_batch: u64, batch: u64, samples_per_epoch: u64) -> u64 {
@@ -78,5 +115,19 @@ mod tests {
         assert_eq!(LrRule::for_optimizer(true), LrRule::Sqrt);
         assert_eq!(warmup_steps(32, 256, 2560), 50);
         assert_eq!(warmup_steps(32, 16, 2560), 0);
+    }
+
+    #[test]
+    fn a_capped_rule_holds_the_rate_above_its_cap() {
+        let s = LrScaling {
+            rule: LrRule::Sqrt,
+            ref_batch: 16,
+            ref_lr: 1e-3,
+            cap_batch: Some(64),
+        };
+        assert!((s.at(32) - 1e-3 * 2f64.sqrt()).abs() < 1e-15);
+        assert_eq!(s.at(64), s.at(1024));
+        assert!((s.at(64) - 2e-3).abs() < 1e-15);
+        assert_eq!(s.formula(), "1.00e-3 x sqrt(B / 16), held from B = 64");
     }
 }

@@ -159,11 +159,25 @@ pub struct NoiseRecord {
     pub step: usize,
     /// Mean training loss of the step's micro-batches.
     pub loss: f64,
+    /// The loss on a fixed subset of up to 1,024 training rows, the loss a
+    /// sweep's target is judged by; evaluated at the first and last
+    /// measurements and about as often as a sweep evaluates (null between).
+    pub train_loss: Option<f64>,
     pub b_simple: Option<f64>,
     pub b_simple_low: Option<f64>,
     pub b_simple_high: Option<f64>,
     pub g2: Option<f64>,
     pub trace: Option<f64>,
+    /// This measurement's own unbiased estimates (not smoothed): what
+    /// [`crate::trajectory`] sums stretch by stretch.
+    pub g2_raw: f64,
+    pub trace_raw: f64,
+    /// The same estimates in Adam's geometry (each coordinate weighted by
+    /// 1 / (sqrt(v) + ε)², v Adam's second moment); adaptive optimizers only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub g2_raw_preconditioned: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace_raw_preconditioned: Option<f64>,
     pub epoch: usize,
 }
 

@@ -58,7 +58,8 @@ pub struct RunRecord {
     pub seconds_to_target: Option<f64>,
     pub steps: u64,
     pub seconds: f64,
-    /// Training loss on the fixed training subset, about ten times an epoch.
+    /// Training loss on the fixed training subset, about ten times an epoch and
+    /// at least 5 % of the steps so far apart.
     pub curve: Vec<CurvePoint>,
     pub epochs: Vec<EpochRecord>,
     pub final_val_loss: Option<f64>,

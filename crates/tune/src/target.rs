@@ -3,7 +3,7 @@
 //! al. 2018, eq. 2.11): `advise`, `sweep` and the fits all use [`StepsCurve`]
 //! and [`updates_vs_min`].
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Updates needed at batch `batch` relative to the minimum S_min: `1 + B_noise / B`.
 pub fn updates_vs_min(b_noise: f64, batch: f64) -> f64 {
@@ -11,7 +11,7 @@ pub fn updates_vs_min(b_noise: f64, batch: f64) -> f64 {
 }
 
 /// Updates to a target as a function of the batch: S(B) = S_min (1 + B_noise / B).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StepsCurve {
     /// Fewest updates any batch can reach the target in (the large-batch limit).
     pub s_min: f64,
@@ -39,7 +39,7 @@ impl StepsCurve {
 }
 
 /// One way to train: a device, a micro-batch, and how many micro-batches are accumulated.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct TrainingOption {
     pub device: String,
     pub micro_batch: u64,
@@ -62,14 +62,21 @@ impl TrainingOption {
 }
 
 /// Predicted time to target of one option.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct TimeToTarget {
     #[serde(flatten)]
     pub option: TrainingOption,
     /// Updates needed relative to the minimum: `1 + B_noise / B_eff`.
     pub steps_vs_min: f64,
+    /// Predicted updates when `S_min` is known, else `None`.
+    #[serde(default)]
+    pub steps: Option<f64>,
     /// Predicted seconds when `S_min` is known, else `None`.
     pub seconds: Option<f64>,
+    /// The learning rate the prediction assumes at this effective batch, when
+    /// the rule has a reference.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub learning_rate: Option<f64>,
     /// Time relative to the fastest option (1.0 = the winner).
     pub vs_best: f64,
 }
@@ -84,7 +91,9 @@ pub fn rank(options: &[TrainingOption], b_noise: f64, s_min: Option<f64>) -> Vec
             TimeToTarget {
                 option: o.clone(),
                 steps_vs_min,
+                steps: s_min.map(|s| s * steps_vs_min),
                 seconds: s_min.map(|s| s * steps_vs_min * o.update_s()),
+                learning_rate: None,
                 vs_best: steps_vs_min * o.update_s(),
             }
         })
@@ -95,6 +104,33 @@ pub fn rank(options: &[TrainingOption], b_noise: f64, s_min: Option<f64>) -> Vec
     }
     out.sort_by(|a, b| a.vs_best.total_cmp(&b.vs_best));
     out
+}
+
+/// What a time-to-target prediction rests on, stated so that it can be
+/// checked: the learning-rate rule every batch is assumed to train with (the
+/// noise run trained with it too), the target, the run's updates to it and
+/// the steps curve drawn from the run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PredictionBasis {
+    /// `lr(B) = rule(ref_lr, min(B, cap) / ref_batch)`.
+    pub lr: crate::lr::LrScaling,
+    /// The batch and learning rate of the measured run.
+    pub run_batch: u64,
+    pub run_lr: f64,
+    /// The loss the prediction is for.
+    pub target_loss: f64,
+    /// Updates the run took to reach it.
+    pub updates_to_target: f64,
+    /// S(B) drawn from the run: S_min and the effective B_noise.
+    pub curve: StepsCurve,
+    /// The noise scale at the end of the run, for comparison.
+    pub b_simple_end: Option<f64>,
+    /// The run's stretches (empty when the curve came from one value).
+    pub segments: Vec<crate::trajectory::Segment>,
+    /// How the curve was obtained, in words.
+    pub method: String,
+    /// What one update's time is made of, in words.
+    pub step_time: String,
 }
 
 /// One data-parallel way to train: `world_size` devices, each running `micro_batch` samples

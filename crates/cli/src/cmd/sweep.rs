@@ -33,6 +33,10 @@ pub struct SweepArgs {
     /// The learning rate at --ref-batch.
     #[arg(long, default_value_t = 1e-3, value_parser = positive_f64)]
     pub ref_lr: f64,
+    /// Hold the learning rate above this batch: larger batches train at its rate (the best
+    /// rate stops growing near B_noise; `advise` predicts with such a cap).
+    #[arg(long, value_parser = positive_u64)]
+    pub lr_cap: Option<u64>,
     /// Optimizer.
     #[arg(long, value_enum, default_value = "adam")]
     pub optimizer: Optimizer,
@@ -103,6 +107,7 @@ pub fn run(args: SweepArgs) -> CliResult {
         lr_rule: args.lr_rule,
         ref_batch: args.ref_batch,
         ref_lr: args.ref_lr,
+        lr_cap: args.lr_cap,
         optimizer: args.optimizer,
         warmup_epochs: args.warmup_epochs,
         target_loss: args.target_loss,
