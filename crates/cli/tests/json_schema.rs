@@ -137,7 +137,7 @@ fn advise_json_has_every_documented_key() {
             "--gpus",
             "1,2,4",
             "--noise-steps",
-            "20",
+            "60",
             "--batches",
             "8,32",
             "--time-cap",

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{batchfit, document};
+use common::{batchfit, document, json};
 use serde_json::Value;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -211,4 +211,182 @@ fn bad_sweep_input_gets_exit_code_2() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(says), "{args:?}: {err}");
     }
+}
+
+/// `advise --json`, then `sweep --verify` on it: the runs train the advised
+/// batches with the advised learning rates (held past the cap) to the advised
+/// target, and the report puts predicted beside measured and ends with a verdict.
+#[test]
+fn verify_trains_what_the_advice_predicted_and_says_whether_it_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let advice_file = dir.path().join("advice.json");
+    let advice = json(&[
+        "advise",
+        "--noise-steps",
+        "60",
+        "--batches",
+        "16,64,256",
+        "--time-cap",
+        "0.2",
+        "--warmup",
+        "1",
+    ]);
+    std::fs::write(&advice_file, advice.to_string()).unwrap();
+    let basis = &advice["prediction"];
+    let target = basis["target_loss"].as_f64().unwrap();
+    let lr = &basis["lr"];
+    let (ref_batch, ref_lr) = (
+        lr["ref_batch"].as_f64().unwrap(),
+        lr["ref_lr"].as_f64().unwrap(),
+    );
+    let cap = lr["cap_batch"].as_f64().unwrap();
+    let recommended = advice["recommendations"][0]["recommended_batch"]
+        .as_u64()
+        .unwrap();
+
+    let file = advice_file.to_str().unwrap();
+    let d = json(&["sweep", "--verify", file, "--seeds", "2"]);
+    assert_eq!(d["settings"]["target_loss"].as_f64(), Some(target));
+    assert_eq!(d["settings"]["warmup_epochs"].as_f64(), Some(0.0));
+    let batches: Vec<u64> = d["settings"]["batches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b.as_u64().unwrap())
+        .collect();
+    // The recommended batch and its neighbours among those measured.
+    assert!(batches.contains(&recommended), "{batches:?}");
+    assert!(batches.len() >= 2 && batches.iter().all(|b| [16, 64, 256].contains(b)));
+    for run in d["runs"].as_array().unwrap() {
+        let r = &run["record"];
+        let b = r["batch"].as_f64().unwrap();
+        let expected = ref_lr * (b.min(cap) / ref_batch).sqrt();
+        assert!(
+            (r["lr"].as_f64().unwrap() - expected).abs() < 1e-12 * expected.max(1.0),
+            "{r}"
+        );
+        assert_eq!(r["warmup_steps"], 0);
+    }
+    let v = &d["verify"];
+    assert_eq!(v["verdict"]["recommended"].as_u64(), Some(recommended));
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), batches.len());
+    let curve = &basis["curve"];
+    for row in rows {
+        let b = row["batch"].as_f64().unwrap();
+        let predicted =
+            curve["s_min"].as_f64().unwrap() * (1.0 + curve["b_noise"].as_f64().unwrap() / b);
+        assert!((row["predicted_steps"].as_f64().unwrap() - predicted).abs() < 1e-6 * predicted);
+        assert!(row["predicted_seconds"].as_f64().unwrap() > 0.0, "{row}");
+        assert_eq!(row["runs"], 2);
+    }
+    let line = v["verdict"]["line"].as_str().unwrap();
+    assert!(line.starts_with("The advice "), "{line}");
+    assert_eq!(
+        v["verdict"]["held"].as_bool().unwrap(),
+        line.starts_with("The advice held")
+    );
+}
+
+/// A sweep's folder given to `advise --from-sweep`: the time to target rests
+/// on its fitted steps and its learning-rate rule, and says so.
+#[test]
+fn advise_from_a_sweep_uses_its_measured_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("sweep");
+    let out_arg = out.to_str().unwrap();
+    let s = json(&[
+        "sweep",
+        "--batches",
+        "16,64,256",
+        "--seeds",
+        "2",
+        "--epochs",
+        "30",
+        "--no-noise",
+        "--ref-lr",
+        "0.002",
+        "--out",
+        out_arg,
+    ]);
+    let fit = &s["fit"];
+    let a = json(&[
+        "advise",
+        "--from-sweep",
+        out_arg,
+        "--batches",
+        "16,64,256",
+        "--time-cap",
+        "0.2",
+        "--warmup",
+        "1",
+    ]);
+    let p = &a["prediction"];
+    assert_eq!(p["measured"], true);
+    assert!(a["noise"].is_null(), "no noise run beside a sweep");
+    assert_eq!(p["target_loss"], s["target_loss"]);
+    for key in ["s_min", "b_noise"] {
+        let (got, want) = (
+            p["curve"][key].as_f64().unwrap(),
+            fit[key].as_f64().unwrap(),
+        );
+        assert!((got - want).abs() < 1e-9 * want, "{key}: {got} vs {want}");
+    }
+    assert_eq!(p["lr"]["ref_lr"].as_f64(), Some(0.002));
+    let rec = &a["recommendations"][0];
+    let b = rec["recommended_batch"].as_f64().unwrap();
+    let lr = rec["learning_rate"].as_f64().unwrap();
+    assert!(
+        (lr - 0.002 * (b / 16.0).sqrt()).abs() < 1e-12,
+        "the sweep's rule"
+    );
+
+    // Another model's sweep, or no sweep, is bad input.
+    for (args, says) in [
+        (
+            vec!["advise", "zoo:mnist-mlp", "--from-sweep", out_arg],
+            "not mnist-mlp",
+        ),
+        (
+            vec!["advise", "--from-sweep", dir.path().to_str().unwrap()],
+            "sweep.json",
+        ),
+    ] {
+        let o = batchfit().args(&args).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn verify_refuses_what_is_not_an_advice_with_a_prediction() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = dir.path().join("probe.json");
+    std::fs::write(
+        &probe,
+        json(&["probe", "--batches", "8", "--time-cap", "0.1"]).to_string(),
+    )
+    .unwrap();
+    let garbage = dir.path().join("garbage.json");
+    std::fs::write(&garbage, "{ not json").unwrap();
+    for (file, says) in [
+        (probe.to_str().unwrap(), "advise --json"),
+        (garbage.to_str().unwrap(), "advise --json"),
+        ("/nonexistent/advice.json", "/nonexistent/advice.json"),
+    ] {
+        let o = batchfit()
+            .args(["sweep", "--verify", file])
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{file}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(says), "{file}: {err}");
+    }
+    // The advice fixes the rule and target: flags that would change them are refused.
+    let o = batchfit()
+        .args(["sweep", "--verify", "x.json", "--target-loss", "0.1"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
 }

@@ -10,7 +10,7 @@ use batchfit_data::Dataset;
 use batchfit_engine::DeviceSpec;
 use batchfit_graph::Graph;
 use batchfit_plan::{Plan, TrainOptions, plan};
-use batchfit_report::advise::{AdviseDocument, WorldSizes};
+use batchfit_report::advise::{AdviceInputs, AdviseDocument, WorldSizes};
 use batchfit_report::noise::NoiseDocument;
 use batchfit_report::probe::DeviceProbe;
 use batchfit_tune::advice::{DeviceEvidence, LrAdviceInput, MaxBatchSource, NoiseBand, recommend};
@@ -43,6 +43,9 @@ pub struct AdviseConfig {
     pub strategy: batchfit_plan::distributed::Strategy,
     /// The ring's link.
     pub link: batchfit_plan::distributed::Link,
+    /// A finished sweep's `--out` folder: its measured steps to target replace
+    /// the noise run's prediction (no noise run then).
+    pub from_sweep: Option<std::path::PathBuf>,
 }
 
 /// Runs the whole advice pipeline.
@@ -72,8 +75,18 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<AdviseDocum
         None
     };
 
+    // Steps measured by a sweep, when given, stand in for the noise run's prediction.
+    let measured = match &cfg.from_sweep {
+        Some(dir) => Some(measured_basis(dir, &graph, cfg)?),
+        None => None,
+    };
     // Noise scale first: it is quick and decides what "a good batch" means statistically.
-    let noise: Option<NoiseDocument> = match (&data, cfg.noise_steps) {
+    let noise_steps = if measured.is_some() {
+        0
+    } else {
+        cfg.noise_steps
+    };
+    let noise: Option<NoiseDocument> = match (&data, noise_steps) {
         (Some(d), steps) if steps > 0 => {
             let settings = NoiseSettings {
                 lr: scale(rule, reference.0, reference.1, b_big),
@@ -105,10 +118,12 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<AdviseDocum
     };
     let mut probes = Vec::new();
     for &d in &devices {
-        let b_noise = noise.as_ref().and_then(|n| {
-            prediction_basis(n, rule, reference)
-                .map(|b| b.curve.b_noise)
-                .or(n.b_simple)
+        let b_noise = measured.as_ref().map(|m| m.curve.b_noise).or_else(|| {
+            noise.as_ref().and_then(|n| {
+                prediction_basis(n, rule, reference)
+                    .map(|b| b.curve.b_noise)
+                    .or(n.b_simple)
+            })
         });
         probes.push(probe_device_for(
             &cfg.measure,
@@ -132,6 +147,7 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<AdviseDocum
         plan_cpu: &plan_cpu,
         host_memory: batchfit_plan::devices::host_memory(),
         noise: noise.as_ref(),
+        measured: measured.as_ref(),
         rule,
         reference,
         input_seconds: &|b| data.as_ref().map(|d| batch_load_seconds(d, &graph, b)),
@@ -153,6 +169,14 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<AdviseDocum
         model: graph.name.clone(),
         parameters: graph.param_count(),
         command: cfg.command.clone(),
+        inputs: AdviceInputs {
+            model: cfg.model.as_deref().map(absolute_if_file),
+            data: cfg.data.data.as_deref().map(absolute_if_file),
+            labels: cfg.data.labels.as_deref().map(absolute_if_file),
+            label_col: cfg.data.label_col,
+            loss: cfg.data.loss.map(|l| l.name().to_string()),
+            optimizer: cfg.measure.optimizer.name().to_string(),
+        },
         machine: machine(),
         data: data.as_ref().map(|d| d.source.clone()),
         plan: plan_cpu,
@@ -237,6 +261,8 @@ pub struct Evidence<'a> {
     pub plan_cpu: &'a Plan,
     pub host_memory: Option<batchfit_plan::Bytes>,
     pub noise: Option<&'a NoiseDocument>,
+    /// S(B) measured by a sweep: used instead of the noise run's prediction.
+    pub measured: Option<&'a PredictionBasis>,
     /// The learning-rate rule every batch trains with, and the (batch, rate) it scales from.
     pub rule: LrRule,
     pub reference: (u64, f64),
@@ -394,10 +420,12 @@ pub fn prediction_basis(
             ref_lr: reference.1,
             cap_batch: Some(cap),
         },
-        run_batch: n.b_big as u64,
-        run_lr: n.lr,
+        warmup_epochs: 0.0,
+        measured: false,
+        run_batch: Some(n.b_big as u64),
+        run_lr: Some(n.lr),
         target_loss: target,
-        updates_to_target: updates,
+        updates_to_target: Some(updates),
         curve,
         b_simple_end: b_end,
         segments,
@@ -406,23 +434,84 @@ pub fn prediction_basis(
     })
 }
 
+/// S(B) fitted to a finished sweep's steps to target, with the sweep's
+/// learning-rate rule: the advice then rests on trainings, not on a prediction.
+fn measured_basis(
+    dir: &std::path::Path,
+    graph: &Graph,
+    cfg: &AdviseConfig,
+) -> Result<PredictionBasis> {
+    let m = crate::sweep::read_measured_steps(dir)?;
+    if m.settings.model != graph.name {
+        return Err(crate::Error::input(format!(
+            "--from-sweep {}: the sweep trained {}, not {}",
+            dir.display(),
+            m.settings.model,
+            graph.name
+        )));
+    }
+    if m.settings.optimizer != cfg.measure.optimizer.name() {
+        return Err(crate::Error::input(format!(
+            "--from-sweep {}: the sweep trained with {}; add --optimizer {}",
+            dir.display(),
+            m.settings.optimizer,
+            m.settings.optimizer
+        )));
+    }
+    let rule = LrRule::parse(&m.settings.lr_rule)
+        .unwrap_or(LrRule::for_optimizer(cfg.measure.optimizer.is_adaptive()));
+    Ok(PredictionBasis {
+        lr: LrScaling {
+            rule,
+            ref_batch: m.settings.ref_batch,
+            ref_lr: m.settings.ref_lr,
+            cap_batch: m.settings.lr_cap,
+        },
+        warmup_epochs: m.settings.warmup_epochs,
+        measured: true,
+        run_batch: None,
+        run_lr: None,
+        target_loss: m.target_loss,
+        updates_to_target: None,
+        curve: m.curve,
+        b_simple_end: None,
+        segments: Vec::new(),
+        method: format!(
+            "S_min and B_noise fitted to the steps to target of {} runs of the sweep in {} (batches {}, {} data)",
+            m.runs,
+            dir.display(),
+            m.batches
+                .iter()
+                .map(|b| b.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            m.settings.data
+        ),
+        step_time: "the mean of the timed steps plus gathering the batch from the data".into(),
+    })
+}
+
 /// From the evidence to the advice: per device a recommendation, every option
 /// ranked by predicted time to target, the diagnosis. Spawns nothing.
 pub fn decide(e: &Evidence) -> Decision {
-    let basis = e
-        .noise
-        .and_then(|n| prediction_basis(n, e.rule, e.reference));
+    let basis = e.measured.cloned().or_else(|| {
+        e.noise
+            .and_then(|n| prediction_basis(n, e.rule, e.reference))
+    });
     // The noise scale the advice weighs batches with: the run's effective one
     // when the run reached its target, else the measured B_simple.
     let b_simple = e.noise.and_then(|n| n.b_simple);
     let b_noise = basis.as_ref().map(|b| b.curve.b_noise).or(b_simple);
-    let band = e.noise.zip(b_noise).and_then(|(n, bn)| {
-        // B_simple's relative band carried over to the effective value.
-        let ratio = b_simple.map_or(1.0, |b| bn / b);
-        n.b_simple.map(|b| NoiseBand {
-            b_noise: bn,
-            low: n.b_simple_low.unwrap_or(b) * ratio,
-            high: n.b_simple_high.map(|h| h * ratio),
+    let measured_band = e.measured.map(|m| NoiseBand::exact(m.curve.b_noise));
+    let band = measured_band.or_else(|| {
+        e.noise.zip(b_noise).and_then(|(n, bn)| {
+            // B_simple's relative band carried over to the effective value.
+            let ratio = b_simple.map_or(1.0, |b| bn / b);
+            n.b_simple.map(|b| NoiseBand {
+                b_noise: bn,
+                low: n.b_simple_low.unwrap_or(b) * ratio,
+                high: n.b_simple_high.map(|h| h * ratio),
+            })
         })
     });
     let mut recommendations = Vec::new();
@@ -515,6 +604,17 @@ fn batch_load_seconds(d: &Dataset, graph: &Graph, b: u64) -> f64 {
     batchfit_tune::stats::summarize(&times).median
 }
 
+/// A path that names an existing file, made absolute (so an advice file can
+/// be checked from another folder); anything else (`zoo:NAME`,
+/// `builtin:digits`) as given.
+fn absolute_if_file(s: &str) -> String {
+    std::path::Path::new(s)
+        .canonicalize()
+        .ok()
+        .filter(|p| p.is_file())
+        .map_or_else(|| s.to_string(), |p| p.display().to_string())
+}
+
 /// "AMD EPYC ... (2 cores), 23.4 GiB RAM".
 fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
@@ -537,6 +637,7 @@ fn machine() -> String {
 mod tests {
     use super::*;
     use batchfit_report::probe::ProbePoint;
+    use batchfit_tune::noise::NoiseRecord;
     use batchfit_tune::stats::summarize;
 
     fn probe(device: &str, steps: &[(u64, f64)], max_batch: Option<u64>) -> DeviceProbe {
@@ -574,6 +675,7 @@ mod tests {
             plan_cpu: &plan_cpu,
             host_memory: None,
             noise: Some(&noise_doc),
+            measured: None,
             rule: LrRule::Sqrt,
             reference: (16, 1e-3),
             input_seconds: &|_| None,
@@ -600,6 +702,74 @@ mod tests {
         assert_eq!(gpu.recommended_batch, Some(25));
         assert_eq!(gpu.accumulation.as_ref().map(|a| a.steps), Some(10));
         assert!(d.findings.iter().all(|f| f.rule != "above_critical_batch"));
+    }
+
+    /// A noise run whose stretches all measure B = 200 and whose loss falls
+    /// linearly: the prediction is S(B) through the updates it took to its
+    /// final loss, the rate is held from B_noise, and every row and the
+    /// recommendation state that rate.
+    #[test]
+    fn the_noise_run_sets_the_target_the_curve_and_the_held_rate() {
+        let mut doc = noise_with_b_simple(150.0);
+        doc.lr = 1e-3 * 8f64.sqrt();
+        doc.steps = 100;
+        doc.history = (0..100)
+            .map(|i| NoiseRecord {
+                step: i,
+                loss: 1.0,
+                train_loss: (i % 10 == 0 || i == 99).then(|| 2.0 - 0.015 * i as f64),
+                b_simple: Some(150.0),
+                b_simple_low: None,
+                b_simple_high: None,
+                g2: None,
+                trace: None,
+                g2_raw: 1.0,
+                trace_raw: 150.0,
+                g2_raw_preconditioned: Some(2.0),
+                trace_raw_preconditioned: Some(400.0),
+                epoch: 0,
+            })
+            .collect();
+        let basis = prediction_basis(&doc, LrRule::Sqrt, (16, 1e-3)).unwrap();
+        // The target is the mean of the evaluations in the last 10 % (at 90 and 99), reached at 94.5.
+        let target = (2.0 - 0.015 * 90.0 + 2.0 - 0.015 * 99.0) / 2.0;
+        assert!((basis.target_loss - target).abs() < 1e-12);
+        assert!(
+            (basis.updates_to_target.unwrap() - 94.5).abs() < 1e-9,
+            "{basis:?}"
+        );
+        // Adam's preconditioned estimates, not the raw ones, set B_noise.
+        assert!((basis.curve.b_noise - 200.0).abs() < 1e-9);
+        assert!((basis.curve.steps(128.0) - 94.5).abs() < 1e-9);
+        assert_eq!(basis.lr.cap_batch, Some(200));
+
+        let graph = batchfit_graph::load("zoo:digits-mlp").unwrap();
+        let plan_cpu = plan(&graph, &TrainOptions::default());
+        let probes = [probe(
+            "cpu",
+            &[(64, 0.001), (256, 0.002), (1024, 0.006)],
+            None,
+        )];
+        let d = decide(&Evidence {
+            probes: &probes,
+            plan_cpu: &plan_cpu,
+            host_memory: None,
+            noise: Some(&doc),
+            measured: None,
+            rule: LrRule::Sqrt,
+            reference: (16, 1e-3),
+            input_seconds: &|_| None,
+        });
+        for t in &d.time_to_target {
+            let b = t.option.micro_batch.min(200) as f64;
+            assert!((t.learning_rate.unwrap() - 1e-3 * (b / 16.0).sqrt()).abs() < 1e-15);
+            assert!(
+                (t.steps.unwrap() - basis.curve.steps(t.option.micro_batch as f64)).abs() < 1e-9
+            );
+        }
+        let rec = &d.recommendations[0];
+        let b = rec.recommended_batch.unwrap();
+        assert_eq!(rec.learning_rate, Some(basis.lr.at(b)));
     }
 
     /// A noise document as the decision reads it: B_simple, no run (lr 0, so no S_min).

@@ -11,6 +11,7 @@
 //!   the time-to-target table (the decisions themselves are pure functions in
 //!   `batchfit_tune::advice` and `batchfit_tune::target`);
 //! - [`sweep`]: real short trainings per batch and seed, fitted against S(B);
+//! - [`verify`]: an advice file's prediction for `sweep --verify` to check;
 //! - [`run`]: the user's own training command per batch, through the one runner
 //!   of `batchfit_exec`.
 //!
@@ -28,6 +29,7 @@ pub mod run;
 #[cfg(unix)]
 pub mod run_advice;
 pub mod sweep;
+pub mod verify;
 
 pub use error::{Error, Result};
 

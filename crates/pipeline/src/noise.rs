@@ -23,6 +23,25 @@ pub enum LossChoice {
     CrossEntropy,
 }
 
+impl LossChoice {
+    /// The name `--loss` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            LossChoice::Mse => "mse",
+            LossChoice::CrossEntropy => "ce",
+        }
+    }
+
+    /// The choice called `s` (`mse`, `ce`).
+    pub fn parse(s: &str) -> Option<LossChoice> {
+        match s {
+            "mse" => Some(LossChoice::Mse),
+            "ce" => Some(LossChoice::CrossEntropy),
+            _ => None,
+        }
+    }
+}
+
 /// Where the training data comes from.
 #[derive(Clone, Debug, Default)]
 pub struct DataSource {

@@ -59,6 +59,10 @@ pub struct SweepConfig {
     pub devices: Vec<DeviceSpec>,
     /// Checked before any work (the binary writes it).
     pub html: Option<PathBuf>,
+    /// `--verify`: the advice whose prediction the runs check (its rule,
+    /// target and device are already in the fields above); runs get epochs
+    /// enough for three times their predicted steps.
+    pub verify: Option<crate::verify::Advice>,
 }
 
 /// Progress units per run.
@@ -212,7 +216,9 @@ pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepDocument
             warmup_steps,
             seed,
             target_loss: cfg.target_loss,
-            max_epochs: cfg.epochs,
+            max_epochs: cfg.verify.as_ref().map_or(cfg.epochs, |a| {
+                cfg.epochs.max(a.epochs_for(batch, train.rows))
+            }),
         };
         progress.message(format!(
             "{}/{}: {device}, batch {batch}, seed {seed}, lr {lr:.2e}",
@@ -238,13 +244,18 @@ pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepDocument
     } else {
         measure_noise(cfg, &graph, &train, seq_len)?
     };
-    Ok(document(
-        settings,
-        runs,
-        noise,
-        started,
-        &first_device.to_string(),
-    ))
+    let first = first_device.to_string();
+    let mut doc = document(settings, runs, noise, started, &first);
+    if let Some(advice) = &cfg.verify {
+        let of_first: Vec<SweepRun> = doc
+            .runs
+            .iter()
+            .filter(|r| r.device == first)
+            .cloned()
+            .collect();
+        doc.verify = Some(crate::verify::report(advice, &doc.per_batch, &of_first));
+    }
+    Ok(doc)
 }
 
 const SETTINGS_FILE: &str = "sweep.json";
@@ -357,30 +368,8 @@ fn document(
     first: &str,
 ) -> SweepDocument {
     let finished = |r: &SweepRun| !matches!(r.record.status, RunStatus::Diverged { .. });
-    let (target, source) = match settings.target_loss {
-        Some(t) => (Some(t), "--target-loss".to_string()),
-        None => {
-            // The lowest loss every finished run reached: all can be compared at it.
-            let t = runs
-                .iter()
-                .filter(|r| finished(r))
-                .map(|r| {
-                    r.record
-                        .curve
-                        .iter()
-                        .map(|p| p.loss)
-                        .fold(f64::INFINITY, f64::min)
-                })
-                .fold(f64::NEG_INFINITY, f64::max);
-            (
-                t.is_finite().then_some(t),
-                format!(
-                    "the lowest loss every run reached within {} epochs",
-                    settings.max_epochs
-                ),
-            )
-        }
-    };
+    let records: Vec<&RunRecord> = runs.iter().map(|r| &r.record).collect();
+    let (target, source) = common_target(&settings, &records);
     for r in &mut runs {
         if let Some(t) = target
             && finished(r)
@@ -500,8 +489,101 @@ fn document(
         noise,
         quality_loss,
         quality_accuracy,
+        verify: None,
         seconds: started.elapsed().as_secs_f64(),
     }
+}
+
+/// The loss every run is compared at, and where it comes from: `--target-loss`,
+/// else the lowest loss every run that did not diverge reached.
+fn common_target(settings: &SweepSettings, runs: &[&RunRecord]) -> (Option<f64>, String) {
+    match settings.target_loss {
+        Some(t) => (Some(t), "--target-loss".to_string()),
+        None => {
+            let t = runs
+                .iter()
+                .filter(|r| !matches!(r.status, RunStatus::Diverged { .. }))
+                .map(|r| r.curve.iter().map(|p| p.loss).fold(f64::INFINITY, f64::min))
+                .fold(f64::NEG_INFINITY, f64::max);
+            (
+                t.is_finite().then_some(t),
+                format!(
+                    "the lowest loss every run reached within {} epochs",
+                    settings.max_epochs
+                ),
+            )
+        }
+    }
+}
+
+/// A finished sweep read back from its `--out` folder, for `advise
+/// --from-sweep`: S(B) fitted to the first device's steps to target.
+pub struct MeasuredSteps {
+    pub settings: SweepSettings,
+    pub target_loss: f64,
+    pub curve: batchfit_tune::target::StepsCurve,
+    /// Runs whose steps the fit used, and the batches.
+    pub runs: usize,
+    pub batches: Vec<u64>,
+}
+
+/// Reads `DIR/sweep.json` and the first device's `DIR/run-b*-s*.json` and fits
+/// S(B) to their steps to the sweep's target; exit 2 when the folder holds no
+/// sweep or its steps do not follow S(B).
+pub fn read_measured_steps(dir: &Path) -> Result<MeasuredSteps> {
+    let name = dir.display();
+    let file = dir.join(SETTINGS_FILE);
+    let text = std::fs::read_to_string(&file)
+        .map_err(|e| Error::input_because(format!("--from-sweep {}", file.display()), e))?;
+    let settings: SweepSettings = serde_json::from_str(&text).map_err(|e| {
+        Error::input_because(
+            format!("--from-sweep {}: not a batchfit sweep", file.display()),
+            e,
+        )
+    })?;
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| Error::input_because(format!("--from-sweep {name}"), e))?;
+    let mut records: Vec<RunRecord> = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let file_name = entry.file_name().to_string_lossy().to_string();
+        if !(file_name.starts_with("run-b") && file_name.ends_with(".json")) {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| Error::input_because(path.display().to_string(), e))?;
+        records.push(serde_json::from_str(&text).map_err(|e| {
+            Error::input_because(format!("{}: not a sweep run record", path.display()), e)
+        })?);
+    }
+    let refs: Vec<&RunRecord> = records.iter().collect();
+    let (target, _) = common_target(&settings, &refs);
+    let Some(target) = target else {
+        return Err(Error::input(format!(
+            "--from-sweep {name}: no finished runs to take steps to a target from"
+        )));
+    };
+    let points: Vec<(f64, f64)> = records
+        .iter()
+        .filter(|r| !matches!(r.status, RunStatus::Diverged { .. }))
+        .filter_map(|r| first_reach(&r.curve, target).map(|(s, _, _)| (r.batch as f64, s)))
+        .collect();
+    let Some(curve) = fit_steps(&points) else {
+        return Err(Error::input(format!(
+            "--from-sweep {name}: the steps to target of its {} runs do not follow S(B) = S_min (1 + B_noise/B) (they need two or more batches whose steps fall with the batch no faster than 1/B)",
+            points.len()
+        )));
+    };
+    let mut batches: Vec<u64> = points.iter().map(|p| p.0 as u64).collect();
+    batches.sort_unstable();
+    batches.dedup();
+    Ok(MeasuredSteps {
+        settings,
+        target_loss: target,
+        curve,
+        runs: points.len(),
+        batches,
+    })
 }
 
 /// Steps and seconds to target per batch on each device.

@@ -8,7 +8,7 @@ use crate::{align_numbers, esc, table, thousands};
 use batchfit_plan::{Bytes, Plan};
 use batchfit_tune::diagnose::Finding;
 use batchfit_tune::target::{PredictionBasis, TimeToTarget};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub use batchfit_tune::advice::{Accumulation, MaxBatchSource, Recommendation};
 
@@ -20,6 +20,8 @@ pub struct AdviseDocument {
     pub model: String,
     pub parameters: u64,
     pub command: String,
+    /// The model and data as given, so `sweep --verify` trains the same.
+    pub inputs: AdviceInputs,
     pub machine: String,
     pub data: Option<String>,
     pub plan: Plan,
@@ -41,6 +43,19 @@ pub struct AdviseDocument {
     /// With no `--device`: the kinds of device this build or machine could
     /// not use, each with the reason.
     pub devices_not_used: Vec<String>,
+}
+
+/// What `advise` was given: the model (null: the default model with the
+/// shipped digits), the data options and the optimizer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AdviceInputs {
+    pub model: Option<String>,
+    pub data: Option<String>,
+    pub labels: Option<String>,
+    pub label_col: Option<isize>,
+    /// `mse` or `ce` when the model's loss was replaced.
+    pub loss: Option<String>,
+    pub optimizer: String,
 }
 
 /// Time to target across data-parallel world sizes of one measured device.
@@ -105,36 +120,48 @@ pub fn render(d: &AdviseDocument) -> String {
     }
     if let Some(p) = &d.prediction {
         out.push_str(&format!(
-            "  critical batch ≈ {} for training to loss {:.4} (the noise scale of the steps along the measured run, each stretch weighted by the updates it needs)\n",
+            "  critical batch ≈ {} for training to loss {:.4} ({})\n",
             thousands(p.curve.b_noise.round() as u64),
-            p.target_loss
+            p.target_loss,
+            if p.measured {
+                "B_noise fitted to the steps to target of real trainings"
+            } else {
+                "the noise scale of the steps along the measured run, each stretch weighted by the updates it needs"
+            }
         ));
     }
     if let Some(n) = &d.noise
         && let Some(c) = n.critical_batch
     {
-        out.push_str(&format!(
-            "  {} ≈ {} (B_simple of the raw gradient{}; 90 % band {}–{})\n",
-            if d.prediction.is_some() {
-                "B_simple"
-            } else {
-                "critical batch"
-            },
-            thousands(c),
-            if d.prediction.is_some() {
-                " at the end of the noise run"
-            } else {
-                ", measured on the data"
-            },
+        let band = format!(
+            "90 % band {}–{}",
             n.b_simple_low
                 .map(|x| format!("{x:.0}"))
                 .unwrap_or_else(|| "?".into()),
             n.b_simple_high
                 .map(|x| format!("{x:.0}"))
                 .unwrap_or_else(|| "∞".into()),
-        ));
+        );
+        out.push_str(&if d.prediction.is_some() {
+            format!(
+                "  the raw gradient's B_simple at the end of the noise run: {} ({band})\n",
+                thousands(c)
+            )
+        } else {
+            format!(
+                "  critical batch ≈ {} (gradient noise scale measured on the data; {band})\n",
+                thousands(c)
+            )
+        });
     }
-    out.push_str(&time_to_target_table(&d.time_to_target, d.target_loss));
+    out.push_str(&time_to_target_table(
+        &d.time_to_target,
+        d.target_loss,
+        match &d.prediction {
+            Some(p) if p.measured => "steps measured by a sweep x measured step time",
+            _ => "steps from the noise scale x measured step time",
+        },
+    ));
     if let Some(p) = &d.prediction {
         out.push_str(&prediction_basis(p));
     }
@@ -307,11 +334,15 @@ pub fn html(d: &AdviseDocument) -> String {
 }
 
 /// The time-to-target table `advise` and `run` print (empty without rows).
-pub fn time_to_target_table(rows: &[TimeToTarget], target_loss: Option<f64>) -> String {
+pub fn time_to_target_table(
+    rows: &[TimeToTarget],
+    target_loss: Option<f64>,
+    source: &str,
+) -> String {
     let mut out = String::new();
     if !rows.is_empty() {
         out.push_str(&format!(
-            "\nPREDICTED TIME TO TARGET{} (steps from the noise scale x measured step time)\n",
+            "\nPREDICTED TIME TO TARGET{} ({source})\n",
             target_loss
                 .map(|l| format!(" (loss {l:.4})"))
                 .unwrap_or_default()
@@ -358,17 +389,32 @@ pub fn time_to_target_table(rows: &[TimeToTarget], target_loss: Option<f64>) -> 
 
 /// The lines under the time-to-target table that say what it assumes.
 pub fn prediction_basis(p: &PredictionBasis) -> String {
+    let run = match (p.run_batch, p.run_lr) {
+        (Some(b), Some(lr)) => format!(
+            "; the noise run trained at batch {} with lr {lr:.2e}",
+            thousands(b)
+        ),
+        _ => String::new(),
+    };
+    let held = if p.lr.cap_batch.is_some() {
+        "; held past B_noise, where the best rate stops growing"
+    } else {
+        ""
+    };
+    let warmup = if p.warmup_epochs > 0.0 {
+        format!("a {} epoch(s) linear warm-up", p.warmup_epochs)
+    } else {
+        "no warm-up".to_string()
+    };
     format!(
-        "  assumes: learning rate lr(B) = {} ({}; held past B_noise, where the best rate stops growing) at every batch; the noise run trained at batch {} with lr {:.2e};\n  updates: {} (S_min {:.0}, B_noise {:.0} over the run{}); one update = {}.\n",
+        "  assumes: learning rate lr(B) = {} ({}{held}) at every batch, {warmup}{run};\n  updates: {} (S_min {:.0}, B_noise {:.0}{}); one update = {}.\n",
         p.lr.formula(),
         p.lr.rule.source(),
-        thousands(p.run_batch),
-        p.run_lr,
         p.method,
         p.curve.s_min,
         p.curve.b_noise,
         p.b_simple_end
-            .map(|b| format!(", {b:.0} at its end"))
+            .map(|b| format!("; B_simple {b:.0} at the run's end"))
             .unwrap_or_default(),
         p.step_time
     )

@@ -260,6 +260,7 @@ pub fn render(d: &RunDocument) -> String {
     out.push_str(&crate::advise::time_to_target_table(
         &d.time_to_target,
         d.target_loss,
+        "steps from the noise scale x measured step time",
     ));
     if !d.findings.is_empty() {
         out.push_str("\nDIAGNOSIS (from the measurements)\n");

@@ -128,7 +128,88 @@ pub struct SweepDocument {
     pub quality_accuracy: Option<QualityVerdict>,
     /// The quality answer in words.
     pub quality_statement: String,
+    /// `--verify`: the advice's prediction beside these trainings.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verify: Option<VerifyReport>,
     pub seconds: f64,
+}
+
+/// `sweep --verify ADVICE.json`: predicted beside measured, and the verdict.
+#[derive(Clone, Debug, Serialize)]
+pub struct VerifyReport {
+    /// The advice file.
+    pub advice: String,
+    /// The device whose recommendation is checked (the runs train on it).
+    pub device: String,
+    /// What the prediction assumed; the runs trained with it.
+    pub basis: batchfit_tune::target::PredictionBasis,
+    pub rows: Vec<batchfit_tune::verify::VerifyRow>,
+    pub verdict: batchfit_tune::verify::Verdict,
+}
+
+/// The `--verify` table and its verdict.
+pub fn verify_table(v: &VerifyReport) -> String {
+    let mut out = format!(
+        "\nPREDICTED (advice {}) BESIDE MEASURED (mean ± sd over seeds), to loss {:.4}, lr(B) = {}\n",
+        v.advice,
+        v.basis.target_loss,
+        v.basis.lr.formula()
+    );
+    let mut t = table(&[
+        "batch",
+        "steps predicted",
+        "steps measured",
+        "error",
+        "time predicted",
+        "time measured",
+        "error",
+        "vs best predicted",
+        "vs best measured",
+        "error",
+    ]);
+    let secs = |x: f64| crate::duration(x);
+    for r in &v.rows {
+        t.add_row(vec![
+            thousands(r.batch),
+            format!("{:.0}", r.predicted_steps),
+            match r.steps_mean {
+                Some(_) if r.reached < r.runs => format!(
+                    "{} ({}/{} reached)",
+                    pm(r.steps_mean, r.steps_std, 0),
+                    r.reached,
+                    r.runs
+                ),
+                Some(_) => pm(r.steps_mean, r.steps_std, 0),
+                None => format!("not reached (0/{})", r.runs),
+            },
+            opt(r.steps_error_pct, |e| format!("{e:+.0}%")),
+            opt(r.predicted_seconds, secs),
+            match (r.seconds_mean, r.seconds_std) {
+                (Some(m), Some(s)) => format!("{} ± {}", secs(m), secs(s)),
+                _ => "-".into(),
+            },
+            opt(r.seconds_error_pct, |e| format!("{e:+.0}%")),
+            opt(r.predicted_vs_best, |x| format!("{x:.2}x")),
+            opt(r.vs_best, |x| format!("{x:.2}x")),
+            opt(r.vs_best_error_pct, |e| format!("{e:+.0}%")),
+        ]);
+    }
+    align_numbers(&mut t, 0);
+    out.push_str(&t.to_string());
+    out.push('\n');
+    let worst = |w: Option<(u64, f64)>| {
+        w.map_or("-".to_string(), |(b, e)| {
+            format!("{:.0} % (batch {b})", e.abs())
+        })
+    };
+    out.push_str(&format!(
+        "predicted time relative to the best: worst error {}; predicted seconds: worst error {}\n",
+        worst(v.verdict.worst_relative),
+        worst(v.verdict.worst_absolute)
+    ));
+    out.push_str(&v.verdict.line);
+    out.push('\n');
+    out
 }
 
 fn opt(x: Option<f64>, f: impl Fn(f64) -> String) -> String {
@@ -272,6 +353,10 @@ pub fn render(d: &SweepDocument) -> String {
         resumed,
         d.seconds
     ));
+    // Last, so the output ends with whether the advice held.
+    if let Some(v) = &d.verify {
+        out.push_str(&verify_table(v));
+    }
     out
 }
 
@@ -511,4 +596,84 @@ pub fn html(d: &SweepDocument) -> String {
     body.push_str("</pre>\n<h2>Figures</h2>\n");
     body.push_str(&crate::figures_html(figures(d)));
     crate::page(&format!("sweep {}", d.settings.model), &body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use batchfit_tune::lr::{LrRule, LrScaling};
+    use batchfit_tune::target::{PredictionBasis, StepsCurve};
+    use batchfit_tune::verify::{Measured, Predicted, verify};
+
+    /// The verify table has a row per batch and ends with the verdict line.
+    #[test]
+    fn the_verify_table_ends_with_the_verdict() {
+        let predicted = [
+            Predicted {
+                batch: 64,
+                steps: 300.0,
+                seconds: Some(0.09),
+            },
+            Predicted {
+                batch: 256,
+                steps: 100.0,
+                seconds: Some(0.06),
+            },
+        ];
+        let measured = [
+            Measured {
+                batch: 64,
+                runs: 2,
+                steps: vec![310.0, 330.0],
+                seconds: vec![0.10, 0.11],
+            },
+            Measured {
+                batch: 256,
+                runs: 2,
+                steps: vec![105.0, 95.0],
+                seconds: vec![0.07, 0.065],
+            },
+        ];
+        let (rows, verdict) = verify(&predicted, &measured, 256);
+        let report = VerifyReport {
+            advice: "advice.json".into(),
+            device: "cpu".into(),
+            basis: PredictionBasis {
+                lr: LrScaling {
+                    rule: LrRule::Sqrt,
+                    ref_batch: 16,
+                    ref_lr: 1e-3,
+                    cap_batch: Some(400),
+                },
+                warmup_epochs: 0.0,
+                measured: false,
+                run_batch: Some(128),
+                run_lr: Some(2.83e-3),
+                target_loss: 0.07,
+                updates_to_target: Some(150.0),
+                curve: StepsCurve {
+                    s_min: 50.0,
+                    b_noise: 400.0,
+                },
+                b_simple_end: None,
+                segments: Vec::new(),
+                method: String::new(),
+                step_time: String::new(),
+            },
+            rows,
+            verdict,
+        };
+        let text = verify_table(&report);
+        assert!(text.contains("held from B = 400"), "{text}");
+        assert_eq!(
+            text.matches("│    64 ").count() + text.matches("│   256 ").count(),
+            2,
+            "{text}"
+        );
+        let last = text.trim_end().lines().last().unwrap();
+        assert!(
+            last.starts_with("The advice held: batch 256 reached the target fastest"),
+            "{last}"
+        );
+    }
 }

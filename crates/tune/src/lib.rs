@@ -11,6 +11,8 @@
 //!   loss per device and batch;
 //! - [`trajectory`]: updates to a target summed over the stretches of a
 //!   measured run, each with its own noise scale;
+//! - [`verify`]: predicted time to target beside real trainings, and whether
+//!   the recommendation held;
 //! - [`advice`]: the recommendation for one device from its measurements;
 //! - [`diagnose`]: findings from the measured curves.
 //! - [`sweep`]: records of real training runs, the fit of steps to target
@@ -26,3 +28,4 @@ pub mod stats;
 pub mod sweep;
 pub mod target;
 pub mod trajectory;
+pub mod verify;

@@ -114,13 +114,18 @@ pub fn rank(options: &[TrainingOption], b_noise: f64, s_min: Option<f64>) -> Vec
 pub struct PredictionBasis {
     /// `lr(B) = rule(ref_lr, min(B, cap) / ref_batch)`.
     pub lr: crate::lr::LrScaling,
-    /// The batch and learning rate of the measured run.
-    pub run_batch: u64,
-    pub run_lr: f64,
+    /// Epochs of linear warm-up to that rate (0: none).
+    pub warmup_epochs: f64,
+    /// The steps were measured by real trainings (a sweep), not predicted.
+    pub measured: bool,
+    /// The batch and learning rate of the measured run (null when the curve
+    /// was fitted to a sweep's runs).
+    pub run_batch: Option<u64>,
+    pub run_lr: Option<f64>,
     /// The loss the prediction is for.
     pub target_loss: f64,
     /// Updates the run took to reach it.
-    pub updates_to_target: f64,
+    pub updates_to_target: Option<f64>,
     /// S(B) drawn from the run: S_min and the effective B_noise.
     pub curve: StepsCurve,
     /// The noise scale at the end of the run, for comparison.

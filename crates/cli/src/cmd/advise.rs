@@ -44,6 +44,10 @@ pub struct AdviseArgs {
     /// With --gpus: the link of the ring between the devices.
     #[arg(long, value_enum, default_value = "pcie4", requires = "gpus")]
     pub link: LinkPreset,
+    /// A finished sweep's --out folder: its measured steps to target (S_min and B_noise
+    /// fitted to them) replace the noise run's prediction, with its learning-rate rule.
+    #[arg(long, value_name = "DIR")]
+    pub from_sweep: Option<PathBuf>,
     /// Write a self-contained HTML report with plots here.
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
@@ -75,6 +79,7 @@ pub fn run(args: AdviseArgs) -> CliResult {
         gpus: args.gpus.clone(),
         strategy: args.strategy,
         link: args.link.link(),
+        from_sweep: args.from_sweep.clone(),
     };
     let bar = progress(args.json);
     let doc = advise(&cfg, &bar)?;

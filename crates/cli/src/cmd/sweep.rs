@@ -8,6 +8,7 @@ use crate::options::{
 };
 use batchfit_pipeline::probe::parse_devices;
 use batchfit_pipeline::sweep::{SweepConfig, sweep};
+use batchfit_pipeline::verify::{Advice, read_advice};
 use batchfit_plan::Optimizer;
 use batchfit_report::sweep::{html, render};
 use batchfit_tune::lr::LrRule;
@@ -20,9 +21,15 @@ pub struct SweepArgs {
     pub model: Option<String>,
     #[command(flatten)]
     pub data: DataFlags,
-    /// Batch sizes to train with (comma-separated).
-    #[arg(long, value_delimiter = ',', value_parser = positive_u64, default_value = "16,64,256")]
+    /// Batch sizes to train with (comma-separated) [default: 16,64,256; with --verify the
+    /// recommended batch and its neighbours in the advice's table].
+    #[arg(long, value_delimiter = ',', value_parser = positive_u64)]
     pub batches: Vec<u64>,
+    /// Check an advice: train its recommended batch and neighbours with its model, data,
+    /// learning-rate rule and target (no warm-up, as it predicted), and print predicted
+    /// beside measured with a verdict. FILE is the output of `batchfit advise --json`.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["lr_rule", "ref_batch", "ref_lr", "lr_cap", "optimizer", "warmup_epochs", "target_loss", "device"])]
+    pub verify: Option<PathBuf>,
     /// How the learning rate follows the batch [default: sqrt for Adam-family
     /// optimizers, linear for SGD].
     #[arg(long, value_enum)]
@@ -100,10 +107,65 @@ fn parse_split(s: &str) -> Result<f64, String> {
 }
 
 pub fn run(args: SweepArgs) -> CliResult {
-    let cfg = SweepConfig {
+    let cfg = match &args.verify {
+        Some(path) => verifying(&args, read_advice(path)?)?,
+        None => config(&args)?,
+    };
+    let bar = progress(args.json);
+    bar.0.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:30} run {msg} (about {eta} left)",
+        )
+        .expect("valid template"),
+    );
+    let doc = sweep(&cfg, &bar)?;
+    drop(bar);
+    emit_with_html(&doc, args.json, render, args.html.as_deref(), html)
+}
+
+/// The sweep that checks `advice`: its model and data unless given, its
+/// device, rule, reference, cap and target; no warm-up; no second noise run.
+fn verifying(args: &SweepArgs, advice: Advice) -> CliResult<SweepConfig> {
+    let lr = advice.basis.lr;
+    let optimizer = Optimizer::parse(&advice.inputs.optimizer).ok_or_else(|| {
+        batchfit_pipeline::Error::input(format!(
+            "--verify {}: unknown optimizer `{}`",
+            advice.path.display(),
+            advice.inputs.optimizer
+        ))
+    })?;
+    Ok(SweepConfig {
+        model: args.model.clone().or_else(|| advice.inputs.model.clone()),
+        data: advice.data_source(&args.data.source())?,
+        batches: if args.batches.is_empty() {
+            advice.default_batches()
+        } else {
+            args.batches.clone()
+        },
+        lr_rule: Some(lr.rule),
+        ref_batch: Some(lr.ref_batch),
+        ref_lr: lr.ref_lr,
+        lr_cap: lr.cap_batch,
+        optimizer,
+        warmup_epochs: 0.0,
+        target_loss: Some(advice.basis.target_loss),
+        no_noise: true,
+        devices: parse_devices(std::slice::from_ref(&advice.device))?,
+        verify: Some(advice),
+        ..config(args)?
+    })
+}
+
+/// The sweep the flags describe.
+fn config(args: &SweepArgs) -> CliResult<SweepConfig> {
+    Ok(SweepConfig {
         model: args.model.clone(),
         data: args.data.source(),
-        batches: args.batches.clone(),
+        batches: if args.batches.is_empty() {
+            vec![16, 64, 256]
+        } else {
+            args.batches.clone()
+        },
         lr_rule: args.lr_rule,
         ref_batch: args.ref_batch,
         ref_lr: args.ref_lr,
@@ -121,15 +183,6 @@ pub fn run(args: SweepArgs) -> CliResult {
         threads: args.threads,
         devices: parse_devices(&args.device)?,
         html: args.html.clone(),
-    };
-    let bar = progress(args.json);
-    bar.0.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] {bar:30} run {msg} (about {eta} left)",
-        )
-        .expect("valid template"),
-    );
-    let doc = sweep(&cfg, &bar)?;
-    drop(bar);
-    emit_with_html(&doc, args.json, render, args.html.as_deref(), html)
+        verify: None,
+    })
 }

@@ -1,0 +1,305 @@
+//! Predicted beside measured: `advise`'s time to target held against real
+//! trainings of the same batches, with the same learning rates, to the same
+//! target; and whether the recommended batch was, as trained, the fastest.
+
+use crate::sweep::mean_std;
+use serde::{Deserialize, Serialize};
+
+/// The recommended batch counts as right when its measured time to target is
+/// within this share of the fastest measured batch's.
+pub const RECOMMENDATION_TOLERANCE: f64 = 0.05;
+
+/// What `advise` predicted for one batch.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Predicted {
+    pub batch: u64,
+    pub steps: f64,
+    /// Predicted seconds, when the batch's step time was measured.
+    pub seconds: Option<f64>,
+}
+
+/// What the trainings of one batch measured: one value per seed that reached
+/// the target, out of `runs`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Measured {
+    pub batch: u64,
+    pub runs: usize,
+    pub steps: Vec<f64>,
+    pub seconds: Vec<f64>,
+}
+
+/// One batch, predicted beside measured.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VerifyRow {
+    pub batch: u64,
+    pub predicted_steps: f64,
+    pub predicted_seconds: Option<f64>,
+    /// Predicted seconds over the smallest predicted seconds of the batches verified.
+    pub predicted_vs_best: Option<f64>,
+    pub runs: usize,
+    /// Runs that reached the target.
+    pub reached: usize,
+    pub steps_mean: Option<f64>,
+    pub steps_std: Option<f64>,
+    pub seconds_mean: Option<f64>,
+    pub seconds_std: Option<f64>,
+    /// Measured seconds over the fastest measured batch's (batches all of whose runs reached it).
+    pub vs_best: Option<f64>,
+    /// (predicted - measured) / measured, percent.
+    pub steps_error_pct: Option<f64>,
+    pub seconds_error_pct: Option<f64>,
+    pub vs_best_error_pct: Option<f64>,
+}
+
+/// Whether the advice held.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Verdict {
+    pub recommended: u64,
+    /// The batch with the lowest measured mean time to target (all its runs reached it).
+    pub fastest: Option<u64>,
+    /// Recommended over fastest measured time.
+    pub recommended_vs_fastest: Option<f64>,
+    /// The difference is within two standard errors of the seeds' spread.
+    pub within_seed_noise: bool,
+    /// The recommended batch is the fastest, within [`RECOMMENDATION_TOLERANCE`]
+    /// or within the seeds' noise.
+    pub held: bool,
+    /// The largest |error| of the predicted time relative to the best, and its batch.
+    pub worst_relative: Option<(u64, f64)>,
+    /// The largest |error| of the predicted seconds, and its batch.
+    pub worst_absolute: Option<(u64, f64)>,
+    /// The verdict in one line.
+    pub line: String,
+}
+
+fn pct(predicted: f64, measured: f64) -> f64 {
+    100.0 * (predicted - measured) / measured
+}
+
+/// The rows (in the order of `predicted`) and the verdict on `recommended`.
+pub fn verify(
+    predicted: &[Predicted],
+    measured: &[Measured],
+    recommended: u64,
+) -> (Vec<VerifyRow>, Verdict) {
+    let stat = |v: &[f64]| (!v.is_empty()).then(|| mean_std(v));
+    let of = |b: u64| measured.iter().find(|m| m.batch == b);
+    let complete = |m: &Measured| m.runs > 0 && m.seconds.len() == m.runs;
+    let fastest = measured
+        .iter()
+        .filter(|m| complete(m))
+        .filter_map(|m| stat(&m.seconds).map(|s| (m, s)))
+        .min_by(|a, b| a.1.0.total_cmp(&b.1.0));
+    let best_predicted = predicted
+        .iter()
+        .filter_map(|p| p.seconds)
+        .fold(f64::INFINITY, f64::min);
+    let rows: Vec<VerifyRow> = predicted
+        .iter()
+        .map(|p| {
+            let m = of(p.batch);
+            let steps = m.and_then(|m| stat(&m.steps));
+            let seconds = m.and_then(|m| stat(&m.seconds));
+            let vs_best = match (m, seconds, fastest) {
+                (Some(m), Some(s), Some((_, f))) if complete(m) => Some(s.0 / f.0),
+                _ => None,
+            };
+            let predicted_vs_best = p.seconds.map(|s| s / best_predicted);
+            VerifyRow {
+                batch: p.batch,
+                predicted_steps: p.steps,
+                predicted_seconds: p.seconds,
+                predicted_vs_best,
+                runs: m.map_or(0, |m| m.runs),
+                reached: m.map_or(0, |m| m.seconds.len()),
+                steps_mean: steps.map(|s| s.0),
+                steps_std: steps.map(|s| s.1),
+                seconds_mean: seconds.map(|s| s.0),
+                seconds_std: seconds.map(|s| s.1),
+                vs_best,
+                steps_error_pct: steps.map(|s| pct(p.steps, s.0)),
+                seconds_error_pct: p.seconds.zip(seconds).map(|(p, s)| pct(p, s.0)),
+                vs_best_error_pct: predicted_vs_best.zip(vs_best).map(|(p, m)| pct(p, m)),
+            }
+        })
+        .collect();
+    let worst = |f: fn(&VerifyRow) -> Option<f64>| {
+        rows.iter()
+            .filter_map(|r| f(r).map(|e| (r.batch, e)))
+            .max_by(|a, b| a.1.abs().total_cmp(&b.1.abs()))
+    };
+    let worst_relative = worst(|r| r.vs_best_error_pct);
+    let worst_absolute = worst(|r| r.seconds_error_pct);
+    let rec = of(recommended);
+    let rec_seconds = rec.filter(|m| complete(m)).and_then(|m| stat(&m.seconds));
+    let (recommended_vs_fastest, within_seed_noise) = match (rec, rec_seconds, fastest) {
+        (Some(r), Some(rs), Some((f, fs))) => {
+            let se = (rs.1.powi(2) / r.seconds.len() as f64
+                + fs.1.powi(2) / f.seconds.len() as f64)
+                .sqrt();
+            (Some(rs.0 / fs.0), rs.0 - fs.0 <= 2.0 * se)
+        }
+        _ => (None, false),
+    };
+    let held = recommended_vs_fastest.is_some_and(|r| r <= 1.0 + RECOMMENDATION_TOLERANCE)
+        || within_seed_noise;
+    let line = match (recommended_vs_fastest, fastest) {
+        (Some(_), Some((f, fs))) if f.batch == recommended => format!(
+            "The advice held: batch {recommended} reached the target fastest ({}, mean of {} runs).",
+            seconds(fs.0),
+            f.seconds.len()
+        ),
+        (Some(r), Some((f, fs))) if held => format!(
+            "The advice held: batch {recommended} took {} ({:+.0} % against the fastest, batch {} at {}), {}.",
+            seconds(fs.0 * r),
+            100.0 * (r - 1.0),
+            f.batch,
+            seconds(fs.0),
+            if r <= 1.0 + RECOMMENDATION_TOLERANCE {
+                format!("within {:.0} %", 100.0 * RECOMMENDATION_TOLERANCE)
+            } else {
+                "within the seeds' noise".to_string()
+            }
+        ),
+        (Some(r), Some((f, fs))) => format!(
+            "The advice did not hold: batch {recommended} took {}, {:.0} % more than batch {} ({}), beyond the seeds' noise.",
+            seconds(fs.0 * r),
+            100.0 * (r - 1.0),
+            f.batch,
+            seconds(fs.0)
+        ),
+        _ => format!(
+            "The advice could not be checked: batch {recommended} {}.",
+            if rec.is_none() {
+                "was not trained"
+            } else {
+                "did not reach the target in every run"
+            }
+        ),
+    };
+    (
+        rows,
+        Verdict {
+            recommended,
+            fastest: fastest.map(|(f, _)| f.batch),
+            recommended_vs_fastest,
+            within_seed_noise,
+            held,
+            worst_relative,
+            worst_absolute,
+            line,
+        },
+    )
+}
+
+/// "0.064 s" / "1.27 s" / "95.3 s".
+fn seconds(s: f64) -> String {
+    if s < 1.0 {
+        format!("{s:.3} s")
+    } else if s < 10.0 {
+        format!("{s:.2} s")
+    } else {
+        format!("{s:.1} s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(batch: u64, seconds: &[f64]) -> Measured {
+        Measured {
+            batch,
+            runs: 3,
+            steps: seconds.iter().map(|s| s * 1000.0).collect(),
+            seconds: seconds.to_vec(),
+        }
+    }
+
+    fn p(batch: u64, seconds: f64) -> Predicted {
+        Predicted {
+            batch,
+            steps: seconds * 1000.0,
+            seconds: Some(seconds),
+        }
+    }
+
+    #[test]
+    fn the_fastest_batch_as_recommended_holds_and_errors_are_per_batch() {
+        let pred = [p(64, 0.12), p(128, 0.10), p(256, 0.11)];
+        let meas = [
+            m(64, &[0.15, 0.16, 0.14]),
+            m(128, &[0.10, 0.11, 0.12]),
+            m(256, &[0.13, 0.12, 0.14]),
+        ];
+        let (rows, v) = verify(&pred, &meas, 128);
+        assert!(v.held && v.fastest == Some(128), "{v:?}");
+        assert!(
+            v.line
+                .starts_with("The advice held: batch 128 reached the target fastest"),
+            "{}",
+            v.line
+        );
+        // 64: predicted 1.2x the best, measured 0.15/0.11 = 1.364x.
+        let e = rows[0].vs_best_error_pct.unwrap();
+        assert!(
+            (e - 100.0 * (1.2 / (0.15 / 0.11) - 1.0)).abs() < 1e-9,
+            "{e}"
+        );
+        assert!((rows[1].seconds_error_pct.unwrap() - 100.0 * (0.10 / 0.11 - 1.0)).abs() < 1e-9);
+        assert_eq!(v.worst_relative.unwrap().0, 64);
+    }
+
+    #[test]
+    fn a_slower_recommendation_holds_only_within_tolerance_or_seed_noise() {
+        let pred = [p(128, 0.10), p(256, 0.11)];
+        // 128 is 20 % slower than 256 with tight seeds: did not hold.
+        let (_, v) = verify(
+            &pred,
+            &[
+                m(128, &[0.120, 0.121, 0.119]),
+                m(256, &[0.100, 0.101, 0.099]),
+            ],
+            128,
+        );
+        assert!(!v.held && !v.within_seed_noise, "{v:?}");
+        assert!(
+            v.line
+                .starts_with("The advice did not hold: batch 128 took"),
+            "{}",
+            v.line
+        );
+        // 3 % slower: within the tolerance.
+        let (_, v) = verify(
+            &pred,
+            &[
+                m(128, &[0.103, 0.104, 0.102]),
+                m(256, &[0.100, 0.101, 0.099]),
+            ],
+            128,
+        );
+        assert!(v.held && !v.within_seed_noise, "{v:?}");
+        // 20 % slower but the seeds scatter by 30 %: within the seeds' noise.
+        let (_, v) = verify(
+            &pred,
+            &[m(128, &[0.08, 0.12, 0.16]), m(256, &[0.07, 0.10, 0.13])],
+            128,
+        );
+        assert!(v.held && v.within_seed_noise, "{v:?}");
+        assert!(v.line.contains("within the seeds' noise"), "{}", v.line);
+    }
+
+    #[test]
+    fn a_recommendation_that_did_not_reach_the_target_cannot_be_checked() {
+        let pred = [p(128, 0.10), p(256, 0.11)];
+        let mut short = m(128, &[0.1]);
+        short.runs = 3;
+        let (rows, v) = verify(&pred, &[short, m(256, &[0.1, 0.1, 0.1])], 128);
+        assert!(!v.held && rows[0].vs_best.is_none());
+        assert!(
+            v.line.contains("did not reach the target in every run"),
+            "{}",
+            v.line
+        );
+    }
+}
