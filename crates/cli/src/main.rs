@@ -1,4 +1,4 @@
-//! The `batchfit` command line: advise, plan, probe, noise, run, sweep.
+//! The `batchfit` command line: advise, plan, probe, noise, schedule, run, sweep.
 
 mod cmd;
 mod error;
@@ -31,6 +31,8 @@ enum Command {
     Probe(cmd::probe::ProbeArgs),
     /// Gradient noise scale on your data: critical batch, steps and epochs per batch, learning rates.
     Noise(cmd::noise::NoiseArgs),
+    /// A batch-size schedule from the noise scale along a real run: stages, rates, predicted time (advise's flags).
+    Schedule(cmd::advise::AdviseArgs),
     /// Real short trainings per batch size and seed on your data: steps to target vs prediction, quality.
     Sweep(cmd::sweep::SweepArgs),
     /// Your own training command (any framework), once per batch size in fresh processes.
@@ -48,6 +50,7 @@ fn main() -> ExitCode {
         Command::Probe(args) => cmd::probe::run(args),
         Command::Noise(args) => cmd::noise::run(args),
         Command::Run(args) => cmd::run::run(args),
+        Command::Schedule(args) => cmd::advise::run_schedule(args),
         Command::Sweep(args) => cmd::sweep::run(args),
         Command::Worker { request } => batchfit_engine::worker::serve(&request).map_err(|e| {
             batchfit_pipeline::Error::failure("the measuring worker failed", e).into()

@@ -148,6 +148,24 @@ fn advise_json_has_every_documented_key() {
     );
 }
 
+#[test]
+fn schedule_json_has_every_documented_key() {
+    check(
+        "schedule",
+        &[
+            "schedule",
+            "--noise-steps",
+            "60",
+            "--batches",
+            "8,32,128",
+            "--time-cap",
+            "0.2",
+            "--warmup",
+            "1",
+        ],
+    );
+}
+
 #[cfg(unix)]
 #[test]
 fn run_json_has_every_documented_key() {

@@ -390,3 +390,130 @@ fn verify_refuses_what_is_not_an_advice_with_a_prediction() {
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
 }
+
+/// `sweep --schedule ramp`: every seed also trains the ramp from the noise run
+/// (same seeds and split), whose batches only grow within the batches swept;
+/// the summary compares it with the fastest fixed batch and predicts its steps.
+/// `batchfit schedule --json` writes a schedule `--schedule FILE` trains.
+#[test]
+fn a_ramp_trains_beside_the_fixed_batches_and_a_schedule_file_too() {
+    let d = json(&[
+        "sweep",
+        "--batches",
+        "32,256",
+        "--seeds",
+        "2",
+        "--epochs",
+        "10",
+        "--schedule",
+        "ramp",
+        "--no-noise",
+    ]);
+    let ramp: Vec<&Value> = d["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| !r["record"]["schedule"].is_null())
+        .collect();
+    assert_eq!(ramp.len(), 2, "one ramp run per seed");
+    let stages = d["schedule"]["schedule"]["stages"].as_array().unwrap();
+    let batches: Vec<u64> = stages
+        .iter()
+        .map(|s| s["batch"].as_u64().unwrap())
+        .collect();
+    assert!(batches.windows(2).all(|w| w[0] < w[1]), "{batches:?}");
+    assert!(
+        batches
+            .iter()
+            .all(|&b| (16..=256).contains(&b) && b.is_power_of_two())
+    );
+    assert_eq!(stages[0]["from_samples"], 0);
+    // The fixed batches' table is the fixed runs' only.
+    assert_eq!(d["per_batch"].as_array().unwrap().len(), 2);
+    let s = &d["schedule"];
+    assert_eq!(s["runs"], 2);
+    if s["reached"] == 2
+        && d["per_batch"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|b| b["reached"] == 2)
+    {
+        assert!(s["best_fixed"].as_u64().is_some());
+        assert!(s["seconds_ratio"].as_f64().unwrap() > 0.0);
+    }
+    assert!(s["statement"].as_str().unwrap().starts_with("the schedule"));
+
+    // A schedule from `batchfit schedule --json`, trained as given.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("schedule.json");
+    let sch = json(&[
+        "schedule",
+        "--noise-steps",
+        "60",
+        "--batches",
+        "32,256",
+        "--time-cap",
+        "0.1",
+        "--warmup",
+        "1",
+    ]);
+    assert_eq!(sch["kind"], "schedule");
+    std::fs::write(&file, sch.to_string()).unwrap();
+    let d = json(&[
+        "sweep",
+        "--batches",
+        "64",
+        "--seeds",
+        "1",
+        "--epochs",
+        "5",
+        "--schedule",
+        file.to_str().unwrap(),
+        "--no-noise",
+    ]);
+    let run = d["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| !r["record"]["schedule"].is_null())
+        .unwrap();
+    assert_eq!(run["record"]["schedule"], sch["schedule"]);
+    assert_eq!(
+        run["record"]["batch"],
+        sch["schedule"]["stages"][0]["batch"]
+    );
+}
+
+#[test]
+fn bad_schedules_are_refused_with_the_file_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let backwards = dir.path().join("backwards.json");
+    std::fs::write(
+        &backwards,
+        r#"{"stages": [{"from_samples": 0, "batch": 32, "lr": 0.001}, {"from_samples": 0, "batch": 64, "lr": 0.001}]}"#,
+    )
+    .unwrap();
+    let not_one = dir.path().join("other.json");
+    std::fs::write(&not_one, r#"{"kind": "probe"}"#).unwrap();
+    for (file, says) in [
+        (backwards.to_str().unwrap(), "does not come after"),
+        (not_one.to_str().unwrap(), "not a schedule"),
+        ("/nonexistent/s.json", "/nonexistent/s.json"),
+    ] {
+        let o = batchfit()
+            .args(["sweep", "--schedule", file, "--seeds", "1"])
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{file}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(says) && err.contains(file), "{file}: {err}");
+    }
+    // A schedule needs the noise run on data.
+    let o = batchfit()
+        .args(["schedule", "zoo:mnist-mlp"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--data"));
+}

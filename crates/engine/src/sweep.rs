@@ -5,6 +5,7 @@ use crate::data::from_rows;
 use crate::trainer::{EngineError, TrainConfig, Trainer};
 use batchfit_data::{Batcher, Dataset, Targets};
 use batchfit_graph::Graph;
+use batchfit_tune::schedule::Schedule;
 use batchfit_tune::sweep::{CurvePoint, EpochRecord, RunRecord, RunStatus, first_reach};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -45,6 +46,9 @@ pub struct RunSpec {
     pub target_loss: Option<f64>,
     /// Epochs at most.
     pub max_epochs: u32,
+    /// A batch-size schedule in samples seen: it sets the batch and the rate of
+    /// every step (no warm-up); `batch` and `lr` are then its first stage's.
+    pub schedule: Option<Schedule>,
 }
 
 /// The rows of a training set of `rows` rows whose loss decides when a target
@@ -58,7 +62,7 @@ pub fn target_rows(rows: usize) -> Vec<usize> {
 }
 
 /// When a run evaluates its training loss: [`CHECKS_PER_EPOCH`] times an
-/// epoch, and at least [`CHECK_SPACING`] of the steps so far apart.
+/// epoch, and at least 5 % of the steps so far apart.
 #[derive(Clone, Debug)]
 pub struct Checks {
     every: u64,
@@ -153,6 +157,7 @@ pub fn train_run(
 
     let steps_per_epoch = (train.rows / spec.batch).max(1) as u64;
     let mut checks = Checks::new(train.rows, spec.batch);
+    let mut samples = 0u64;
     let mut batcher = Batcher::new(train.rows, spec.seed);
     let mut curve = vec![CurvePoint {
         step: 0,
@@ -167,21 +172,35 @@ pub fn train_run(
     'epochs: for epoch in 1..=spec.max_epochs {
         let mut epoch_loss = 0.0;
         let mut epoch_steps = 0u64;
+        let mut epoch_samples = 0usize;
         let mut checked = false;
-        for _ in 0..steps_per_epoch {
-            trainer.config.lr = if step < spec.warmup_steps {
-                let t = (step + 1) as f64 / spec.warmup_steps as f64;
-                spec.lr_start + t * (spec.lr - spec.lr_start)
-            } else {
-                spec.lr
+        loop {
+            // An epoch is as many whole batches as its rows hold (the rest is
+            // dropped), at least one: rows / batch steps for a fixed batch.
+            let (batch_size, lr) = match &spec.schedule {
+                Some(s) => {
+                    let stage = s.at(samples);
+                    (stage.batch as usize, stage.lr)
+                }
+                None if step < spec.warmup_steps => {
+                    let t = (step + 1) as f64 / spec.warmup_steps as f64;
+                    (spec.batch, spec.lr_start + t * (spec.lr - spec.lr_start))
+                }
+                None => (spec.batch, spec.lr),
             };
+            if epoch_steps > 0 && epoch_samples + batch_size > train.rows {
+                break;
+            }
+            trainer.config.lr = lr;
             let started = Instant::now();
-            let idx = batcher.next(spec.batch);
+            let idx = batcher.next(batch_size);
             let batch = from_rows(train, graph, &idx, &trainer.device);
             let loss = f64::from(trainer.step(&batch));
             trainer.sync();
             seconds += started.elapsed().as_secs_f64();
             step += 1;
+            samples += batch_size as u64;
+            epoch_samples += batch_size;
             if !loss.is_finite() {
                 status = RunStatus::Diverged {
                     step,
@@ -197,7 +216,7 @@ pub fn train_run(
                 curve.push(CurvePoint {
                     step,
                     seconds,
-                    samples: step * spec.batch as u64,
+                    samples,
                     loss,
                 });
                 if !loss.is_finite() {
@@ -213,7 +232,7 @@ pub fn train_run(
                 }
             }
             progress(
-                ((epoch - 1) as f64 + epoch_steps as f64 / steps_per_epoch as f64)
+                ((epoch - 1) as f64 + (epoch_samples as f64 / train.rows as f64).min(1.0))
                     / spec.max_epochs as f64,
             );
         }
@@ -253,7 +272,10 @@ pub fn train_run(
         target_loss: spec.target_loss,
         status,
         steps_to_target: at_target.map(|a| a.0),
-        epochs_to_target: at_target.map(|a| a.0 / per_epoch),
+        epochs_to_target: at_target.map(|a| match spec.schedule {
+            Some(_) => a.2 / train.rows as f64,
+            None => a.0 / per_epoch,
+        }),
         samples_to_target: at_target.map(|a| a.2),
         seconds_to_target: at_target.map(|a| a.1),
         steps: step,
@@ -262,5 +284,6 @@ pub fn train_run(
         epochs,
         final_val_loss,
         final_val_accuracy,
+        schedule: spec.schedule.clone(),
     })
 }

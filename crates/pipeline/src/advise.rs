@@ -186,6 +186,7 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<AdviseDocum
         time_to_target: verdict.time_to_target,
         target_loss: verdict.target_loss,
         prediction: verdict.basis,
+        schedules: verdict.schedules,
         findings: verdict.findings,
         budgets,
         world_sizes: scale,
@@ -280,6 +281,8 @@ pub struct Decision {
     pub s_min: Option<f64>,
     /// What the time to target rests on.
     pub basis: Option<PredictionBasis>,
+    /// The batch-size ramp on each device (predicted), when the basis has stretches.
+    pub schedules: Vec<batchfit_tune::schedule::DeviceSchedule>,
     pub findings: Vec<Finding>,
 }
 
@@ -354,6 +357,16 @@ pub fn prediction_basis(
     rule: LrRule,
     reference: (u64, f64),
 ) -> Option<PredictionBasis> {
+    prediction_basis_to(n, rule, reference, None)
+}
+
+/// [`prediction_basis`] to `target` instead of the run's final loss.
+pub fn prediction_basis_to(
+    n: &NoiseDocument,
+    rule: LrRule,
+    reference: (u64, f64),
+    target: Option<f64>,
+) -> Option<PredictionBasis> {
     let b_end = n.b_simple;
     if n.lr <= 0.0 || n.history.is_empty() {
         return None;
@@ -369,10 +382,10 @@ pub fn prediction_basis(
         .filter(|p| p.0 >= last_tenth)
         .map(|p| p.1)
         .collect();
-    let target = if tail.is_empty() {
-        losses.last()?.1
-    } else {
-        tail.iter().sum::<f64>() / tail.len() as f64
+    let target = match target {
+        Some(t) => t,
+        None if tail.is_empty() => losses.last()?.1,
+        None => tail.iter().sum::<f64>() / tail.len() as f64,
     };
     let points: Vec<RunPoint> = n
         .history
@@ -579,14 +592,52 @@ pub fn decide(e: &Evidence) -> Decision {
     for t in &mut time_to_target {
         t.learning_rate = Some(lr.at(t.option.effective_batch()));
     }
+    let schedules = basis
+        .as_ref()
+        .map(|b| device_schedules(b, e, &time_to_target))
+        .unwrap_or_default();
     Decision {
         recommendations,
         time_to_target,
         target_loss: basis.as_ref().map(|b| b.target_loss),
         s_min,
         basis,
+        schedules,
         findings,
     }
+}
+
+/// The ramp over the basis's stretches on each measured device, beside the
+/// device's fastest fixed option in the time-to-target table.
+fn device_schedules(
+    basis: &PredictionBasis,
+    e: &Evidence,
+    table: &[batchfit_tune::target::TimeToTarget],
+) -> Vec<batchfit_tune::schedule::DeviceSchedule> {
+    use batchfit_tune::schedule::{doubling, noise_so_far, on_device, ramp};
+    if basis.segments.is_empty() {
+        return Vec::new();
+    }
+    let widest = noise_so_far(&basis.segments)
+        .into_iter()
+        .fold(1.0, f64::max);
+    e.probes
+        .iter()
+        .filter_map(|p| {
+            let times: Vec<(u64, f64)> = update_points(p, e.input_seconds)
+                .iter()
+                .map(|q| (q.batch, q.step_s))
+                .collect();
+            let smallest = times.first()?.0;
+            let r = ramp(&basis.segments, &doubling(smallest, widest), &basis.lr)?;
+            let best = table
+                .iter()
+                .filter(|t| t.option.device == p.device)
+                .min_by(|a, b| a.vs_best.total_cmp(&b.vs_best))
+                .and_then(|t| Some((t.option.effective_batch(), t.steps?, t.seconds?)));
+            Some(on_device(&p.device, &r, &times, p.max_batch, best))
+        })
+        .collect()
 }
 
 /// Median seconds to gather `b` rows and build the batch tensors.

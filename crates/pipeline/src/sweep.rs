@@ -11,10 +11,11 @@ use batchfit_engine::sweep::{RunSpec, train_run};
 use batchfit_engine::{DeviceSpec, TrainConfig};
 use batchfit_plan::Optimizer;
 use batchfit_report::sweep::{
-    BatchSummary, DeviceBatchTimes, DeviceTimes, MeasuredNoise, SweepDocument, SweepRun,
-    SweepSettings, quality_statement,
+    BatchSummary, DeviceBatchTimes, DeviceTimes, MeasuredNoise, ScheduleSummary, SweepDocument,
+    SweepRun, SweepSettings, quality_statement,
 };
 use batchfit_tune::lr::{LrRule, LrScaling};
+use batchfit_tune::schedule::{Schedule, predict, ramp};
 use batchfit_tune::sweep::{
     RunRecord, RunStatus, first_reach, fit_s_min, fit_steps, mean_std, quality,
 };
@@ -59,10 +60,23 @@ pub struct SweepConfig {
     pub devices: Vec<DeviceSpec>,
     /// Checked before any work (the binary writes it).
     pub html: Option<PathBuf>,
+    /// A batch-size schedule trained beside the fixed batches, on every seed.
+    pub schedule: Option<ScheduleChoice>,
     /// `--verify`: the advice whose prediction the runs check (its rule,
     /// target and device are already in the fields above); runs get epochs
     /// enough for three times their predicted steps.
     pub verify: Option<crate::verify::Advice>,
+}
+
+/// Which batch-size schedule a sweep trains beside its fixed batches.
+#[derive(Clone, Debug)]
+pub enum ScheduleChoice {
+    /// The ramp from the noise scale along a noise run on the training split,
+    /// with the sweep's learning-rate rule, over the powers of two from the
+    /// smallest to the largest batch swept.
+    Ramp,
+    /// A schedule from a file (`batchfit schedule --json`, or written by hand).
+    Given { schedule: Schedule, source: String },
 }
 
 /// Progress units per run.
@@ -127,6 +141,27 @@ pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepDocument
         .unwrap_or_else(|| LrRule::for_optimizer(cfg.optimizer.is_adaptive()));
     let ref_batch = cfg.ref_batch.unwrap_or(smallest);
     let seeds: Vec<u64> = (0..cfg.seeds).collect();
+    let mut scaling = LrScaling {
+        rule,
+        ref_batch,
+        ref_lr: cfg.ref_lr,
+        cap_batch: cfg.lr_cap,
+    };
+    // The schedule first: the ramp's stages come from a noise run, whose
+    // noise scale also caps the rate of every run unless --lr-cap is given
+    // (the rule advise predicts with).
+    let planned = match &cfg.schedule {
+        None => None,
+        Some(choice) => {
+            let p = plan_schedule(
+                choice, cfg, &scaling, &batches, &graph, &train, seq_len, progress,
+            )?;
+            if scaling.cap_batch.is_none() && matches!(choice, ScheduleChoice::Ramp) {
+                scaling.cap_batch = p.cap;
+            }
+            Some(p)
+        }
+    };
     let settings = SweepSettings {
         model: graph.name.clone(),
         data: data.source.clone(),
@@ -146,7 +181,11 @@ pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepDocument
         lr_rule: format!("{rule:?}").to_lowercase(),
         ref_batch,
         ref_lr: cfg.ref_lr,
-        lr_cap: cfg.lr_cap,
+        lr_cap: scaling.cap_batch,
+        schedule: cfg.schedule.as_ref().map(|c| match c {
+            ScheduleChoice::Ramp => "ramp".to_string(),
+            ScheduleChoice::Given { source, .. } => source.clone(),
+        }),
         warmup_epochs: cfg.warmup_epochs,
         target_loss: cfg.target_loss,
         max_epochs: cfg.epochs,
@@ -165,16 +204,24 @@ pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepDocument
     .map_err(|e| Error::failure("cannot watch for Ctrl-C", e))?;
 
     // Device-major, then seed-major: an interrupted sweep has whole comparisons
-    // across batches, on the first device first.
-    let mut order: Vec<(DeviceSpec, u64, u64)> = Vec::new();
+    // across batches (and the schedule, after them), on the first device first.
+    let mut order: Vec<(DeviceSpec, Option<u64>, u64)> = Vec::new();
     for &d in &cfg.devices {
         for &s in &seeds {
-            order.extend(batches.iter().map(|&b| (d, b, s)));
+            order.extend(batches.iter().map(|&b| (d, Some(b), s)));
+            if planned.is_some() {
+                order.push((d, None, s));
+            }
         }
     }
     progress.set_length(order.len() as u64 * UNIT);
     let mut runs: Vec<SweepRun> = Vec::new();
-    for (i, &(device, batch, seed)) in order.iter().enumerate() {
+    for (i, &(device, fixed, seed)) in order.iter().enumerate() {
+        let schedule = match fixed {
+            Some(_) => None,
+            None => planned.as_ref().map(|p| p.schedule.clone()),
+        };
+        let batch = fixed.unwrap_or_else(|| schedule.as_ref().map_or(0, |s| s.stages[0].batch));
         let base = TrainConfig {
             optimizer: cfg.optimizer,
             lr: cfg.ref_lr,
@@ -187,7 +234,7 @@ pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepDocument
         let file = cfg
             .out
             .as_ref()
-            .map(|d| run_file(d, tag.as_deref(), batch, seed));
+            .map(|d| run_file(d, tag.as_deref(), fixed, seed));
         if cfg.resume
             && let Some(f) = &file
             && let Ok(text) = std::fs::read_to_string(f)
@@ -197,14 +244,11 @@ pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepDocument
             progress.set_position((i as u64 + 1) * UNIT);
             continue;
         }
-        let lr = LrScaling {
-            rule,
-            ref_batch,
-            ref_lr: cfg.ref_lr,
-            cap_batch: cfg.lr_cap,
-        }
-        .at(batch);
-        let warmup_steps = if batch > ref_batch {
+        let lr = match &schedule {
+            Some(s) => s.stages[0].lr,
+            None => scaling.at(batch),
+        };
+        let warmup_steps = if batch > ref_batch && schedule.is_none() {
             (cfg.warmup_epochs * (train.rows as u64 / batch) as f64).round() as u64
         } else {
             0
@@ -219,12 +263,25 @@ pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepDocument
             max_epochs: cfg.verify.as_ref().map_or(cfg.epochs, |a| {
                 cfg.epochs.max(a.epochs_for(batch, train.rows))
             }),
+            schedule: schedule.clone(),
         };
-        progress.message(format!(
-            "{}/{}: {device}, batch {batch}, seed {seed}, lr {lr:.2e}",
-            i + 1,
-            order.len()
-        ));
+        progress.message(match &schedule {
+            Some(s) => format!(
+                "{}/{}: {device}, schedule {}, seed {seed}",
+                i + 1,
+                order.len(),
+                s.stages
+                    .iter()
+                    .map(|x| x.batch.to_string())
+                    .collect::<Vec<_>>()
+                    .join("→")
+            ),
+            None => format!(
+                "{}/{}: {device}, batch {batch}, seed {seed}, lr {lr:.2e}",
+                i + 1,
+                order.len()
+            ),
+        });
         let record = train_run(&graph, &base, &train, &val, &spec, |done| {
             progress.set_position(i as u64 * UNIT + (done * UNIT as f64) as u64);
         })?;
@@ -246,6 +303,9 @@ pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepDocument
     };
     let first = first_device.to_string();
     let mut doc = document(settings, runs, noise, started, &first);
+    if let Some(p) = planned {
+        doc.schedule = Some(schedule_summary(p, &doc, &first));
+    }
     if let Some(advice) = &cfg.verify {
         let of_first: Vec<SweepRun> = doc
             .runs
@@ -258,15 +318,218 @@ pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepDocument
     Ok(doc)
 }
 
+/// A schedule to train, and the noise run that predicts its steps.
+struct PlannedSchedule {
+    schedule: Schedule,
+    /// The rate cap the noise run's B_noise implies (never below its batch).
+    cap: Option<u64>,
+    source: String,
+    noise: batchfit_report::noise::NoiseDocument,
+    rule: LrRule,
+    reference: (u64, f64),
+}
+
+/// Rows of the noise run's big batch (16 x 8, `noise`'s defaults).
+const SCHEDULE_NOISE_BATCH: (usize, usize) = (16, 8);
+
+/// The noise run on the training split, trained as the sweep's runs are (its
+/// rule at B_big), and the schedule: the ramp over its stretches, or the one given.
+#[allow(clippy::too_many_arguments)]
+fn plan_schedule(
+    choice: &ScheduleChoice,
+    cfg: &SweepConfig,
+    scaling: &LrScaling,
+    batches: &[u64],
+    graph: &batchfit_graph::Graph,
+    train: &Dataset,
+    seq_len: usize,
+    progress: &dyn Progress,
+) -> Result<PlannedSchedule> {
+    let (b_small, k) = SCHEDULE_NOISE_BATCH;
+    if b_small * k > train.rows {
+        return Err(Error::input(format!(
+            "--schedule: the noise run behind it needs {} training rows; {} has {}",
+            b_small * k,
+            train.source,
+            train.rows
+        )));
+    }
+    let settings = NoiseSettings {
+        lr: scaling.at((b_small * k) as u64),
+        optimizer: cfg.optimizer,
+        steps: 200,
+        b_small,
+        k,
+        beta: None,
+        batches: Vec::new(),
+        reference: None,
+        init: Init::Random,
+        seed: 0,
+        threads: cfg.threads,
+    };
+    progress.message("noise scale along a run, for the schedule".into());
+    let outcome = run_noise(&settings, graph, train, seq_len, |_| {})?;
+    let noise = crate::noise::document(&settings, graph, train, outcome);
+    let reference = (scaling.ref_batch, scaling.ref_lr);
+    let basis = crate::advise::prediction_basis(&noise, scaling.rule, reference)
+        .filter(|b| !b.segments.is_empty());
+    let cap = basis.as_ref().and_then(|b| b.lr.cap_batch);
+    let (schedule, source) = match choice {
+        ScheduleChoice::Given { schedule, source } => (schedule.clone(), source.clone()),
+        ScheduleChoice::Ramp => {
+            let basis = basis.ok_or_else(|| {
+                Error::input(
+                    "--schedule ramp: the noise run behind it did not reach a lower loss (raise --ref-lr, or give a schedule file)",
+                )
+            })?;
+            // The rates of the stages follow the rule with the cap every run uses.
+            let scaling = LrScaling {
+                cap_batch: scaling.cap_batch.or(cap),
+                ..*scaling
+            };
+            // Powers of two from the smallest batch swept to the largest.
+            let (lo, hi) = (
+                batches[0].min(*batches.iter().min().unwrap_or(&1)),
+                *batches.iter().max().unwrap_or(&1),
+            );
+            let allowed: Vec<u64> = std::iter::successors(Some(lo), |b| Some(b * 2))
+                .take_while(|&b| b <= hi)
+                .collect();
+            let r = ramp(&basis.segments, &allowed, &scaling).ok_or_else(|| {
+                Error::input("--schedule ramp: the noise run has no stretch to build it from")
+            })?;
+            (
+                r.schedule,
+                format!("ramp: {}, from a noise run on the training split", r.rule),
+            )
+        }
+    };
+    Ok(PlannedSchedule {
+        schedule,
+        cap,
+        source,
+        noise,
+        rule: scaling.rule,
+        reference,
+    })
+}
+
+/// The schedule's runs on the first device beside the fastest fixed batch,
+/// and its predicted steps to the sweep's target.
+fn schedule_summary(p: PlannedSchedule, doc: &SweepDocument, first: &str) -> ScheduleSummary {
+    let of: Vec<&SweepRun> = doc
+        .runs
+        .iter()
+        .filter(|r| r.device == first && r.record.schedule.is_some())
+        .collect();
+    let segments = doc
+        .target_loss
+        .and_then(|t| crate::advise::prediction_basis_to(&p.noise, p.rule, p.reference, Some(t)))
+        .map(|b| b.segments)
+        .filter(|s| !s.is_empty());
+    let predicted = segments.as_ref().map(|s| predict(&p.schedule, s));
+    let stat = |v: Vec<f64>| (!v.is_empty()).then(|| mean_std(&v));
+    let steps: Vec<f64> = of.iter().filter_map(|r| r.steps_to_target).collect();
+    let seconds: Vec<f64> = of.iter().filter_map(|r| r.seconds_to_target).collect();
+    let st = stat(steps.clone());
+    let sec = stat(seconds.clone());
+    let acc = stat(
+        of.iter()
+            .filter_map(|r| r.record.final_val_accuracy)
+            .collect(),
+    );
+    let best = doc
+        .per_batch
+        .iter()
+        .filter(|b| b.runs > 0 && b.reached == b.runs)
+        .filter_map(|b| b.seconds_mean.map(|s| (b.batch, s)))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(b, _)| b);
+    let fixed_of = |f: fn(&SweepRun) -> Option<f64>| -> Vec<f64> {
+        doc.runs
+            .iter()
+            .filter(|r| {
+                r.device == first && r.record.schedule.is_none() && Some(r.record.batch) == best
+            })
+            .filter_map(f)
+            .collect()
+    };
+    // Ratio of means and z of their difference (schedule minus fixed).
+    let compare = |a: &[f64], b: &[f64]| -> Option<(f64, f64)> {
+        if a.is_empty() || b.is_empty() {
+            return None;
+        }
+        let ((ma, sa), (mb, sb)) = (mean_std(a), mean_std(b));
+        let se = (sa * sa / a.len() as f64 + sb * sb / b.len() as f64).sqrt();
+        let z = if se > 0.0 { (ma - mb) / se } else { 0.0 };
+        Some((ma / mb, z))
+    };
+    let complete = !of.is_empty() && seconds.len() == of.len();
+    let secs = compare(&seconds, &fixed_of(|r| r.seconds_to_target)).filter(|_| complete);
+    let steps_cmp = compare(&steps, &fixed_of(|r| r.steps_to_target)).filter(|_| complete);
+    let beats = secs.is_some_and(|(_, z)| z < -2.0);
+    let statement = match (secs, best) {
+        (Some((r, z)), Some(b)) => format!(
+            "the schedule took {:.0} % {} seconds to the target than the fastest fixed batch ({b}), {:.1} standard errors of the seeds: {}; {}",
+            100.0 * (r - 1.0).abs(),
+            if r < 1.0 { "fewer" } else { "more" },
+            z.abs(),
+            if beats {
+                "it beats every fixed batch beyond the seeds' noise"
+            } else if z > 2.0 {
+                "the fixed batch is faster beyond the seeds' noise"
+            } else {
+                "within the seeds' noise"
+            },
+            match steps_cmp {
+                Some((r, _)) => format!("{:.0} % {} steps", 100.0 * (r - 1.0).abs(), if r < 1.0 { "fewer" } else { "more" }),
+                None => String::new(),
+            }
+        ),
+        _ => "the schedule cannot be compared: it, or every fixed batch, did not reach the target in every run".to_string(),
+    };
+    ScheduleSummary {
+        source: p.source,
+        predicted_steps: predicted.map(|p| p.0),
+        predicted_samples: predicted.map(|p| p.1),
+        predicted_steps_best_fixed: segments
+            .as_ref()
+            .zip(best)
+            .map(|(s, b)| predict(&Schedule::fixed(b, 1.0), s).0),
+        schedule: p.schedule,
+        runs: of.len(),
+        reached: steps.len(),
+        steps_mean: st.map(|s| s.0),
+        steps_std: st.map(|s| s.1),
+        samples_mean: stat(of.iter().filter_map(|r| r.samples_to_target).collect()).map(|s| s.0),
+        seconds_mean: sec.map(|s| s.0),
+        seconds_std: sec.map(|s| s.1),
+        steps_error_pct: predicted.zip(st).map(|(p, m)| 100.0 * (p.0 - m.0) / m.0),
+        val_loss_mean: stat(of.iter().filter_map(|r| r.record.final_val_loss).collect())
+            .map(|s| s.0),
+        val_accuracy_mean: acc.map(|s| s.0),
+        val_accuracy_std: acc.map(|s| s.1),
+        best_fixed: best,
+        seconds_ratio: secs.map(|s| s.0),
+        seconds_z: secs.map(|s| s.1),
+        steps_ratio: steps_cmp.map(|s| s.0),
+        steps_z: steps_cmp.map(|s| s.1),
+        beats_best_fixed: beats,
+        statement,
+    }
+}
+
 const SETTINGS_FILE: &str = "sweep.json";
 
-/// A run's record in `--out`: `run-b{batch}-s{seed}.json` on the first device,
-/// with the device's name in front (`run-wgpu0-b…`) on the others.
-fn run_file(dir: &Path, device: Option<&str>, batch: u64, seed: u64) -> PathBuf {
+/// A run's record in `--out`: `run-b{batch}-s{seed}.json` on the first device
+/// (`run-schedule-s{seed}.json` for the schedule), with the device's name in
+/// front (`run-wgpu0-b…`) on the others.
+fn run_file(dir: &Path, device: Option<&str>, batch: Option<u64>, seed: u64) -> PathBuf {
     let device: String = device
         .map(|d| format!("{}-", d.replace(':', "")))
         .unwrap_or_default();
-    dir.join(format!("run-{device}b{batch}-s{seed}.json"))
+    let what = batch.map_or("schedule".to_string(), |b| format!("b{b}"));
+    dir.join(format!("run-{device}{what}-s{seed}.json"))
 }
 
 /// Checks `--out DIR` against the settings: a new sweep needs an empty (or new)
@@ -380,6 +643,9 @@ fn document(
             r.samples_to_target = Some(samples);
         }
     }
+    // The schedule's runs share the target; the fits, tables and verdicts are the fixed batches'.
+    let (scheduled, runs): (Vec<SweepRun>, Vec<SweepRun>) =
+        runs.into_iter().partition(|r| r.record.schedule.is_some());
     let by_device = by_device(&settings, &runs);
     let runs_all = runs;
     let (runs, others): (Vec<SweepRun>, Vec<SweepRun>) =
@@ -482,7 +748,7 @@ fn document(
         settings,
         target_loss: target,
         target_source: source,
-        runs: runs.into_iter().chain(others).collect(),
+        runs: runs.into_iter().chain(others).chain(scheduled).collect(),
         per_batch,
         by_device,
         fit,
@@ -490,6 +756,7 @@ fn document(
         quality_loss,
         quality_accuracy,
         verify: None,
+        schedule: None,
         seconds: started.elapsed().as_secs_f64(),
     }
 }

@@ -35,6 +35,9 @@ pub struct AdviseDocument {
     /// What the predicted time to target rests on: the learning-rate rule, the
     /// run's updates to the target, S(B) drawn from it.
     pub prediction: Option<PredictionBasis>,
+    /// A batch-size ramp on each device from the noise scale along the run
+    /// (predicted; empty without a noise run's stretches).
+    pub schedules: Vec<batchfit_tune::schedule::DeviceSchedule>,
     pub findings: Vec<Finding>,
     /// Memory budget per device, for the memory figure: (device, bytes).
     pub budgets: Vec<(String, Bytes)>,
@@ -164,6 +167,9 @@ pub fn render(d: &AdviseDocument) -> String {
     ));
     if let Some(p) = &d.prediction {
         out.push_str(&prediction_basis(p));
+    }
+    for sch in &d.schedules {
+        out.push_str(&schedule_table(sch));
     }
     if let Some(w) = &d.world_sizes {
         out.push_str(&world_size_table(w));
@@ -418,6 +424,109 @@ pub fn prediction_basis(p: &PredictionBasis) -> String {
             .unwrap_or_default(),
         p.step_time
     )
+}
+
+/// The JSON document of `batchfit schedule --json`: the ramp to export (the
+/// first device's) and every device's plan, with what they rest on.
+#[derive(Clone, Debug, Serialize)]
+pub struct ScheduleDocument {
+    pub schema_version: u32,
+    pub kind: &'static str,
+    pub model: String,
+    pub data: Option<String>,
+    pub command: String,
+    pub inputs: AdviceInputs,
+    pub target_loss: Option<f64>,
+    /// The stages to train with: `sweep --schedule FILE` reads this key.
+    pub schedule: batchfit_tune::schedule::Schedule,
+    /// Per device: stages as micro-batch x accumulation, predicted updates and time beside the best fixed batch.
+    pub devices: Vec<batchfit_tune::schedule::DeviceSchedule>,
+    pub prediction: Option<PredictionBasis>,
+}
+
+impl ScheduleDocument {
+    /// The schedule part of an advice; `None` when it has none (no noise run).
+    pub fn of(d: &AdviseDocument) -> Option<ScheduleDocument> {
+        let first = d.schedules.first()?;
+        Some(ScheduleDocument {
+            schema_version: d.schema_version,
+            kind: "schedule",
+            model: d.model.clone(),
+            data: d.data.clone(),
+            command: d.command.clone(),
+            inputs: d.inputs.clone(),
+            target_loss: d.target_loss,
+            schedule: batchfit_tune::schedule::Schedule {
+                stages: first
+                    .stages
+                    .iter()
+                    .map(|s| batchfit_tune::schedule::Stage {
+                        from_samples: s.from_samples,
+                        batch: s.batch,
+                        lr: s.lr,
+                    })
+                    .collect(),
+            },
+            devices: d.schedules.clone(),
+            prediction: d.prediction.clone(),
+        })
+    }
+}
+
+/// The terminal report of `batchfit schedule`.
+pub fn render_schedule(d: &ScheduleDocument) -> String {
+    let mut out = format!(
+        "batch-size schedule for {}{}, to training loss {}\n",
+        d.model,
+        d.data
+            .as_ref()
+            .map(|s| format!(" on {s}"))
+            .unwrap_or_default(),
+        d.target_loss.map_or("-".into(), |t| format!("{t:.4}"))
+    );
+    for s in &d.devices {
+        out.push_str(&schedule_table(s));
+    }
+    if let Some(p) = &d.prediction {
+        out.push_str(&prediction_basis(p));
+    }
+    out.push_str("\nExport: --json writes the stages (`schedule.stages`: from_samples, batch, lr); docs/schedule.md has a PyTorch loop and a Lightning callback that follow them. Check it: `batchfit sweep --schedule FILE` trains it beside fixed batches.\n");
+    out
+}
+
+/// A device's batch-size ramp: its stages and how it compares (predicted).
+pub fn schedule_table(s: &batchfit_tune::schedule::DeviceSchedule) -> String {
+    let mut out = format!(
+        "\nBATCH-SIZE SCHEDULE ON {} (predicted: the batch doubles as the noise scale grows; `batchfit sweep --schedule ramp` trains it)\n",
+        s.device
+    );
+    let mut t = table(&[
+        "from samples",
+        "batch",
+        "micro-batch",
+        "accumulation",
+        "lr",
+        "updates",
+        "time / update",
+    ]);
+    for st in &s.stages {
+        t.add_row(vec![
+            thousands(st.from_samples),
+            thousands(st.batch),
+            thousands(st.micro_batch),
+            format!("x{}", st.accumulation),
+            format!("{:.2e}", st.lr),
+            format!("{:.0}", st.steps),
+            st.update_s
+                .map(crate::duration)
+                .unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    align_numbers(&mut t, 0);
+    out.push_str(&t.to_string());
+    out.push('\n');
+    out.push_str(&format!("  {}\n", s.statement));
+    out
 }
 
 /// The `--gpus` table: time to target across world sizes, and where scaling stops paying.

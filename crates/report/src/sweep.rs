@@ -1,7 +1,7 @@
 //! The `sweep` report: real trainings per batch and seed, measured steps to
 //! target beside the noise-scale prediction, and the quality question.
 
-use crate::plots::{Figure, Series, SeriesKind};
+use crate::plots::{Figure, Marker, Series, SeriesKind};
 use crate::{align_numbers, esc, table, thousands};
 use batchfit_tune::sweep::{QualityVerdict, RunRecord, RunStatus, StepsFit};
 use serde::{Deserialize, Serialize};
@@ -28,6 +28,9 @@ pub struct SweepSettings {
     /// Batches above this train at its learning rate (null: no cap).
     #[serde(default)]
     pub lr_cap: Option<u64>,
+    /// `--schedule`: `ramp` or the schedule file (null: fixed batches only).
+    #[serde(default)]
+    pub schedule: Option<String>,
     pub warmup_epochs: f64,
     pub target_loss: Option<f64>,
     pub max_epochs: u32,
@@ -131,7 +134,95 @@ pub struct SweepDocument {
     /// `--verify`: the advice's prediction beside these trainings.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verify: Option<VerifyReport>,
+    /// `--schedule`: the batch-size schedule trained beside the fixed batches.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<ScheduleSummary>,
     pub seconds: f64,
+}
+
+/// The schedule's runs (first device) beside the fastest fixed batch.
+#[derive(Clone, Debug, Serialize)]
+pub struct ScheduleSummary {
+    /// Where the schedule came from, in words.
+    pub source: String,
+    pub schedule: batchfit_tune::schedule::Schedule,
+    /// Updates and samples to the target (predicted from the noise run's
+    /// stretches; null when that run did not reach the target).
+    pub predicted_steps: Option<f64>,
+    pub predicted_samples: Option<f64>,
+    /// The noise run's prediction for the fastest fixed batch, for scale.
+    pub predicted_steps_best_fixed: Option<f64>,
+    pub runs: usize,
+    pub reached: usize,
+    pub steps_mean: Option<f64>,
+    pub steps_std: Option<f64>,
+    pub samples_mean: Option<f64>,
+    pub seconds_mean: Option<f64>,
+    pub seconds_std: Option<f64>,
+    /// (predicted - measured) / measured steps, percent.
+    pub steps_error_pct: Option<f64>,
+    pub val_loss_mean: Option<f64>,
+    pub val_accuracy_mean: Option<f64>,
+    pub val_accuracy_std: Option<f64>,
+    /// The fixed batch with the fewest mean seconds to target (every run reached it).
+    pub best_fixed: Option<u64>,
+    /// Schedule over that batch: mean seconds and steps, with z = difference
+    /// over its standard error (seed to seed).
+    pub seconds_ratio: Option<f64>,
+    pub seconds_z: Option<f64>,
+    pub steps_ratio: Option<f64>,
+    pub steps_z: Option<f64>,
+    /// Faster than the best fixed batch by more than two standard errors.
+    pub beats_best_fixed: bool,
+    /// The answer in words.
+    pub statement: String,
+}
+
+/// The schedule section of the terminal report.
+pub fn schedule_table(s: &ScheduleSummary) -> String {
+    let mut out = format!("\nBATCH-SIZE SCHEDULE ({})\n", s.source);
+    let mut t = table(&["from samples", "batch", "lr"]);
+    for st in &s.schedule.stages {
+        t.add_row(vec![
+            thousands(st.from_samples),
+            thousands(st.batch),
+            format!("{:.3e}", st.lr),
+        ]);
+    }
+    align_numbers(&mut t, 0);
+    out.push_str(&t.to_string());
+    out.push('\n');
+    let mut t = table(&["", "steps", "samples", "seconds", "val accuracy"]);
+    t.add_row(vec![
+        "schedule (measured)".into(),
+        pm(s.steps_mean, s.steps_std, 0),
+        opt(s.samples_mean, |x| thousands(x.round() as u64)),
+        match (s.seconds_mean, s.seconds_std) {
+            (Some(m), Some(d)) => format!("{m:.3} ± {d:.3}"),
+            _ => "-".into(),
+        },
+        match s.val_accuracy_mean {
+            Some(m) => format!(
+                "{:.2} % ± {:.2}",
+                m * 100.0,
+                s.val_accuracy_std.unwrap_or(0.0) * 100.0
+            ),
+            None => opt(s.val_loss_mean, |l| format!("loss {l:.4}")),
+        },
+    ]);
+    t.add_row(vec![
+        "schedule (predicted)".into(),
+        opt(s.predicted_steps, |x| format!("{x:.0}")),
+        opt(s.predicted_samples, |x| thousands(x.round() as u64)),
+        "-".into(),
+        "-".into(),
+    ]);
+    align_numbers(&mut t, 1);
+    out.push_str(&t.to_string());
+    out.push('\n');
+    out.push_str(&s.statement);
+    out.push('\n');
+    out
 }
 
 /// `sweep --verify ADVICE.json`: predicted beside measured, and the verdict.
@@ -353,6 +444,9 @@ pub fn render(d: &SweepDocument) -> String {
         resumed,
         d.seconds
     ));
+    if let Some(sch) = &d.schedule {
+        out.push_str(&schedule_table(sch));
+    }
     // Last, so the output ends with whether the advice held.
     if let Some(v) = &d.verify {
         out.push_str(&verify_table(v));
@@ -458,10 +552,38 @@ pub fn figures(d: &SweepDocument) -> Vec<(Figure, String)> {
             .iter()
             .filter(first_seed)
             .map(|r| Series {
-                label: format!("batch {} (measured)", r.record.batch),
+                label: match r.record.schedule {
+                    Some(_) => "schedule (measured)".to_string(),
+                    None => format!("batch {} (measured)", r.record.batch),
+                },
                 points: r.record.curve.iter().map(|p| (x(p), p.loss)).collect(),
                 kind: SeriesKind::Line,
-                color: color(r.record.batch),
+                color: match r.record.schedule {
+                    Some(_) => d.settings.batches.len(),
+                    None => color(r.record.batch),
+                },
+            })
+            .collect()
+    };
+    // Where the schedule's first-seed run moved to each later stage.
+    let stage_markers = |x: fn(&batchfit_tune::sweep::CurvePoint) -> f64| -> Vec<Marker> {
+        d.runs
+            .iter()
+            .filter(first_seed)
+            .filter_map(|r| r.record.schedule.as_ref().map(|s| (r, s)))
+            .flat_map(|(r, s)| {
+                s.stages.iter().skip(1).filter_map(|st| {
+                    r.record
+                        .curve
+                        .iter()
+                        .find(|p| p.samples >= st.from_samples)
+                        .map(|p| Marker {
+                            x: x(p),
+                            y: p.loss,
+                            text: format!("→ {}", st.batch),
+                            color: d.settings.batches.len(),
+                        })
+                })
             })
             .collect()
     };
@@ -476,9 +598,9 @@ pub fn figures(d: &SweepDocument) -> Vec<(Figure, String)> {
             y_label: "training loss (fixed subset)".into(),
             log_x: false,
             series: curve_series(|p| p.step as f64),
-            markers: vec![],
+            markers: stage_markers(|p| p.step as f64),
         },
-        format!("Measured, {seed_note}: loss on a fixed subset of the training split, about ten times per epoch (at most every 5 % of the steps so far). Larger batches need fewer steps for the same loss, up to the noise scale."),
+        format!("Measured, {seed_note}: loss on a fixed subset of the training split, about ten times per epoch (at most every 5 % of the steps so far). Larger batches need fewer steps for the same loss, up to the noise scale. With a schedule, its curve is marked where the batch changes (→ new batch)."),
     ));
     figs.push((
         Figure {
@@ -487,7 +609,7 @@ pub fn figures(d: &SweepDocument) -> Vec<(Figure, String)> {
             y_label: "training loss (fixed subset)".into(),
             log_x: false,
             series: curve_series(|p| p.seconds),
-            markers: vec![],
+            markers: stage_markers(|p| p.seconds),
         },
         format!("Measured, {seed_note}: the same curves against the time spent in training steps (evaluations excluded) — which batch gets there first on this machine."),
     ));
@@ -496,7 +618,10 @@ pub fn figures(d: &SweepDocument) -> Vec<(Figure, String)> {
         .iter()
         .filter(first_seed)
         .map(|r| Series {
-            label: format!("batch {} (measured)", r.record.batch),
+            label: match r.record.schedule {
+                Some(_) => "schedule (measured)".to_string(),
+                None => format!("batch {} (measured)", r.record.batch),
+            },
             points: r
                 .record
                 .epochs

@@ -11,6 +11,7 @@
 //!   loss per device and batch;
 //! - [`trajectory`]: updates to a target summed over the stretches of a
 //!   measured run, each with its own noise scale;
+//! - [`schedule`]: a batch-size ramp from the noise scale along a run;
 //! - [`verify`]: predicted time to target beside real trainings, and whether
 //!   the recommendation held;
 //! - [`advice`]: the recommendation for one device from its measurements;
@@ -23,6 +24,7 @@ pub mod diagnose;
 pub mod knee;
 pub mod lr;
 pub mod noise;
+pub mod schedule;
 pub mod search;
 pub mod stats;
 pub mod sweep;

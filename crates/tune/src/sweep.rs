@@ -64,6 +64,10 @@ pub struct RunRecord {
     pub epochs: Vec<EpochRecord>,
     pub final_val_loss: Option<f64>,
     pub final_val_accuracy: Option<f64>,
+    /// The batch-size schedule the run followed (`batch` and `lr` are its
+    /// first stage's); absent for a fixed batch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<crate::schedule::Schedule>,
 }
 
 /// Where a curve first reaches `target`, interpolated linearly in the loss

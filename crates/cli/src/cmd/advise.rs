@@ -2,12 +2,12 @@
 
 use crate::error::CliResult;
 use crate::options::{
-    DataFlags, MeasureFlags, emit_with_html, positive_u64, positive_usize, progress,
+    DataFlags, MeasureFlags, emit, emit_with_html, positive_u64, positive_usize, progress,
 };
 use batchfit_pipeline::advise::{AdviseConfig, advise};
 use batchfit_pipeline::probe::parse_devices;
 use batchfit_plan::distributed::{LinkPreset, Strategy};
-use batchfit_report::advise::{html, render};
+use batchfit_report::advise::{ScheduleDocument, html, render, render_schedule};
 use clap::Args;
 use std::path::PathBuf;
 
@@ -56,17 +56,32 @@ pub struct AdviseArgs {
     pub json: bool,
 }
 
-pub fn run(args: AdviseArgs) -> CliResult {
-    // No --device: every device this build can see (the pipeline decides).
+/// `batchfit schedule`: the advice's measurements, its batch-size ramp only.
+pub fn run_schedule(args: AdviseArgs) -> CliResult {
+    let json = args.json;
+    if (args.model.is_some() && args.data.data.is_none()) || args.noise_steps == 0 {
+        return Err(batchfit_pipeline::Error::input(
+            "a schedule comes from the noise scale along a real run on your data: give --data PATH and --noise-steps above 0",
+        )
+        .into());
+    }
+    let doc = advise(&config(&args)?, &progress(json))?;
+    let Some(schedule) = ScheduleDocument::of(&doc) else {
+        return Err(batchfit_pipeline::Error::input(
+            "no schedule: it comes from the noise scale along a real run on your data; give --data PATH (and --noise-steps above 0, a learning rate above 0)",
+        )
+        .into());
+    };
+    emit(&schedule, json, render_schedule)
+}
+
+fn config(args: &AdviseArgs) -> CliResult<AdviseConfig> {
     let devices = if args.measure.device.is_empty() {
         Vec::new()
     } else {
         parse_devices(&args.measure.device)?
     };
-    if let Some(path) = &args.html {
-        crate::options::check_output_folder("--html", path)?;
-    }
-    let cfg = AdviseConfig {
+    Ok(AdviseConfig {
         model: args.model.clone(),
         measure: args.measure.config()?,
         data: args.data.source(),
@@ -80,7 +95,14 @@ pub fn run(args: AdviseArgs) -> CliResult {
         strategy: args.strategy,
         link: args.link.link(),
         from_sweep: args.from_sweep.clone(),
-    };
+    })
+}
+
+pub fn run(args: AdviseArgs) -> CliResult {
+    if let Some(path) = &args.html {
+        crate::options::check_output_folder("--html", path)?;
+    }
+    let cfg = config(&args)?;
     let bar = progress(args.json);
     let doc = advise(&cfg, &bar)?;
     drop(bar);

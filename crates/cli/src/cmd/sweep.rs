@@ -7,11 +7,12 @@ use crate::options::{
     DataFlags, emit_with_html, positive_f64, positive_u64, positive_usize, progress,
 };
 use batchfit_pipeline::probe::parse_devices;
-use batchfit_pipeline::sweep::{SweepConfig, sweep};
+use batchfit_pipeline::sweep::{ScheduleChoice, SweepConfig, sweep};
 use batchfit_pipeline::verify::{Advice, read_advice};
 use batchfit_plan::Optimizer;
 use batchfit_report::sweep::{html, render};
 use batchfit_tune::lr::LrRule;
+use batchfit_tune::schedule::Schedule;
 use clap::Args;
 use std::path::PathBuf;
 
@@ -25,6 +26,12 @@ pub struct SweepArgs {
     /// recommended batch and its neighbours in the advice's table].
     #[arg(long, value_delimiter = ',', value_parser = positive_u64)]
     pub batches: Vec<u64>,
+    /// Also train a batch-size schedule on every seed, beside the fixed batches: `ramp` (from
+    /// the noise scale along a run on the training split: the batch doubles as the noise scale
+    /// grows, within the batches swept) or FILE (the JSON of `batchfit schedule --json`, or
+    /// `{"stages": [{"from_samples": 0, "batch": 32, "lr": 0.001}, ...]}`).
+    #[arg(long, value_name = "ramp|FILE")]
+    pub schedule: Option<String>,
     /// Check an advice: train its recommended batch and neighbours with its model, data,
     /// learning-rate rule and target (no warm-up, as it predicted), and print predicted
     /// beside measured with a verdict. FILE is the output of `batchfit advise --json`.
@@ -184,5 +191,30 @@ fn config(args: &SweepArgs) -> CliResult<SweepConfig> {
         devices: parse_devices(&args.device)?,
         html: args.html.clone(),
         verify: None,
+        schedule: args.schedule.as_deref().map(schedule_choice).transpose()?,
+    })
+}
+
+/// `--schedule ramp` or a schedule file: a bare `{"stages": [...]}` or a
+/// document holding one under `schedule` (`batchfit schedule --json`).
+fn schedule_choice(arg: &str) -> CliResult<ScheduleChoice> {
+    if arg == "ramp" {
+        return Ok(ScheduleChoice::Ramp);
+    }
+    let bad = |why: String| batchfit_pipeline::Error::input(format!("--schedule {arg}: {why}"));
+    let text = std::fs::read_to_string(arg)
+        .map_err(|e| batchfit_pipeline::Error::input_because(format!("--schedule {arg}"), e))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| bad(format!("not JSON ({e})")))?;
+    let inner = value.get("schedule").cloned().unwrap_or(value);
+    let schedule: Schedule = serde_json::from_value(inner).map_err(|e| {
+        bad(format!(
+            "not a schedule ({e}); give `ramp`, or {{\"stages\": [{{\"from_samples\": 0, \"batch\": 32, \"lr\": 0.001}}]}}"
+        ))
+    })?;
+    schedule.check().map_err(bad)?;
+    Ok(ScheduleChoice::Given {
+        schedule,
+        source: arg.to_string(),
     })
 }
