@@ -329,7 +329,7 @@ struct PlannedSchedule {
     reference: (u64, f64),
 }
 
-/// Rows of the noise run's big batch (16 x 8, `noise`'s defaults).
+/// B_small and k of the sweep's noise runs (`noise`'s defaults: B_big = 128).
 const SCHEDULE_NOISE_BATCH: (usize, usize) = (16, 8);
 
 /// The noise run on the training split, trained as the sweep's runs are (its
@@ -354,19 +354,7 @@ fn plan_schedule(
             train.rows
         )));
     }
-    let settings = NoiseSettings {
-        lr: scaling.at((b_small * k) as u64),
-        optimizer: cfg.optimizer,
-        steps: 200,
-        b_small,
-        k,
-        beta: None,
-        batches: Vec::new(),
-        reference: None,
-        init: Init::Random,
-        seed: 0,
-        threads: cfg.threads,
-    };
+    let settings = noise_settings(cfg, scaling.at((b_small * k) as u64));
     progress.message("noise scale along a run, for the schedule".into());
     let outcome = run_noise(&settings, graph, train, seq_len, |_| {})?;
     let noise = crate::noise::document(&settings, graph, train, outcome);
@@ -594,6 +582,25 @@ fn sweep_run(record: RunRecord, device: DeviceSpec, resumed: bool) -> SweepRun {
     }
 }
 
+/// `noise`'s defaults (200 measurements, B_small 16, B_big 128, random
+/// initial weights) at learning rate `lr`.
+fn noise_settings(cfg: &SweepConfig, lr: f64) -> NoiseSettings {
+    let (b_small, k) = SCHEDULE_NOISE_BATCH;
+    NoiseSettings {
+        lr,
+        optimizer: cfg.optimizer,
+        steps: 200,
+        b_small,
+        k,
+        beta: None,
+        batches: Vec::new(),
+        reference: None,
+        init: Init::Random,
+        seed: 0,
+        threads: cfg.threads,
+    }
+}
+
 /// B_simple on the training split, with `noise`'s defaults at the reference learning rate.
 fn measure_noise(
     cfg: &SweepConfig,
@@ -601,19 +608,7 @@ fn measure_noise(
     train: &Dataset,
     seq_len: usize,
 ) -> Result<Option<(f64, f64, f64)>> {
-    let flags = NoiseSettings {
-        lr: cfg.ref_lr,
-        optimizer: cfg.optimizer,
-        steps: 200,
-        b_small: 16,
-        k: 8,
-        beta: None,
-        batches: Vec::new(),
-        reference: None,
-        init: Init::Random,
-        seed: 0,
-        threads: cfg.threads,
-    };
+    let flags = noise_settings(cfg, cfg.ref_lr);
     if flags.b_small * flags.k > train.rows {
         return Ok(None);
     }
