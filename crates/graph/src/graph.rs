@@ -83,10 +83,29 @@ pub struct Graph {
     pub default_seq_len: Option<usize>,
 }
 
+/// What `plan` and `probe` say about an ONNX model with convolutions and no
+/// normalisation layer: `torch.onnx.export` in eval mode (its default) folds
+/// BatchNorm into the convolutions and drops Dropout.
+pub const EVAL_EXPORT_NOTE: &str = "this ONNX model has convolutions and no normalisation layer. If it came from torch.onnx.export in eval mode (the default), its BatchNorm layers were folded into the convolutions and its Dropout dropped, so the model measured here is not the one you train. Export it with training=torch.onnx.TrainingMode.TRAINING and do_constant_folding=False (docs/model-spec.md).";
+
 impl Graph {
     /// Trainable parameters.
     pub fn param_count(&self) -> u64 {
         self.nodes.iter().map(|n| n.op.param_count()).sum()
+    }
+
+    /// [`EVAL_EXPORT_NOTE`] when `source` is an ONNX file and the graph has a
+    /// convolution but no BatchNorm or LayerNorm.
+    pub fn export_note(&self, source: &str) -> Option<&'static str> {
+        let onnx = std::path::Path::new(source)
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("onnx"));
+        let conv = self.nodes.iter().any(|n| matches!(n.op, Op::Conv { .. }));
+        let norm = self
+            .nodes
+            .iter()
+            .any(|n| matches!(n.op, Op::BatchNorm { .. } | Op::LayerNorm { .. }));
+        (onnx && conv && !norm).then_some(EVAL_EXPORT_NOTE)
     }
 
     /// The shape of a named tensor (an input or a node output).

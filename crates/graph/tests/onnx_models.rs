@@ -137,6 +137,8 @@ fn cnn_with_batchnorm_plans_with_hand_computed_shapes() {
         other => panic!("{other:?}"),
     }
     assert_eq!(g.nodes[1].op.buffer_elements(), 32);
+    // BatchNorm kept (a training-mode export): no note.
+    assert_eq!(g.export_note("small-cnn.onnx"), None);
 
     // With an MSE loss the softmax stays.
     let g = onnx::parse_with_loss(&n.bytes(), Some(LossKind::Mse)).unwrap();
@@ -196,6 +198,11 @@ fn biases_fold_into_conv_and_matmul() {
     );
     assert_eq!(g.param_count(), 36 + 4 + 6_760 + 10);
     assert_eq!(g.loss.kind, LossKind::CrossEntropy);
+    // Convolutions and no normalisation, from an ONNX file: perhaps an eval-mode
+    // export with BatchNorm folded in, which plan and probe say.
+    let note = g.export_note("/models/torch-cnn.ONNX").unwrap();
+    assert!(note.contains("TrainingMode.TRAINING") && note.contains("do_constant_folding=False"));
+    assert_eq!(g.export_note("zoo:mnist-cnn"), None);
 }
 
 /// `x.view(x.size(0), -1)` exported with a dynamic batch: the target shape is

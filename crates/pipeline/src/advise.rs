@@ -768,7 +768,7 @@ mod tests {
             .map(|i| NoiseRecord {
                 step: i,
                 loss: 1.0,
-                train_loss: (i % 10 == 0 || i == 99).then(|| 2.0 - 0.015 * i as f64),
+                train_loss: (i % 10 == 0 || i == 99).then_some(2.0 - 0.015 * i as f64),
                 b_simple: Some(150.0),
                 b_simple_low: None,
                 b_simple_high: None,

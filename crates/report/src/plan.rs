@@ -43,6 +43,9 @@ pub struct PlanDocument<'a> {
     /// Largest batch for the first budget asked (`--memory` or the first preset); null if none fits or none was asked.
     pub max_batch: Option<u64>,
     pub budgets: &'a [BudgetFit],
+    /// Notes on how the model was exported (an ONNX model that looks exported in eval mode).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
     /// `--gpus`: memory per device, batches and communication per (world size, strategy).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub distributed: Option<&'a crate::scale::Distributed>,
@@ -58,6 +61,7 @@ impl<'a> PlanDocument<'a> {
             max_batch: budgets.first().and_then(|b| b.max_batch),
             budgets,
             distributed: None,
+            notes: Vec::new(),
         }
     }
 }

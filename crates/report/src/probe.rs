@@ -143,6 +143,9 @@ pub struct ProbeDocument<'a> {
     pub parameters: u64,
     pub optimizer: &'a str,
     pub devices: &'a [DeviceProbe],
+    /// Notes on how the model was exported (an ONNX model that looks exported in eval mode).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// Samples per second: whole numbers, with two decimals below 10 (a slow

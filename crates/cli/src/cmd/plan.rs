@@ -85,7 +85,13 @@ fn bad(message: impl Into<String>) -> CliError {
 }
 
 pub fn run(args: PlanArgs) -> CliResult {
-    let graph = batchfit_graph::load(args.model.as_deref().unwrap_or(DEFAULT_MODEL))?;
+    let source = args.model.as_deref().unwrap_or(DEFAULT_MODEL);
+    let graph = batchfit_graph::load(source)?;
+    let notes: Vec<String> = graph
+        .export_note(source)
+        .map(String::from)
+        .into_iter()
+        .collect();
     let mut devices = Vec::new();
     for name in &args.device_presets {
         devices.push(preset(name).map_err(batchfit_pipeline::Error::from)?);
@@ -143,11 +149,15 @@ pub fn run(args: PlanArgs) -> CliResult {
     if args.json {
         let mut doc = PlanDocument::new(&base, &budgets);
         doc.distributed = distributed.as_ref();
+        doc.notes = notes;
         emit_json(&doc)
     } else {
         let mut text = render(&base, &budgets);
         if let Some(d) = &distributed {
             text.push_str(&scale::render(d));
+        }
+        for n in &notes {
+            text.push_str(&format!("\nnote: {n}\n"));
         }
         print(&text)
     }

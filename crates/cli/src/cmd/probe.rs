@@ -30,6 +30,18 @@ pub fn run(args: ProbeArgs) -> CliResult {
         parameters: out.graph.param_count(),
         optimizer: args.measure.optimizer.name(),
         devices: &out.devices,
+        notes: out
+            .graph
+            .export_note(source)
+            .map(String::from)
+            .into_iter()
+            .collect(),
     };
-    emit(&doc, args.json, |d| render(d.model, d.devices))
+    emit(&doc, args.json, |d| {
+        let mut text = render(d.model, d.devices);
+        for n in &d.notes {
+            text.push_str(&format!("\nnote: {n}\n"));
+        }
+        text
+    })
 }
