@@ -509,11 +509,16 @@ fn bad_schedules_are_refused_with_the_file_named() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(err.contains(says) && err.contains(file), "{file}: {err}");
     }
-    // A schedule needs the noise run on data.
-    let o = batchfit()
-        .args(["schedule", "zoo:mnist-mlp"])
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("--data"));
+    // A schedule needs the noise run on data, and takes no report-only flags.
+    for (args, says) in [
+        (vec!["schedule", "zoo:mnist-mlp"], "--data"),
+        (vec!["schedule", "--html", "s.html"], "advise's"),
+    ] {
+        let o = batchfit().args(&args).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains(says),
+            "{args:?}"
+        );
+    }
 }

@@ -59,6 +59,12 @@ pub struct AdviseArgs {
 /// `batchfit schedule`: the advice's measurements, its batch-size ramp only.
 pub fn run_schedule(args: AdviseArgs) -> CliResult {
     let json = args.json;
+    if args.html.is_some() || !args.gpus.is_empty() || args.from_sweep.is_some() {
+        return Err(batchfit_pipeline::Error::input(
+            "--html, --gpus and --from-sweep are advise's; `batchfit schedule` prints the schedule (--json for the file)",
+        )
+        .into());
+    }
     if (args.model.is_some() && args.data.data.is_none()) || args.noise_steps == 0 {
         return Err(batchfit_pipeline::Error::input(
             "a schedule comes from the noise scale along a real run on your data: give --data PATH and --noise-steps above 0",
