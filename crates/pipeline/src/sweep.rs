@@ -17,7 +17,7 @@ use batchfit_report::sweep::{
 use batchfit_tune::lr::{LrRule, LrScaling};
 use batchfit_tune::schedule::{Schedule, predict, ramp};
 use batchfit_tune::sweep::{
-    RunRecord, RunStatus, first_reach, fit_s_min, fit_steps, mean_std, quality,
+    RunRecord, RunStatus, difference, first_reach, fit_s_min, fit_steps, mean_std, quality,
 };
 use batchfit_tune::target::StepsCurve;
 use std::path::{Path, PathBuf};
@@ -443,14 +443,8 @@ fn schedule_summary(p: PlannedSchedule, doc: &SweepDocument, first: &str) -> Sch
             .collect()
     };
     // Ratio of means and z of their difference (schedule minus fixed).
-    let compare = |a: &[f64], b: &[f64]| -> Option<(f64, f64)> {
-        if a.is_empty() || b.is_empty() {
-            return None;
-        }
-        let ((ma, sa), (mb, sb)) = (mean_std(a), mean_std(b));
-        let se = (sa * sa / a.len() as f64 + sb * sb / b.len() as f64).sqrt();
-        let z = if se > 0.0 { (ma - mb) / se } else { 0.0 };
-        Some((ma / mb, z))
+    let compare = |a: &[f64], b: &[f64]| {
+        difference(a, b).map(|(ratio, diff, se)| (ratio, if se > 0.0 { diff / se } else { 0.0 }))
     };
     let complete = !of.is_empty() && seconds.len() == of.len();
     let secs = compare(&seconds, &fixed_of(|r| r.seconds_to_target)).filter(|_| complete);

@@ -146,6 +146,18 @@ pub fn mean_std(xs: &[f64]) -> (f64, f64) {
     (mean, var.sqrt())
 }
 
+/// Two groups of per-seed values compared: (mean of `a` over mean of `b`,
+/// their difference, its standard error from each group's own spread).
+/// `None` when either group is empty.
+pub fn difference(a: &[f64], b: &[f64]) -> Option<(f64, f64, f64)> {
+    if a.is_empty() || b.is_empty() {
+        return None;
+    }
+    let ((ma, sa), (mb, sb)) = (mean_std(a), mean_std(b));
+    let se = (sa * sa / a.len() as f64 + sb * sb / b.len() as f64).sqrt();
+    Some((ma / mb, ma - mb, se))
+}
+
 /// Does the batch size change a final figure by more than the seeds do?
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct QualityVerdict {

@@ -2,7 +2,7 @@
 //! trainings of the same batches, with the same learning rates, to the same
 //! target; and whether the recommended batch was, as trained, the fastest.
 
-use crate::sweep::mean_std;
+use crate::sweep::{difference, mean_std};
 use serde::{Deserialize, Serialize};
 
 /// The recommended batch counts as right when its measured time to target is
@@ -133,12 +133,10 @@ pub fn verify(
     let rec = of(recommended);
     let rec_seconds = rec.filter(|m| complete(m)).and_then(|m| stat(&m.seconds));
     let (recommended_vs_fastest, within_seed_noise) = match (rec, rec_seconds, fastest) {
-        (Some(r), Some(rs), Some((f, fs))) => {
-            let se = (rs.1.powi(2) / r.seconds.len() as f64
-                + fs.1.powi(2) / f.seconds.len() as f64)
-                .sqrt();
-            (Some(rs.0 / fs.0), rs.0 - fs.0 <= 2.0 * se)
-        }
+        (Some(r), Some(_), Some((f, _))) => match difference(&r.seconds, &f.seconds) {
+            Some((ratio, diff, se)) => (Some(ratio), diff <= 2.0 * se),
+            None => (None, false),
+        },
         _ => (None, false),
     };
     let held = recommended_vs_fastest.is_some_and(|r| r <= 1.0 + RECOMMENDATION_TOLERANCE)
