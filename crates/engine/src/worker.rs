@@ -89,7 +89,7 @@ pub fn serve(request_json: &str) -> Result<(), WorkerError> {
     if let Some(n) = req.threads {
         crate::set_threads(n)?;
     }
-    let graph = batchfit_graph::load(&req.model)?;
+    let mut graph = batchfit_graph::load(&req.model)?;
     let (host_limit, device_limit) = if req.device.is_gpu() {
         (None, req.memory_limit)
     } else {
@@ -108,6 +108,7 @@ pub fn serve(request_json: &str) -> Result<(), WorkerError> {
             init_random: false,
         },
     )?;
+    graph.drop_weights();
     let stop = StopRule {
         target_rel_err: req.target_rel_err,
         min_steps: req.min_steps,

@@ -89,6 +89,15 @@ pub struct Graph {
 pub const EVAL_EXPORT_NOTE: &str = "this ONNX model has convolutions and no normalisation layer. If it came from torch.onnx.export in eval mode (the default), its BatchNorm layers were folded into the convolutions and its Dropout dropped, so the model measured here is not the one you train. Export it with training=torch.onnx.TrainingMode.TRAINING and do_constant_folding=False (docs/model-spec.md).";
 
 impl Graph {
+    /// Forgets the trained weights the nodes carry (ONNX initializers), once a
+    /// trainer holds its own copy: a measured peak should count the model's
+    /// weights once, as the user's framework holds them.
+    pub fn drop_weights(&mut self) {
+        for node in &mut self.nodes {
+            node.weights = None;
+        }
+    }
+
     /// Trainable parameters.
     pub fn param_count(&self) -> u64 {
         self.nodes.iter().map(|n| n.op.param_count()).sum()
