@@ -7,6 +7,7 @@
 //! measurement in a fresh child process, so running out of memory is a result.
 
 pub mod alloc;
+mod conv_cpu;
 mod cpu;
 pub mod data;
 pub mod device;

@@ -3,7 +3,7 @@
 
 use crate::error::GraphError;
 use crate::graph::{Graph, GraphBuilder, InputKind, LossKind};
-use crate::op::{Cell, Op, PoolKind, RnnBias, Window};
+use crate::op::{Cell, Op, PoolKind, ReduceKind, RnnBias, Window};
 use crate::shape::{Dim, Shape};
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -178,6 +178,37 @@ fn add_layer(g: &mut GraphBuilder, name: &str, k: &mut Keys) -> Result<(), Graph
                 "gelu" => Op::Gelu,
                 "tanh" => Op::Tanh,
                 "sigmoid" => Op::Sigmoid,
+                // PyTorch's nn.Hardsigmoid (ONNX's default alpha is 0.2).
+                "hardsigmoid" => Op::HardSigmoid {
+                    alpha: k.f64_or("alpha", 1.0 / 6.0)? as f32,
+                    beta: k.f64_or("beta", 0.5)? as f32,
+                },
+                "hardswish" => Op::HardSwish,
+                "scale" => Op::Scale {
+                    factor: k.f64("factor")? as f32,
+                },
+                // nn.LocalResponseNorm's defaults.
+                "lrn" => Op::Lrn {
+                    size: k.usize("size")?,
+                    alpha: k.f64_or("alpha", 1e-4)? as f32,
+                    beta: k.f64_or("beta", 0.75)? as f32,
+                    bias: k.f64_or("bias", 1.0)? as f32,
+                },
+                "slice" => Op::Slice {
+                    axis: k.i64_or("axis", 1)?,
+                    start: usize::try_from(k.i64_or("start", 0)?)
+                        .map_err(|_| k.bad("start", "must not be negative"))?,
+                    end: k.usize("end")?,
+                },
+                "reduce_sum" | "reduce_mean" | "reduce_max" => Op::Reduce {
+                    reduce: match simple {
+                        "reduce_sum" => ReduceKind::Sum,
+                        "reduce_mean" => ReduceKind::Mean,
+                        _ => ReduceKind::Max,
+                    },
+                    axes: k.i64_list("axes")?,
+                    keep_dims: k.bool_or("keep_dims", false)?,
+                },
                 "softmax" => Op::Softmax {
                     axis: k.i64_or("axis", -1)?,
                 },
@@ -191,6 +222,9 @@ fn add_layer(g: &mut GraphBuilder, name: &str, k: &mut Keys) -> Result<(), Graph
                 "add" => Op::Add,
                 "mul" => Op::Mul,
                 "dropout" => Op::Dropout {
+                    p: k.f64("p")? as f32,
+                },
+                "drop_path" => Op::DropPath {
                     p: k.f64("p")? as f32,
                 },
                 "embedding" => Op::Embedding {
@@ -293,6 +327,15 @@ impl<'a> Keys<'a> {
             Some(Value::Integer(n)) => Ok(*n as f64),
             Some(_) => Err(self.bad(key, "must be a number")),
             None => Err(self.bad(key, "is missing")),
+        }
+    }
+
+    fn f64_or(&mut self, key: &'a str, default: f64) -> Result<f64, GraphError> {
+        match self.take(key) {
+            None => Ok(default),
+            Some(Value::Float(x)) => Ok(*x),
+            Some(Value::Integer(n)) => Ok(*n as f64),
+            Some(_) => Err(self.bad(key, "must be a number")),
         }
     }
 

@@ -1,9 +1,11 @@
-//! Convolutions: burn's own for tracked inputs, dilations and groups; the
-//! chunked im2col product ([`crate::im2col`]) for a batch input.
+//! Convolutions: on the CPU, the engine's own op for a tracked input
+//! ([`crate::conv_cpu`]) and the chunked im2col product ([`crate::im2col`]) for a
+//! batch input; burn's for dilations, groups and other devices.
 
 use super::ConvRows;
 use super::compile::Kernel;
 use super::params::Params;
+use crate::conv_cpu::conv2d_cpu;
 use crate::im2col::{conv_product_cpu, im2col_views};
 use batchfit_graph::Window;
 use batchfit_plan::rules::im2col_chunks;
@@ -22,6 +24,19 @@ pub(super) fn conv(
 ) -> Tensor<2> {
     let d = &k.in_dims[0];
     let bias = k.params.get(1).map(|&q| p.t1(q));
+    // The CPU's own op for the common case (see `conv_cpu`); burn's elsewhere.
+    if groups == 1 && window.dilation.iter().all(|&r| r == 1) {
+        let (x4, w4, stride, pads) = as_2d(k, p, x.clone(), b, window);
+        if let Some(y) = conv2d_cpu(x4, w4, stride, pads) {
+            let [_, co, oh, ow] = y.dims();
+            let y = y.reshape([b, co, oh * ow]);
+            let y = match bias {
+                Some(bias) => y + bias.reshape([1, co, 1]),
+                None => y,
+            };
+            return y.reshape([b, k.out_elems()]);
+        }
+    }
     if window.spatial() == 1 {
         let opts = ConvOptions::new_with_padding(
             [window.stride[0]],
@@ -112,9 +127,22 @@ pub(super) fn conv_im2col_node(k: &Kernel, p: &Params, x: Tensor<2>, b: usize) -
     let batchfit_graph::Op::Conv { window, .. } = &k.op else {
         unreachable!("a convolution node")
     };
-    let d = &k.in_dims[0];
     let bias = k.params.get(1).map(|&q| p.t1(q));
-    let (x, w, stride, pads) = if window.spatial() == 1 {
+    let (x, w, stride, pads) = as_2d(k, p, x, b, window);
+    conv_im2col(x, w, bias, stride, pads)
+}
+
+/// A node's input, weight, stride and padding as a 2-d convolution's (a 1-d one
+/// over a single row).
+fn as_2d(
+    k: &Kernel,
+    p: &Params,
+    x: Tensor<2>,
+    b: usize,
+    window: &Window,
+) -> (Tensor<4>, Tensor<4>, [usize; 2], [(usize, usize); 2]) {
+    let d = &k.in_dims[0];
+    if window.spatial() == 1 {
         let [co, ci, kw] = p.t3(k.params[0]).dims();
         (
             x.reshape([b, d[0], 1, d[1]]),
@@ -129,8 +157,7 @@ pub(super) fn conv_im2col_node(k: &Kernel, p: &Params, x: Tensor<2>, b: usize) -
             [window.stride[0], window.stride[1]],
             pads2(window),
         )
-    };
-    conv_im2col(x, w, bias, stride, pads)
+    }
 }
 
 /// A 2-d window's padding as burn's (begin, end) pairs.

@@ -5,10 +5,11 @@ use super::compile::Kernel;
 use super::prod;
 use super::reshape::axis_index;
 use batchfit_graph::Op;
-use burn::tensor::activation::{gelu, relu, sigmoid, softmax, tanh};
+use burn::tensor::activation::{gelu, hard_sigmoid, hard_swish, relu, sigmoid, softmax, tanh};
 use burn::tensor::{Distribution, Tensor};
 
-/// An activation (`op` is one of relu, clipped relu, gelu, tanh, sigmoid); any
+/// An activation (relu, clipped relu, gelu, tanh, sigmoid, the hard sigmoid and
+/// swish, a constant scale); any
 /// layout, since it acts on each element alone.
 pub(super) fn activation(op: &Op, t: Tensor<2>) -> Tensor<2> {
     match op {
@@ -17,6 +18,9 @@ pub(super) fn activation(op: &Op, t: Tensor<2>) -> Tensor<2> {
         Op::Gelu => gelu(t),
         Op::Tanh => tanh(t),
         Op::Sigmoid => sigmoid(t),
+        Op::HardSigmoid { alpha, beta } => hard_sigmoid(t, f64::from(*alpha), f64::from(*beta)),
+        Op::HardSwish => hard_swish(t),
+        Op::Scale { factor } => t.mul_scalar(*factor),
         _ => unreachable!("{} is not an activation", op.name()),
     }
 }
@@ -37,6 +41,18 @@ pub(super) fn dropout(x: Tensor<2>, rate: f32, train: bool) -> Tensor<2> {
     }
     let keep = 1.0 - rate as f64;
     let mask = Tensor::<2>::random(x.dims(), Distribution::Bernoulli(keep), &x.device());
+    x * mask.div_scalar(keep as f32)
+}
+
+/// Stochastic depth: zeroes whole samples with probability `rate` while training
+/// and scales the rest by `1 / (1 - rate)`; one mask value per sample, broadcast.
+pub(super) fn drop_path(x: Tensor<2>, rate: f32, train: bool) -> Tensor<2> {
+    if !train || rate <= 0.0 {
+        return x;
+    }
+    let keep = 1.0 - rate as f64;
+    let [b, _] = x.dims();
+    let mask = Tensor::<2>::random([b, 1], Distribution::Bernoulli(keep), &x.device());
     x * mask.div_scalar(keep as f32)
 }
 

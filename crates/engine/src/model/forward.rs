@@ -64,12 +64,17 @@ fn run_kernel(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: boo
                 x => Value::Float(run_canonical(k, p, vec![x], b, train)),
             }
         }
-        Op::Relu | Op::ClippedRelu { .. } | Op::Gelu | Op::Tanh | Op::Sigmoid => {
-            match args.remove(0) {
-                Value::ConvRows(r) => Value::ConvRows(r.map(|t| elementwise::activation(&k.op, t))),
-                v => Value::Float(elementwise::activation(&k.op, float(v))),
-            }
-        }
+        Op::Relu
+        | Op::ClippedRelu { .. }
+        | Op::Gelu
+        | Op::Tanh
+        | Op::Sigmoid
+        | Op::HardSigmoid { .. }
+        | Op::HardSwish
+        | Op::Scale { .. } => match args.remove(0) {
+            Value::ConvRows(r) => Value::ConvRows(r.map(|t| elementwise::activation(&k.op, t))),
+            v => Value::Float(elementwise::activation(&k.op, float(v))),
+        },
         // One product with the window matrix, on rows of spatial values in either layout.
         Op::Pool { .. } if k.pool_matrix.is_some() => {
             let m = k.pool_matrix.clone().expect("checked");
@@ -105,15 +110,29 @@ fn run_canonical(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: 
         Op::GlobalPool { pool } => pool::global_pool(k, first(), b, *pool),
         Op::BatchNorm { features } => norm::batch_norm(k, p, first(), b, *features),
         Op::LayerNorm { features } => norm::layer_norm(k, p, first(), b, *features),
-        Op::Relu | Op::ClippedRelu { .. } | Op::Gelu | Op::Tanh | Op::Sigmoid => {
-            elementwise::activation(&k.op, first())
-        }
+        Op::Relu
+        | Op::ClippedRelu { .. }
+        | Op::Gelu
+        | Op::Tanh
+        | Op::Sigmoid
+        | Op::HardSigmoid { .. }
+        | Op::HardSwish
+        | Op::Scale { .. } => elementwise::activation(&k.op, first()),
         Op::Softmax { axis } => elementwise::softmax_along(k, first(), b, *axis),
+        Op::Lrn {
+            size,
+            alpha,
+            beta,
+            bias,
+        } => norm::lrn(k, first(), b, *size, *alpha, *beta, *bias),
+        Op::Slice { axis, start, end } => reshape::slice(k, first(), b, *axis, *start, *end),
+        Op::Reduce { reduce, axes, .. } => reshape::reduce(k, first(), b, *reduce, axes),
         Op::Add | Op::Mul => {
             let x = first();
             elementwise::binary(k, x, first(), b)
         }
         Op::Dropout { p: rate } => elementwise::dropout(first(), *rate, train),
+        Op::DropPath { p: rate } => elementwise::drop_path(first(), *rate, train),
         Op::Flatten | Op::Reshape { .. } => first(),
         Op::Concat { axis } => reshape::concat(k, args, b, *axis),
         Op::Rnn { .. } => recurrent::rnn(k, p, first(), b),

@@ -157,11 +157,11 @@ fn prod(d: &[usize]) -> usize {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use burn::tensor::Tensor;
 
     /// The largest difference of `a` from `b`, relative to `b`'s largest magnitude.
-    pub(super) fn max_rel_err<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
+    pub(crate) fn max_rel_err<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
         let scale = b.clone().abs().max().into_scalar::<f32>().max(1e-6);
         (a - b).abs().max().into_scalar::<f32>() / scale
     }

@@ -1,4 +1,5 @@
-//! Normalisation: batch norm over the channel axis, layer norm over the last.
+//! Normalisation: batch norm over the channel axis, layer norm over the last,
+//! local response normalisation across channels.
 
 use super::compile::Kernel;
 use super::params::Params;
@@ -39,4 +40,39 @@ pub(super) fn layer_norm(
     let y = centered / (var + 1e-5).sqrt();
     let y = y * p.t1(k.params[0]).unsqueeze::<2>() + p.t1(k.params[1]).unsqueeze::<2>();
     y.reshape([b, k.out_elems()])
+}
+
+/// Local response normalisation across channels (ONNX `LRN`): each value divided by
+/// `(bias + alpha / size * sum of the squares of `size` neighbouring channels)^beta`,
+/// the window taking `(size - 1) / 2` channels before and the rest after.
+pub(super) fn lrn(
+    k: &Kernel,
+    x: Tensor<2>,
+    b: usize,
+    size: usize,
+    alpha: f32,
+    beta: f32,
+    bias: f32,
+) -> Tensor<2> {
+    let channels = k.in_dims[0][0];
+    let spatial = prod(&k.in_dims[0][1..]);
+    let x = x.reshape([b, channels, spatial]);
+    let squares = x.clone() * x.clone();
+    let (before, after) = ((size - 1) / 2, size - 1 - (size - 1) / 2);
+    let device = x.device();
+    let mut parts = Vec::with_capacity(3);
+    if before > 0 {
+        parts.push(Tensor::<3>::zeros([b, before, spatial], &device));
+    }
+    parts.push(squares);
+    if after > 0 {
+        parts.push(Tensor::<3>::zeros([b, after, spatial], &device));
+    }
+    let padded = Tensor::cat(parts, 1);
+    let mut sum = padded.clone().slice([0..b, 0..channels, 0..spatial]);
+    for s in 1..size {
+        sum = sum + padded.clone().slice([0..b, s..s + channels, 0..spatial]);
+    }
+    let scale = (sum.mul_scalar(alpha / size as f32).add_scalar(bias)).powf_scalar(beta);
+    (x / scale).reshape([b, k.out_elems()])
 }

@@ -1,8 +1,10 @@
-//! Reshaping ops: concatenation along an axis, and axis arithmetic. Flatten
+//! Reshaping ops: concatenation along an axis, slices and reductions of an axis,
+//! and axis arithmetic. Flatten
 //! and reshape need no code: values are `[B, elements]` whatever their shape.
 
 use super::compile::Kernel;
 use super::{Value, float, prod};
+use batchfit_graph::ReduceKind;
 use burn::tensor::Tensor;
 
 /// Concatenation of `args` along `axis`, each seen as `[B, before, axis, after]`.
@@ -21,4 +23,50 @@ pub(super) fn axis_index(sample_rank: usize, axis: i64) -> usize {
     let full = sample_rank as i64 + 1;
     let a = if axis < 0 { axis + full } else { axis };
     (a - 1) as usize
+}
+
+/// Elements `start..end` of sample axis `axis`, the sample seen as `[before, axis, after]`.
+pub(super) fn slice(
+    k: &Kernel,
+    x: Tensor<2>,
+    b: usize,
+    axis: i64,
+    start: usize,
+    end: usize,
+) -> Tensor<2> {
+    let d = &k.in_dims[0];
+    let a = axis_index(d.len(), axis);
+    let (before, after) = (prod(&d[..a]), prod(&d[a + 1..]));
+    x.reshape([b, before, d[a], after])
+        .slice([0..b, 0..before, start..end, 0..after])
+        .reshape([b, k.out_elems()])
+}
+
+/// Sum, mean or max over sample axes, one axis at a time (the sample seen as
+/// `[before, axis, after]` each time); dropped axes need no code, as values are
+/// `[B, elements]` whatever their shape.
+pub(super) fn reduce(
+    k: &Kernel,
+    x: Tensor<2>,
+    b: usize,
+    reduce: ReduceKind,
+    axes: &[i64],
+) -> Tensor<2> {
+    let mut dims = k.in_dims[0].clone();
+    let mut picked: Vec<usize> = axes.iter().map(|&a| axis_index(dims.len(), a)).collect();
+    picked.sort_unstable();
+    picked.dedup();
+    let mut t = x;
+    for &a in picked.iter().rev() {
+        let (before, after) = (prod(&dims[..a]), prod(&dims[a + 1..]));
+        let v: Tensor<4> = t.reshape([b, before, dims[a], after]);
+        let r = match reduce {
+            ReduceKind::Sum => v.sum_dim(2),
+            ReduceKind::Mean => v.mean_dim(2),
+            ReduceKind::Max => v.max_dim(2),
+        };
+        dims[a] = 1;
+        t = r.reshape([b, before * after]);
+    }
+    t.reshape([b, k.out_elems()])
 }

@@ -3,7 +3,8 @@
 
 use batchfit_engine::{DeviceSpec, TrainConfig, Trainer};
 use batchfit_graph::{
-    Cell, Graph, GraphBuilder, InputKind, LossKind, Op, PoolKind, RnnBias, Shape, Window,
+    Cell, Graph, GraphBuilder, InputKind, LossKind, Op, PoolKind, ReduceKind, RnnBias, Shape,
+    Window,
 };
 use batchfit_plan::Optimizer;
 use std::sync::Mutex;
@@ -156,6 +157,51 @@ pub fn families() -> Vec<Graph> {
         .unwrap();
     g.linear("out", "gru", 3).unwrap();
     out.push(g.finish(LossKind::CrossEntropyPerFrame, "out").unwrap());
+
+    // The ops of exported CNN families and RNN heads: hard swish and a hard-sigmoid
+    // gate (MobileNetV3), LRN (GoogLeNet v1), stochastic depth (EfficientNet), a slice
+    // and reductions of sample axes, a constant scale.
+    let mut g = GraphBuilder::new("mobile-classic-heads");
+    g.input("x", Shape::fixed(&[3, 6, 6])).unwrap();
+    g.conv("c", "x", 4, 2, 3, 1, Some(1)).unwrap();
+    g.push("hs", Op::HardSwish, &["c"]).unwrap();
+    let lrn = Op::Lrn {
+        size: 3,
+        alpha: 0.05,
+        beta: 0.75,
+        bias: 1.0,
+    };
+    g.push("lrn", lrn, &["hs"]).unwrap();
+    let gate = Op::HardSigmoid {
+        alpha: 0.2,
+        beta: 0.5,
+    };
+    g.push("gate", gate, &["lrn"]).unwrap();
+    g.push("m", Op::Mul, &["lrn", "gate"]).unwrap();
+    g.push("dp", Op::DropPath { p: 0.2 }, &["m"]).unwrap();
+    let slice = Op::Slice {
+        axis: 2,
+        start: 1,
+        end: 5,
+    };
+    g.push("sl", slice, &["dp"]).unwrap();
+    let reduce = |reduce, axes: &[i64], keep_dims| Op::Reduce {
+        reduce,
+        axes: axes.to_vec(),
+        keep_dims,
+    };
+    g.push("mean", reduce(ReduceKind::Mean, &[3], false), &["sl"])
+        .unwrap();
+    g.push("sum", reduce(ReduceKind::Sum, &[-1], true), &["mean"])
+        .unwrap();
+    g.push("max", reduce(ReduceKind::Max, &[1], false), &["mean"])
+        .unwrap();
+    g.push("sumf", Op::Flatten, &["sum"]).unwrap();
+    g.push("both", Op::Add, &["sumf", "max"]).unwrap();
+    g.push("half", Op::Scale { factor: 0.5 }, &["both"])
+        .unwrap();
+    g.linear("out", "half", 3).unwrap();
+    out.push(g.finish(LossKind::CrossEntropy, "out").unwrap());
     out
 }
 

@@ -152,9 +152,9 @@ impl Importer {
                     v.describe()
                 )));
             }
-            Some(Val::Const(_) | Val::Ints { .. }) => {
+            Some(Val::Const(_) | Val::Ints { .. } | Val::Mask(_)) => {
                 return Err(GraphError::Invalid(format!(
-                    "graph output `{out}` is a constant or a shape"
+                    "graph output `{out}` is a constant, a shape or a random mask"
                 )));
             }
             Some(Val::Unusable(why)) => {
@@ -224,6 +224,14 @@ impl Importer {
                 label(n),
                 format!(
                     "input `{name}` is computed from shapes where {} expects an activation",
+                    n.op_type
+                ),
+            )),
+            Val::Mask(_) => Err(GraphError::node(
+                label(n),
+                format!(
+                    "input `{name}` is a random mask where {} expects an activation; only \
+                     `x * mask` (dropout, stochastic depth) is supported",
                     n.op_type
                 ),
             )),

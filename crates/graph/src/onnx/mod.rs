@@ -86,6 +86,7 @@
 pub mod proto;
 
 mod decode;
+mod fold;
 mod import;
 mod inputs;
 mod ops;

@@ -88,8 +88,23 @@ pub(super) enum Val {
     /// A small integer vector computed from shapes (`Shape`, `Gather`, `Concat`, ...),
     /// as PyTorch exports `x.view(x.size(0), -1)`; `scalar` when it has rank 0.
     Ints { v: Vec<Sym>, scalar: bool },
+    /// A random mask being built (stochastic depth, dropout written out): a tensor of
+    /// `shape` filled by `ConstantOfShape`, made uniform by `RandomUniformLike`, compared
+    /// with `Less` (`keep`), scaled by `Div`/`Mul` (`scale`).
+    Mask(Mask),
     /// A tensor the IR does not model, with the reason.
     Unusable(String),
+}
+
+/// How far a random mask has been built; see [`Val::Mask`].
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Mask {
+    pub(super) shape: Vec<Sym>,
+    /// `false` while it is the filled tensor, `true` once uniform in [0, 1).
+    pub(super) uniform: bool,
+    /// The probability of a one, once compared.
+    pub(super) keep: Option<f64>,
+    pub(super) scale: f64,
 }
 
 /// `perm` as axis indices, checked to be a permutation of `0..rank`.

@@ -75,7 +75,53 @@ impl Op {
             | Op::Gelu
             | Op::Tanh
             | Op::Sigmoid
-            | Op::Dropout { .. } => Ok(x.clone()),
+            | Op::HardSigmoid { .. }
+            | Op::HardSwish
+            | Op::Scale { .. }
+            | Op::Dropout { .. }
+            | Op::DropPath { .. } => Ok(x.clone()),
+            Op::Lrn { size, .. } => {
+                if x.rank() < 2 || *size == 0 {
+                    return Err(ShapeError(format!(
+                        "needs [B, C, spatial...] and a size of at least 1, got {x} and size {size}"
+                    )));
+                }
+                Ok(x.clone())
+            }
+            Op::Slice { axis, start, end } => {
+                let a = sample_axis(x, *axis)?;
+                match x.0[a] {
+                    Dim::Fixed(d) if start < end && *end <= d => {
+                        let mut out = x.0.clone();
+                        out[a] = Dim::Fixed(end - start);
+                        Ok(Shape(out))
+                    }
+                    Dim::Fixed(d) => Err(ShapeError(format!(
+                        "elements {start}..{end} of an axis of size {d} ({x})"
+                    ))),
+                    Dim::Seq => Err(ShapeError(format!(
+                        "slicing the symbolic sequence axis of {x} is not supported"
+                    ))),
+                }
+            }
+            Op::Reduce {
+                axes, keep_dims, ..
+            } => {
+                let mut picked = vec![false; x.rank()];
+                for &axis in axes {
+                    picked[sample_axis(x, axis)?] = true;
+                }
+                let out =
+                    x.0.iter()
+                        .zip(&picked)
+                        .filter_map(|(&d, &p)| match (p, keep_dims) {
+                            (false, _) => Some(d),
+                            (true, true) => Some(Dim::Fixed(1)),
+                            (true, false) => None,
+                        })
+                        .collect();
+                Ok(Shape(out))
+            }
             Op::Softmax { axis } => {
                 sample_axis(x, *axis)?;
                 Ok(x.clone())

@@ -16,6 +16,15 @@ pub enum PoolKind {
     Avg,
 }
 
+/// How [`Op::Reduce`] combines the values along its axes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReduceKind {
+    Sum,
+    Mean,
+    Max,
+}
+
 /// Recurrent cell type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -144,6 +153,40 @@ pub enum Op {
     Gelu,
     Tanh,
     Sigmoid,
+    /// `clamp(alpha x + beta, 0, 1)` (ONNX HardSigmoid; PyTorch's Hardsigmoid is alpha 1/6,
+    /// beta 1/2).
+    HardSigmoid {
+        alpha: f32,
+        beta: f32,
+    },
+    /// `x * clamp(x / 6 + 1/2, 0, 1)` (MobileNetV3's hard swish).
+    HardSwish,
+    /// `x * factor` for a constant scalar (a `Mul` or `Div` by a scalar constant, a `Mean`
+    /// of several tensors).
+    Scale {
+        factor: f32,
+    },
+    /// Local response normalisation across channels (AlexNet, GoogLeNet v1):
+    /// `x / (bias + alpha / size * sum of x^2 over size neighbouring channels)^beta`.
+    Lrn {
+        size: usize,
+        alpha: f32,
+        beta: f32,
+        bias: f32,
+    },
+    /// Elements `start..end` of sample axis `axis` (negative counts from the end); indexing
+    /// (`y[:, -1]`, a CLS token) is a slice of length 1 and a reshape.
+    Slice {
+        axis: i64,
+        start: usize,
+        end: usize,
+    },
+    /// Sum, mean or max over sample axes, keeping them with size 1 or dropping them.
+    Reduce {
+        reduce: ReduceKind,
+        axes: Vec<i64>,
+        keep_dims: bool,
+    },
     /// Softmax along `axis` (negative counts from the end).
     Softmax {
         axis: i64,
@@ -173,6 +216,11 @@ pub enum Op {
     Mul,
     /// Dropout with drop probability `p`.
     Dropout {
+        p: f32,
+    },
+    /// Stochastic depth: while training, the whole sample is zeroed with probability `p`
+    /// and kept ones are scaled by `1 / (1 - p)` (torchvision's `StochasticDepth`, "row").
+    DropPath {
         p: f32,
     },
     /// Token embedding lookup.
@@ -224,6 +272,14 @@ pub const OP_NAMES: &[&str] = &[
     "gelu",
     "tanh",
     "sigmoid",
+    "hardsigmoid",
+    "hardswish",
+    "scale",
+    "lrn",
+    "slice",
+    "reduce_sum",
+    "reduce_mean",
+    "reduce_max",
     "softmax",
     "maxpool",
     "avgpool",
@@ -235,6 +291,7 @@ pub const OP_NAMES: &[&str] = &[
     "add",
     "mul",
     "dropout",
+    "drop_path",
     "embedding",
     "lstm",
     "gru",
@@ -255,6 +312,20 @@ impl Op {
             Op::Gelu => "gelu",
             Op::Tanh => "tanh",
             Op::Sigmoid => "sigmoid",
+            Op::HardSigmoid { .. } => "hardsigmoid",
+            Op::HardSwish => "hardswish",
+            Op::Scale { .. } => "scale",
+            Op::Lrn { .. } => "lrn",
+            Op::Slice { .. } => "slice",
+            Op::Reduce {
+                reduce: ReduceKind::Sum,
+                ..
+            } => "reduce_sum",
+            Op::Reduce {
+                reduce: ReduceKind::Mean,
+                ..
+            } => "reduce_mean",
+            Op::Reduce { .. } => "reduce_max",
             Op::Softmax { .. } => "softmax",
             Op::Pool {
                 pool: PoolKind::Max,
@@ -271,6 +342,7 @@ impl Op {
             Op::Add => "add",
             Op::Mul => "mul",
             Op::Dropout { .. } => "dropout",
+            Op::DropPath { .. } => "drop_path",
             Op::Embedding { .. } => "embedding",
             Op::Rnn {
                 cell: Cell::Lstm, ..

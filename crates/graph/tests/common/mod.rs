@@ -15,7 +15,7 @@ use std::path::PathBuf;
 // ----- model writing helpers ------------------------------------------------
 
 /// A graph under construction.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct Net {
     pub g: GraphProto,
 }

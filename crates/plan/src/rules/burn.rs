@@ -14,7 +14,7 @@
 
 use super::{BackwardMoment, RuntimeRules, Saved, Sizes, rnn_steps_dirs};
 use crate::units::Bytes;
-use batchfit_graph::{Cell, LossKind, Op, PoolKind};
+use batchfit_graph::{Cell, LossKind, Op, PoolKind, ReduceKind};
 
 /// burn's rules on a GPU or on a CPU with the given threads and gemm buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,6 +55,55 @@ pub fn im2col_chunks(b: usize) -> usize {
 /// Most chunks [`im2col_chunks`] makes: enough for the cores of a desktop CPU, and
 /// the weight-gradient partials stay a small fixed cost (the plan counts this many).
 pub const IM2COL_MAX_CHUNKS: usize = 16;
+
+/// Burn (CPU): samples per chunk of the engine's convolution of a tracked input
+/// (engine `conv_cpu`): enough for about [`CONV_CHUNK_ROWS`] output positions, so
+/// each chunk's product is a matrix product even where a sample has few positions,
+/// and its buffers (the chunk's im2col rows and result) are a fixed size. The engine
+/// takes fewer when that leaves a thread without a chunk.
+pub fn conv_samples_per_chunk(spatial: usize) -> usize {
+    CONV_CHUNK_ROWS.div_ceil(spatial.max(1))
+}
+
+/// Output positions per chunk the engine's convolution of a tracked input aims at.
+pub const CONV_CHUNK_ROWS: usize = 256;
+
+/// Largest im2col matrix of one sample (bytes) for which the engine runs its own
+/// convolution of a tracked input (engine `conv_cpu`); above, burn's.
+pub const CONV_MAX_SAMPLE_COLS_BYTES: u64 = 16 << 20;
+
+/// The sizes of the engine's CPU convolution of a tracked input (engine `conv_cpu`), when
+/// it runs `op`: (rows of a chunk, im2col row length k, padded image elements).
+fn conv_cpu_sizes(op: &Op, s: &Sizes, gpu: bool) -> Option<(u64, u64, u64)> {
+    let Op::Conv {
+        in_channels,
+        out_channels,
+        window,
+        groups: 1,
+        ..
+    } = op
+    else {
+        return None;
+    };
+    if gpu || burn_im2col(op, s) || window.dilation.iter().any(|&d| d != 1) {
+        return None;
+    }
+    let spatial = s.output / (*out_channels as u64).max(1);
+    let k = (*in_channels * window.kernel_elements()) as u64;
+    if spatial * k * 4 > CONV_MAX_SAMPLE_COLS_BYTES {
+        return None;
+    }
+    let padded: u64 = s
+        .in_dims
+        .iter()
+        .skip(1)
+        .zip(&window.padding)
+        .map(|(&d, p)| (d + p[0] + p[1]) as u64)
+        .product::<u64>()
+        * *in_channels as u64;
+    let rows = conv_samples_per_chunk(spatial as usize) as u64 * spatial;
+    Some((rows, k, padded))
+}
 
 /// Largest window matrix (input by output positions) of an average pool the engine
 /// runs as a matrix product (model.rs `avg_pool_matrix`); larger pools use burn's
@@ -109,6 +158,38 @@ impl RuntimeRules for Burn {
                 extra_bytes: 2 * s.output,
                 ..none
             },
+            // `hard_sigmoid` is burn-backend's default: `mul_scalar`, `add_scalar` (nothing kept)
+            // and the clamp's two masks. `hard_swish` multiplies x by it: `float_mul` keeps both
+            // factors, x and the hard sigmoid.
+            Op::HardSigmoid { .. } => Saved {
+                extra_bytes: 2 * s.output,
+                ..none
+            },
+            Op::HardSwish => Saved {
+                inputs: true,
+                extra_elems: s.output,
+                extra_bytes: 2 * s.output,
+                ..none
+            },
+            // `mul_scalar` keeps nothing; `slice` and `sum_dim`/`mean_dim` keep only shapes;
+            // `max_dim` keeps the argmax indices (flex: i32).
+            Op::Scale { .. } | Op::Slice { .. } => none,
+            Op::Reduce {
+                reduce: ReduceKind::Max,
+                ..
+            } => Saved {
+                extra_bytes: 4 * s.output,
+                ..none
+            },
+            Op::Reduce { .. } => none,
+            // The engine's composed LRN (model/norm.rs `lrn`): `x * x` keeps x; the zero padding,
+            // `cat`, the window slices and their sum keep shapes; `powf_scalar` keeps its input
+            // (the scaled sum) and the final `div` keeps x and the power.
+            Op::Lrn { .. } => Saved {
+                inputs: true,
+                extra_elems: 2 * s.output,
+                ..none
+            },
             // Softmax is burn-backend's default `softmax`: x - max, `float_exp` (keeps its
             // input), sum, `float_div` (keeps the exponentials and the sums).
             Op::Softmax { .. } => Saved {
@@ -146,6 +227,11 @@ impl RuntimeRules for Burn {
             // only the mask (at the activation's precision).
             Op::Dropout { .. } => Saved {
                 extra_elems: s.output,
+                ..none
+            },
+            // Stochastic depth is `x * mask` with one mask value per sample (kept by `float_mul`).
+            Op::DropPath { .. } => Saved {
+                extra_elems: 1,
                 ..none
             },
             // `embedding` keeps the index tensor, which is the batch's own token tensor.
@@ -205,7 +291,15 @@ impl RuntimeRules for Burn {
     /// Burn (flex): bytes of the op's per-thread kernel buffers at its forward pass, which do
     /// not grow with the batch: flex `conv3d_impl` gives each busy thread an im2col tile
     /// (C_in/groups x k by up to 512 output positions) and gemm's result for it.
+    /// The engine's own convolution of a tracked input gives each busy thread its chunk's
+    /// im2col rows, their product and a padded image.
     fn forward_workspace(&self, op: &Op, s: &Sizes, act: u64) -> u64 {
+        if let (Some((rows, k, padded)), Op::Conv { out_channels, .. }) =
+            (conv_cpu_sizes(op, s, self.gpu), op)
+        {
+            let co = *out_channels as u64;
+            return self.cpu.threads * (rows * (k + co) + padded) * act;
+        }
         match op {
             Op::Conv { .. } if burn_im2col(op, s) => 0,
             Op::Conv {
@@ -276,6 +370,19 @@ impl RuntimeRules for Burn {
                     .collect();
                 one(out + t.iter().sum::<u64>() + t.iter().copied().max().unwrap_or(0))
             }
+            // The engine's own convolution (engine `conv_cpu`): dy, the zeroed dx, and per busy
+            // thread its chunk's rows, their gradient, a padded image and its sum of the weight
+            // gradient (counted for every thread: one per chunk up to the threads).
+            Op::Conv { out_channels, .. } if conv_cpu_sizes(op, s, self.gpu).is_some() => {
+                let (rows, k, padded) = conv_cpu_sizes(op, s, self.gpu).expect("checked");
+                let co = *out_channels as u64;
+                vec![BackwardMoment {
+                    bytes: (out + dx) * act,
+                    param_elems: params,
+                    fixed_workspace: cpu.threads * (rows * (k + co) + padded + co * k) * act,
+                    ..BackwardMoment::default()
+                }]
+            }
             // burn-backend `conv2d_x_backward` (modules/conv.rs) is a `conv_transpose2d` into a
             // new tensor the size of x, with a column buffer of one sample per busy thread
             // (flex `conv_transpose3d_impl`). `conv2d_weight_backward` ->
@@ -319,6 +426,7 @@ impl RuntimeRules for Burn {
             Op::Relu
             | Op::ClippedRelu { .. }
             | Op::Dropout { .. }
+            | Op::DropPath { .. }
             | Op::Flatten
             | Op::Reshape { .. }
             | Op::Concat { .. }
@@ -329,6 +437,22 @@ impl RuntimeRules for Burn {
                 param_elems: 2 * params,
                 ..BackwardMoment::default()
             }],
+            // The clamp masks' `mask_fill` and `mul_scalar` write into the incoming gradient.
+            Op::HardSigmoid { .. } | Op::Scale { .. } => one(out),
+            // The product's two gradients, then the hard sigmoid's in place.
+            Op::HardSwish => one(out + 2 * input),
+            // `slice` backward: `float_zeros` of x's shape (an `empty`, two copies for a moment)
+            // and a `slice_assign` of dy.
+            Op::Slice { .. } => one(out + 2 * dx),
+            // `sum_dim`/`mean_dim` backward expand dy to x's shape; `max_dim` scatters into zeros.
+            Op::Reduce {
+                reduce: ReduceKind::Max,
+                ..
+            } => one(out + 2 * dx),
+            Op::Reduce { .. } => one(out + dx),
+            // The quotient rule's products, the power's gradient, then each window slice's
+            // zeroed padded-size gradient: about three input-sized tensors at a time.
+            Op::Lrn { .. } => one(out + 3 * input),
             // `sigmoid`, `float_tanh`, `gelu` recompute the activation from the kept input.
             Op::Tanh | Op::Sigmoid | Op::Gelu => one(out + input),
             // exp recomputed, then the quotient rule's two products.
@@ -504,6 +628,11 @@ impl RuntimeRules for Burn {
                 let rows = s.inputs[0] / (*in_features as u64).max(1);
                 rows * *in_features as u64 * *out_features as u64
             }
+            // The engine's own convolution runs a product per chunk of samples on the pool's
+            // threads, with a chunk for each thread once the batch has a sample for each.
+            Op::Conv { .. } if conv_cpu_sizes(op, s, self.gpu).is_some() => {
+                return Some(self.cpu.threads.max(1));
+            }
             // [.., M, K] x [.., K, N], one product per sample: flex splits each one that
             // reaches the threshold.
             Op::MatMul => {
@@ -607,9 +736,9 @@ mod tests {
 
     /// seed2-dual's conv on a 2-thread CPU. Its input is a batch input: the engine's im2col
     /// product keeps the `[81, 234]` matrix per sample, and its backward holds dy and dy's
-    /// contiguous copy. With a tracked input, burn's convolution keeps its input: dx and its
-    /// transposed convolution's column buffers, then the weight gradient (as measured with
-    /// the engine before the im2col path: dy, the copies of x and dy, x in NHWC, two tiles).
+    /// contiguous copy. With a tracked input the engine's own op keeps its input; on a GPU
+    /// burn's convolution keeps its input too: dx and its transposed convolution's column
+    /// buffers, then the weight gradient (dy, the copies of x and dy, x in NHWC, two tiles).
     #[test]
     fn conv_moments() {
         let op = Op::Conv {
@@ -631,7 +760,20 @@ mod tests {
         let s = sizes(&[2106], 2106, &[26, 9, 9], &[26, 9, 9]);
         assert!(!burn_im2col(&op, &s));
         assert!(CPU.saved(&op, &s).inputs);
+        // The engine's own op on the CPU: dy and dx, and per thread a chunk of
+        // ceil(256 / 81) = 4 samples' rows (324 x (234 + 26)), a padded image (26 x 11 x 11)
+        // and a weight-gradient sum (26 x 234).
         let m = CPU.backward(&op, &s, &[true], 4);
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].bytes, 2 * 2106 * 4);
+        assert_eq!(
+            m[0].fixed_workspace,
+            2 * (324 * 260 + 26 * 11 * 11 + 26 * 234) * 4
+        );
+        assert_eq!(CPU.forward_workspace(&op, &s, 4), 2 * (324 * 260 + 26 * 11 * 11) * 4);
+        // burn's convolution on a GPU.
+        let gpu = Burn { gpu: true, ..CPU };
+        let m = gpu.backward(&op, &s, &[true], 4);
         assert_eq!(m[0].bytes, 2 * 2106 * 4);
         assert_eq!(m[0].fixed_workspace, 2 * 26 * 9 * 81 * 4);
         assert_eq!(m[1].bytes, (6 * 2106 + 2 * 81 * 9) * 4);

@@ -25,7 +25,10 @@ use crate::options::Runtime;
 use crate::units::Bytes;
 use batchfit_graph::{LossKind, Op};
 
-pub use burn::{Burn, BurnCpu, IM2COL_MAX_CHUNKS, POOL_MATRIX_MAX, burn_im2col, im2col_chunks};
+pub use burn::{
+    Burn, BurnCpu, CONV_CHUNK_ROWS, IM2COL_MAX_CHUNKS, POOL_MATRIX_MAX, burn_im2col,
+    conv_samples_per_chunk, im2col_chunks,
+};
 pub use pytorch::Pytorch;
 
 /// What one op keeps alive from its forward pass until its backward pass.
@@ -219,9 +222,17 @@ pub fn forward_flops(op: &Op, s: &Sizes) -> f64 {
         }
         // Mean, variance, normalise, scale and shift.
         Op::BatchNorm { .. } | Op::LayerNorm { .. } => 8.0 * inp,
-        Op::Relu | Op::ClippedRelu { .. } | Op::Dropout { .. } => out,
+        Op::Relu | Op::ClippedRelu { .. } | Op::Dropout { .. } | Op::DropPath { .. } => out,
         Op::Tanh | Op::Sigmoid => 4.0 * out,
         Op::Gelu => 8.0 * out,
+        // Scale and shift, two comparisons (and the product for the swish).
+        Op::HardSigmoid { .. } => 4.0 * out,
+        Op::HardSwish => 5.0 * out,
+        Op::Scale { .. } => out,
+        // Square, the window's sum, scale, power and divide.
+        Op::Lrn { size, .. } => (*size as f64 + 6.0) * out,
+        Op::Slice { .. } => 0.0,
+        Op::Reduce { .. } => inp,
         Op::Softmax { .. } => 5.0 * out,
         Op::Pool { window, .. } => out * window.kernel_elements() as f64,
         Op::GlobalPool { .. } => inp,

@@ -5,7 +5,7 @@
 
 use super::{BackwardMoment, RuntimeRules, Saved, Sizes, rnn_steps_dirs, workspace_elems};
 use crate::units::Bytes;
-use batchfit_graph::{Cell, LossKind, Op, PoolKind};
+use batchfit_graph::{Cell, LossKind, Op, PoolKind, ReduceKind};
 
 /// PyTorch's CUDA context (driver, cuBLAS and cuDNN handles) as seen in
 /// `nvidia-smi` before any tensor: 300-800 MiB depending on versions; 500 MiB taken.
@@ -49,8 +49,28 @@ impl RuntimeRules for Pytorch {
             },
             // `relu`, `tanh`, `sigmoid`, `softmax` differentiate through their result.
             Op::Relu | Op::Tanh | Op::Sigmoid | Op::Softmax { .. } => output,
-            // `clamp`/`hardtanh` and `gelu` read their input.
-            Op::ClippedRelu { .. } | Op::Gelu => inputs,
+            // `clamp`/`hardtanh`, `gelu`, `hardsigmoid_backward` and `hardswish_backward` read
+            // their input.
+            Op::ClippedRelu { .. } | Op::Gelu | Op::HardSigmoid { .. } | Op::HardSwish => inputs,
+            // `mul` by a Python scalar, `slice`/`select`, `sum` and `mean` need only sizes.
+            Op::Scale { .. } | Op::Slice { .. } => none,
+            // `amax` reads its input and its result (`grad * (self == result)`).
+            Op::Reduce {
+                reduce: ReduceKind::Max,
+                ..
+            } => Saved {
+                inputs: true,
+                output: true,
+                ..none
+            },
+            Op::Reduce { .. } => none,
+            // `F.local_response_norm` is composed: `x * x` keeps x, `avg_pool2d` keeps the padded
+            // squares, `pow` its input and `x / div` the divisor (three tensors of x's size).
+            Op::Lrn { .. } => Saved {
+                inputs: true,
+                extra_elems: 3 * s.output,
+                ..none
+            },
             // `max_pool2d_with_indices`: input and int64 argmax indices.
             Op::Pool {
                 pool: PoolKind::Max,
@@ -69,6 +89,11 @@ impl RuntimeRules for Pytorch {
             // `native_dropout`: a one-byte bool mask.
             Op::Dropout { .. } => Saved {
                 extra_bytes: s.output,
+                ..none
+            },
+            // torchvision's `StochasticDepth`: `input * noise`, noise one value per sample.
+            Op::DropPath { .. } => Saved {
+                extra_elems: 1,
                 ..none
             },
             // `embedding`: the int64 indices.

@@ -11,18 +11,23 @@ use crate::op::Op;
 use crate::shape::Shape;
 
 impl Importer {
-    /// `Relu`, `Gelu`, `Tanh` and `Sigmoid`.
+    /// `Relu`, `Gelu`, `Tanh`, `Sigmoid`, `HardSigmoid` and `HardSwish`.
     pub(super) fn activation(
         &mut self,
         _i: usize,
         n: &NodeProto,
-        _a: &Attrs,
+        a: &Attrs,
     ) -> Result<(), GraphError> {
         let x = self.act(n, 0)?;
         let op = match n.op_type.as_str() {
             "Relu" => Op::Relu,
             "Gelu" => Op::Gelu,
             "Tanh" => Op::Tanh,
+            "HardSigmoid" => Op::HardSigmoid {
+                alpha: a.float("alpha", 0.2),
+                beta: a.float("beta", 0.5),
+            },
+            "HardSwish" => Op::HardSwish,
             _ => Op::Sigmoid,
         };
         self.emit(n, op, &[&x])?;
@@ -96,7 +101,8 @@ impl Importer {
         Ok(())
     }
 
-    /// `Add` and `Mul` of two activations, or of an activation and a neutral constant.
+    /// `Add` and `Mul` of two activations, or of an activation and a neutral constant;
+    /// `Mul` by a scalar constant.
     pub(super) fn add_mul(
         &mut self,
         _i: usize,
@@ -106,13 +112,24 @@ impl Importer {
         let err = |why: String| GraphError::node(label(n), why);
         let (p, q) = (self.val(n, 0)?, self.val(n, 1)?);
         match (p, q) {
+            (Val::Mask(m), other) | (other, Val::Mask(m)) if n.op_type == "Mul" => {
+                let (m, other_pos) = (m.clone(), usize::from(matches!(p, Val::Mask(_))));
+                if matches!(other, Val::Const(_)) {
+                    self.scale_mask(n, m, other_pos, false)?;
+                } else {
+                    self.apply_mask(n, m, other_pos)?;
+                }
+            }
             (Val::Const(c), _) | (_, Val::Const(c)) => {
                 let c = c.clone();
                 let pos = usize::from(matches!(p, Val::Const(_)));
                 let x = self.act(n, pos)?;
                 let neutral = if n.op_type == "Add" { 0.0 } else { 1.0 };
+                let scalar = scalar_value(&c);
                 if self.neutral(&x, &c, neutral)? {
                     self.define(n, Val::Ir(x));
+                } else if let (Some(factor), "Mul") = (scalar, n.op_type.as_str()) {
+                    self.emit(n, Op::Scale { factor }, &[&x])?;
                 } else {
                     return Err(err(format!(
                         "{} of activation `{}` and constant `{}` {:?}: only a bias right \
@@ -128,6 +145,72 @@ impl Importer {
                 self.emit(n, op, &[&x, &y])?;
             }
         }
+        Ok(())
+    }
+
+    /// `Div` of an activation by a scalar constant (attention's `1 / sqrt(d)`).
+    pub(super) fn div(&mut self, _i: usize, n: &NodeProto, _a: &Attrs) -> Result<(), GraphError> {
+        if let Val::Mask(m) = self.val(n, 0)? {
+            let m = m.clone();
+            return self.scale_mask(n, m, 1, true);
+        }
+        let x = self.act(n, 0)?;
+        let divisor = match self.val(n, 1)? {
+            Val::Const(c) => scalar_value(c).filter(|&d| d != 0.0),
+            _ => None,
+        };
+        let Some(divisor) = divisor else {
+            return Err(GraphError::node(
+                label(n),
+                format!(
+                    "Div of activation `{}` by `{}`: only a division by a nonzero scalar \
+                     constant is supported",
+                    n.input[0], n.input[1]
+                ),
+            ));
+        };
+        self.emit(
+            n,
+            Op::Scale {
+                factor: 1.0 / divisor,
+            },
+            &[&x],
+        )?;
+        Ok(())
+    }
+
+    /// Variadic `Sum` and `Mean` of activations: a chain of `Add`s (then a scale).
+    pub(super) fn sum_mean(
+        &mut self,
+        _i: usize,
+        n: &NodeProto,
+        _a: &Attrs,
+    ) -> Result<(), GraphError> {
+        let xs = (0..n.input.len())
+            .map(|p| self.act(n, p))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mean = n.op_type == "Mean" && xs.len() > 1;
+        let Some((first, rest)) = xs.split_first() else {
+            return Err(GraphError::node(
+                label(n),
+                format!("{} needs inputs", n.op_type),
+            ));
+        };
+        if rest.is_empty() {
+            self.define(n, Val::Ir(first.clone()));
+            return Ok(());
+        }
+        let mut acc = first.clone();
+        for (k, x) in rest.iter().enumerate() {
+            if k + 1 == rest.len() && !mean {
+                self.emit(n, Op::Add, &[&acc, x])?;
+                return Ok(());
+            }
+            let name = self.fresh(n);
+            acc = self.b.push(&name, Op::Add, &[&acc, x])?;
+        }
+        let factor = 1.0 / xs.len() as f32;
+        self.emit(n, Op::Scale { factor }, &[&acc])?;
         Ok(())
     }
 
@@ -170,5 +253,13 @@ impl Importer {
             dims.remove(0);
         }
         Ok(Op::Add.infer(&[s, &Shape::fixed(&dims)]).as_ref() == Ok(s))
+    }
+}
+
+/// The value of a constant holding exactly one number (any rank).
+fn scalar_value(c: &TensorProto) -> Option<f32> {
+    match tensor_floats(c).ok()?[..] {
+        [v] => Some(v as f32),
+        _ => None,
     }
 }

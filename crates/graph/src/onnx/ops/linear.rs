@@ -71,18 +71,13 @@ impl Importer {
         Ok(())
     }
 
-    /// `Gather` of ids from a constant table: an embedding lookup.
+    /// `Gather` of ids from a constant table: an embedding lookup (or indexing an
+    /// activation, [`Importer::gather_activation`]).
     pub(super) fn gather(&mut self, _i: usize, n: &NodeProto, a: &Attrs) -> Result<(), GraphError> {
         let err = |why: String| GraphError::node(label(n), why);
         let table = match self.val(n, 0)? {
             Val::Const(t) => t.clone(),
-            _ => {
-                return Err(err(
-                    "Gather of an activation (indexing) is not supported; only \
-                     embedding lookups in a constant table are"
-                        .into(),
-                ));
-            }
+            _ => return self.gather_activation(n, a),
         };
         let [vocab, dim] = dims2(&table.dims)
             .ok_or_else(|| err(format!("embedding table must be 2-D, got {:?}", table.dims)))?;

@@ -3,8 +3,10 @@
 
 mod conv;
 mod elementwise;
+mod index;
 mod linear;
 mod norm;
+mod random;
 mod recurrent;
 mod reshape;
 
@@ -26,7 +28,9 @@ const OPS: &[(&str, Import)] = &[
     ("Clip", Importer::clip),
     ("Concat", Importer::concat),
     ("Constant", Importer::constant),
+    ("ConstantOfShape", Importer::constant_of_shape),
     ("Conv", Importer::conv),
+    ("Div", Importer::div),
     ("Dropout", Importer::dropout),
     ("Flatten", Importer::flatten),
     ("Gather", Importer::gather),
@@ -35,20 +39,30 @@ const OPS: &[(&str, Import)] = &[
     ("GlobalAveragePool", Importer::global_pool),
     ("GlobalMaxPool", Importer::global_pool),
     ("GRU", Importer::rnn),
+    ("HardSigmoid", Importer::activation),
+    ("HardSwish", Importer::activation),
     ("Identity", Importer::alias),
     ("LayerNormalization", Importer::layer_norm),
     ("LogSoftmax", Importer::softmax),
+    ("Less", Importer::less),
+    ("LRN", Importer::lrn),
     ("LSTM", Importer::rnn),
     ("MatMul", Importer::matmul),
     ("MaxPool", Importer::pool),
+    ("Mean", Importer::sum_mean),
     ("Mul", Importer::add_mul),
+    ("RandomUniformLike", Importer::random_uniform_like),
+    ("ReduceMax", Importer::reduce),
+    ("ReduceMean", Importer::reduce),
+    ("ReduceSum", Importer::reduce),
     ("Relu", Importer::activation),
     ("Reshape", Importer::reshape),
     ("Shape", Importer::shapes_only),
     ("Sigmoid", Importer::activation),
-    ("Slice", Importer::shapes_only),
+    ("Slice", Importer::slice),
     ("Softmax", Importer::softmax),
     ("Squeeze", Importer::squeeze),
+    ("Sum", Importer::sum_mean),
     ("Tanh", Importer::activation),
     ("Transpose", Importer::transpose),
     ("Unsqueeze", Importer::squeeze),
@@ -79,7 +93,7 @@ impl Importer {
     /// computes on shape values), then the op's family.
     pub(super) fn node(&mut self, i: usize, n: &NodeProto) -> Result<(), GraphError> {
         let a = Attrs(&n.attribute);
-        if self.shape_op(n, &a)? {
+        if self.shape_op(n, &a)? || self.fold(n, &a)? {
             return Ok(());
         }
         match OPS.iter().find(|(op, _)| *op == n.op_type) {

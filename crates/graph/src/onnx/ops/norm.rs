@@ -60,4 +60,22 @@ impl Importer {
         self.attach(&name, weights);
         Ok(())
     }
+
+    /// `LRN` across channels.
+    pub(super) fn lrn(&mut self, _i: usize, n: &NodeProto, a: &Attrs) -> Result<(), GraphError> {
+        let x = self.act(n, 0)?;
+        let size = a
+            .get("size")
+            .map(|v| v.i)
+            .filter(|&s| s > 0)
+            .ok_or_else(|| GraphError::node(label(n), "LRN needs a positive size"))?;
+        let op = Op::Lrn {
+            size: size as usize,
+            alpha: a.float("alpha", 1e-4),
+            beta: a.float("beta", 0.75),
+            bias: a.float("bias", 1.0),
+        };
+        self.emit(n, op, &[&x])?;
+        Ok(())
+    }
 }

@@ -1,0 +1,297 @@
+//! Constant folding of weight rearrangements: `Slice`, `Concat`, `Unsqueeze`,
+//! `Squeeze`, `Reshape` and `Gather` whose data are constants. An export without
+//! constant folding (`do_constant_folding=False`, which keeps BatchNorm and Dropout
+//! in training mode) leaves them in the graph: PyTorch's LSTM/GRU weights reach the
+//! ONNX node as slices of each gate block, concatenated in ONNX's gate order.
+//!
+//! Written by hand: only these few layout ops on small row-major `f32` tensors are
+//! needed, which an ONNX runtime crate would bring with a whole interpreter.
+
+use super::decode::{Attrs, positive, tensor_f32, tensor_ints};
+use super::import::{Importer, label};
+use super::proto::{DataType, NodeProto, TensorProto};
+use super::view::Val;
+use crate::error::GraphError;
+use std::rc::Rc;
+
+/// A dense row-major constant.
+struct Dense {
+    dims: Vec<usize>,
+    values: Vec<f32>,
+}
+
+impl Dense {
+    fn of(t: &TensorProto) -> Option<Dense> {
+        let dims = if t.dims.is_empty() {
+            Vec::new()
+        } else {
+            positive(&t.dims)?
+        };
+        Some(Dense {
+            dims,
+            values: tensor_f32(t)?,
+        })
+    }
+
+    fn into_tensor(self, name: &str) -> TensorProto {
+        TensorProto {
+            dims: self.dims.iter().map(|&d| d as i64).collect(),
+            data_type: DataType::Float as i32,
+            name: name.to_string(),
+            float_data: self.values,
+            ..Default::default()
+        }
+    }
+
+    /// Elements before `axis`, along it, and after it.
+    fn split(&self, axis: usize) -> (usize, usize, usize) {
+        let before = self.dims[..axis].iter().product();
+        let after = self.dims[axis + 1..].iter().product();
+        (before, self.dims[axis], after)
+    }
+
+    /// The indices `idx` along `axis` (a gather), keeping the axis.
+    fn take(&self, axis: usize, idx: &[usize]) -> Dense {
+        let (before, _, after) = self.split(axis);
+        let along = self.dims[axis];
+        let mut values = Vec::with_capacity(before * idx.len() * after);
+        for o in 0..before {
+            for &i in idx {
+                let at = (o * along + i) * after;
+                values.extend_from_slice(&self.values[at..at + after]);
+            }
+        }
+        let mut dims = self.dims.clone();
+        dims[axis] = idx.len();
+        Dense { dims, values }
+    }
+}
+
+/// Why a constant cannot be folded.
+type Why = String;
+
+/// An integer constant input's values and dims, when the node has that input.
+type IntInput = Result<Option<(Vec<i64>, Vec<i64>)>, Why>;
+
+impl Importer {
+    /// Folds `n` when it rearranges a float constant; `false` when it does not.
+    pub(super) fn fold(&mut self, n: &NodeProto, a: &Attrs) -> Result<bool, GraphError> {
+        let op = n.op_type.as_str();
+        if !matches!(
+            op,
+            "Slice" | "Concat" | "Unsqueeze" | "Squeeze" | "Reshape" | "Gather"
+        ) {
+            return Ok(false);
+        }
+        let data: Vec<Dense> = {
+            let count = if op == "Concat" { n.input.len() } else { 1 };
+            let mut data = Vec::with_capacity(count);
+            for pos in 0..count {
+                match self.vals.get(n.input[pos].as_str()) {
+                    Some(Val::Const(t)) => match Dense::of(t) {
+                        Some(d) => data.push(d),
+                        None => return Ok(false),
+                    },
+                    _ => return Ok(false),
+                }
+            }
+            data
+        };
+        // Only constants in, like an embedding's ids: left to the op's import otherwise.
+        let all_const = (0..n.input.len())
+            .filter(|&p| Self::has_input(n, p))
+            .all(|p| matches!(self.vals.get(n.input[p].as_str()), Some(Val::Const(_))));
+        if !all_const {
+            return Ok(false);
+        }
+        // An integer constant input with its dims.
+        let int_input = |pos: usize| -> IntInput {
+            if !Self::has_input(n, pos) {
+                return Ok(None);
+            }
+            match self.vals.get(n.input[pos].as_str()) {
+                Some(Val::Const(t)) => tensor_ints(t)
+                    .map(|v| Some((v, t.dims.clone())))
+                    .map_err(|e| e.to_string()),
+                _ => Err(format!(
+                    "input `{}` must be a constant to fold {op} of a constant",
+                    n.input[pos]
+                )),
+            }
+        };
+        let folded = fold_one(op, data, a, int_input)
+            .map_err(|why| GraphError::node(label(n), format!("{op} of a constant: {why}")))?;
+        let name = n.output.first().cloned().unwrap_or_default();
+        self.define(n, Val::Const(Rc::new(folded.into_tensor(&name))));
+        Ok(true)
+    }
+}
+
+/// Normalises a possibly negative axis of a rank-`rank` tensor.
+fn axis_of(axis: i64, rank: usize) -> Result<usize, Why> {
+    let a = if axis < 0 { axis + rank as i64 } else { axis };
+    usize::try_from(a)
+        .ok()
+        .filter(|&a| a < rank)
+        .ok_or_else(|| format!("axis {axis} of a rank-{rank} tensor"))
+}
+
+fn fold_one(
+    op: &str,
+    mut data: Vec<Dense>,
+    a: &Attrs,
+    int_input_dims: impl Fn(usize) -> IntInput,
+) -> Result<Dense, Why> {
+    let int_input = |pos: usize| Ok::<_, Why>(int_input_dims(pos)?.map(|(v, _)| v));
+    let x = data.remove(0);
+    let rank = x.dims.len();
+    let axes_arg = |pos: usize| -> Result<Option<Vec<i64>>, Why> {
+        Ok(int_input(pos)?.or_else(|| a.ints("axes")))
+    };
+    match op {
+        "Unsqueeze" => {
+            let axes = axes_arg(1)?.ok_or("Unsqueeze needs axes")?;
+            let out_rank = rank + axes.len();
+            let mut at = axes
+                .iter()
+                .map(|&k| axis_of(k, out_rank))
+                .collect::<Result<Vec<_>, _>>()?;
+            at.sort_unstable();
+            let mut dims = x.dims.clone();
+            for k in at {
+                dims.insert(k, 1);
+            }
+            Ok(Dense { dims, ..x })
+        }
+        "Squeeze" => {
+            let dims = match axes_arg(1)? {
+                None => x.dims.iter().copied().filter(|&d| d != 1).collect(),
+                Some(axes) => {
+                    let at = axes
+                        .iter()
+                        .map(|&k| axis_of(k, rank))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    if at.iter().any(|&k| x.dims[k] != 1) {
+                        return Err(format!("squeezing an axis of size > 1 of {:?}", x.dims));
+                    }
+                    x.dims
+                        .iter()
+                        .enumerate()
+                        .filter(|(k, _)| !at.contains(k))
+                        .map(|(_, &d)| d)
+                        .collect()
+                }
+            };
+            Ok(Dense { dims, ..x })
+        }
+        "Reshape" => {
+            let target = int_input(1)?.ok_or("Reshape needs a shape")?;
+            let total = x.values.len();
+            let mut dims = Vec::with_capacity(target.len());
+            let mut infer = None;
+            for (k, &t) in target.iter().enumerate() {
+                match t {
+                    -1 if infer.is_none() => {
+                        infer = Some(k);
+                        dims.push(1);
+                    }
+                    0 => dims.push(*x.dims.get(k).ok_or("Reshape copies a missing axis")?),
+                    t if t > 0 => dims.push(t as usize),
+                    _ => return Err(format!("bad Reshape target {target:?}")),
+                }
+            }
+            let known: usize = dims.iter().product();
+            if let Some(k) = infer {
+                if known == 0 || !total.is_multiple_of(known) {
+                    return Err(format!("cannot reshape {:?} to {target:?}", x.dims));
+                }
+                dims[k] = total / known;
+            }
+            if dims.iter().product::<usize>() != total {
+                return Err(format!("cannot reshape {:?} to {target:?}", x.dims));
+            }
+            Ok(Dense { dims, ..x })
+        }
+        "Concat" => {
+            let axis = axis_of(a.int("axis", 0), rank)?;
+            let mut parts = vec![x];
+            parts.extend(data);
+            let (before, _, after) = parts[0].split(axis);
+            for p in &parts {
+                let same = p.dims.len() == rank
+                    && (0..rank).all(|k| k == axis || p.dims[k] == parts[0].dims[k]);
+                if !same {
+                    return Err(format!(
+                        "Concat of {:?} and {:?} along axis {axis}",
+                        parts[0].dims, p.dims
+                    ));
+                }
+            }
+            let mut values = Vec::new();
+            for o in 0..before {
+                for p in &parts {
+                    let block = p.dims[axis] * after;
+                    values.extend_from_slice(&p.values[o * block..(o + 1) * block]);
+                }
+            }
+            let mut dims = parts[0].dims.clone();
+            dims[axis] = parts.iter().map(|p| p.dims[axis]).sum();
+            Ok(Dense { dims, values })
+        }
+        "Slice" => {
+            let starts = int_input(1)?.ok_or("Slice needs starts")?;
+            let ends = int_input(2)?.ok_or("Slice needs ends")?;
+            let axes = int_input(3)?.unwrap_or_else(|| (0..starts.len() as i64).collect());
+            let steps = int_input(4)?.unwrap_or_else(|| vec![1; starts.len()]);
+            let mut out = x;
+            for (k, &begin) in starts.iter().enumerate() {
+                let axis = axis_of(*axes.get(k).ok_or("Slice axes too short")?, rank)?;
+                let d = out.dims[axis] as i64;
+                let step = *steps.get(k).ok_or("Slice steps too short")?;
+                let end = *ends.get(k).ok_or("Slice ends too short")?;
+                let clamp =
+                    |i: i64, lo: i64, hi: i64| (if i < 0 { i + d } else { i }).clamp(lo, hi);
+                let idx: Vec<usize> = match step {
+                    s if s > 0 => {
+                        let (b, e) = (clamp(begin, 0, d), clamp(end, 0, d));
+                        (b..e).step_by(s as usize).map(|i| i as usize).collect()
+                    }
+                    s if s < 0 => {
+                        let (b, e) = (clamp(begin, -1, d - 1), clamp(end, -1, d - 1));
+                        let mut v = Vec::new();
+                        let mut i = b;
+                        while i > e {
+                            v.push(i as usize);
+                            i += s;
+                        }
+                        v
+                    }
+                    _ => return Err("Slice step 0".into()),
+                };
+                out = out.take(axis, &idx);
+            }
+            Ok(out)
+        }
+        "Gather" => {
+            let (idx, idx_dims) = int_input_dims(1)?.ok_or("Gather needs indices")?;
+            let axis = axis_of(a.int("axis", 0), rank)?;
+            let d = x.dims[axis] as i64;
+            let idx = idx
+                .iter()
+                .map(|&i| {
+                    let j = if i < 0 { i + d } else { i };
+                    usize::try_from(j)
+                        .ok()
+                        .filter(|&j| (j as i64) < d)
+                        .ok_or_else(|| format!("index {i} out of an axis of {d}"))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut out = x.take(axis, &idx);
+            // The gathered axis becomes the index tensor's axes (none for a scalar index).
+            out.dims
+                .splice(axis..=axis, idx_dims.iter().map(|&d| d as usize));
+            Ok(out)
+        }
+        _ => unreachable!("not a folded op"),
+    }
+}

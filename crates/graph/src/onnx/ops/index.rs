@@ -1,0 +1,196 @@
+//! Indexing and reductions of activations: `Slice`, `Gather` with constant
+//! indices (`y[:, -1]`, a CLS token) and `ReduceSum`/`ReduceMean`/`ReduceMax`.
+
+use crate::error::GraphError;
+use crate::onnx::decode::Attrs;
+use crate::onnx::import::{Importer, label};
+use crate::onnx::proto::NodeProto;
+use crate::onnx::shapes::Sym;
+use crate::op::{Op, ReduceKind, sample_axis};
+use crate::shape::Dim;
+
+impl Importer {
+    /// `Slice` of an activation with step 1: one IR slice per sliced axis.
+    pub(super) fn slice(&mut self, _i: usize, n: &NodeProto, a: &Attrs) -> Result<(), GraphError> {
+        let err = |why: String| GraphError::node(label(n), why);
+        let x = self.act(n, 0)?;
+        let list = |pos: usize, attr: &str| -> Result<Option<Vec<i64>>, GraphError> {
+            if Self::has_input(n, pos) {
+                let (v, _) = self.ints_of(n, pos, &format!("Slice {attr}"))?;
+                v.into_iter()
+                    .map(|s| match s {
+                        Sym::N(k) => Ok(k),
+                        _ => Err(err(format!(
+                            "Slice {attr} computed from the symbolic batch or sequence length"
+                        ))),
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+                    .map(Some)
+            } else {
+                Ok(a.ints(attr))
+            }
+        };
+        let starts = list(1, "starts")?.ok_or_else(|| err("Slice needs starts".into()))?;
+        let ends = list(2, "ends")?.ok_or_else(|| err("Slice needs ends".into()))?;
+        let axes = list(3, "axes")?.unwrap_or_else(|| (0..starts.len() as i64).collect());
+        let steps = list(4, "steps")?.unwrap_or_else(|| vec![1; starts.len()]);
+        if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
+            return Err(err(
+                "Slice starts, ends, axes and steps differ in length".into()
+            ));
+        }
+        let mut slices = Vec::new();
+        for k in 0..starts.len() {
+            let shape = self.shape(&x)?;
+            let a = sample_axis(shape, axes[k]).map_err(|e| err(format!("Slice: {e}")))?;
+            if steps[k] != 1 {
+                return Err(err(format!(
+                    "Slice with step {} on axis {}: only step 1 is supported",
+                    steps[k], axes[k]
+                )));
+            }
+            let Dim::Fixed(d) = shape.0[a] else {
+                return Err(err(format!(
+                    "Slice of the symbolic sequence axis of {shape} is not supported"
+                )));
+            };
+            // ONNX clamps starts and ends into [0, d] after counting negatives from the end.
+            let clamp = |i: i64| (if i < 0 { i + d as i64 } else { i }).clamp(0, d as i64) as usize;
+            let (start, end) = (clamp(starts[k]), clamp(ends[k]));
+            if (start, end) != (0, d) {
+                slices.push((a as i64 + 1, start, end));
+            }
+        }
+        self.chain(n, x, slices)
+    }
+
+    /// `Gather` of an activation at constant indices along a sample axis: a slice
+    /// (the indices must be consecutive), then a reshape for a scalar index.
+    pub(super) fn gather_activation(&mut self, n: &NodeProto, a: &Attrs) -> Result<(), GraphError> {
+        let err = |why: String| GraphError::node(label(n), why);
+        let x = self.act(n, 0)?;
+        let shape = self.shape(&x)?.clone();
+        let axis = a.int("axis", 0);
+        let ax = sample_axis(&shape, axis).map_err(|e| {
+            err(format!(
+                "Gather of an activation along axis {axis}: {e}; only indexing a sample axis \
+                 at constant indices is supported"
+            ))
+        })?;
+        let Dim::Fixed(d) = shape.0[ax] else {
+            return Err(err(format!(
+                "Gather along the symbolic sequence axis of {shape} is not supported"
+            )));
+        };
+        let (idx, scalar) = self.ints_of(n, 1, "Gather indices")?;
+        let idx = idx
+            .iter()
+            .map(|i| match i {
+                Sym::N(i) if (-(d as i64)..d as i64).contains(i) => {
+                    Ok(((i + d as i64) % d as i64) as usize)
+                }
+                other => Err(err(format!("Gather index {other:?} out of an axis of {d}"))),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let (Some(&start), true) = (idx.first(), idx.windows(2).all(|w| w[1] == w[0] + 1)) else {
+            return Err(err(format!(
+                "Gather of an activation at indices {idx:?}: only one index or a run of \
+                 consecutive indices is supported"
+            )));
+        };
+        let end = start + idx.len();
+        let mut ops = Vec::new();
+        if (start, end) != (0, d) {
+            ops.push(Op::Slice {
+                axis: ax as i64 + 1,
+                start,
+                end,
+            });
+        }
+        if scalar {
+            let mut dims: Vec<i64> = shape
+                .0
+                .iter()
+                .map(|d| d.fixed().unwrap_or(0) as i64)
+                .collect();
+            dims.remove(ax);
+            if shape.0.iter().any(|d| d.fixed().is_none()) {
+                return Err(err(format!(
+                    "Gather dropping an axis of {shape}: the sequence length T is symbolic"
+                )));
+            }
+            ops.push(Op::Reshape { shape: dims });
+        }
+        self.emit_chain(n, x, ops)
+    }
+
+    /// `ReduceSum`, `ReduceMean` and `ReduceMax` over sample axes.
+    pub(super) fn reduce(&mut self, _i: usize, n: &NodeProto, a: &Attrs) -> Result<(), GraphError> {
+        let err = |why: String| GraphError::node(label(n), why);
+        let x = self.act(n, 0)?;
+        // Axes are an input from opset 18 (13 for ReduceSum), an attribute before.
+        let axes = if Self::has_input(n, 1) {
+            Some(self.const_ints(n, 1, "axes")?)
+        } else {
+            a.ints("axes")
+        };
+        let rank = self.shape(&x)?.rank() as i64 + 1;
+        let axes = match axes {
+            Some(v) if !v.is_empty() => v,
+            _ if a.int("noop_with_empty_axes", 0) != 0 => {
+                self.define(n, crate::onnx::view::Val::Ir(x));
+                return Ok(());
+            }
+            _ => (0..rank).collect(),
+        };
+        if axes.iter().any(|&k| k == 0 || k == -rank) {
+            return Err(err(format!(
+                "{} over axes {axes:?} reduces the batch axis; only sample axes are supported",
+                n.op_type
+            )));
+        }
+        let reduce = match n.op_type.as_str() {
+            "ReduceSum" => ReduceKind::Sum,
+            "ReduceMean" => ReduceKind::Mean,
+            _ => ReduceKind::Max,
+        };
+        let op = Op::Reduce {
+            reduce,
+            axes,
+            keep_dims: a.int("keepdims", 1) != 0,
+        };
+        self.emit(n, op, &[&x])?;
+        Ok(())
+    }
+
+    /// Slices `(axis, start, end)` of `x` one after another, the last one as `n`'s output.
+    fn chain(
+        &mut self,
+        n: &NodeProto,
+        x: String,
+        slices: Vec<(i64, usize, usize)>,
+    ) -> Result<(), GraphError> {
+        let ops = slices
+            .into_iter()
+            .map(|(axis, start, end)| Op::Slice { axis, start, end })
+            .collect();
+        self.emit_chain(n, x, ops)
+    }
+
+    /// `ops` applied to `x` one after another, the last one as `n`'s output (`x` itself when
+    /// there are none).
+    fn emit_chain(&mut self, n: &NodeProto, x: String, ops: Vec<Op>) -> Result<(), GraphError> {
+        let mut acc = x;
+        let count = ops.len();
+        for (k, op) in ops.into_iter().enumerate() {
+            if k + 1 == count {
+                self.emit(n, op, &[&acc])?;
+                return Ok(());
+            }
+            let name = self.fresh(n);
+            acc = self.b.push(&name, op, &[&acc])?;
+        }
+        self.define(n, crate::onnx::view::Val::Ir(acc));
+        Ok(())
+    }
+}

@@ -1,0 +1,164 @@
+//! Random masks written out as ops, as `torch.onnx.export` writes torchvision's
+//! stochastic depth in training mode: `ConstantOfShape([B, 1, 1, 1])`,
+//! `RandomUniformLike`, `Less(keep)`, `Cast`, `Div(keep)`, then `x * mask`.
+//! The mask is followed as a [`Val::Mask`] until it multiplies an activation,
+//! which becomes one IR op: [`Op::DropPath`] for a mask of one value per sample,
+//! [`Op::Dropout`] for a mask of the activation's shape.
+
+use crate::error::GraphError;
+use crate::onnx::decode::Attrs;
+use crate::onnx::import::{Importer, label};
+use crate::onnx::proto::NodeProto;
+use crate::onnx::shapes::Sym;
+use crate::onnx::view::{Mask, Val};
+use crate::op::Op;
+use crate::shape::Dim;
+
+impl Importer {
+    /// `ConstantOfShape` of a computed shape: the start of a random mask.
+    pub(super) fn constant_of_shape(
+        &mut self,
+        _i: usize,
+        n: &NodeProto,
+        _a: &Attrs,
+    ) -> Result<(), GraphError> {
+        let (shape, _) = self.ints_of(n, 0, "ConstantOfShape shape")?;
+        self.define(
+            n,
+            Val::Mask(Mask {
+                shape,
+                uniform: false,
+                keep: None,
+                scale: 1.0,
+            }),
+        );
+        Ok(())
+    }
+
+    /// `RandomUniformLike` over [0, 1) of a filled tensor.
+    pub(super) fn random_uniform_like(
+        &mut self,
+        _i: usize,
+        n: &NodeProto,
+        a: &Attrs,
+    ) -> Result<(), GraphError> {
+        let mask = match self.val(n, 0)? {
+            Val::Mask(m) if !m.uniform => m.clone(),
+            _ => {
+                return Err(GraphError::node(
+                    label(n),
+                    format!(
+                        "RandomUniformLike of `{}`: only the uniform noise of a dropout or \
+                         stochastic-depth mask (from ConstantOfShape) is supported",
+                        n.input[0]
+                    ),
+                ));
+            }
+        };
+        let (low, high) = (a.float("low", 0.0), a.float("high", 1.0));
+        if (low, high) != (0.0, 1.0) {
+            return Err(GraphError::node(
+                label(n),
+                format!("RandomUniformLike over [{low}, {high}): only [0, 1) makes a mask"),
+            ));
+        }
+        self.define(
+            n,
+            Val::Mask(Mask {
+                uniform: true,
+                ..mask
+            }),
+        );
+        Ok(())
+    }
+
+    /// `Less(uniform noise, keep)`: ones with probability `keep`.
+    pub(super) fn less(&mut self, _i: usize, n: &NodeProto, _a: &Attrs) -> Result<(), GraphError> {
+        let mask = match self.val(n, 0)? {
+            Val::Mask(m) if m.uniform && m.keep.is_none() => m.clone(),
+            _ => {
+                return Err(GraphError::node(
+                    label(n),
+                    "Less: only comparing uniform noise with a constant (a dropout or \
+                     stochastic-depth mask) is supported",
+                ));
+            }
+        };
+        let keep = self.const_scalar(n, 1, "Less threshold")?;
+        self.define(
+            n,
+            Val::Mask(Mask {
+                keep: Some(keep),
+                ..mask
+            }),
+        );
+        Ok(())
+    }
+
+    /// A mask scaled by a constant (`Div` when `divide`, else `Mul`).
+    pub(super) fn scale_mask(
+        &mut self,
+        n: &NodeProto,
+        mask: Mask,
+        const_pos: usize,
+        divide: bool,
+    ) -> Result<(), GraphError> {
+        let c = self.const_scalar(n, const_pos, "mask scale")?;
+        if divide && c == 0.0 {
+            return Err(GraphError::node(label(n), "Div of a mask by zero"));
+        }
+        let scale = if divide {
+            mask.scale / c
+        } else {
+            mask.scale * c
+        };
+        self.define(n, Val::Mask(Mask { scale, ..mask }));
+        Ok(())
+    }
+
+    /// `x * mask`: an inverted dropout, per sample or per element.
+    pub(super) fn apply_mask(
+        &mut self,
+        n: &NodeProto,
+        mask: Mask,
+        x_pos: usize,
+    ) -> Result<(), GraphError> {
+        let err = |why: String| GraphError::node(label(n), why);
+        let x = self.act(n, x_pos)?;
+        let Some(keep) = mask.keep.filter(|k| *k > 0.0 && *k <= 1.0) else {
+            return Err(err(
+                "a mask multiplied before it is a 0/1 Bernoulli mask".into()
+            ));
+        };
+        if ((mask.scale * keep) - 1.0).abs() > 1e-4 {
+            return Err(err(format!(
+                "a mask kept with probability {keep} and scaled by {}: only the inverted \
+                 scaling 1 / keep is supported",
+                mask.scale
+            )));
+        }
+        let p = (1.0 - keep) as f32;
+        let shape = self.shape(&x)?;
+        let sample: Vec<Sym> = shape
+            .0
+            .iter()
+            .map(|d| match d {
+                Dim::Seq => Sym::Seq,
+                Dim::Fixed(k) => Sym::N(*k as i64),
+            })
+            .collect();
+        let op = match mask.shape.split_first() {
+            Some((Sym::Batch, rest)) if rest.iter().all(|s| *s == Sym::N(1)) => Op::DropPath { p },
+            Some((Sym::Batch, rest)) if rest == sample.as_slice() => Op::Dropout { p },
+            _ => {
+                return Err(err(format!(
+                    "a random mask of shape {:?} on an activation of shape {shape}: only one \
+                     value per sample (stochastic depth) or per element (dropout) is supported",
+                    mask.shape
+                )));
+            }
+        };
+        self.emit(n, op, &[&x])?;
+        Ok(())
+    }
+}
