@@ -1,4 +1,4 @@
-//! A 2-d convolution without dilation or groups on the CPU, as one custom autodiff
+//! A 2-d convolution without dilation on the CPU, as one custom autodiff
 //! op: the path of every convolution whose input needs a gradient (all but a
 //! network's first). burn's own takes the input gradient through a transposed
 //! convolution and the weight gradient through a convolution with the batch as
@@ -9,14 +9,15 @@
 //! plan's rule) on rayon's threads. Forward, per chunk: the im2col rows of its
 //! samples in the weight's (C, kh, kw) order (built in a per-thread buffer from each
 //! sample's padded image), one product with the weight as it is, and the result
-//! written back channel-major. Only x and the weight are kept, as PyTorch keeps
+//! written back channel-major (a grouped convolution: a product per group, on its
+//! block of each row). Only x and the weight are kept, as PyTorch keeps
 //! them: the backward rebuilds each chunk's rows, adds the weight gradient
 //! `dYᵀ x rows` into one sum per thread and takes the rows' gradient `dY x W`, which
 //! it adds back onto the windows they came from (col2im) in the chunk's input
 //! gradient.
 
 use crate::cpu::{Ad, FlexDevice, FlexT, Strided, contiguous, from_vec, gemm_into, values};
-use batchfit_plan::rules::conv_samples_per_chunk;
+use batchfit_plan::rules::{CONV_MAX_SAMPLE_COLS_BYTES, conv_samples_per_chunk};
 use burn::backend::Flex;
 use burn::tensor::Tensor;
 use burn_autodiff::checkpoint::base::Checkpointer;
@@ -24,10 +25,6 @@ use burn_autodiff::checkpoint::strategy::NoCheckpointing;
 use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
 use rayon::prelude::*;
-
-/// Largest im2col matrix of one sample this op builds (bytes); above it burn's
-/// convolution runs (its own tiles bound its buffers).
-const MAX_SAMPLE_COLS_BYTES: usize = 16 << 20;
 
 /// The sizes of one convolution.
 #[derive(Clone, Copy, Debug)]
@@ -43,12 +40,18 @@ struct Geometry {
     pads: [(usize, usize); 2],
     oh: usize,
     ow: usize,
+    groups: usize,
 }
 
 impl Geometry {
-    /// Elements of one im2col row: kh·kw runs of C channels.
+    /// Elements of one im2col row: C channels of kh·kw taps.
     fn k(&self) -> usize {
         self.kh * self.kw * self.c
+    }
+    /// A group's share of a row (its channels' taps, one contiguous block) and of the
+    /// output channels.
+    fn per_group(&self) -> (usize, usize) {
+        (self.k() / self.groups, self.co / self.groups)
     }
     fn spatial(&self) -> usize {
         self.oh * self.ow
@@ -70,26 +73,30 @@ impl Geometry {
             .max(1)
     }
 
-    /// The im2col rows `[samples·OH·OW, k]` of `images` (NCHW samples) into `cols`, in
-    /// the weight's (C, kh, kw) order, so the weight is the product's matrix as it is;
-    /// `padded` is a zeroed padded image (NCHW) whose border stays zero.
-    fn im2col(&self, images: &[f32], cols: &mut [f32], padded: &mut [f32]) {
-        let (k, kw) = (self.k(), self.kw);
+    /// The im2col rows of group `j` of `images` (NCHW samples) into `cols`
+    /// `[samples·OH·OW, k / groups]`, in the weight's (C, kh, kw) order, so the group's
+    /// filters are the product's matrix as they are; `padded` holds the group's channels
+    /// of a padded image, its border zero.
+    fn im2col(&self, images: &[f32], j: usize, cols: &mut [f32], padded: &mut [f32]) {
+        let (kg, _) = self.per_group();
+        let (kw, plane) = (self.kw, self.h * self.w);
         let (hp, wp) = self.padded();
+        let channels = self.c / self.groups;
         for (image, out) in images
             .chunks_exact(self.image())
-            .zip(cols.chunks_exact_mut(self.spatial() * k))
+            .zip(cols.chunks_exact_mut(self.spatial() * kg))
         {
-            for (plane, dst) in image
-                .chunks_exact(self.h * self.w)
+            let group = &image[j * channels * plane..(j + 1) * channels * plane];
+            for (src, dst) in group
+                .chunks_exact(plane)
                 .zip(padded.chunks_exact_mut(hp * wp))
             {
-                for (y, line) in plane.chunks_exact(self.w).enumerate() {
+                for (y, line) in src.chunks_exact(self.w).enumerate() {
                     let at = (y + self.pads[0].0) * wp + self.pads[1].0;
                     dst[at..at + self.w].copy_from_slice(line);
                 }
             }
-            for (pos, row) in out.chunks_exact_mut(k).enumerate() {
+            for (pos, row) in out.chunks_exact_mut(kg).enumerate() {
                 let (y, xo) = (
                     pos / self.ow * self.stride[0],
                     pos % self.ow * self.stride[1],
@@ -104,17 +111,22 @@ impl Geometry {
         }
     }
 
-    /// Adds rows `dcols` `[samples·OH·OW, k]` back onto their windows: the gradient of
-    /// the samples' images `dx` (NCHW); `padded` is scratch of a padded image.
-    fn col2im(&self, dcols: &[f32], dx: &mut [f32], padded: &mut [f32]) {
-        let (k, kw) = (self.k(), self.kw);
+    /// Adds group `j`'s rows `dcols` `[samples·OH·OW, k / groups]` back onto their
+    /// windows: the gradient of the group's channels of the samples' images `dx` (NCHW);
+    /// `padded` is scratch for the group's channels of a padded image, left zeroed for
+    /// [`Geometry::im2col`], whose border must be zero.
+    fn col2im(&self, dcols: &[f32], j: usize, dx: &mut [f32], padded: &mut [f32]) {
+        let (kg, _) = self.per_group();
+        let (kw, plane) = (self.kw, self.h * self.w);
         let (hp, wp) = self.padded();
+        let channels = self.c / self.groups;
         for (rows, image) in dcols
-            .chunks_exact(self.spatial() * k)
+            .chunks_exact(self.spatial() * kg)
             .zip(dx.chunks_exact_mut(self.image()))
         {
+            // im2col leaves an image in it; the sums start from zero.
             padded.fill(0.0);
-            for (pos, row) in rows.chunks_exact(k).enumerate() {
+            for (pos, row) in rows.chunks_exact(kg).enumerate() {
                 let (y, xo) = (
                     pos / self.ow * self.stride[0],
                     pos % self.ow * self.stride[1],
@@ -128,15 +140,17 @@ impl Geometry {
                     }
                 }
             }
-            for (plane, src) in image
-                .chunks_exact_mut(self.h * self.w)
+            let group = &mut image[j * channels * plane..(j + 1) * channels * plane];
+            for (dst, src) in group
+                .chunks_exact_mut(plane)
                 .zip(padded.chunks_exact(hp * wp))
             {
-                for (y, line) in plane.chunks_exact_mut(self.w).enumerate() {
+                for (y, line) in dst.chunks_exact_mut(self.w).enumerate() {
                     let at = (y + self.pads[0].0) * wp + self.pads[1].0;
                     line.copy_from_slice(&src[at..at + self.w]);
                 }
             }
+            padded.fill(0.0);
         }
     }
 }
@@ -153,25 +167,28 @@ impl Scratch {
         let (hp, wp) = g.padded();
         let r = g.samples_per_chunk() * g.spatial();
         Scratch {
-            padded: vec![0.0; hp * wp * g.c],
-            cols: vec![0.0; r * g.k()],
+            padded: vec![0.0; hp * wp * g.c / g.groups],
+            cols: vec![0.0; r * g.per_group().0],
             rows: vec![0.0; r * g.co],
         }
     }
 }
 
-/// `conv2d(x, w)` without bias, dilation or groups, as the custom op (`None` off the CPU or
-/// for a sample whose im2col matrix exceeds [`MAX_SAMPLE_COLS_BYTES`]).
+/// `conv2d(x, w)` without bias or dilation, in `groups` groups, as the custom op (`None`
+/// off the CPU or for a sample whose im2col matrix, for one group, exceeds the plan's
+/// [`CONV_MAX_SAMPLE_COLS_BYTES`]: burn's convolution bounds its own buffers).
 pub fn conv2d_cpu(
     x: Tensor<4>,
     w: Tensor<4>,
     stride: [usize; 2],
     pads: [(usize, usize); 2],
+    groups: usize,
 ) -> Option<Tensor<4>> {
     let [b, c, h, wd] = x.dims();
     let [co, ci, kh, kw] = w.dims();
     let (hp, wp) = (h + pads[0].0 + pads[0].1, wd + pads[1].0 + pads[1].1);
-    if ci != c || hp < kh || wp < kw || stride.contains(&0) {
+    let grouped = groups > 0 && c.is_multiple_of(groups) && co.is_multiple_of(groups);
+    if !grouped || ci * groups != c || hp < kh || wp < kw || stride.contains(&0) {
         return None;
     }
     let g = Geometry {
@@ -186,8 +203,9 @@ pub fn conv2d_cpu(
         pads,
         oh: (hp - kh) / stride[0] + 1,
         ow: (wp - kw) / stride[1] + 1,
+        groups,
     };
-    if g.spatial() * g.k() * 4 > MAX_SAMPLE_COLS_BYTES {
+    if (g.spatial() * g.per_group().0 * 4) as u64 > CONV_MAX_SAMPLE_COLS_BYTES {
         return None;
     }
     let xa = x.try_into_primitive::<Ad>().ok()?;
@@ -197,7 +215,7 @@ pub fn conv2d_cpu(
     let wf = contiguous(wa.into_primitive());
     let wm = values(&wf);
     let spc = g.samples_per_chunk();
-    let (spatial, k) = (g.spatial(), g.k());
+    let spatial = g.spatial();
     let mut out = vec![0.0f32; b * co * spatial];
     out.par_chunks_mut(spc * co * spatial)
         .zip(values(&xf).par_chunks(spc * g.image()))
@@ -205,16 +223,20 @@ pub fn conv2d_cpu(
             || Scratch::new(&g),
             |s, (out, images)| {
                 let r = images.len() / g.image() * spatial;
-                g.im2col(images, &mut s.cols[..r * k], &mut s.padded);
-                gemm_into(
-                    r,
-                    co,
-                    k,
-                    Strided::new(&mut s.rows[..r * co], co, 1),
-                    false,
-                    Strided::new(&s.cols[..r * k], k, 1),
-                    Strided::new(wm, 1, k),
-                );
+                // Group j: its rows times its filters, into its output channels.
+                let (kg, cog) = g.per_group();
+                for j in 0..g.groups {
+                    g.im2col(images, j, &mut s.cols[..r * kg], &mut s.padded);
+                    gemm_into(
+                        r,
+                        cog,
+                        kg,
+                        Strided::new(&mut s.rows[j * cog..r * co], co, 1),
+                        false,
+                        Strided::new(&s.cols[..r * kg], kg, 1),
+                        Strided::new(&wm[j * cog * kg..], 1, kg),
+                    );
+                }
                 // Rows (sample, position) x channel back to NCHW.
                 for (sample, rows) in s.rows[..r * co].chunks_exact(spatial * co).enumerate() {
                     let out = &mut out[sample * co * spatial..(sample + 1) * co * spatial];
@@ -256,7 +278,8 @@ impl Backward<Flex, 2> for ConvOp {
         let ConvState { g, x, w } = ops.state;
         let dy = contiguous(grads.consume::<Flex>(&ops.node));
         let [x_node, w_node] = &ops.parents;
-        let (spatial, k, co) = (g.spatial(), g.k(), g.co);
+        let (spatial, co) = (g.spatial(), g.co);
+        let (kg, cog) = g.per_group();
         let spc = g.samples_per_chunk();
         let wm = values(&w);
         let want_dx = x_node.is_some();
@@ -285,36 +308,36 @@ impl Backward<Flex, 2> for ConvOp {
                         }
                     }
                     let rows = &s.rows[..r * co];
-                    if want_dw {
-                        g.im2col(images, &mut s.cols[..r * k], &mut s.padded);
-                        // One weight gradient per thread, each chunk's product added to it.
-                        let first = dw.is_empty();
-                        if first {
-                            dw = vec![0.0f32; co * k];
-                        }
-                        gemm_into(
-                            co,
-                            k,
-                            r,
-                            Strided::new(&mut dw, k, 1),
-                            !first,
-                            Strided::new(rows, 1, co),
-                            Strided::new(&s.cols[..r * k], k, 1),
-                        );
+                    if want_dw && dw.is_empty() {
+                        dw = vec![0.0f32; co * kg];
                     }
-                    if let Some(dx) = dx {
-                        gemm_into(
-                            r,
-                            k,
-                            co,
-                            Strided::new(&mut s.cols[..r * k], k, 1),
-                            false,
-                            Strided::new(rows, co, 1),
-                            Strided::new(wm, k, 1),
-                        );
-                        g.col2im(&s.cols[..r * k], dx, &mut s.padded);
-                        // The border of the padded scratch must be zero again for im2col.
-                        s.padded.fill(0.0);
+                    for j in 0..g.groups {
+                        if want_dw {
+                            g.im2col(images, j, &mut s.cols[..r * kg], &mut s.padded);
+                            // One weight gradient per thread, each chunk's product added to it.
+                            gemm_into(
+                                cog,
+                                kg,
+                                r,
+                                Strided::new(&mut dw[j * cog * kg..], kg, 1),
+                                true,
+                                Strided::new(&rows[j * cog..], 1, co),
+                                Strided::new(&s.cols[..r * kg], kg, 1),
+                            );
+                        }
+                        if let Some(dx) = dx.as_deref_mut() {
+                            gemm_into(
+                                r,
+                                kg,
+                                cog,
+                                Strided::new(&mut s.cols[..r * kg], kg, 1),
+                                false,
+                                Strided::new(&rows[j * cog..], co, 1),
+                                Strided::new(&wm[j * cog * kg..], kg, 1),
+                            );
+                            // Leaves the padded scratch zeroed, as the next im2col needs.
+                            g.col2im(&s.cols[..r * kg], j, dx, &mut s.padded);
+                        }
                     }
                     (s, dw)
                 },
@@ -334,7 +357,8 @@ impl Backward<Flex, 2> for ConvOp {
             grads.register::<Flex>(node.id, from_vec(dx, &[g.b, g.c, g.h, g.w], &device));
         }
         if let Some(node) = w_node {
-            grads.register::<Flex>(node.id, from_vec(dw, &[co, g.c, g.kh, g.kw], &device));
+            let shape = [co, g.c / g.groups, g.kh, g.kw];
+            grads.register::<Flex>(node.id, from_vec(dw, &shape, &device));
         }
     }
 }
@@ -359,13 +383,17 @@ mod tests {
             // 1x1 output positions: many samples per chunk, a short last one.
             ([700, 3, 3, 3], [4, 3, 3, 3], [1, 1], [(0, 0), (0, 0)]),
             ([4, 3, 1, 10], [2, 3, 1, 3], [1, 2], [(0, 0), (1, 2)]),
+            // Two groups; depthwise (a group per channel), strided.
+            ([3, 4, 6, 5], [6, 2, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+            ([5, 6, 7, 7], [6, 1, 3, 3], [2, 2], [(1, 1), (1, 1)]),
         ];
         for (xd, wd, stride, pads) in cases {
+            let groups = xd[1] / wd[1];
             let x = Tensor::<4>::random(xd, Distribution::Normal(0.0, 1.0), &device).require_grad();
             let w = Tensor::<4>::random(wd, Distribution::Normal(0.0, 1.0), &device).require_grad();
-            let opts = ConvOptions::new_with_padding(stride, pads, [1, 1], 1);
+            let opts = ConvOptions::new_with_padding(stride, pads, [1, 1], groups);
             let want = conv2d(x.clone(), w.clone(), None, opts);
-            let got = conv2d_cpu(x.clone(), w.clone(), stride, pads).expect("a CPU tensor");
+            let got = conv2d_cpu(x.clone(), w.clone(), stride, pads, groups).expect("a CPU tensor");
             assert_eq!(got.dims(), want.dims());
             assert!(max_rel_err(got.clone(), want.clone()) < 1e-4);
             let r = Tensor::<4>::random(want.dims(), Distribution::Normal(0.0, 1.0), &device);

@@ -1,6 +1,6 @@
 //! Convolutions: on the CPU, the engine's own op for a tracked input
 //! ([`crate::conv_cpu`]) and the chunked im2col product ([`crate::im2col`]) for a
-//! batch input; burn's for dilations, groups and other devices.
+//! batch input; burn's for dilations and other devices.
 
 use super::ConvRows;
 use super::compile::Kernel;
@@ -25,9 +25,9 @@ pub(super) fn conv(
     let d = &k.in_dims[0];
     let bias = k.params.get(1).map(|&q| p.t1(q));
     // The CPU's own op for the common case (see `conv_cpu`); burn's elsewhere.
-    if groups == 1 && window.dilation.iter().all(|&r| r == 1) {
+    if window.dilation.iter().all(|&r| r == 1) {
         let (x4, w4, stride, pads) = as_2d(k, p, x.clone(), b, window);
-        if let Some(y) = conv2d_cpu(x4, w4, stride, pads) {
+        if let Some(y) = conv2d_cpu(x4, w4, stride, pads, groups) {
             let [_, co, oh, ow] = y.dims();
             let y = y.reshape([b, co, oh * ow]);
             let y = match bias {

@@ -73,13 +73,14 @@ pub const CONV_CHUNK_ROWS: usize = 256;
 pub const CONV_MAX_SAMPLE_COLS_BYTES: u64 = 16 << 20;
 
 /// The sizes of the engine's CPU convolution of a tracked input (engine `conv_cpu`), when
-/// it runs `op`: (rows of a chunk, im2col row length k, padded image elements).
+/// it runs `op`: (rows of a chunk, a group's im2col row length, a group's padded image
+/// elements); a grouped convolution builds one group's rows at a time.
 fn conv_cpu_sizes(op: &Op, s: &Sizes, gpu: bool) -> Option<(u64, u64, u64)> {
     let Op::Conv {
         in_channels,
         out_channels,
         window,
-        groups: 1,
+        groups,
         ..
     } = op
     else {
@@ -89,7 +90,7 @@ fn conv_cpu_sizes(op: &Op, s: &Sizes, gpu: bool) -> Option<(u64, u64, u64)> {
         return None;
     }
     let spatial = s.output / (*out_channels as u64).max(1);
-    let k = (*in_channels * window.kernel_elements()) as u64;
+    let k = (*in_channels / *groups * window.kernel_elements()) as u64;
     if spatial * k * 4 > CONV_MAX_SAMPLE_COLS_BYTES {
         return None;
     }
@@ -100,7 +101,7 @@ fn conv_cpu_sizes(op: &Op, s: &Sizes, gpu: bool) -> Option<(u64, u64, u64)> {
         .zip(&window.padding)
         .map(|(&d, p)| (d + p[0] + p[1]) as u64)
         .product::<u64>()
-        * *in_channels as u64;
+        * (*in_channels / *groups) as u64;
     let rows = conv_samples_per_chunk(spatial as usize) as u64 * spatial;
     Some((rows, k, padded))
 }
@@ -372,14 +373,15 @@ impl RuntimeRules for Burn {
             }
             // The engine's own convolution (engine `conv_cpu`): dy, the zeroed dx, and per busy
             // thread its chunk's rows, their gradient, a padded image and its sum of the weight
-            // gradient (counted for every thread: one per chunk up to the threads).
+            // gradient (counted for every thread: one per chunk up to the threads). A grouped
+            // convolution runs a product per group on its block of each row.
             Op::Conv { out_channels, .. } if conv_cpu_sizes(op, s, self.gpu).is_some() => {
                 let (rows, k, padded) = conv_cpu_sizes(op, s, self.gpu).expect("checked");
                 let co = *out_channels as u64;
                 vec![BackwardMoment {
                     bytes: (out + dx) * act,
                     param_elems: params,
-                    fixed_workspace: cpu.threads * (rows * (k + co) + padded + co * k) * act,
+                    fixed_workspace: cpu.threads * (rows * (k + co) + padded + largest) * act,
                     ..BackwardMoment::default()
                 }]
             }
@@ -770,7 +772,10 @@ mod tests {
             m[0].fixed_workspace,
             2 * (324 * 260 + 26 * 11 * 11 + 26 * 234) * 4
         );
-        assert_eq!(CPU.forward_workspace(&op, &s, 4), 2 * (324 * 260 + 26 * 11 * 11) * 4);
+        assert_eq!(
+            CPU.forward_workspace(&op, &s, 4),
+            2 * (324 * 260 + 26 * 11 * 11) * 4
+        );
         // burn's convolution on a GPU.
         let gpu = Burn { gpu: true, ..CPU };
         let m = gpu.backward(&op, &s, &[true], 4);
