@@ -78,6 +78,19 @@ def make(model, b):
     return net, inputs, target
 
 
+def median_step_seconds(step, max_steps=MAX_STEPS):
+    """WARMUP calls of `step`, then timed calls until MIN_TIME_S or `max_steps`: the median."""
+    for _ in range(WARMUP):
+        step()
+    times = []
+    start = time.perf_counter()
+    while time.perf_counter() - start < MIN_TIME_S and len(times) < max_steps:
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def time_batch(model, b):
     torch.manual_seed(0)
     net, inputs, target = make(model, b)
@@ -91,15 +104,7 @@ def time_batch(model, b):
         opt.step()
         return loss.item()
 
-    for _ in range(WARMUP):
-        step()
-    times = []
-    start = time.perf_counter()
-    while time.perf_counter() - start < MIN_TIME_S and len(times) < MAX_STEPS:
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return median_step_seconds(step)
 
 
 def main():

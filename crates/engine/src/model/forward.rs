@@ -53,11 +53,10 @@ fn run_kernel(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: boo
             if *groups == 1 && window.dilation.iter().all(|&r| r == 1) =>
         {
             match args.remove(0) {
-                // Only where the input needs no gradient (a graph input). For a
-                // tracked input the window views' gradient (zeros, then a slice add per
-                // window) is slower than burn's transposed convolution; a hand-written
-                // col2im was 3-12 % faster on mnist-cnn but kept its 7.7x-the-input
-                // matrix for the backward: +58-65 % peak memory, not worth it.
+                // Only where the input needs no gradient (a graph input): the product
+                // keeps its im2col matrix for the weight gradient. Keeping it for a
+                // tracked input cost +58-65 % peak memory on mnist-cnn; there
+                // `conv::conv` runs the CPU op that rebuilds the rows in the backward.
                 Value::Float(x) if !x.is_tracked() => {
                     Value::ConvRows(conv::conv_im2col_node(k, p, x, b))
                 }
