@@ -16,6 +16,7 @@ pub mod lstm;
 pub mod measure;
 pub mod model;
 pub mod noise;
+mod norm_cpu;
 pub mod sweep;
 pub mod trainer;
 pub mod worker;

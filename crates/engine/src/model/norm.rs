@@ -4,6 +4,7 @@
 use super::compile::Kernel;
 use super::params::Params;
 use super::prod;
+use crate::norm_cpu::batch_norm_cpu;
 use burn::tensor::Tensor;
 
 /// Batch normalisation with the batch's own statistics (training mode), per channel.
@@ -15,12 +16,17 @@ pub(super) fn batch_norm(
     features: usize,
 ) -> Tensor<2> {
     let x = x.reshape([b, features, prod(&k.in_dims[0]) / features]);
+    let (gamma, beta) = (p.t1(k.params[0]), p.t1(k.params[1]));
+    // The CPU's fused op (`norm_cpu`); composed of burn ops elsewhere.
+    if let Some(y) = batch_norm_cpu(x.clone(), gamma.clone(), beta.clone()) {
+        return y.reshape([b, k.out_elems()]);
+    }
     let mean = x.clone().mean_dim(0).mean_dim(2);
     let centered = x - mean;
     let var = centered.clone().powi_scalar(2).mean_dim(0).mean_dim(2);
     let y = centered / (var + 1e-5).sqrt();
-    let gamma = p.t1(k.params[0]).reshape([1, features, 1]);
-    let beta = p.t1(k.params[1]).reshape([1, features, 1]);
+    let gamma = gamma.reshape([1, features, 1]);
+    let beta = beta.reshape([1, features, 1]);
     (y * gamma + beta).reshape([b, k.out_elems()])
 }
 

@@ -237,9 +237,12 @@ impl RuntimeRules for Burn {
             },
             // `embedding` keeps the index tensor, which is the batch's own token tensor.
             Op::Embedding { .. } => none,
-            // The engine's norms are composed: `x - mean` and the normalised `y` are each kept
-            // once (by `powi_scalar(2)` = mul, by `div`, by the scale's mul); LayerNorm adds
-            // per-row statistics.
+            // On the CPU the engine's fused BatchNorm (engine `norm_cpu`) keeps x and two numbers
+            // per channel, as PyTorch's `native_batch_norm`.
+            Op::BatchNorm { .. } if !self.gpu => inputs,
+            // Elsewhere the engine's norms are composed: `x - mean` and the normalised `y` are
+            // each kept once (by `powi_scalar(2)` = mul, by `div`, by the scale's mul);
+            // LayerNorm adds per-row statistics.
             Op::BatchNorm { .. } => Saved {
                 extra_elems: 2 * s.inputs[0],
                 ..none
@@ -286,7 +289,12 @@ impl RuntimeRules for Burn {
     /// The node's inputs no earlier node keeps, its output and what it keeps, plus what
     /// its kernel allocates on the way (`forward_temporaries` below).
     fn forward_live(&self, op: &Op, s: &Sizes, act: u64, loose: u64, extra: u64) -> u64 {
-        loose + s.output * act + extra + forward_temporaries(op, s, act)
+        let temporaries = match op {
+            // The fused BatchNorm writes its output and nothing else.
+            Op::BatchNorm { .. } if !self.gpu => 0,
+            _ => forward_temporaries(op, s, act),
+        };
+        loose + s.output * act + extra + temporaries
     }
 
     /// Burn (flex): bytes of the op's per-thread kernel buffers at its forward pass, which do
@@ -468,6 +476,8 @@ impl RuntimeRules for Burn {
             } => one(out + 2 * dx),
             Op::GlobalPool { .. } => one(out + dx),
             Op::Mul => one(out + s.inputs.iter().sum::<u64>()),
+            // The fused BatchNorm's backward: dy and dx.
+            Op::BatchNorm { .. } if !self.gpu => one(out + dx),
             // The composed norm's backward: dy * gamma, the quotient rule's product and the
             // statistics' reductions, one input-sized temporary at a time.
             Op::BatchNorm { .. } | Op::LayerNorm { .. } => one(out + dx + input),
