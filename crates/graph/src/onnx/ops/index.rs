@@ -108,18 +108,15 @@ impl Importer {
             });
         }
         if scalar {
-            let mut dims: Vec<i64> = shape
-                .0
-                .iter()
-                .map(|d| d.fixed().unwrap_or(0) as i64)
-                .collect();
-            dims.remove(ax);
-            if shape.0.iter().any(|d| d.fixed().is_none()) {
+            let Some(mut dims) = shape.all_fixed() else {
                 return Err(err(format!(
                     "Gather dropping an axis of {shape}: the sequence length T is symbolic"
                 )));
-            }
-            ops.push(Op::Reshape { shape: dims });
+            };
+            dims.remove(ax);
+            ops.push(Op::Reshape {
+                shape: dims.into_iter().map(|d| d as i64).collect(),
+            });
         }
         self.emit_chain(n, x, ops)
     }
