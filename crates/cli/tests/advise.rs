@@ -2,19 +2,8 @@
 
 mod common;
 
-use common::batchfit;
+use common::{QUICK_ADVISE as QUICK, batchfit};
 use scraper::{Html, Selector};
-
-const QUICK: &[&str] = &[
-    "--noise-steps",
-    "60",
-    "--batches",
-    "8,32,128",
-    "--time-cap",
-    "0.2",
-    "--warmup",
-    "1",
-];
 
 #[test]
 fn advise_writes_a_self_contained_report_with_one_plot_per_figure() {

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::json;
+use common::{QUICK_ADVISE, json};
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -150,20 +150,7 @@ fn advise_json_has_every_documented_key() {
 
 #[test]
 fn schedule_json_has_every_documented_key() {
-    check(
-        "schedule",
-        &[
-            "schedule",
-            "--noise-steps",
-            "60",
-            "--batches",
-            "8,32,128",
-            "--time-cap",
-            "0.2",
-            "--warmup",
-            "1",
-        ],
-    );
+    check("schedule", &[&["schedule"], QUICK_ADVISE].concat());
 }
 
 #[cfg(unix)]

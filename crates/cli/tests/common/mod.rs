@@ -4,6 +4,18 @@
 
 use assert_cmd::Command;
 
+/// Flags that keep `advise` and `schedule` quick on the built-in default model.
+pub const QUICK_ADVISE: &[&str] = &[
+    "--noise-steps",
+    "60",
+    "--batches",
+    "8,32,128",
+    "--time-cap",
+    "0.2",
+    "--warmup",
+    "1",
+];
+
 /// The `batchfit` binary built for these tests.
 pub fn batchfit() -> Command {
     Command::cargo_bin("batchfit").unwrap()
