@@ -212,6 +212,13 @@ fn add_layer(g: &mut GraphBuilder, name: &str, k: &mut Keys) -> Result<(), Graph
                 "softmax" => Op::Softmax {
                     axis: k.i64_or("axis", -1)?,
                 },
+                "transpose" => Op::Transpose {
+                    perm: k.usize_list("perm")?,
+                },
+                "add_param" => Op::AddParam {
+                    shape: k.usize_list("shape")?,
+                },
+                "causal_mask" => Op::CausalMask,
                 "flatten" => Op::Flatten,
                 "reshape" => Op::Reshape {
                     shape: k.i64_list("shape")?,
@@ -356,6 +363,13 @@ impl<'a> Keys<'a> {
                 .ok_or_else(|| self.bad(key, "must be a list of integers")),
             _ => Err(self.bad(key, "must be a list of integers")),
         }
+    }
+
+    fn usize_list(&mut self, key: &'a str) -> Result<Vec<usize>, GraphError> {
+        self.i64_list(key)?
+            .into_iter()
+            .map(|v| usize::try_from(v).map_err(|_| self.bad(key, "must not be negative")))
+            .collect()
     }
 
     /// An integer or a list of `n` integers.

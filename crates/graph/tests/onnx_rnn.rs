@@ -54,15 +54,25 @@ fn bidirectional_lstm_with_batch_first_layout() {
     assert_eq!(g.loss.kind, LossKind::CrossEntropyPerFrame);
     assert_eq!(g.loss.input, "fc");
 
-    // Feeding Y [B, T, dirs, H] straight into another op is an error naming the node.
-    let mut bad = Net::new("bad");
-    bad.g = n.g.clone();
-    bad.g.node.truncate(1);
-    bad.node("Relu", "act", &["y"], &["out"], vec![]);
-    bad.g.output = vec![];
-    bad.output("out");
-    let err = onnx::parse(&bad.bytes()).unwrap_err().to_string();
-    assert!(err.contains("node `act`") && err.contains("lstm"), "{err}");
+    // Y [B, T, dirs, H] fed straight into another op is the LSTM output split by a
+    // reshape (batch-first, so no transpose).
+    let mut split = Net::new("split");
+    split.g = n.g.clone();
+    split.g.node.truncate(1);
+    split.node("Relu", "act", &["y"], &["out"], vec![]);
+    split.g.output = vec![];
+    split.output("out");
+    let g = onnx::parse(&split.bytes()).unwrap();
+    assert_eq!(
+        g.nodes[1].op,
+        Op::Reshape {
+            shape: vec![-1, 2, 16]
+        }
+    );
+    assert_eq!(
+        g.nodes[2].shape,
+        Shape(vec![Dim::Seq, Dim::Fixed(2), Dim::Fixed(16)])
+    );
 }
 
 /// PyTorch's export of `nn.GRU(10, 8, batch_first=True)` with an initial

@@ -2,11 +2,12 @@
 //! broadcasting.
 
 use super::compile::Kernel;
+use super::params::Params;
 use super::prod;
 use super::reshape::axis_index;
 use batchfit_graph::Op;
 use burn::tensor::activation::{gelu, hard_sigmoid, hard_swish, relu, sigmoid, softmax, tanh};
-use burn::tensor::{Distribution, Tensor};
+use burn::tensor::{Distribution, Tensor, TensorData};
 
 /// An activation (relu, clipped relu, gelu, tanh, sigmoid, the hard sigmoid and
 /// swish, a constant scale); any
@@ -97,4 +98,61 @@ fn broadcast_binary(
         x6 * y6
     };
     z.reshape([b, out_elems])
+}
+
+/// Where a parameter of `shape` broadcast against `sample` (from the right) varies:
+/// the sample as `(before, mid, after)` with the parameter's non-1 axes all in `mid`
+/// and equal to the sample's there; `None` when they do not form one run.
+pub(super) fn broadcast_run(sample: &[usize], shape: &[usize]) -> Option<(usize, usize, usize)> {
+    let r = sample.len();
+    if shape.len() > r {
+        return None;
+    }
+    let mut padded = vec![1; r - shape.len()];
+    padded.extend(shape);
+    let varying: Vec<usize> = (0..r).filter(|&k| padded[k] != 1).collect();
+    let (lo, hi) = match (varying.first(), varying.last()) {
+        (Some(&lo), Some(&hi)) => (lo, hi + 1),
+        _ => (r, r),
+    };
+    (lo..hi).all(|k| padded[k] == sample[k]).then(|| {
+        (
+            prod(&sample[..lo]),
+            prod(&sample[lo..hi]),
+            prod(&sample[hi..]),
+        )
+    })
+}
+
+/// `x + p` for a learned `p` of `shape` broadcast against the sample (stored flat).
+pub(super) fn add_param(
+    k: &Kernel,
+    p: &Params,
+    x: Tensor<2>,
+    b: usize,
+    shape: &[usize],
+) -> Tensor<2> {
+    let (before, mid, after) =
+        broadcast_run(&k.in_dims[0], shape).expect("checked by check_trainable");
+    let addend = p.t1(k.params[0]).reshape([1, 1, mid, 1]);
+    (x.reshape([b, before, mid, after]) + addend).reshape([b, k.out_elems()])
+}
+
+/// Scores `[.., T, T]` plus a causal mask: -inf above the diagonal, an untracked
+/// constant (nothing kept for the backward, as PyTorch's `scores + mask`).
+pub(super) fn causal_mask(k: &Kernel, x: Tensor<2>, b: usize) -> Tensor<2> {
+    let d = &k.in_dims[0];
+    let t = d[d.len() - 1];
+    let outer = b * prod(&d[..d.len() - 2]);
+    let mask: Vec<f32> = (0..t * t)
+        .map(|i| {
+            if i % t > i / t {
+                f32::NEG_INFINITY
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let mask = Tensor::<2>::from_data(TensorData::new(mask, [t, t]), &x.device());
+    (x.reshape([outer, t, t]) + mask.unsqueeze::<3>()).reshape([b, k.out_elems()])
 }

@@ -125,6 +125,9 @@ fn run_canonical(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: 
             bias,
         } => norm::lrn(k, first(), b, *size, *alpha, *beta, *bias),
         Op::Slice { axis, start, end } => reshape::slice(k, first(), b, *axis, *start, *end),
+        Op::Transpose { perm } => reshape::transpose(k, first(), b, perm),
+        Op::AddParam { shape } => elementwise::add_param(k, p, first(), b, shape),
+        Op::CausalMask => elementwise::causal_mask(k, first(), b),
         Op::Reduce { reduce, axes, .. } => reshape::reduce(k, first(), b, *reduce, axes),
         Op::Add | Op::Mul => {
             let x = first();

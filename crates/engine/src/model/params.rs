@@ -210,11 +210,15 @@ impl Layout {
 /// graph's ([`Op::params`]): the weight matrices of dense and recurrent layers
 /// are stored transposed, `[in, out]` rather than PyTorch's `[out, in]`, so
 /// the forward pass is `x W` (burn's matmul layout) with no transpose per
-/// step. Every other parameter is stored as the graph describes it.
+/// step. A learned addend is stored flat. Every other parameter is stored as the
+/// graph describes it.
 fn engine_layout(op: &Op, param: &batchfit_graph::Param) -> Layout {
     let transposed = matches!(op, Op::Linear { .. } | Op::Rnn { .. }) && param.shape.len() == 2;
     let shape = if transposed {
         vec![param.shape[1], param.shape[0]]
+    } else if matches!(op, Op::AddParam { .. }) {
+        // Flat: it broadcasts as one run of the sample's axes (elementwise `add_param`).
+        vec![param.elements() as usize]
     } else {
         param.shape.clone()
     };
@@ -245,6 +249,8 @@ fn random_start(op: &Op, param: &batchfit_graph::Param) -> Start {
         Op::BatchNorm { .. } | Op::LayerNorm { .. } => {
             return Start::Constant(if param.name == "weight" { 1.0 } else { 0.0 });
         }
+        // A positional embedding starts at zeros (`nn.Parameter(torch.zeros(..))`).
+        Op::AddParam { .. } => return Start::Constant(0.0),
         _ => unreachable!("{} has no parameters", op.name()),
     };
     Start::Uniform { fan_in }

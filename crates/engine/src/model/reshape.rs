@@ -70,3 +70,28 @@ pub(super) fn reduce(
     }
     t.reshape([b, k.out_elems()])
 }
+
+/// Sample axes reordered (`perm[k]` is the input axis of output axis `k`): a permuted
+/// view of `[B, dims..]`, copied back to `[B, elements]`.
+pub(super) fn transpose(k: &Kernel, x: Tensor<2>, b: usize, perm: &[usize]) -> Tensor<2> {
+    let d = &k.in_dims[0];
+    macro_rules! permuted {
+        ($rank:literal) => {{
+            let mut dims = [b; $rank];
+            dims[1..].copy_from_slice(d);
+            let mut axes = [0usize; $rank];
+            for (to, &from) in perm.iter().enumerate() {
+                axes[to + 1] = from + 1;
+            }
+            x.reshape(dims).permute(axes).reshape([b, k.out_elems()])
+        }};
+    }
+    match d.len() {
+        0 | 1 => x,
+        2 => permuted!(3),
+        3 => permuted!(4),
+        4 => permuted!(5),
+        5 => permuted!(6),
+        _ => unreachable!("checked by check_trainable"),
+    }
+}

@@ -202,6 +202,68 @@ pub fn families() -> Vec<Graph> {
         .unwrap();
     g.linear("out", "half", 3).unwrap();
     out.push(g.finish(LossKind::CrossEntropy, "out").unwrap());
+
+    // Causal self-attention as ONNX exports reach the IR: a learned positional addend,
+    // heads split by reshape and transpose, a causal mask, heads merged back.
+    let (t, e, h) = (5, 8, 2);
+    let d = e / h;
+    let mut g = GraphBuilder::new("attention-ops");
+    g.input("x", Shape::fixed(&[t, e])).unwrap();
+    g.push("pos", Op::AddParam { shape: vec![t, e] }, &["x"])
+        .unwrap();
+    g.linear("qkv", "pos", 3 * e).unwrap();
+    let split = |v: &[usize]| Op::Reshape {
+        shape: v.iter().map(|&k| k as i64).collect(),
+    };
+    g.push("split", split(&[t, 3, h, d]), &["qkv"]).unwrap();
+    // [T, 3, H, d] -> [3, H, T, d], then one slice per projection.
+    g.push(
+        "heads",
+        Op::Transpose {
+            perm: vec![1, 2, 0, 3],
+        },
+        &["split"],
+    )
+    .unwrap();
+    for (k, name) in ["q", "k", "v"].into_iter().enumerate() {
+        let slice = Op::Slice {
+            axis: 1,
+            start: k,
+            end: k + 1,
+        };
+        g.push(&format!("{name}1"), slice, &["heads"]).unwrap();
+        g.push(name, split(&[h, t, d]), &[&format!("{name}1")])
+            .unwrap();
+    }
+    g.push(
+        "kt",
+        Op::Transpose {
+            perm: vec![0, 2, 1],
+        },
+        &["k"],
+    )
+    .unwrap();
+    g.push("scores", Op::MatMul, &["q", "kt"]).unwrap();
+    g.push("scaled", Op::Scale { factor: 0.5 }, &["scores"])
+        .unwrap();
+    g.push("masked", Op::CausalMask, &["scaled"]).unwrap();
+    g.push("attn", Op::Softmax { axis: -1 }, &["masked"])
+        .unwrap();
+    g.push("ctx", Op::MatMul, &["attn", "v"]).unwrap();
+    g.push(
+        "merged",
+        Op::Transpose {
+            perm: vec![1, 0, 2],
+        },
+        &["ctx"],
+    )
+    .unwrap();
+    g.push("flat", split(&[t, e]), &["merged"]).unwrap();
+    g.push("res", Op::Add, &["flat", "pos"]).unwrap();
+    g.push("norm", Op::LayerNorm { features: e }, &["res"])
+        .unwrap();
+    g.linear("out", "norm", 3).unwrap();
+    out.push(g.finish(LossKind::CrossEntropyPerFrame, "out").unwrap());
     out
 }
 

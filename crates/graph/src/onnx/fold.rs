@@ -4,12 +4,16 @@
 //! in training mode) leaves them in the graph: PyTorch's LSTM/GRU weights reach the
 //! ONNX node as slices of each gate block, concatenated in ONNX's gate order.
 //!
-//! Written by hand: only these few layout ops on small row-major `f32` tensors are
+//! Element-wise arithmetic, `Expand`, `Trilu` and `Where` of constants fold too:
+//! attention's `1 / sqrt(d)` computed from a shape, a causal mask built in the graph.
+//!
+//! Written by hand: only these few ops on small row-major `f32` tensors are
 //! needed, which an ONNX runtime crate would bring with a whole interpreter.
 
 use super::decode::{Attrs, positive, tensor_f32, tensor_ints};
 use super::import::{Importer, label};
 use super::proto::{DataType, NodeProto, TensorProto};
+use super::shapes::Sym;
 use super::view::Val;
 use crate::error::GraphError;
 use std::rc::Rc;
@@ -74,8 +78,79 @@ type Why = String;
 type IntInput = Result<Option<(Vec<i64>, Vec<i64>)>, Why>;
 
 impl Importer {
-    /// Folds `n` when it rearranges a float constant; `false` when it does not.
+    /// A constant or a shape value as a dense tensor (the symbolic batch or sequence
+    /// length cannot be).
+    fn dense_input(&self, n: &NodeProto, pos: usize) -> Option<Dense> {
+        match self.vals.get(n.input.get(pos)?.as_str())? {
+            Val::Const(t) => Dense::of(t).or_else(|| {
+                let values = tensor_ints(t).ok()?.into_iter().map(|v| v as f32).collect();
+                let dims = if t.dims.is_empty() {
+                    vec![]
+                } else {
+                    positive(&t.dims)?
+                };
+                Some(Dense { dims, values })
+            }),
+            Val::Ints { v, scalar } => {
+                let values = v
+                    .iter()
+                    .map(|s| match s {
+                        Sym::N(k) => Some(*k as f32),
+                        _ => None,
+                    })
+                    .collect::<Option<Vec<f32>>>()?;
+                let dims = if *scalar { vec![] } else { vec![values.len()] };
+                Some(Dense { dims, values })
+            }
+            _ => None,
+        }
+    }
+
+    /// Folds element-wise arithmetic, `Expand`, `Trilu` and `Where` of constants (the
+    /// attention scale `1 / sqrt(d)` from a shape, a causal mask built in the graph);
+    /// `false` when an input is not constant.
+    fn fold_numeric(&mut self, n: &NodeProto, a: &Attrs) -> Result<bool, GraphError> {
+        let op = n.op_type.as_str();
+        if !matches!(
+            op,
+            "Sqrt"
+                | "Add"
+                | "Sub"
+                | "Mul"
+                | "Div"
+                | "Pow"
+                | "Equal"
+                | "Where"
+                | "Expand"
+                | "Trilu"
+                | "Neg"
+                | "Not"
+        ) {
+            return Ok(false);
+        }
+        let mut data = Vec::new();
+        for pos in 0..n.input.len() {
+            if !Self::has_input(n, pos) {
+                continue;
+            }
+            match self.dense_input(n, pos) {
+                Some(d) => data.push(d),
+                None => return Ok(false),
+            }
+        }
+        let folded = numeric(op, data, a)
+            .map_err(|why| GraphError::node(label(n), format!("{op} of constants: {why}")))?;
+        let name = n.output.first().cloned().unwrap_or_default();
+        self.define(n, Val::Const(Rc::new(folded.into_tensor(&name))));
+        Ok(true)
+    }
+
+    /// Folds `n` when it rearranges a float constant or computes on constants;
+    /// `false` when it does not.
     pub(super) fn fold(&mut self, n: &NodeProto, a: &Attrs) -> Result<bool, GraphError> {
+        if self.fold_numeric(n, a)? {
+            return Ok(true);
+        }
         let op = n.op_type.as_str();
         if !matches!(
             op,
@@ -124,6 +199,110 @@ impl Importer {
         let name = n.output.first().cloned().unwrap_or_default();
         self.define(n, Val::Const(Rc::new(folded.into_tensor(&name))));
         Ok(true)
+    }
+}
+
+/// Numpy broadcasting of two dense tensors through `f`.
+fn broadcast(x: &Dense, y: &Dense, f: impl Fn(f32, f32) -> f32) -> Result<Dense, Why> {
+    let rank = x.dims.len().max(y.dims.len());
+    let pad = |d: &[usize]| {
+        let mut v = vec![1; rank - d.len()];
+        v.extend(d);
+        v
+    };
+    let (dx, dy) = (pad(&x.dims), pad(&y.dims));
+    let dims = dx
+        .iter()
+        .zip(&dy)
+        .map(|(&p, &q)| match (p, q) {
+            (p, q) if p == q || q == 1 => Ok(p),
+            (1, q) => Ok(q),
+            _ => Err(format!("cannot broadcast {:?} and {:?}", x.dims, y.dims)),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let total: usize = dims.iter().product();
+    // Index of output element `i` in an operand of dims `d` (broadcast axes repeat).
+    let index = |d: &[usize], mut i: usize| {
+        let (mut at, mut stride) = (0, 1);
+        for k in (0..rank).rev() {
+            let c = i % dims[k];
+            i /= dims[k];
+            if d[k] != 1 {
+                at += c * stride;
+            }
+            stride *= d[k];
+        }
+        at
+    };
+    let values = (0..total)
+        .map(|i| f(x.values[index(&dx, i)], y.values[index(&dy, i)]))
+        .collect();
+    Ok(Dense { dims, values })
+}
+
+/// Element-wise ops, `Expand`, `Trilu` and `Where` on dense constants.
+fn numeric(op: &str, mut data: Vec<Dense>, a: &Attrs) -> Result<Dense, Why> {
+    let unary = |d: Dense, f: fn(f32) -> f32| Dense {
+        values: d.values.iter().map(|&v| f(v)).collect(),
+        ..d
+    };
+    let x = data.remove(0);
+    let arg = |k: usize| {
+        data.get(k)
+            .ok_or_else(|| format!("{op} needs input {}", k + 1))
+    };
+    match op {
+        "Sqrt" => Ok(unary(x, f32::sqrt)),
+        "Neg" => Ok(unary(x, |v| -v)),
+        "Not" => Ok(unary(x, |v| f32::from(v == 0.0))),
+        "Add" => broadcast(&x, arg(0)?, |p, q| p + q),
+        "Sub" => broadcast(&x, arg(0)?, |p, q| p - q),
+        "Mul" => broadcast(&x, arg(0)?, |p, q| p * q),
+        "Div" => broadcast(&x, arg(0)?, |p, q| p / q),
+        "Pow" => broadcast(&x, arg(0)?, f32::powf),
+        "Equal" => broadcast(&x, arg(0)?, |p, q| f32::from(p == q)),
+        "Expand" => {
+            let shape = arg(0)?;
+            let ones = Dense {
+                dims: shape.values.iter().map(|&v| v as usize).collect(),
+                values: vec![1.0; shape.values.iter().map(|&v| v as usize).product()],
+            };
+            broadcast(&x, &ones, |p, _| p)
+        }
+        "Where" => {
+            let picked = broadcast(&x, arg(0)?, |c, p| if c != 0.0 { p } else { f32::NAN })?;
+            let other = broadcast(&x, arg(1)?, |c, q| if c != 0.0 { f32::NAN } else { q })?;
+            // Exactly one side of each element is a number: take it.
+            broadcast(&picked, &other, |p, q| if p.is_nan() { q } else { p })
+        }
+        "Trilu" => {
+            let k = data
+                .first()
+                .and_then(|d| d.values.first())
+                .map_or(0, |&v| v as i64);
+            let upper = a.int("upper", 1) != 0;
+            let r = x.dims.len();
+            if r < 2 {
+                return Err("Trilu needs rank 2 or more".into());
+            }
+            let (rows, cols) = (x.dims[r - 2], x.dims[r - 1]);
+            let values = x
+                .values
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    let (row, col) = (((i / cols) % rows) as i64, (i % cols) as i64);
+                    let keep = if upper {
+                        col - row >= k
+                    } else {
+                        col - row <= k
+                    };
+                    if keep { v } else { 0.0 }
+                })
+                .collect();
+            Ok(Dense { values, ..x })
+        }
+        _ => unreachable!("not a numeric op"),
     }
 }
 

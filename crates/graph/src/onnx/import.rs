@@ -5,7 +5,7 @@ use super::decode::{constant_value, tensor_f32, tensor_floats, tensor_ints};
 use super::not_onnx;
 use super::ops::unsupported;
 use super::proto::{self, GraphProto, NodeProto, TensorProto};
-use super::view::Val;
+use super::view::{Lay, Val, View};
 use crate::error::GraphError;
 use crate::graph::{Graph, GraphBuilder, LossKind};
 use crate::op::Op;
@@ -42,6 +42,14 @@ pub(super) struct Importer {
     pub(super) graph_inputs: HashSet<String>,
     /// The batch size when an input fixes it (models exported with batch 1).
     pub(super) batch: Option<i64>,
+    /// While an op runs on inputs aligned to a layout view: the layout its outputs
+    /// are seen in (see [`Importer::prepare_views`]).
+    pub(super) wrap: Option<Lay>,
+    /// Layout views already aligned, by ONNX name: the IR tensor and its layout.
+    pub(super) aligned: HashMap<String, (String, Lay)>,
+    /// The initializers' names: the model's parameters and buffers (a `Constant`
+    /// node or a folded value is neither).
+    pub(super) initializers: HashSet<String>,
 }
 
 impl Importer {
@@ -57,7 +65,9 @@ impl Importer {
             graph.name.clone()
         };
         let mut vals = HashMap::new();
+        let mut initializers = HashSet::new();
         for t in graph.initializer {
+            initializers.insert(t.name.clone());
             vals.insert(t.name.clone(), Val::Const(Rc::new(t)));
         }
         let mut imp = Importer {
@@ -74,8 +84,19 @@ impl Importer {
             skip: HashSet::new(),
             graph_inputs: HashSet::new(),
             batch: None,
+            wrap: None,
+            aligned: HashMap::new(),
+            initializers,
         };
         imp.constants();
+        let nodes = super::fuse::fuse_gelu(imp.nodes.to_vec(), |name| match imp.vals.get(name) {
+            Some(Val::Const(t)) => match tensor_floats(t).ok()?[..] {
+                [v] => Some(v as f32),
+                _ => None,
+            },
+            _ => None,
+        });
+        imp.nodes = nodes.into();
         imp.liveness();
         imp.add_inputs()?;
         Ok(imp)
@@ -206,11 +227,12 @@ impl Importer {
             Val::View(v) => Err(GraphError::node(
                 label(n),
                 format!(
-                    "input `{name}` is `{}` in the recurrent layout {}; only Transpose, Squeeze \
-                     and Reshape back to [B, T, features] (or [T, B, features] into an LSTM/GRU \
-                     with layout 0) are supported on it",
+                    "input `{name}` is `{}` seen as {} (the batch moved or merged); {} on it \
+                     is supported only once Transpose/Reshape bring the batch back to axis 0, \
+                     or where it computes on axes away from the batch",
                     v.ir,
-                    v.describe()
+                    v.describe(),
+                    n.op_type
                 ),
             )),
             Val::Const(_) => Err(GraphError::node(
@@ -316,7 +338,15 @@ impl Importer {
 
     /// A fresh IR node name for `n`.
     pub(super) fn fresh(&mut self, n: &NodeProto) -> String {
-        let base = label(n);
+        self.fresh_from(label(n))
+    }
+
+    /// A fresh IR node name for a layout op `n`'s input needs (`<node>/layout`).
+    pub(super) fn fresh_layout(&mut self, n: &NodeProto) -> String {
+        self.fresh_from(format!("{}/layout", label(n)))
+    }
+
+    fn fresh_from(&mut self, base: String) -> String {
         let mut name = base.clone();
         let mut k = 1;
         while self.used.contains(&name) {
@@ -340,8 +370,102 @@ impl Importer {
         Ok(name)
     }
 
+    /// Maps output 0 of `n` to layout view `v`, or to its IR tensor when it is unchanged.
+    pub(super) fn define_view(&mut self, n: &NodeProto, v: View) -> Result<(), GraphError> {
+        let val = self.settle(v)?;
+        self.define(n, val);
+        Ok(())
+    }
+
+    /// A view as a plain IR tensor when it is one.
+    fn settle(&self, v: View) -> Result<Val, GraphError> {
+        Ok(if v.is_plain(self.shape(&v.ir)?) {
+            Val::Ir(v.ir)
+        } else {
+            Val::View(v)
+        })
+    }
+
+    /// Emits the IR ops that align view `v` to its ONNX axes with the batch pulled
+    /// out (for a view with the batch first: the batch-first tensor itself).
+    pub(super) fn align(&mut self, n: &NodeProto, v: &View) -> Result<(String, Lay), GraphError> {
+        let err = |why: String| GraphError::node(label(n), why);
+        let plan = v
+            .align(self.shape(&v.ir)?)
+            .map_err(|e| err(e.to_string()))?;
+        let mut x = v.ir.clone();
+        let ops = [
+            plan.split.map(|shape| Op::Reshape { shape }),
+            plan.perm.map(|perm| Op::Transpose { perm }),
+            plan.merge.map(|shape| Op::Reshape { shape }),
+        ];
+        for op in ops.into_iter().flatten() {
+            let name = self.fresh_layout(n);
+            x = self.b.push(&name, op, &[&x])?;
+        }
+        Ok((x, plan.lay))
+    }
+
+    /// Before `n` computes: inputs seen through a layout view with the batch first
+    /// become batch-first IR tensors; for an op that computes the same on the IR
+    /// tensor aligned to the view (`touched` trailing axes, never the batch's), the
+    /// inputs are aligned and the outputs will be seen through the same layout.
+    /// Returns the input bindings to restore after the op.
+    pub(super) fn prepare_views(
+        &mut self,
+        n: &NodeProto,
+        touched: Option<usize>,
+    ) -> Result<Vec<(String, Val)>, GraphError> {
+        let mut restore = Vec::new();
+        let mut lay: Option<Lay> = None;
+        for (pos, name) in n.input.iter().enumerate() {
+            let Some(Val::View(v)) = self.vals.get(name.as_str()).cloned() else {
+                continue;
+            };
+            if v.batch_first() {
+                let (x, _) = self.align(n, &v)?;
+                self.vals.insert(name.clone(), Val::Ir(x));
+                continue;
+            }
+            let Some(touched) = touched else {
+                continue;
+            };
+            let (x, l) = match self.aligned.get(name.as_str()) {
+                Some(done) => done.clone(),
+                None => {
+                    let done = self.align(n, &v)?;
+                    self.aligned.insert(name.clone(), done.clone());
+                    done
+                }
+            };
+            let same = |p: &Lay| {
+                (p.b_from_end(), p.b_alone, p.b_first) == (l.b_from_end(), l.b_alone, l.b_first)
+            };
+            if l.b_from_end() < touched || lay.as_ref().is_some_and(|p| !same(p)) {
+                // Left as a view: the op's own lookup names the layout.
+                continue;
+            }
+            let _ = pos;
+            lay = Some(l);
+            restore.push((name.clone(), Val::View(v)));
+            self.vals.insert(name.clone(), Val::Ir(x));
+        }
+        self.wrap = lay;
+        Ok(restore)
+    }
+
     /// Maps output 0 of `n` to `val` and marks the other outputs unusable.
     pub(super) fn define(&mut self, n: &NodeProto, val: Val) {
+        let val = match (val, self.wrap) {
+            (Val::Ir(ir), Some(lay)) => match self.shape(&ir) {
+                Ok(s) => {
+                    let v = View::from_aligned(&ir, s, lay);
+                    self.settle(v).unwrap_or(Val::Ir(ir))
+                }
+                Err(_) => Val::Ir(ir),
+            },
+            (val, _) => val,
+        };
         for (k, out) in n.output.iter().enumerate() {
             if out.is_empty() {
                 continue;

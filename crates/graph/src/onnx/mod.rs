@@ -87,6 +87,7 @@ pub mod proto;
 
 mod decode;
 mod fold;
+mod fuse;
 mod import;
 mod inputs;
 mod ops;

@@ -21,12 +21,67 @@ pub(super) enum AxisError {
     MovesBatch(i64),
 }
 
-/// One entry of a shape value: the symbolic batch or sequence length, or a number.
+/// One entry of a shape value: the symbolic batch or sequence length, a number, or a
+/// product `B^b · T^t · n` (attention's `B·heads`). Built by [`Sym::of`], so each value
+/// has one spelling.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Sym {
     Batch,
     Seq,
     N(i64),
+    Prod { b: u32, t: u32, n: i64 },
+}
+
+impl Sym {
+    /// `B^b · T^t · n` in its one spelling.
+    pub(super) fn of(b: u32, t: u32, n: i64) -> Sym {
+        match (b, t, n) {
+            (0, 0, n) => Sym::N(n),
+            (1, 0, 1) => Sym::Batch,
+            (0, 1, 1) => Sym::Seq,
+            (b, t, n) => Sym::Prod { b, t, n },
+        }
+    }
+
+    /// The powers of the batch and the sequence length, and the number.
+    pub(super) fn parts(self) -> (u32, u32, i64) {
+        match self {
+            Sym::Batch => (1, 0, 1),
+            Sym::Seq => (0, 1, 1),
+            Sym::N(n) => (0, 0, n),
+            Sym::Prod { b, t, n } => (b, t, n),
+        }
+    }
+
+    pub(super) fn mul(self, o: Sym) -> Sym {
+        let ((b, t, n), (p, q, m)) = (self.parts(), o.parts());
+        Sym::of(b + p, t + q, n.saturating_mul(m))
+    }
+
+    /// `self / o` when it divides exactly.
+    pub(super) fn div(self, o: Sym) -> Option<Sym> {
+        let ((b, t, n), (p, q, m)) = (self.parts(), o.parts());
+        (b >= p && t >= q && m != 0 && n % m == 0).then(|| Sym::of(b - p, t - q, n / m))
+    }
+
+    /// Whether `self` divides `o` exactly (both positive).
+    pub(super) fn divides(self, o: Sym) -> bool {
+        o.div(self).is_some()
+    }
+}
+
+impl std::fmt::Display for Sym {
+    /// `B`, `T`, `16`, `B·4`, `B·T`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (b, t, n) = self.parts();
+        let mut parts: Vec<String> = Vec::new();
+        parts.extend(std::iter::repeat_n("B".to_string(), b as usize));
+        parts.extend(std::iter::repeat_n("T".to_string(), t as usize));
+        if n != 1 || parts.is_empty() {
+            parts.push(n.to_string());
+        }
+        write!(f, "{}", parts.join("·"))
+    }
 }
 
 impl Importer {
@@ -75,7 +130,7 @@ impl Importer {
                     label(n),
                     "Reshape moves the batch dimension away from axis 0",
                 )),
-                Sym::Seq => Err(GraphError::node(
+                Sym::Seq | Sym::Prod { .. } => Err(GraphError::node(
                     label(n),
                     "Reshape to a size computed from the symbolic sequence length T",
                 )),
@@ -89,96 +144,118 @@ impl Importer {
     pub(super) fn shape_op(&mut self, n: &NodeProto, a: &Attrs) -> Result<bool, GraphError> {
         let err = |why: String| GraphError::node(label(n), why);
         let op = n.op_type.as_str();
-        let (v, scalar) =
-            match op {
-                "Shape" => {
-                    let x = self.act(n, 0)?;
-                    let mut v = vec![Sym::Batch];
-                    v.extend(self.shape(&x)?.0.iter().map(|d| match d {
-                        Dim::Seq => Sym::Seq,
-                        Dim::Fixed(k) => Sym::N(*k as i64),
-                    }));
-                    let len = v.len() as i64;
-                    let clamp = |i: i64| (if i < 0 { i + len } else { i }).clamp(0, len) as usize;
-                    let (start, end) = (clamp(a.int("start", 0)), clamp(a.int("end", len)));
-                    (v[start..end.max(start)].to_vec(), false)
-                }
-                "Gather" if self.is_ints(n, 0) => {
-                    let (data, _) = self.ints_of(n, 0, "Gather data")?;
-                    let (idx, scalar) = self.ints_of(n, 1, "Gather indices")?;
-                    let len = data.len() as i64;
-                    let v = idx
-                        .iter()
-                        .map(|i| match i {
-                            Sym::N(i) if (-len..len).contains(i) => {
-                                Ok(data[((i + len) % len) as usize])
-                            }
-                            other => Err(err(format!("index {other:?} out of {len} values"))),
-                        })
-                        .collect::<Result<_, _>>()?;
-                    (v, scalar)
-                }
-                "Unsqueeze" | "Squeeze" if self.is_ints(n, 0) => {
-                    let (v, scalar) = self.ints_of(n, 0, "data")?;
-                    match (op, scalar) {
-                        ("Unsqueeze", true) => (v, false),
-                        ("Squeeze", false) if v.len() == 1 => (v, true),
-                        _ => return Err(err(format!("{op} of a shape value of rank > 1"))),
+        let (v, scalar) = match op {
+            "Shape" => {
+                let v = match self.val(n, 0)? {
+                    Val::View(view) => view.dims(),
+                    _ => {
+                        let x = self.act(n, 0)?;
+                        let mut v = vec![Sym::Batch];
+                        v.extend(self.shape(&x)?.0.iter().map(|d| match d {
+                            Dim::Seq => Sym::Seq,
+                            Dim::Fixed(k) => Sym::N(*k as i64),
+                        }));
+                        v
                     }
-                }
-                "Concat" if (0..n.input.len()).any(|p| self.is_ints(n, p)) => {
-                    let mut v = Vec::new();
-                    for p in 0..n.input.len() {
-                        v.extend(self.ints_of(n, p, "Concat input")?.0);
-                    }
-                    (v, false)
-                }
-                "Slice" if self.is_ints(n, 0) => {
-                    let (data, _) = self.ints_of(n, 0, "Slice data")?;
-                    let arg = |pos: usize, attr: &str| -> Result<Option<i64>, GraphError> {
-                        let v = if Self::has_input(n, pos) {
-                            Some(self.ints_of(n, pos, attr)?.0)
-                        } else {
-                            a.ints(attr).map(|v| v.into_iter().map(Sym::N).collect())
-                        };
-                        match v.as_deref() {
-                            None => Ok(None),
-                            Some([Sym::N(x)]) => Ok(Some(*x)),
-                            Some(other) => {
-                                Err(err(format!("Slice {attr} {other:?} of a shape value")))
-                            }
+                };
+                let len = v.len() as i64;
+                let clamp = |i: i64| (if i < 0 { i + len } else { i }).clamp(0, len) as usize;
+                let (start, end) = (clamp(a.int("start", 0)), clamp(a.int("end", len)));
+                (v[start..end.max(start)].to_vec(), false)
+            }
+            "Gather" if self.is_ints(n, 0) => {
+                let (data, _) = self.ints_of(n, 0, "Gather data")?;
+                let (idx, scalar) = self.ints_of(n, 1, "Gather indices")?;
+                let len = data.len() as i64;
+                let v = idx
+                    .iter()
+                    .map(|i| match i {
+                        Sym::N(i) if (-len..len).contains(i) => {
+                            Ok(data[((i + len) % len) as usize])
                         }
-                    };
-                    let len = data.len() as i64;
-                    let clamp = |i: i64| (if i < 0 { i + len } else { i }).clamp(0, len);
-                    let start = clamp(arg(1, "starts")?.unwrap_or(0));
-                    let end = clamp(arg(2, "ends")?.unwrap_or(len));
-                    let axis = arg(3, "axes")?.unwrap_or(0);
-                    if (axis != 0 && axis != -1) || arg(4, "steps")?.unwrap_or(1) != 1 {
-                        return Err(err("Slice of a shape value: only axis 0 with step 1".into()));
-                    }
-                    (
-                        data[start as usize..end.max(start) as usize].to_vec(),
-                        false,
-                    )
+                        other => Err(err(format!("index {other:?} out of {len} values"))),
+                    })
+                    .collect::<Result<_, _>>()?;
+                (v, scalar)
+            }
+            "Unsqueeze" | "Squeeze" if self.is_ints(n, 0) => {
+                let (v, scalar) = self.ints_of(n, 0, "data")?;
+                match (op, scalar) {
+                    ("Unsqueeze", true) => (v, false),
+                    ("Squeeze", false) if v.len() == 1 => (v, true),
+                    _ => return Err(err(format!("{op} of a shape value of rank > 1"))),
                 }
-                "Mul" | "Add" if self.is_ints(n, 0) && self.is_ints(n, 1) => {
-                    let (p, ps) = self.ints_of(n, 0, "operand")?;
-                    let (q, qs) = self.ints_of(n, 1, "operand")?;
-                    if p.is_empty()
-                        || q.is_empty()
-                        || !(p.len() == q.len() || p.len() == 1 || q.len() == 1)
-                    {
+            }
+            "Reshape" if self.is_ints(n, 0) => {
+                let (v, _) = self.ints_of(n, 0, "data")?;
+                let (target, _) = self.ints_of(n, 1, "Reshape shape")?;
+                match target[..] {
+                    [] if v.len() == 1 => (v, true),
+                    [Sym::N(k)] if k == -1 || k == v.len() as i64 => (v, false),
+                    _ => {
                         return Err(err(format!(
-                            "{op} of shape values of lengths {} and {}",
-                            p.len(),
-                            q.len()
+                            "Reshape of a shape value of {} entries to {target:?}",
+                            v.len()
                         )));
                     }
-                    let v = (0..p.len().max(q.len()))
-                    .map(|k| match (p[k.min(p.len() - 1)], q[k.min(q.len() - 1)]) {
-                        (Sym::N(x), Sym::N(y)) => {
-                            let r = if op == "Mul" { x.checked_mul(y) } else { x.checked_add(y) };
+                }
+            }
+            "Concat" if (0..n.input.len()).any(|p| self.is_ints(n, p)) => {
+                let mut v = Vec::new();
+                for p in 0..n.input.len() {
+                    v.extend(self.ints_of(n, p, "Concat input")?.0);
+                }
+                (v, false)
+            }
+            "Slice" if self.is_ints(n, 0) => {
+                let (data, _) = self.ints_of(n, 0, "Slice data")?;
+                let arg = |pos: usize, attr: &str| -> Result<Option<i64>, GraphError> {
+                    let v = if Self::has_input(n, pos) {
+                        Some(self.ints_of(n, pos, attr)?.0)
+                    } else {
+                        a.ints(attr).map(|v| v.into_iter().map(Sym::N).collect())
+                    };
+                    match v.as_deref() {
+                        None => Ok(None),
+                        Some([Sym::N(x)]) => Ok(Some(*x)),
+                        Some(other) => Err(err(format!("Slice {attr} {other:?} of a shape value"))),
+                    }
+                };
+                let len = data.len() as i64;
+                let clamp = |i: i64| (if i < 0 { i + len } else { i }).clamp(0, len);
+                let start = clamp(arg(1, "starts")?.unwrap_or(0));
+                let end = clamp(arg(2, "ends")?.unwrap_or(len));
+                let axis = arg(3, "axes")?.unwrap_or(0);
+                if (axis != 0 && axis != -1) || arg(4, "steps")?.unwrap_or(1) != 1 {
+                    return Err(err("Slice of a shape value: only axis 0 with step 1".into()));
+                }
+                (
+                    data[start as usize..end.max(start) as usize].to_vec(),
+                    false,
+                )
+            }
+            "Mul" | "Add" | "Div" | "Sub" | "Mod" if self.is_ints(n, 0) && self.is_ints(n, 1) => {
+                let (p, ps) = self.ints_of(n, 0, "operand")?;
+                let (q, qs) = self.ints_of(n, 1, "operand")?;
+                if p.is_empty()
+                    || q.is_empty()
+                    || !(p.len() == q.len() || p.len() == 1 || q.len() == 1)
+                {
+                    return Err(err(format!(
+                        "{op} of shape values of lengths {} and {}",
+                        p.len(),
+                        q.len()
+                    )));
+                }
+                let v = (0..p.len().max(q.len()))
+                    .map(|k| match (op, p[k.min(p.len() - 1)], q[k.min(q.len() - 1)]) {
+                        ("Mul", x, y) => Ok(x.mul(y)),
+                        ("Div", x, y) => x.div(y).ok_or_else(|| {
+                            err(format!("Div of {x} by {y} in a shape computation is not exact"))
+                        }),
+                        ("Mod", Sym::N(x), Sym::N(y)) if y != 0 => Ok(Sym::N(x.rem_euclid(y))),
+                        (_, Sym::N(x), Sym::N(y)) => {
+                            let r = if op == "Add" { x.checked_add(y) } else { x.checked_sub(y) };
                             r.map(Sym::N)
                                 .ok_or_else(|| err(format!("{op} of {x} and {y} overflows")))
                         }
@@ -187,10 +264,10 @@ impl Importer {
                         ))),
                     })
                     .collect::<Result<_, _>>()?;
-                    (v, ps && qs)
-                }
-                _ => return Ok(false),
-            };
+                (v, ps && qs)
+            }
+            _ => return Ok(false),
+        };
         self.define(n, Val::Ints { v, scalar });
         Ok(true)
     }

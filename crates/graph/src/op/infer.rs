@@ -126,6 +126,47 @@ impl Op {
                 sample_axis(x, *axis)?;
                 Ok(x.clone())
             }
+            Op::Transpose { perm } => {
+                let mut seen = vec![false; x.rank()];
+                for &p in perm {
+                    if p >= x.rank() || std::mem::replace(&mut seen[p], true) {
+                        return Err(ShapeError(format!(
+                            "perm {perm:?} is not a permutation of the {} sample axes of {x}",
+                            x.rank()
+                        )));
+                    }
+                }
+                if perm.len() != x.rank() {
+                    return Err(ShapeError(format!(
+                        "perm {perm:?} is not a permutation of the {} sample axes of {x}",
+                        x.rank()
+                    )));
+                }
+                Ok(Shape(perm.iter().map(|&p| x.0[p]).collect()))
+            }
+            Op::AddParam { shape } => {
+                let fits = shape.len() <= x.rank()
+                    && shape
+                        .iter()
+                        .rev()
+                        .zip(x.0.iter().rev())
+                        .all(|(&p, &d)| p == 1 || Dim::Fixed(p) == d);
+                if !fits {
+                    return Err(ShapeError(format!(
+                        "a parameter of shape {shape:?} does not broadcast against {x}"
+                    )));
+                }
+                Ok(x.clone())
+            }
+            Op::CausalMask => {
+                let r = x.rank();
+                if r < 2 || x.0[r - 1] != x.0[r - 2] {
+                    return Err(ShapeError(format!(
+                        "needs square attention scores [.., T, T], got {x}"
+                    )));
+                }
+                Ok(x.clone())
+            }
             Op::Pool { window, .. } => {
                 let spatial = spatial_dims(x, window.spatial(), "pool")?;
                 let mut out = vec![x.0[0]];
@@ -262,42 +303,53 @@ pub fn sample_axis(x: &Shape, axis: i64) -> Result<usize, ShapeError> {
 }
 
 fn reshape(x: &Shape, shape: &[i64]) -> Result<Shape, ShapeError> {
-    let total = x
-        .all_fixed()
-        .ok_or_else(|| {
-            ShapeError(format!(
-                "cannot reshape {x}: the sequence length T is symbolic"
-            ))
-        })?
-        .iter()
-        .product::<usize>();
-    let mut out = Vec::with_capacity(shape.len());
+    // With a symbolic T (at most once) the sizes count T as a factor: the T ends up
+    // where a 0 copies it or, failing that, where the -1 is.
+    let seqs = x.0.iter().filter(|d| **d == Dim::Seq).count();
+    if seqs > 1 {
+        return Err(ShapeError(format!(
+            "cannot reshape {x}: the sequence length T appears twice"
+        )));
+    }
+    let total: usize = x.0.iter().filter_map(|d| d.fixed()).product();
+    let mut out: Vec<Dim> = Vec::with_capacity(shape.len());
     let mut infer_at = None;
     for (i, &s) in shape.iter().enumerate() {
         match s {
             -1 if infer_at.is_none() => {
                 infer_at = Some(i);
-                out.push(1);
+                out.push(Dim::Fixed(1));
             }
-            0 => out.push(x.0.get(i).and_then(|d| d.fixed()).ok_or_else(|| {
+            0 => out.push(*x.0.get(i).ok_or_else(|| {
                 ShapeError(format!("reshape copies dimension {} that {x} lacks", i + 1))
             })?),
-            s if s > 0 => out.push(s as usize),
+            s if s > 0 => out.push(Dim::Fixed(s as usize)),
             _ => return Err(ShapeError(format!("bad reshape target {shape:?}"))),
         }
     }
-    let known: usize = out.iter().product();
-    if let Some(i) = infer_at {
-        if known == 0 || total % known != 0 {
-            return Err(ShapeError(format!("cannot reshape {x} to {shape:?}")));
+    let known: usize = out.iter().filter_map(|d| d.fixed()).product();
+    let seq_placed = out.contains(&Dim::Seq);
+    match infer_at {
+        Some(i) if known != 0 && total.is_multiple_of(known) => {
+            out[i] = match (seqs, seq_placed, total / known) {
+                (1, false, 1) => Dim::Seq,
+                (1, false, _) => {
+                    return Err(ShapeError(format!(
+                        "cannot reshape {x} to {shape:?}: T would merge with another axis"
+                    )));
+                }
+                (_, _, k) => Dim::Fixed(k),
+            };
         }
-        out[i] = total / known;
-    } else if known != total {
-        return Err(ShapeError(format!(
-            "cannot reshape {x} ({total} elements per sample) to {shape:?}"
-        )));
+        Some(_) => return Err(ShapeError(format!("cannot reshape {x} to {shape:?}"))),
+        None if known != total || (seqs == 1) != seq_placed => {
+            return Err(ShapeError(format!(
+                "cannot reshape {x} ({total} elements per sample) to {shape:?}"
+            )));
+        }
+        None => {}
     }
-    Ok(Shape::fixed(&out))
+    Ok(Shape(out))
 }
 
 /// Numpy broadcasting of two sample shapes.

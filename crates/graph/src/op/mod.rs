@@ -187,6 +187,19 @@ pub enum Op {
         axes: Vec<i64>,
         keep_dims: bool,
     },
+    /// Sample axes reordered: output axis `k` is sample axis `perm[k]` of the input (the
+    /// batch stays first). Attention's head split, `[T, heads, d]` to `[heads, T, d]`.
+    Transpose {
+        perm: Vec<usize>,
+    },
+    /// `x + p` for a learned tensor `p` of `shape`, broadcast against the sample from the
+    /// right (a learned positional embedding, `nn.Parameter(torch.zeros(1, T, d))`).
+    AddParam {
+        shape: Vec<usize>,
+    },
+    /// A causal attention mask over the last two axes `[.., T, T]`: entries above the
+    /// diagonal become -inf (`scores + generate_square_subsequent_mask(T)`, `is_causal`).
+    CausalMask,
     /// Softmax along `axis` (negative counts from the end).
     Softmax {
         axis: i64,
@@ -280,6 +293,9 @@ pub const OP_NAMES: &[&str] = &[
     "reduce_sum",
     "reduce_mean",
     "reduce_max",
+    "transpose",
+    "add_param",
+    "causal_mask",
     "softmax",
     "maxpool",
     "avgpool",
@@ -326,6 +342,9 @@ impl Op {
                 ..
             } => "reduce_mean",
             Op::Reduce { .. } => "reduce_max",
+            Op::Transpose { .. } => "transpose",
+            Op::AddParam { .. } => "add_param",
+            Op::CausalMask => "causal_mask",
             Op::Softmax { .. } => "softmax",
             Op::Pool {
                 pool: PoolKind::Max,
@@ -394,6 +413,7 @@ impl Op {
                 Param::new("bias", &[features]),
             ],
             Op::Embedding { vocab, dim } => vec![Param::new("weight", &[vocab, dim])],
+            Op::AddParam { ref shape } => vec![Param::new("weight", shape)],
             Op::Rnn {
                 cell,
                 input_size,

@@ -222,6 +222,10 @@ impl RuntimeRules for Burn {
             },
             Op::GlobalPool { .. } => none,
             Op::Flatten | Op::Reshape { .. } | Op::Concat { .. } | Op::Add => none,
+            // `permute` keeps the axes, the reshape that copies it back to `[B, elements]` its
+            // shape; the learned addend's and the causal mask's `add` keep nothing (the mask
+            // is an untracked constant).
+            Op::Transpose { .. } | Op::AddParam { .. } | Op::CausalMask => none,
             // `float_mul` keeps each factor when the other one is tracked.
             Op::Mul => inputs,
             // The engine's dropout is `x * mask` with an untracked f32 mask: `float_mul` keeps
@@ -440,7 +444,12 @@ impl RuntimeRules for Burn {
             | Op::Flatten
             | Op::Reshape { .. }
             | Op::Concat { .. }
-            | Op::Add => one(out),
+            | Op::Add
+            | Op::CausalMask => one(out),
+            // The learned addend's gradient is dy summed over the axes it broadcasts on.
+            Op::AddParam { .. } => one(out),
+            // The inverse `permute` of dy is a view; the reshape back copies it into dx.
+            Op::Transpose { .. } => one(out + dx),
             // `embedding_backward` scatters into a parameter-sized zeroed tensor.
             Op::Embedding { .. } => vec![BackwardMoment {
                 bytes: out * act,

@@ -236,7 +236,8 @@ pub fn forward_flops(op: &Op, s: &Sizes) -> f64 {
         Op::Softmax { .. } => 5.0 * out,
         Op::Pool { window, .. } => out * window.kernel_elements() as f64,
         Op::GlobalPool { .. } => inp,
-        Op::Add | Op::Mul => out,
+        Op::Add | Op::Mul | Op::AddParam { .. } | Op::CausalMask => out,
+        Op::Transpose { .. } => 0.0,
         Op::Flatten | Op::Reshape { .. } | Op::Concat { .. } | Op::Embedding { .. } => 0.0,
         Op::Rnn {
             cell,

@@ -82,8 +82,15 @@ impl RuntimeRules for Pytorch {
             },
             // `avg_pool2d`, `adaptive_*_pool2d`: the backward reads the input.
             Op::Pool { .. } | Op::GlobalPool { .. } => inputs,
-            // Views and concatenation need only sizes; `add` none.
-            Op::Flatten | Op::Reshape { .. } | Op::Concat { .. } | Op::Add => none,
+            // Views (`transpose`/`permute` too) and concatenation need only sizes; `add` none,
+            // whether of a learned tensor or of a causal mask.
+            Op::Flatten
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::Concat { .. }
+            | Op::Add
+            | Op::AddParam { .. }
+            | Op::CausalMask => none,
             // `mul`: each factor's gradient reads the other.
             Op::Mul => inputs,
             // `native_dropout`: a one-byte bool mask.

@@ -3,12 +3,12 @@
 
 use crate::error::GraphError;
 use crate::graph::LossKind;
-use crate::onnx::decode::{Attrs, positive, tensor_floats};
+use crate::onnx::decode::{Attrs, positive, tensor_f32, tensor_floats};
 use crate::onnx::import::{Importer, auto_loss, label};
 use crate::onnx::proto::{NodeProto, TensorProto};
 use crate::onnx::view::Val;
 use crate::op::Op;
-use crate::shape::Shape;
+use crate::shape::{Dim, Shape};
 
 impl Importer {
     /// `Relu`, `Gelu`, `Tanh`, `Sigmoid`, `HardSigmoid` and `HardSwish`.
@@ -126,15 +126,26 @@ impl Importer {
                 let x = self.act(n, pos)?;
                 let neutral = if n.op_type == "Add" { 0.0 } else { 1.0 };
                 let scalar = scalar_value(&c);
-                if self.neutral(&x, &c, neutral)? {
+                // An initializer added is a parameter even while it holds its initial zeros.
+                let learned = match n.op_type == "Add" && self.initializers.contains(&c.name) {
+                    true => self.learned_addend(&x, &c)?,
+                    false => None,
+                };
+                if let Some(shape) = learned {
+                    let name = self.emit(n, Op::AddParam { shape }, &[&x])?;
+                    self.attach(&name, vec![tensor_f32(&c)]);
+                } else if self.neutral(&x, &c, neutral)? {
                     self.define(n, Val::Ir(x));
                 } else if let (Some(factor), "Mul") = (scalar, n.op_type.as_str()) {
                     self.emit(n, Op::Scale { factor }, &[&x])?;
+                } else if n.op_type == "Add" && is_causal_mask(&c, self.shape(&x)?) {
+                    self.emit(n, Op::CausalMask, &[&x])?;
                 } else {
                     return Err(err(format!(
                         "{} of activation `{}` and constant `{}` {:?}: only a bias right \
-                         after MatMul/Gemm/Conv (folded into that layer) or two \
-                         activations are supported",
+                         after MatMul/Gemm/Conv (folded into that layer), a learned \
+                         tensor (an initializer, like a positional embedding), a causal \
+                         attention mask or two activations are supported",
                         n.op_type, n.input[pos], c.name, c.dims
                     )));
                 }
@@ -231,6 +242,31 @@ impl Importer {
         Ok(())
     }
 
+    /// The IR parameter shape of initializer `c` added to `x`: a tensor (not one number)
+    /// the same for every sample (a leading batch axis of 1 dropped), finite,
+    /// broadcasting against the sample.
+    fn learned_addend(&self, x: &str, c: &TensorProto) -> Result<Option<Vec<usize>>, GraphError> {
+        let s = self.shape(x)?;
+        let (Some(mut dims), Some(values)) = (positive(&c.dims), tensor_f32(c)) else {
+            return Ok(None);
+        };
+        // One number added is a constant offset the IR does not model, not a tensor.
+        if values.len() < 2 || values.iter().any(|v| !v.is_finite()) || dims.len() > s.rank() + 1 {
+            return Ok(None);
+        }
+        if dims.len() == s.rank() + 1 {
+            if dims[0] != 1 {
+                return Ok(None);
+            }
+            dims.remove(0);
+        }
+        let op = Op::AddParam { shape: dims };
+        Ok(match (op.infer(&[s]), op) {
+            (Ok(_), Op::AddParam { shape }) => Some(shape),
+            _ => None,
+        })
+    }
+
     /// Whether adding (or multiplying by) constant `c` leaves `x` unchanged.
     fn neutral(&self, x: &str, c: &TensorProto, neutral: f64) -> Result<bool, GraphError> {
         let Ok(values) = tensor_floats(c) else {
@@ -254,6 +290,27 @@ impl Importer {
         }
         Ok(Op::Add.infer(&[s, &Shape::fixed(&dims)]).as_ref() == Ok(s))
     }
+}
+
+/// Whether constant `c` is a causal attention mask for scores of sample shape `s`:
+/// `[.., T, T]` (leading axes of 1), 0 on and below the diagonal and -inf (or a large
+/// negative number, as some exports write it) above.
+fn is_causal_mask(c: &TensorProto, s: &Shape) -> bool {
+    let (Some(dims), Some(values)) = (positive(&c.dims), tensor_f32(c)) else {
+        return false;
+    };
+    let r = dims.len();
+    if r < 2 || dims[r - 1] != dims[r - 2] || dims[..r - 2].iter().any(|&d| d != 1) {
+        return false;
+    }
+    let t = dims[r - 1];
+    let square =
+        s.rank() >= 2 && s.0[s.rank() - 1] == Dim::Fixed(t) && s.0[s.rank() - 2] == Dim::Fixed(t);
+    square
+        && values.iter().enumerate().all(|(i, &v)| {
+            let (row, col) = (i / t, i % t);
+            if col > row { v <= -1e4 } else { v == 0.0 }
+        })
 }
 
 /// The value of a constant holding exactly one number (any rank).

@@ -6,6 +6,7 @@ use crate::onnx::decode::Attrs;
 use crate::onnx::import::{Importer, label};
 use crate::onnx::proto::NodeProto;
 use crate::onnx::shapes::Sym;
+use crate::onnx::view::{Val, View};
 use crate::op::{Op, ReduceKind, sample_axis};
 use crate::shape::Dim;
 
@@ -13,7 +14,6 @@ impl Importer {
     /// `Slice` of an activation with step 1: one IR slice per sliced axis.
     pub(super) fn slice(&mut self, _i: usize, n: &NodeProto, a: &Attrs) -> Result<(), GraphError> {
         let err = |why: String| GraphError::node(label(n), why);
-        let x = self.act(n, 0)?;
         let list = |pos: usize, attr: &str| -> Result<Option<Vec<i64>>, GraphError> {
             if Self::has_input(n, pos) {
                 let (v, _) = self.ints_of(n, pos, &format!("Slice {attr}"))?;
@@ -39,6 +39,18 @@ impl Importer {
                 "Slice starts, ends, axes and steps differ in length".into()
             ));
         }
+        if let Val::View(v) = self.val(n, 0)?.clone() {
+            let ([start], [end], [axis], [1]) = (&starts[..], &ends[..], &axes[..], &steps[..])
+            else {
+                return Err(err(format!(
+                    "Slice of {} (the batch moved or merged): only one axis with step 1 \
+                     is supported",
+                    v.describe()
+                )));
+            };
+            return self.index_view(n, v, *axis, (*start, *end), false);
+        }
+        let x = self.act(n, 0)?;
         let mut slices = Vec::new();
         for k in 0..starts.len() {
             let shape = self.shape(&x)?;
@@ -68,6 +80,17 @@ impl Importer {
     /// (the indices must be consecutive), then a reshape for a scalar index.
     pub(super) fn gather_activation(&mut self, n: &NodeProto, a: &Attrs) -> Result<(), GraphError> {
         let err = |why: String| GraphError::node(label(n), why);
+        if let Val::View(v) = self.val(n, 0)?.clone() {
+            let (idx, scalar) = self.ints_of(n, 1, "Gather indices")?;
+            let ([Sym::N(i)], true) = (&idx[..], scalar) else {
+                return Err(err(format!(
+                    "Gather of {} (the batch moved or merged): only one constant index is \
+                     supported",
+                    v.describe()
+                )));
+            };
+            return self.index_view(n, v, a.int("axis", 0), (*i, *i + 1), true);
+        }
         let x = self.act(n, 0)?;
         let shape = self.shape(&x)?.clone();
         let axis = a.int("axis", 0);
@@ -135,7 +158,7 @@ impl Importer {
         let axes = match axes {
             Some(v) if !v.is_empty() => v,
             _ if a.int("noop_with_empty_axes", 0) != 0 => {
-                self.define(n, crate::onnx::view::Val::Ir(x));
+                self.define(n, Val::Ir(x));
                 return Ok(());
             }
             _ => (0..rank).collect(),
@@ -158,6 +181,51 @@ impl Importer {
         };
         self.emit(n, op, &[&x])?;
         Ok(())
+    }
+
+    /// Elements `start..end` (ONNX `Slice` bounds) of axis `axis` of layout view `v`;
+    /// `drop` removes the axis (`Gather` of one index).
+    fn index_view(
+        &mut self,
+        n: &NodeProto,
+        v: View,
+        axis: i64,
+        (start, end): (i64, i64),
+        drop: bool,
+    ) -> Result<(), GraphError> {
+        let err = |why: String| GraphError::node(label(n), why);
+        let what = if drop { "Gather" } else { "Slice" };
+        let atom = v.index_atom(axis, what).map_err(|e| err(e.to_string()))?;
+        let Sym::N(d) = v.atoms[atom] else {
+            unreachable!("index_atom returns fixed atoms")
+        };
+        let clamp = |i: i64| (if i < 0 { i + d } else { i }).clamp(0, d) as usize;
+        let (start, end) = (clamp(start), clamp(end));
+        if start >= end || (drop && end - start != 1) {
+            return Err(err(format!(
+                "{what} of elements {start}..{end} of an axis of {d} of {}",
+                v.describe()
+            )));
+        }
+        let mut x = v.ir.clone();
+        let split = v
+            .split_dims(self.shape(&x)?)
+            .map_err(|e| err(e.to_string()))?;
+        if let Some(shape) = split {
+            let name = self.fresh(n);
+            x = self.b.push(&name, Op::Reshape { shape }, &[&x])?;
+        }
+        if (start, end) != (0, d as usize) {
+            let name = self.fresh(n);
+            let op = Op::Slice {
+                axis: atom as i64,
+                start,
+                end,
+            };
+            x = self.b.push(&name, op, &[&x])?;
+        }
+        let v = v.sliced(x, atom, end - start, axis, drop);
+        self.define_view(n, v)
     }
 
     /// Slices `(axis, start, end)` of `x` one after another, the last one as `n`'s output.
@@ -187,7 +255,7 @@ impl Importer {
             let name = self.fresh(n);
             acc = self.b.push(&name, op, &[&acc])?;
         }
-        self.define(n, crate::onnx::view::Val::Ir(acc));
+        self.define(n, Val::Ir(acc));
         Ok(())
     }
 }

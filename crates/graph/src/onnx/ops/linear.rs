@@ -19,7 +19,8 @@ impl Importer {
             return Err(err("Gemm with transA = 1 is not supported".into()));
         }
         let s = self.shape(&x)?;
-        if s.rank() != 1 {
+        // Aligned to a layout that merged the batch ([T·B, features]) it is [B, T, features].
+        if s.rank() != 1 && self.wrap.is_none_or(|l| l.b_alone) {
             return Err(err(format!("Gemm needs a [B, features] input, got {s}")));
         }
         let w = self.konst(n, 1, "Gemm weight B")?;
@@ -131,7 +132,9 @@ impl Importer {
         };
         let name = self.emit(n, op, &[x])?;
         if let Some((f, _)) = folded {
-            self.vals.insert(f, Val::Ir(name.clone()));
+            // The folded `Add`'s output is what the layer's output is (maybe a layout view).
+            let v = self.vals[&n.output[0]].clone();
+            self.vals.insert(f, v);
         }
         let mut weights = vec![weight];
         if let Some((t, beta)) = bias {

@@ -13,6 +13,7 @@ mod reshape;
 use super::decode::Attrs;
 use super::import::{Importer, label};
 use super::proto::NodeProto;
+use super::view::Val;
 use crate::error::GraphError;
 
 /// Imports one node of the default domain; `usize` is its index in node order.
@@ -68,6 +69,21 @@ const OPS: &[(&str, Import)] = &[
     ("Unsqueeze", Importer::squeeze),
 ];
 
+/// Ops that read a layout view themselves (see [`crate::onnx::view`]).
+const LAYOUT_OPS: &[&str] = &[
+    "Cast",
+    "Gather",
+    "GRU",
+    "Identity",
+    "LSTM",
+    "Reshape",
+    "Shape",
+    "Slice",
+    "Squeeze",
+    "Transpose",
+    "Unsqueeze",
+];
+
 /// The op types of [`OPS`], for [`super::SUPPORTED_ONNX_OPS`].
 pub(super) const NAMES: [&str; OPS.len()] = {
     let mut names = [""; OPS.len()];
@@ -96,10 +112,51 @@ impl Importer {
         if self.shape_op(n, &a)? || self.fold(n, &a)? {
             return Ok(());
         }
-        match OPS.iter().find(|(op, _)| *op == n.op_type) {
-            Some((_, import)) => import(self, i, n, &a),
-            None => Err(unsupported(n, n.op_type.clone())),
+        let Some((_, import)) = OPS.iter().find(|(op, _)| *op == n.op_type) else {
+            return Err(unsupported(n, n.op_type.clone()));
+        };
+        if LAYOUT_OPS.contains(&n.op_type.as_str()) {
+            return import(self, i, n, &a);
         }
+        let touched = self.axes_touched(n, &a);
+        let restore = self.prepare_views(n, touched)?;
+        let done = import(self, i, n, &a);
+        self.wrap = None;
+        for (name, v) in restore {
+            self.vals.insert(name, v);
+        }
+        done
+    }
+
+    /// For an op that computes the same on any layout of the axes it does not touch:
+    /// how many trailing ONNX axes it touches (for an element-wise op, a constant
+    /// operand's rank).
+    /// `None` for the rest, which need their inputs batch-first.
+    fn axes_touched(&self, n: &NodeProto, a: &Attrs) -> Option<usize> {
+        let const_rank = (0..n.input.len())
+            .filter_map(|p| match self.vals.get(n.input[p].as_str()) {
+                Some(Val::Const(t)) => Some(t.dims.len()),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        Some(match n.op_type.as_str() {
+            "Relu" | "Gelu" | "Tanh" | "Sigmoid" | "HardSigmoid" | "HardSwish" | "Clip"
+            | "Dropout" => 0,
+            // A constant operand broadcasts against the trailing axes.
+            "Add" | "Mul" | "Div" | "Sum" | "Mean" => const_rank,
+            // A negative axis names the same axis once the batch is pulled out.
+            "Softmax" if a.int("axis", if self.opset < 13 { 1 } else { -1 }) < 0 => {
+                (-a.int("axis", -1)) as usize
+            }
+            "LayerNormalization" if a.int("axis", -1) < 0 => (-a.int("axis", -1)) as usize,
+            "Gemm" => 1,
+            "MatMul" => match self.vals.get(n.input.get(1)?.as_str()) {
+                Some(Val::Const(_)) => 1,
+                _ => 2,
+            },
+            _ => return None,
+        })
     }
 
     /// `Constant`: already evaluated before the nodes are imported.

@@ -4,8 +4,10 @@ use crate::error::GraphError;
 use crate::onnx::decode::{Attrs, positive};
 use crate::onnx::import::{Importer, label};
 use crate::onnx::proto::NodeProto;
-use crate::onnx::view::{Ax, Val, View};
+use crate::onnx::shapes::Sym;
+use crate::onnx::view::{Val, View};
 use crate::op::{Cell, Op, RnnBias};
+use crate::shape::Dim;
 
 impl Importer {
     /// `LSTM` and `GRU`; their output is a layout view until it is batch-first again.
@@ -31,7 +33,13 @@ impl Importer {
         let layout = a.int("layout", 0);
         let x = match (layout, self.val(n, 0)?.clone()) {
             (1, Val::Ir(x)) => x,
-            (0, Val::View(v)) if v.axes == [Ax::T, Ax::B, Ax::F] => v.ir,
+            (0, Val::View(v))
+                if v.groups.len() == 3
+                    && v.transpose(&[1, 0, 2]).is_ok_and(|t| t.batch_first()) =>
+            {
+                let t = v.transpose(&[1, 0, 2]).expect("checked");
+                self.align(n, &t)?.0
+            }
             (0, Val::Ir(_)) => {
                 return Err(err(format!(
                     "{} with layout 0 reads [T, B, features]; its input `{}` must come through \
@@ -89,20 +97,24 @@ impl Importer {
             let weights = rnn_weights(cell, dirs, hidden, input_size, &w, &r, &b);
             self.attach(&name, weights.into_iter().map(Some).collect());
         }
-        let axes = if layout == 1 {
-            vec![Ax::B, Ax::T, Ax::D, Ax::H]
+        // Y is [B, T, dirs·hidden] in the IR, [T, dirs, B, hidden] (layout 0) or
+        // [B, T, dirs, hidden] (layout 1) in ONNX.
+        let order = if layout == 1 {
+            vec![0, 1, 2, 3]
         } else {
-            vec![Ax::T, Ax::D, Ax::B, Ax::H]
+            vec![1, 2, 0, 3]
         };
-        self.define(
-            n,
-            Val::View(View {
-                ir: name.clone(),
-                axes,
-                dirs,
-                hidden,
-            }),
-        );
+        let seq = match self.shape(&name)?.0.first() {
+            Some(Dim::Fixed(t)) => Sym::N(*t as i64),
+            _ => Sym::Seq,
+        };
+        let y = View {
+            ir: name.clone(),
+            atoms: vec![Sym::Batch, seq, Sym::N(dirs as i64), Sym::N(hidden as i64)],
+            order,
+            groups: vec![1; 4],
+        };
+        self.define_view(n, y)?;
         for (k, out) in n.output.iter().enumerate().skip(1) {
             if !out.is_empty() {
                 let state = if k == 1 { "hidden" } else { "cell" };

@@ -1,14 +1,12 @@
 //! Reshaping ops: `Flatten`, `Reshape`, `Squeeze`/`Unsqueeze`, `Transpose`
-//! (of constants and of the recurrent layouts) and `Concat` of activations.
+//! (of constants, or of activations as layout views) and `Concat` of activations.
 
 use crate::error::GraphError;
 use crate::onnx::decode::{Attrs, positive, tensor_f32};
 use crate::onnx::import::{Importer, label};
 use crate::onnx::proto::{DataType, NodeProto, TensorProto};
 use crate::onnx::shapes::{squeeze, unsqueeze};
-use crate::onnx::view::{
-    Ax, LayoutError, Val, View, permutation, view_reshape, view_squeeze, view_transpose,
-};
+use crate::onnx::view::{LayoutError, Val, View, permutation};
 use crate::op::Op;
 use std::rc::Rc;
 
@@ -33,7 +31,8 @@ impl Importer {
         Ok(())
     }
 
-    /// `Reshape` of each sample, or of a recurrent layout view.
+    /// `Reshape` of each sample, or of a layout view (a reshape that moves or merges
+    /// the batch makes one).
     pub(super) fn reshape(
         &mut self,
         _i: usize,
@@ -41,44 +40,51 @@ impl Importer {
         a: &Attrs,
     ) -> Result<(), GraphError> {
         let err = |why: String| GraphError::node(label(n), why);
-        let target = self.reshape_target(n)?;
-        match self.val(n, 0)?.clone() {
-            Val::View(v) => {
-                let v = view_reshape(v, &target).map_err(|e| err(e.to_string()))?;
-                self.define(n, v);
-            }
-            _ => {
-                let x = self.act(n, 0)?;
-                let Some((&first, rest)) = target.split_first() else {
-                    return Err(err("Reshape to a scalar drops the batch".into()));
-                };
-                if !(first == 0 || first == -1 || Some(first) == self.batch) {
-                    return Err(err(format!(
-                        "Reshape to {target:?} changes the batch dimension; only \
-                         reshapes of each sample (leading 0 or -1) are supported"
-                    )));
-                }
-                if first == -1 && rest.contains(&-1) {
-                    return Err(err(format!("Reshape to {target:?} has two -1")));
-                }
-                if a.int("allowzero", 0) != 0 && rest.contains(&0) {
-                    return Err(err(format!(
-                        "Reshape to {target:?} with allowzero makes an empty tensor"
-                    )));
-                }
-                self.emit(
-                    n,
-                    Op::Reshape {
-                        shape: rest.to_vec(),
-                    },
-                    &[&x],
-                )?;
-            }
+        if let Val::View(v) = self.val(n, 0)?.clone() {
+            let (target, _) = self.ints_of(n, 1, "Reshape shape")?;
+            let v = v.reshape(&target).map_err(|e| err(e.to_string()))?;
+            return self.define_view(n, v);
         }
+        let x = self.act(n, 0)?;
+        let target = match self.reshape_target(n) {
+            Ok(target) => target,
+            Err(simple) => {
+                // The batch moves or merges: a view, or the reason of the plain reshape.
+                let (target, _) = self.ints_of(n, 1, "Reshape shape")?;
+                let s = self.shape(&x)?.clone();
+                let v = View::of(&x, &s).reshape(&target).map_err(|_| simple)?;
+                return self.define_view(n, v);
+            }
+        };
+        let Some((&first, rest)) = target.split_first() else {
+            return Err(err("Reshape to a scalar drops the batch".into()));
+        };
+        if !(first == 0 || first == -1 || Some(first) == self.batch) {
+            return Err(err(format!(
+                "Reshape to {target:?} changes the batch dimension; only \
+                 reshapes of each sample (leading 0 or -1) are supported"
+            )));
+        }
+        if first == -1 && rest.contains(&-1) {
+            return Err(err(format!("Reshape to {target:?} has two -1")));
+        }
+        if a.int("allowzero", 0) != 0 && rest.contains(&0) {
+            return Err(err(format!(
+                "Reshape to {target:?} with allowzero makes an empty tensor"
+            )));
+        }
+        self.emit(
+            n,
+            Op::Reshape {
+                shape: rest.to_vec(),
+            },
+            &[&x],
+        )?;
         Ok(())
     }
 
-    /// `Squeeze` and `Unsqueeze` of sample axes, or of the directions axis of a view.
+    /// `Squeeze` and `Unsqueeze` of sample axes, or of a layout view (an `Unsqueeze`
+    /// before the batch makes one).
     pub(super) fn squeeze(
         &mut self,
         _i: usize,
@@ -91,33 +97,45 @@ impl Importer {
         } else {
             a.ints("axes")
         };
-        match self.val(n, 0)?.clone() {
-            Val::View(v) if n.op_type == "Squeeze" => {
-                let v = view_squeeze(v, axes.as_deref()).map_err(|e| err(e.to_string()))?;
-                self.define(n, v);
+        let on_view = |v: &View| {
+            if n.op_type == "Squeeze" {
+                v.squeeze(axes.as_deref())
+            } else {
+                v.unsqueeze(axes.as_deref().unwrap_or_default())
             }
-            _ => {
-                let x = self.act(n, 0)?;
-                let s = self.shape(&x)?;
-                let dims = s.all_fixed().ok_or_else(|| {
-                    err(format!(
-                        "{} of {s}: the sequence length T is symbolic",
-                        n.op_type
-                    ))
-                })?;
-                let target = if n.op_type == "Squeeze" {
-                    squeeze(&dims, axes.as_deref())
-                } else {
-                    unsqueeze(&dims, axes.as_deref())
-                }
-                .map_err(|why| err(format!("{} of {s}: {why}", n.op_type)))?;
-                self.emit(n, Op::Reshape { shape: target }, &[&x])?;
-            }
+        };
+        if let Val::View(v) = self.val(n, 0)? {
+            let v = on_view(v).map_err(|e| err(e.to_string()))?;
+            return self.define_view(n, v);
         }
-        Ok(())
+        let x = self.act(n, 0)?;
+        let s = self.shape(&x)?.clone();
+        let target = match s.all_fixed() {
+            None => Err(format!(
+                "{} of {s}: the sequence length T is symbolic",
+                n.op_type
+            )),
+            Some(dims) if n.op_type == "Squeeze" => squeeze(&dims, axes.as_deref())
+                .map_err(|why| format!("{} of {s}: {why}", n.op_type)),
+            Some(dims) => unsqueeze(&dims, axes.as_deref())
+                .map_err(|why| format!("{} of {s}: {why}", n.op_type)),
+        };
+        match target {
+            Ok(target) => {
+                self.emit(n, Op::Reshape { shape: target }, &[&x])?;
+                Ok(())
+            }
+            Err(why) => match on_view(&View::of(&x, &s)) {
+                Ok(v) if !(n.op_type == "Squeeze" && v.dims().len() == s.rank() + 1) => {
+                    self.define_view(n, v)
+                }
+                _ => Err(err(why)),
+            },
+        }
     }
 
-    /// `Transpose` of a constant or of a recurrent layout; the IR has no transpose.
+    /// `Transpose` of a constant, or of an activation (a layout view until an op
+    /// computes on it).
     pub(super) fn transpose(
         &mut self,
         _i: usize,
@@ -125,37 +143,28 @@ impl Importer {
         a: &Attrs,
     ) -> Result<(), GraphError> {
         let err = |why: String| GraphError::node(label(n), why);
-        let v = self.val(n, 0)?.clone();
-        let rank = match &v {
-            Val::View(v) => v.axes.len(),
-            Val::Const(t) => t.dims.len(),
-            _ => self.shape(&self.act(n, 0)?)?.rank() + 1,
+        let v = match self.val(n, 0)?.clone() {
+            Val::Const(t) => {
+                let rank = t.dims.len();
+                let perm = a
+                    .ints("perm")
+                    .unwrap_or_else(|| (0..rank as i64).rev().collect());
+                let t = transpose_const(&t, &perm).map_err(|e| err(e.to_string()))?;
+                self.define(n, Val::Const(Rc::new(t)));
+                return Ok(());
+            }
+            Val::View(v) => v,
+            _ => {
+                let x = self.act(n, 0)?;
+                View::of(&x, &self.shape(&x)?.clone())
+            }
         };
+        let rank = v.groups.len();
         let perm = a
             .ints("perm")
             .unwrap_or_else(|| (0..rank as i64).rev().collect());
-        let out = match v {
-            Val::View(v) => view_transpose(v, &perm).map_err(|e| err(e.to_string()))?,
-            Val::Const(t) => Val::Const(Rc::new(
-                transpose_const(&t, &perm).map_err(|e| err(e.to_string()))?,
-            )),
-            Val::Ir(x) if perm.iter().copied().eq(0..rank as i64) => Val::Ir(x),
-            Val::Ir(x) if perm == [1, 0, 2] => View {
-                ir: x,
-                axes: vec![Ax::T, Ax::B, Ax::F],
-                dirs: 1,
-                hidden: 0,
-            }
-            .settle(),
-            _ => {
-                return Err(err(format!(
-                    "Transpose with perm {perm:?}: the IR has no transpose; only the \
-                     batch/time swaps around LSTM and GRU layers are supported"
-                )));
-            }
-        };
-        self.define(n, out);
-        Ok(())
+        let v = v.transpose(&perm).map_err(|e| err(e.to_string()))?;
+        self.define_view(n, v)
     }
 
     /// `Concat` of activations.
