@@ -162,13 +162,21 @@ impl Importer {
             }
             self.node(i, n)?;
         }
-        let out = &self.outputs[0];
-        let ir = match self.vals.get(out) {
-            Some(Val::Ir(ir)) => ir.clone(),
+        let out = self.outputs[0].clone();
+        let ir = match self.vals.get(&out).cloned() {
+            Some(Val::Ir(ir)) => ir,
+            // Batch-first again, only split or merged differently: reshaped for the loss.
+            Some(Val::View(v)) if v.batch_first() => {
+                let at = NodeProto {
+                    name: out.clone(),
+                    ..NodeProto::default()
+                };
+                self.align(&at, &v)?.0
+            }
             Some(Val::View(v)) => {
                 return Err(GraphError::Invalid(format!(
-                    "graph output `{out}` is `{}` in the recurrent layout {}; \
-                     the loss needs it back as [B, T, features]",
+                    "graph output `{out}` is `{}` seen as {} (the batch moved or merged); \
+                     the loss needs the batch first",
                     v.ir,
                     v.describe()
                 )));
