@@ -41,8 +41,47 @@ pub(super) fn dropout(x: Tensor<2>, rate: f32, train: bool) -> Tensor<2> {
         return x;
     }
     let keep = 1.0 - rate as f64;
+    if crate::cpu::available(&x) {
+        let (dims, device) = (x.dims(), x.device());
+        let mask = bernoulli_mask(dims[0] * dims[1], keep, &device);
+        return x * Tensor::<2>::from_data(TensorData::new(mask, dims), &device);
+    }
     let mask = Tensor::<2>::random(x.dims(), Distribution::Bernoulli(keep), &x.device());
     x * mask.div_scalar(keep as f32)
+}
+
+/// `len` values, each `1 / keep` with probability `keep` and 0 otherwise, drawn on
+/// the CPU's threads. Written by hand because burn's `Distribution::Bernoulli`
+/// draws each element through a ChaCha sampler: 19 % of a small GPT's step went
+/// there. Each chunk runs its own xoshiro generator (rand's `SmallRng`), seeded from
+/// burn's generator so a seeded run draws the same masks.
+fn bernoulli_mask(len: usize, keep: f64, device: &burn::tensor::Device) -> Vec<f32> {
+    use rand::rngs::SmallRng;
+    use rand::{RngCore, SeedableRng};
+    use rayon::prelude::*;
+    const CHUNK: usize = 1 << 16;
+    let seed_bits = Tensor::<1>::random([2], Distribution::Uniform(0.0, 1.0), device)
+        .into_data()
+        .try_to_vec::<f32>()
+        .unwrap_or_default();
+    let seed = seed_bits
+        .iter()
+        .fold(0u64, |acc, v| (acc << 32) | u64::from(v.to_bits()));
+    let threshold = (keep * 4_294_967_296.0) as u64;
+    let scale = (1.0 / keep) as f32;
+    let mut mask = vec![0.0f32; len];
+    mask.par_chunks_mut(CHUNK)
+        .enumerate()
+        .for_each(|(k, chunk)| {
+            let mut rng =
+                SmallRng::seed_from_u64(seed ^ (k as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            for m in chunk {
+                if u64::from(rng.next_u32()) < threshold {
+                    *m = scale;
+                }
+            }
+        });
+    mask
 }
 
 /// Stochastic depth: zeroes whole samples with probability `rate` while training
@@ -155,4 +194,23 @@ pub(super) fn causal_mask(k: &Kernel, x: Tensor<2>, b: usize) -> Tensor<2> {
         .collect();
     let mask = Tensor::<2>::from_data(TensorData::new(mask, [t, t]), &x.device());
     (x.reshape([outer, t, t]) + mask.unsqueeze::<3>()).reshape([b, k.out_elems()])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dropout_mask_keeps_the_asked_fraction_scaled() {
+        let device = burn::tensor::Device::default();
+        let (len, keep) = (1 << 20, 0.7);
+        let mask = bernoulli_mask(len, keep, &device);
+        let scale = (1.0 / keep) as f32;
+        assert!(mask.iter().all(|&m| m == 0.0 || m == scale));
+        let kept = mask.iter().filter(|&&m| m != 0.0).count() as f64 / len as f64;
+        // The fraction's standard deviation is 0.0005 here: 0.01 is 20 of them.
+        assert!((kept - keep).abs() < 0.01, "kept {kept}");
+        // Chunks draw different numbers.
+        assert_ne!(mask[..1 << 16], mask[1 << 16..2 << 16]);
+    }
 }
