@@ -121,6 +121,30 @@ class EncoderClassifier(nn.Module):
         return self.fc(first)
 
 
+class EncoderDecoder(nn.Module):
+    """nn.Transformer-style encoder-decoder over feature vectors: the decoder's
+    cross-attention reads the encoder's output; one class per position."""
+
+    def __init__(self, batch_first=True):
+        super().__init__()
+        self.batch_first = batch_first
+        self.proj = nn.Linear(FEATURES, 64)
+        enc = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.1, batch_first=batch_first)
+        dec = nn.TransformerDecoderLayer(64, 4, 128, dropout=0.1, batch_first=batch_first)
+        self.encoder = nn.TransformerEncoder(enc, 1, enable_nested_tensor=False)
+        self.decoder = nn.TransformerDecoder(dec, 1)
+        self.fc = nn.Linear(64, CLASSES)
+
+    def forward(self, x):
+        h = self.proj(x)
+        if not self.batch_first:
+            h = h.transpose(0, 1)
+        y = self.decoder(h, self.encoder(h))
+        if not self.batch_first:
+            y = y.transpose(0, 1)
+        return self.fc(y)
+
+
 class Gpt(nn.Module):
     """A GPT-style decoder: token and position embeddings, causal self-attention, next-token logits."""
 
@@ -162,6 +186,9 @@ MODELS = {
     "bilstm-tagger": (module(BiLstmTagger), ("tokens", (T,))),
     "encoder": (module(EncoderClassifier), ("float", (T, FEATURES))),
     "encoder-seq-first": (module(EncoderClassifier, batch_first=False), ("float", (T, FEATURES))),
+    "encoder-decoder": (module(EncoderDecoder), ("float", (T, FEATURES))),
+    "encoder-decoder-seq-first": (module(EncoderDecoder, batch_first=False),
+                                  ("float", (T, FEATURES))),
     "gpt": (module(Gpt), ("tokens", (T,))),
 }
 

@@ -552,3 +552,35 @@ fn a_reshape_that_splits_the_batch_names_the_node() {
         "{err}"
     );
 }
+
+/// Cross-attention (`nn.TransformerDecoder`) projects the memory with rows
+/// `E..3E` of the packed in-projection, sliced at sizes read from a shape: folded
+/// into one weight.
+#[test]
+fn a_weight_sliced_at_a_computed_size_folds() {
+    let mut n = Net::new("cross-kv");
+    n.input("x", &format!("batch,{T},{E}"));
+    let e = size_of(&mut n, "kv", "x", 2);
+    let start = unsqueezed(&mut n, "kv", &e);
+    n.init(int64s("end", &[3 * E])).init(int64s("axis0", &[0]));
+    n.weight("in_proj_weight", &[3 * E, E]);
+    n.node(
+        "Slice",
+        "/kv/Slice",
+        &["in_proj_weight", &start, "end", "axis0"],
+        &["w_kv"],
+        vec![],
+    );
+    n.node(
+        "Transpose",
+        "/kv/T",
+        &["w_kv"],
+        &["w_kv_t"],
+        vec![ints("perm", &[1, 0])],
+    );
+    n.node("MatMul", "/kv/MatMul", &["x", "w_kv_t"], &["out"], vec![]);
+    n.output("out");
+    let g = onnx::parse(&n.bytes()).unwrap();
+    assert_eq!(g.param_count(), (2 * E * E) as u64);
+    assert_eq!(g.nodes[0].shape.to_string(), format!("[B, {T}, {}]", 2 * E));
+}

@@ -173,9 +173,15 @@ impl Importer {
             data
         };
         // Only constants in, like an embedding's ids: left to the op's import otherwise.
+        // Indices may also be shape values (`in_proj_weight[E:]` sliced at a size).
+        let fixed_ints = |v: &[Sym]| v.iter().all(|s| matches!(s, Sym::N(_)));
         let all_const = (0..n.input.len())
             .filter(|&p| Self::has_input(n, p))
-            .all(|p| matches!(self.vals.get(n.input[p].as_str()), Some(Val::Const(_))));
+            .all(|p| match self.vals.get(n.input[p].as_str()) {
+                Some(Val::Const(_)) => true,
+                Some(Val::Ints { v, .. }) => p > 0 && fixed_ints(v),
+                _ => false,
+            });
         if !all_const {
             return Ok(false);
         }
@@ -188,6 +194,21 @@ impl Importer {
                 Some(Val::Const(t)) => tensor_ints(t)
                     .map(|v| Some((v, t.dims.clone())))
                     .map_err(|e| e.to_string()),
+                Some(Val::Ints { v, scalar }) => {
+                    let ints: Vec<i64> = v
+                        .iter()
+                        .map(|s| match s {
+                            Sym::N(k) => *k,
+                            _ => unreachable!("checked: fixed"),
+                        })
+                        .collect();
+                    let dims = if *scalar {
+                        vec![]
+                    } else {
+                        vec![ints.len() as i64]
+                    };
+                    Ok(Some((ints, dims)))
+                }
                 _ => Err(format!(
                     "input `{}` must be a constant to fold {op} of a constant",
                     n.input[pos]
