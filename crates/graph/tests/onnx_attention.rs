@@ -584,3 +584,19 @@ fn a_weight_sliced_at_a_computed_size_folds() {
     assert_eq!(g.param_count(), (2 * E * E) as u64);
     assert_eq!(g.nodes[0].shape.to_string(), format!("[B, {T}, {}]", 2 * E));
 }
+
+/// `ConstantOfShape` of fixed sizes is a constant (here zeros added, so nothing);
+/// only one of a shape holding the batch starts a random mask.
+#[test]
+fn constant_of_a_fixed_shape_is_a_constant() {
+    let mut n = Net::new("zeros");
+    n.input("x", &format!("batch,{E}"));
+    n.init(int64s("shape", &[E]));
+    n.node("ConstantOfShape", "/zeros", &["shape"], &["z"], vec![]);
+    n.node("Add", "/add", &["x", "z"], &["y"], vec![]);
+    n.node("Relu", "/relu", &["y"], &["out"], vec![]);
+    n.output("out");
+    let g = onnx::parse(&n.bytes()).unwrap();
+    assert_eq!(g.nodes.len(), 1);
+    assert_eq!(g.nodes[0].inputs, ["x"]);
+}

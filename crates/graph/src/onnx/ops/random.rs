@@ -6,32 +6,59 @@
 //! [`Op::Dropout`] for a mask of the activation's shape.
 
 use crate::error::GraphError;
-use crate::onnx::decode::Attrs;
+use crate::onnx::decode::{Attrs, tensor_f32};
 use crate::onnx::import::{Importer, label};
-use crate::onnx::proto::NodeProto;
+use crate::onnx::proto::{DataType, NodeProto, TensorProto};
 use crate::onnx::shapes::Sym;
 use crate::onnx::view::{Mask, Val};
 use crate::op::Op;
 use crate::shape::Dim;
+use std::rc::Rc;
 
 impl Importer {
-    /// `ConstantOfShape` of a computed shape: the start of a random mask.
+    /// `ConstantOfShape`: the start of a random mask when the shape holds the batch,
+    /// else a constant.
     pub(super) fn constant_of_shape(
         &mut self,
         _i: usize,
         n: &NodeProto,
-        _a: &Attrs,
+        a: &Attrs,
     ) -> Result<(), GraphError> {
         let (shape, _) = self.ints_of(n, 0, "ConstantOfShape shape")?;
-        self.define(
-            n,
-            Val::Mask(Mask {
+        let fixed: Option<Vec<i64>> = shape
+            .iter()
+            .map(|s| match s {
+                Sym::N(k) if *k >= 0 => Some(*k),
+                _ => None,
+            })
+            .collect();
+        // Of a shape with the batch in it: a random mask being built. Of fixed sizes: a
+        // constant (a zero tensor, a mask's ones) folded where it is used.
+        let val = match fixed {
+            Some(dims) => {
+                let fill = a
+                    .get("value")
+                    .and_then(|v| v.t.as_ref())
+                    .and_then(tensor_f32)
+                    .and_then(|v| v.first().copied())
+                    .unwrap_or(0.0);
+                let len = dims.iter().product::<i64>() as usize;
+                Val::Const(Rc::new(TensorProto {
+                    name: n.output.first().cloned().unwrap_or_default(),
+                    dims,
+                    data_type: DataType::Float as i32,
+                    float_data: vec![fill; len],
+                    ..Default::default()
+                }))
+            }
+            None => Val::Mask(Mask {
                 shape,
                 uniform: false,
                 keep: None,
                 scale: 1.0,
             }),
-        );
+        };
+        self.define(n, val);
         Ok(())
     }
 
@@ -44,6 +71,13 @@ impl Importer {
     ) -> Result<(), GraphError> {
         let mask = match self.val(n, 0)? {
             Val::Mask(m) if !m.uniform => m.clone(),
+            // A model exported at a fixed batch: the filled tensor was folded.
+            Val::Const(t) if !t.dims.is_empty() => Mask {
+                shape: t.dims.iter().map(|&d| Sym::N(d)).collect(),
+                uniform: false,
+                keep: None,
+                scale: 1.0,
+            },
             _ => {
                 return Err(GraphError::node(
                     label(n),
