@@ -165,6 +165,15 @@ class Gpt(nn.Module):
         return self.head(self.norm(h))
 
 
+def vit_tiny():
+    """torchvision's VisionTransformer, small: a class token, learned positions,
+    nn.MultiheadAttention blocks."""
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    return VisionTransformer(image_size=32, patch_size=4, num_layers=2, num_heads=4,
+                             hidden_dim=64, mlp_dim=128, num_classes=CLASSES)
+
+
 def module(cls, *args, **kwargs):
     return lambda: cls(*args, **kwargs)
 
@@ -190,6 +199,7 @@ MODELS = {
     "encoder-decoder-seq-first": (module(EncoderDecoder, batch_first=False),
                                   ("float", (T, FEATURES))),
     "gpt": (module(Gpt), ("tokens", (T,))),
+    "vit-tiny": (vit_tiny, ("float", IMAGE)),
 }
 
 

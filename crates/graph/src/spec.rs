@@ -219,6 +219,11 @@ fn add_layer(g: &mut GraphBuilder, name: &str, k: &mut Keys) -> Result<(), Graph
                     shape: k.usize_list("shape")?,
                 },
                 "causal_mask" => Op::CausalMask,
+                "concat_param" => Op::ConcatParam {
+                    axis: k.i64_or("axis", 1)?,
+                    shape: k.usize_list("shape")?,
+                    first: k.bool_or("first", true)?,
+                },
                 "flatten" => Op::Flatten,
                 "reshape" => Op::Reshape {
                     shape: k.i64_list("shape")?,

@@ -113,7 +113,7 @@ pub struct Memory {
     /// A buffer counted in every moment's fixed bytes that exists only from
     /// `gemm_buffer_from_batch` on (burn on a CPU: gemm's packing buffer).
     pub gemm_buffer_bytes: Bytes,
-    /// The smallest batch at which `gemm_buffer_bytes` exists (0: always).
+    /// The smallest batch at which `gemm_buffer_bytes` exists (0: always; `u64::MAX`: never).
     pub gemm_buffer_from_batch: u64,
     /// Buffers counted in every moment's fixed bytes that exist only from
     /// `gemm_pool_from_batch` on (burn on a CPU: the packing buffers of the thread pool's
@@ -279,7 +279,7 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
     let mut forward_ws = Vec::with_capacity(n);
     let mut param_bytes = Vec::with_capacity(n);
     let mut workspace_max = 0u64;
-    let mut packs_at_one = false; // a matrix-matrix product at batch 1
+    let mut slab_from: Option<u64> = None; // the batch from which gemm uses its slab
     let mut pool_from: Option<u64> = None; // the smallest batch a product is split at
     let mut flops = 0.0;
     // Per-sample bytes of each tensor each node keeps for backward (its extra first),
@@ -357,7 +357,9 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         forward_live.push(rules.forward_live(&node.op, &sizes, act, loose, extra));
         forward_ws.push(rules.forward_workspace(&node.op, &sizes, act));
         workspace_max = workspace_max.max(rules.workspace(&node.op, &sizes, act));
-        packs_at_one |= rules.packs_at_batch_one(&node.op, &sizes);
+        if let Some(b) = rules.gemm_slab_from(&node.op, &sizes) {
+            slab_from = Some(slab_from.map_or(b, |p: u64| p.min(b)));
+        }
         if let Some(b) = rules.pool_from_batch(&node.op, &sizes) {
             pool_from = Some(pool_from.map_or(b, |p| p.min(b)));
         }
@@ -599,7 +601,7 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
             outside_pools: WGPU_OUTSIDE_POOLS,
         }
     });
-    let (gemm_buffer_bytes, gemm_buffer_from_batch) = rules.gemm_buffer(packs_at_one);
+    let (gemm_buffer_bytes, gemm_buffer_from_batch) = rules.gemm_buffer(slab_from);
     let memory = Memory {
         fixed_bytes: fixed.total(),
         per_sample_bytes: per_sample.total,

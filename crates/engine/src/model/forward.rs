@@ -128,6 +128,11 @@ fn run_canonical(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: 
         Op::Transpose { perm } => reshape::transpose(k, first(), b, perm),
         Op::AddParam { shape } => elementwise::add_param(k, p, first(), b, shape),
         Op::CausalMask => elementwise::causal_mask(k, first(), b),
+        Op::ConcatParam {
+            axis,
+            first: at_start,
+            ..
+        } => reshape::concat_param(k, p, first(), b, *axis, *at_start),
         Op::Reduce { reduce, axes, .. } => reshape::reduce(k, first(), b, *reduce, axes),
         Op::Add | Op::Mul => {
             let x = first();

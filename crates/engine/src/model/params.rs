@@ -216,7 +216,7 @@ fn engine_layout(op: &Op, param: &batchfit_graph::Param) -> Layout {
     let transposed = matches!(op, Op::Linear { .. } | Op::Rnn { .. }) && param.shape.len() == 2;
     let shape = if transposed {
         vec![param.shape[1], param.shape[0]]
-    } else if matches!(op, Op::AddParam { .. }) {
+    } else if matches!(op, Op::AddParam { .. } | Op::ConcatParam { .. }) {
         // Flat: it broadcasts as one run of the sample's axes (elementwise `add_param`).
         vec![param.elements() as usize]
     } else {
@@ -250,7 +250,7 @@ fn random_start(op: &Op, param: &batchfit_graph::Param) -> Start {
             return Start::Constant(if param.name == "weight" { 1.0 } else { 0.0 });
         }
         // A positional embedding starts at zeros (`nn.Parameter(torch.zeros(..))`).
-        Op::AddParam { .. } => return Start::Constant(0.0),
+        Op::AddParam { .. } | Op::ConcatParam { .. } => return Start::Constant(0.0),
         _ => unreachable!("{} has no parameters", op.name()),
     };
     Start::Uniform { fan_in }

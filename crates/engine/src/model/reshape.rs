@@ -3,6 +3,7 @@
 //! and reshape need no code: values are `[B, elements]` whatever their shape.
 
 use super::compile::Kernel;
+use super::params::Params;
 use super::{Value, float, prod};
 use batchfit_graph::ReduceKind;
 use burn::tensor::Tensor;
@@ -94,4 +95,31 @@ pub(super) fn transpose(k: &Kernel, x: Tensor<2>, b: usize, perm: &[usize]) -> T
         5 => permuted!(6),
         _ => unreachable!("checked by check_trainable"),
     }
+}
+
+/// `x` and a learned tensor (stored flat, the same for every sample) concatenated
+/// along `axis`, the tensor first or last: ViT's class token.
+pub(super) fn concat_param(
+    k: &Kernel,
+    p: &Params,
+    x: Tensor<2>,
+    b: usize,
+    axis: i64,
+    first: bool,
+) -> Tensor<2> {
+    let d = &k.in_dims[0];
+    let a = axis_index(d.len(), axis);
+    let (before, after) = (prod(&d[..a]), prod(&d[a + 1..]));
+    let along = k.out_dims[a] - d[a];
+    let learned = p
+        .t1(k.params[0])
+        .reshape([1, before, along, after])
+        .expand([b, before, along, after]);
+    let x = x.reshape([b, before, d[a], after]);
+    let parts = if first {
+        vec![learned, x]
+    } else {
+        vec![x, learned]
+    };
+    Tensor::cat(parts, 2).reshape([b, k.out_elems()])
 }

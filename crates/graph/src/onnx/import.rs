@@ -181,7 +181,7 @@ impl Importer {
                     v.describe()
                 )));
             }
-            Some(Val::Const(_) | Val::Ints { .. } | Val::Mask(_)) => {
+            Some(Val::Const(_) | Val::Ints { .. } | Val::Mask(_) | Val::Broadcast(_)) => {
                 return Err(GraphError::Invalid(format!(
                     "graph output `{out}` is a constant, a shape or a random mask"
                 )));
@@ -263,6 +263,14 @@ impl Importer {
                     "input `{name}` is a random mask where {} expects an activation; only \
                      `x * mask` (dropout, stochastic depth) is supported",
                     n.op_type
+                ),
+            )),
+            Val::Broadcast(t) => Err(GraphError::node(
+                label(n),
+                format!(
+                    "input `{name}` is initializer `{}` expanded over the batch where {} \
+                     expects an activation; only a Concat of it (a class token) is supported",
+                    t.name, n.op_type
                 ),
             )),
             Val::Unusable(why) => Err(GraphError::node(label(n), format!("input `{name}`: {why}"))),

@@ -148,6 +148,13 @@ impl Importer {
             "Shape" => {
                 let v = match self.val(n, 0)? {
                     Val::View(view) => view.dims(),
+                    Val::Ints { v, scalar } => {
+                        if *scalar {
+                            vec![]
+                        } else {
+                            vec![Sym::N(v.len() as i64)]
+                        }
+                    }
                     _ => {
                         let x = self.act(n, 0)?;
                         let mut v = vec![Sym::Batch];
@@ -199,6 +206,38 @@ impl Importer {
                         )));
                     }
                 }
+            }
+            // `expand(B, -1, -1)` exports `Where(shape == -1, 1, shape)`: the batch and
+            // the sequence length are positive, so never equal to a number below 1.
+            "Equal" if self.is_ints(n, 0) && self.is_ints(n, 1) => {
+                let (p, ps) = self.ints_of(n, 0, "operand")?;
+                let (q, qs) = self.ints_of(n, 1, "operand")?;
+                let len = p.len().max(q.len());
+                let v = (0..len)
+                    .map(|k| match (p[k.min(p.len() - 1)], q[k.min(q.len() - 1)]) {
+                        (Sym::N(x), Sym::N(y)) => Ok(Sym::N(i64::from(x == y))),
+                        (Sym::N(x), _) | (_, Sym::N(x)) if x < 1 => Ok(Sym::N(0)),
+                        (x, y) => Err(err(format!(
+                            "Equal of {x} and {y} in a shape computation is not known"
+                        ))),
+                    })
+                    .collect::<Result<_, _>>()?;
+                (v, ps && qs)
+            }
+            "Where" if (0..3).all(|p| self.is_ints(n, p)) => {
+                let (c, _) = self.ints_of(n, 0, "condition")?;
+                let (x, _) = self.ints_of(n, 1, "operand")?;
+                let (y, _) = self.ints_of(n, 2, "operand")?;
+                let len = c.len().max(x.len()).max(y.len());
+                let at = |v: &[Sym], k: usize| v[k.min(v.len() - 1)];
+                let v = (0..len)
+                    .map(|k| match at(&c, k) {
+                        Sym::N(0) => Ok(at(&y, k)),
+                        Sym::N(_) => Ok(at(&x, k)),
+                        other => Err(err(format!("Where on condition {other}"))),
+                    })
+                    .collect::<Result<_, _>>()?;
+                (v, false)
             }
             "Concat" if (0..n.input.len()).any(|p| self.is_ints(n, p)) => {
                 let mut v = Vec::new();

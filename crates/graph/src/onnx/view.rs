@@ -525,6 +525,9 @@ pub(super) enum Val {
     /// `shape` filled by `ConstantOfShape`, made uniform by `RandomUniformLike`, compared
     /// with `Less` (`keep`), scaled by `Div`/`Mul` (`scale`).
     Mask(Mask),
+    /// An initializer `[1, dims..]` expanded over the batch (`cls_token.expand(B, -1, -1)`):
+    /// a learned tensor the same for every sample, until a `Concat` takes it.
+    Broadcast(Rc<TensorProto>),
     /// A tensor the IR does not model, with the reason.
     Unusable(String),
 }

@@ -158,6 +158,21 @@ impl Op {
                 }
                 Ok(x.clone())
             }
+            Op::ConcatParam { axis, shape, .. } => {
+                let a = sample_axis(x, *axis)?;
+                let fits = shape.len() == x.rank()
+                    && (0..x.rank()).all(|k| k == a || x.0[k] == Dim::Fixed(shape[k]));
+                match (fits, x.0[a]) {
+                    (true, Dim::Fixed(d)) => {
+                        let mut out = x.0.clone();
+                        out[a] = Dim::Fixed(d + shape[a]);
+                        Ok(Shape(out))
+                    }
+                    _ => Err(ShapeError(format!(
+                        "cannot concatenate a parameter of shape {shape:?} with {x} along axis {axis}"
+                    ))),
+                }
+            }
             Op::CausalMask => {
                 let r = x.rank();
                 if r < 2 || x.0[r - 1] != x.0[r - 2] {

@@ -197,6 +197,14 @@ pub enum Op {
     AddParam {
         shape: Vec<usize>,
     },
+    /// A learned tensor of `shape`, the same for every sample, concatenated with the input
+    /// along `axis`, before it (`first`) or after: ViT's class token
+    /// (`torch.cat((cls_token.expand(B, -1, -1), x), dim=1)`).
+    ConcatParam {
+        axis: i64,
+        shape: Vec<usize>,
+        first: bool,
+    },
     /// A causal attention mask over the last two axes `[.., T, T]`: entries above the
     /// diagonal become -inf (`scores + generate_square_subsequent_mask(T)`, `is_causal`).
     CausalMask,
@@ -296,6 +304,7 @@ pub const OP_NAMES: &[&str] = &[
     "transpose",
     "add_param",
     "causal_mask",
+    "concat_param",
     "softmax",
     "maxpool",
     "avgpool",
@@ -345,6 +354,7 @@ impl Op {
             Op::Transpose { .. } => "transpose",
             Op::AddParam { .. } => "add_param",
             Op::CausalMask => "causal_mask",
+            Op::ConcatParam { .. } => "concat_param",
             Op::Softmax { .. } => "softmax",
             Op::Pool {
                 pool: PoolKind::Max,
@@ -413,7 +423,9 @@ impl Op {
                 Param::new("bias", &[features]),
             ],
             Op::Embedding { vocab, dim } => vec![Param::new("weight", &[vocab, dim])],
-            Op::AddParam { ref shape } => vec![Param::new("weight", shape)],
+            Op::AddParam { ref shape } | Op::ConcatParam { ref shape, .. } => {
+                vec![Param::new("weight", shape)]
+            }
             Op::Rnn {
                 cell,
                 input_size,

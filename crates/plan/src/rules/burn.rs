@@ -52,6 +52,16 @@ pub fn im2col_chunks(b: usize) -> usize {
         .unwrap_or(1)
 }
 
+/// Whether gemm (gemm-common 0.19, f32 on x86-64 with AVX2: 8 lanes, 16-row
+/// microkernels, so `mc` at most 128) packs a product with `m` rows through its
+/// per-thread slab rather than a per-call buffer: `m > 2 mc`, or `m` a multiple of the
+/// lanes with a unit lhs row stride (`gemm_basic_generic`'s `do_prepack_lhs`).
+pub fn gemm_uses_slab(m: u64, unit_lhs_stride: bool) -> bool {
+    const LANES: u64 = 8;
+    const TWICE_MAX_MC: u64 = 2 * 8 * 16;
+    m > TWICE_MAX_MC || (m > 1 && unit_lhs_stride && m.is_multiple_of(LANES))
+}
+
 /// Most chunks [`im2col_chunks`] makes: enough for the cores of a desktop CPU, and
 /// the weight-gradient partials stay a small fixed cost (the plan counts this many).
 pub const IM2COL_MAX_CHUNKS: usize = 16;
@@ -225,7 +235,10 @@ impl RuntimeRules for Burn {
             // `permute` keeps the axes, the reshape that copies it back to `[B, elements]` its
             // shape; the learned addend's and the causal mask's `add` keep nothing (the mask
             // is an untracked constant).
-            Op::Transpose { .. } | Op::AddParam { .. } | Op::CausalMask => none,
+            Op::Transpose { .. }
+            | Op::AddParam { .. }
+            | Op::ConcatParam { .. }
+            | Op::CausalMask => none,
             // `float_mul` keeps each factor when the other one is tracked.
             Op::Mul => inputs,
             // The engine's dropout is `x * mask` with an untracked f32 mask: `float_mul` keeps
@@ -446,6 +459,9 @@ impl RuntimeRules for Burn {
             | Op::Concat { .. }
             | Op::Add
             | Op::CausalMask => one(out),
+            // `cat` backward slices dy; the expanded parameter's gradient sums its slice
+            // over the batch.
+            Op::ConcatParam { .. } => one(out),
             // The learned addend's gradient is dy summed over the axes it broadcasts on.
             Op::AddParam { .. } => one(out),
             // The inverse `permute` of dy is a view; the reshape back copies it into dx.
@@ -492,8 +508,11 @@ impl RuntimeRules for Burn {
             Op::BatchNorm { .. } | Op::LayerNorm { .. } => one(out + dx + input),
             // The fused LSTM's backward (both directions at once, one per thread): the output's
             // gradient, each direction's projection gradient `[T, 4H]` and its h_{t-1} rows
-            // `[T, H]`, and the recurrent weights' gradients; each direction's thread keeps a
-            // gemm packing buffer besides the one the plan counts for the step. Then each
+            // `[T, H]`, and the recurrent weights' gradients; a bidirectional layer runs its
+            // directions on the pool's threads (`rayon::join`), each keeping a gemm packing
+            // buffer besides the one the plan counts for the step (one direction runs on the
+            // calling thread, in that one), when its `[B, H] x [H, 4H]` products pack through
+            // the slab at all (`gemm_uses_slab`). Then each
             // projection's `matmul` makes dx (and its twin) and the input weight's gradient
             // while the projection gradients are alive.
             Op::Rnn {
@@ -510,7 +529,11 @@ impl RuntimeRules for Burn {
                     BackwardMoment {
                         bytes: (out + dirs * steps * (g + h)) * act,
                         param_elems: dirs * hh,
-                        fixed_workspace: dirs.min(cpu.threads) * cpu.gemm_slab,
+                        fixed_workspace: if dirs == 2 && gemm_uses_slab(g, true) {
+                            dirs.min(cpu.threads) * cpu.gemm_slab
+                        } else {
+                            0
+                        },
                         ..BackwardMoment::default()
                     },
                     BackwardMoment {
@@ -570,15 +593,46 @@ impl RuntimeRules for Burn {
         0
     }
 
-    /// Burn (flex): whether `op` multiplies matrices, not a matrix and a vector, at batch 1,
-    /// which makes gemm pack and allocate its buffer. A linear layer on one row per sample
-    /// makes only matrix-vector products at batch 1 (x W and dy W^T have one row, x^T dy a
-    /// depth of one), which gemm-common's `gemm_basic_generic` hands to `gemv`/`gevv`.
-    fn packs_at_batch_one(&self, op: &Op, s: &Sizes) -> bool {
+    /// Burn (flex): from which batch one of `op`'s products makes gemm use its per-thread
+    /// slab (gemm-common 0.19 `gemm_basic_generic`). gemm computes a row-major product
+    /// transposed, so its `m` is the output's column count and its lhs the right operand
+    /// transposed. A product with one output row (`n` = 1) or a depth of at most 2 goes to
+    /// `gemv`/`gevv`; the rest pack the lhs into a per-call buffer instead of the slab when
+    /// `m <= 2 mc && (m % lanes != 0 || lhs_rs != 1)` ([`gemm_uses_slab`]). A linear layer's
+    /// `x W` and `x^T dy` have `m` = out features and a unit lhs stride; `dy W^T` has
+    /// `m` = in features and a strided lhs. A linear layer on one row per sample makes
+    /// only matrix-vector products at batch 1.
+    fn gemm_slab_from(&self, op: &Op, s: &Sizes) -> Option<u64> {
+        let out_cols = s.out_dims.last().copied().unwrap_or(1) as u64;
         match op {
-            Op::Linear { in_features, .. } => s.inputs[0] / (*in_features as u64).max(1) > 1,
-            Op::Conv { .. } | Op::MatMul | Op::Rnn { .. } => true,
-            _ => false,
+            Op::Linear {
+                in_features,
+                out_features,
+                ..
+            } => {
+                let rows = s.inputs[0] / (*in_features as u64).max(1);
+                let (i, o) = (*in_features as u64, *out_features as u64);
+                let used = (i > 2 && gemm_uses_slab(o, true))
+                    || (s.input_tracked && gemm_uses_slab(i, false));
+                used.then(|| 2u64.div_ceil(rows.max(1)))
+            }
+            // The im2col products: `m` = output channels (per group), unit lhs stride.
+            Op::Conv {
+                out_channels,
+                groups,
+                ..
+            } => gemm_uses_slab((*out_channels / (*groups).max(1)) as u64, true).then_some(1),
+            // [.., M, K] x [.., K, N]: `m` = N for the product and the right operand's
+            // gradient; the left operand's gradient has `m` = K and a strided lhs.
+            Op::MatMul => {
+                let k = s.in_dims.last().copied().unwrap_or(1) as u64;
+                let rows = s.out_dims.iter().rev().nth(1).copied().unwrap_or(1) as u64;
+                let used = rows > 1 && (gemm_uses_slab(out_cols, true) || gemm_uses_slab(k, false));
+                used.then_some(1)
+            }
+            // The engine's LSTM/GRU products (`cpu::gemm_into`) on every step.
+            Op::Rnn { .. } => Some(1),
+            _ => None,
         }
     }
 
@@ -678,11 +732,11 @@ impl RuntimeRules for Burn {
 
     /// On a CPU, gemm's packing buffer exists from batch 1 if some product is matrix-matrix
     /// there, else from batch 2.
-    fn gemm_buffer(&self, packs_at_one: bool) -> (Bytes, u64) {
+    fn gemm_buffer(&self, slab_from: Option<u64>) -> (Bytes, u64) {
         if self.gpu {
             (Bytes(0), 0)
         } else {
-            (Bytes(self.cpu.gemm_slab), if packs_at_one { 1 } else { 2 })
+            (Bytes(self.cpu.gemm_slab), slab_from.unwrap_or(u64::MAX))
         }
     }
 }
@@ -842,12 +896,46 @@ mod tests {
     }
 
     #[test]
+    fn gemm_uses_its_slab_for_lane_multiples_and_tall_products() {
+        // gemm-common's do_prepack_lhs: m <= 2 mc (mc <= 128) and m % 8 != 0 or a strided lhs.
+        assert!(gemm_uses_slab(64, true));
+        assert!(!gemm_uses_slab(26, true));
+        assert!(!gemm_uses_slab(64, false));
+        assert!(gemm_uses_slab(257, false));
+        assert!(!gemm_uses_slab(1, true));
+        // seed 2's conv has 26 output channels: no slab at batch 1. A classifier with 10
+        // classes on one row per sample: its products never use it.
+        let conv = Op::Conv {
+            in_channels: 26,
+            out_channels: 26,
+            window: batchfit_graph::Window::square(2, 3, 1, 1),
+            groups: 1,
+            bias: true,
+        };
+        let s = sizes(&[26 * 81], 26 * 81, &[26, 9, 9], &[26, 9, 9]);
+        assert_eq!(CPU.gemm_slab_from(&conv, &s), None);
+        let fc = |i: usize, o: usize| Op::Linear {
+            in_features: i,
+            out_features: o,
+            bias: true,
+        };
+        let s = sizes(&[64], 10, &[64], &[10]);
+        assert_eq!(CPU.gemm_slab_from(&fc(64, 10), &s), None);
+        let s = sizes(&[64], 32, &[64], &[32]);
+        assert_eq!(CPU.gemm_slab_from(&fc(64, 32), &s), Some(2));
+        // Rows of a sequence: a matrix product from batch 1.
+        let s = sizes(&[5 * 64], 5 * 32, &[5, 64], &[5, 32]);
+        assert_eq!(CPU.gemm_slab_from(&fc(64, 32), &s), Some(1));
+    }
+
+    #[test]
     fn gemm_buffer_only_on_a_cpu() {
         assert_eq!(CPU.runtime_bytes(), Bytes(512 * 1024));
-        assert_eq!(CPU.gemm_buffer(false), (Bytes(512 * 1024), 2));
+        assert_eq!(CPU.gemm_buffer(Some(2)), (Bytes(512 * 1024), 2));
+        assert_eq!(CPU.gemm_buffer(None), (Bytes(512 * 1024), u64::MAX));
         let gpu = Burn { gpu: true, ..CPU };
         assert_eq!(
-            (gpu.runtime_bytes(), gpu.gemm_buffer(true)),
+            (gpu.runtime_bytes(), gpu.gemm_buffer(Some(1))),
             (Bytes(0), (Bytes(0), 0))
         );
     }

@@ -102,9 +102,9 @@ pub trait RuntimeRules {
     /// Per-sample bytes of `op`'s kernel workspace, reported as `per_sample.workspace`.
     fn workspace(&self, op: &Op, s: &Sizes, act: u64) -> u64;
 
-    /// Whether `op` multiplies matrices (not a matrix and a vector) at batch 1, which
-    /// makes a CPU gemm allocate its packing buffer.
-    fn packs_at_batch_one(&self, op: &Op, s: &Sizes) -> bool;
+    /// The smallest batch from which one of `op`'s matrix products on the calling thread
+    /// makes a CPU gemm use its per-thread packing buffer; `None` when none ever does.
+    fn gemm_slab_from(&self, op: &Op, s: &Sizes) -> Option<u64>;
 
     /// Per-sample elements the loss's backward holds besides the tensors the loss keeps.
     fn loss_backward_elems(&self, kind: LossKind, logits: u64) -> u64;
@@ -130,9 +130,9 @@ pub trait RuntimeRules {
     fn rounding_bytes(&self, nodes: usize) -> Bytes;
 
     /// A buffer counted in [`RuntimeRules::runtime_bytes`] that exists only from some batch
-    /// on: its bytes and that batch (`0` when there is none). `packs_at_one`: whether some
-    /// node packs at batch 1.
-    fn gemm_buffer(&self, packs_at_one: bool) -> (Bytes, u64);
+    /// on: its bytes and that batch (`0` when there is none). `slab_from`: the smallest
+    /// [`RuntimeRules::gemm_slab_from`] of the graph's nodes.
+    fn gemm_buffer(&self, slab_from: Option<u64>) -> (Bytes, u64);
 
     /// The smallest batch at which one of `op`'s matrix products is large enough for the
     /// runtime to split it across its thread pool, whose threads then pack operands into
@@ -237,7 +237,7 @@ pub fn forward_flops(op: &Op, s: &Sizes) -> f64 {
         Op::Pool { window, .. } => out * window.kernel_elements() as f64,
         Op::GlobalPool { .. } => inp,
         Op::Add | Op::Mul | Op::AddParam { .. } | Op::CausalMask => out,
-        Op::Transpose { .. } => 0.0,
+        Op::Transpose { .. } | Op::ConcatParam { .. } => 0.0,
         Op::Flatten | Op::Reshape { .. } | Op::Concat { .. } | Op::Embedding { .. } => 0.0,
         Op::Rnn {
             cell,

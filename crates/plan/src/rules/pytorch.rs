@@ -90,6 +90,7 @@ impl RuntimeRules for Pytorch {
             | Op::Concat { .. }
             | Op::Add
             | Op::AddParam { .. }
+            | Op::ConcatParam { .. }
             | Op::CausalMask => none,
             // `mul`: each factor's gradient reads the other.
             Op::Mul => inputs,
@@ -162,8 +163,8 @@ impl RuntimeRules for Pytorch {
     }
 
     /// No CPU gemm buffer is modelled.
-    fn packs_at_batch_one(&self, _op: &Op, _s: &Sizes) -> bool {
-        false
+    fn gemm_slab_from(&self, _op: &Op, _s: &Sizes) -> Option<u64> {
+        None
     }
 
     /// The logits' gradient.
@@ -213,7 +214,7 @@ impl RuntimeRules for Pytorch {
     }
 
     /// No CPU gemm buffer is modelled.
-    fn gemm_buffer(&self, _packs_at_one: bool) -> (Bytes, u64) {
+    fn gemm_buffer(&self, _slab_from: Option<u64>) -> (Bytes, u64) {
         (Bytes(0), 0)
     }
 

@@ -33,6 +33,7 @@ const OPS: &[(&str, Import)] = &[
     ("Conv", Importer::conv),
     ("Div", Importer::div),
     ("Dropout", Importer::dropout),
+    ("Expand", Importer::expand),
     ("Flatten", Importer::flatten),
     ("Gather", Importer::gather),
     ("Gelu", Importer::activation),

@@ -6,7 +6,7 @@
 //! [`Op::Dropout`] for a mask of the activation's shape.
 
 use crate::error::GraphError;
-use crate::onnx::decode::{Attrs, tensor_f32};
+use crate::onnx::decode::{Attrs, is_int_type, tensor_floats, tensor_ints};
 use crate::onnx::import::{Importer, label};
 use crate::onnx::proto::{DataType, NodeProto, TensorProto};
 use crate::onnx::shapes::Sym;
@@ -34,14 +34,24 @@ impl Importer {
             .collect();
         // Of a shape with the batch in it: a random mask being built. Of fixed sizes: a
         // constant (a zero tensor, a mask's ones) folded where it is used.
+        let value = a.get("value").and_then(|v| v.t.as_ref());
+        let int_value = value.is_some_and(|t| is_int_type(t.data_type));
         let val = match fixed {
+            // A vector of integers: a shape value (`expand`'s -1 replaced by 1).
+            Some(dims) if int_value && dims.len() == 1 => {
+                let fill = value.map_or(Ok(vec![0]), tensor_ints).map_err(|e| {
+                    GraphError::node(label(n), format!("ConstantOfShape value: {e}"))
+                })?;
+                Val::Ints {
+                    v: vec![Sym::N(fill.first().copied().unwrap_or(0)); dims[0] as usize],
+                    scalar: false,
+                }
+            }
             Some(dims) => {
-                let fill = a
-                    .get("value")
-                    .and_then(|v| v.t.as_ref())
-                    .and_then(tensor_f32)
+                let fill = value
+                    .and_then(|t| tensor_floats(t).ok())
                     .and_then(|v| v.first().copied())
-                    .unwrap_or(0.0);
+                    .unwrap_or(0.0) as f32;
                 let len = dims.iter().product::<i64>() as usize;
                 Val::Const(Rc::new(TensorProto {
                     name: n.output.first().cloned().unwrap_or_default(),

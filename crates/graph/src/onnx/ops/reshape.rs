@@ -5,6 +5,7 @@ use crate::error::GraphError;
 use crate::onnx::decode::{Attrs, positive, tensor_f32};
 use crate::onnx::import::{Importer, label};
 use crate::onnx::proto::{DataType, NodeProto, TensorProto};
+use crate::onnx::shapes::Sym;
 use crate::onnx::shapes::{squeeze, unsqueeze};
 use crate::onnx::view::{LayoutError, Val, View, permutation};
 use crate::op::Op;
@@ -167,9 +168,86 @@ impl Importer {
         self.define_view(n, v)
     }
 
-    /// `Concat` of activations.
+    /// `Expand` of an initializer `[1, dims..]` to `[B, dims..]` (`cls_token.expand(B, -1,
+    /// -1)`): a learned tensor the same for every sample, for a `Concat` to take.
+    pub(super) fn expand(
+        &mut self,
+        _i: usize,
+        n: &NodeProto,
+        _a: &Attrs,
+    ) -> Result<(), GraphError> {
+        let err = |why: String| GraphError::node(label(n), why);
+        let (target, _) = self.ints_of(n, 1, "Expand shape")?;
+        let t = match self.val(n, 0)? {
+            Val::Const(t) if self.initializers.contains(&n.input[0]) => t.clone(),
+            _ => {
+                return Err(err(format!(
+                    "Expand of `{}` to {target:?}: only an initializer [1, ...] repeated over \
+                     the batch (a class token) is supported",
+                    n.input[0]
+                )));
+            }
+        };
+        let dims = positive(&t.dims).unwrap_or_default();
+        let fits = dims.len() == target.len()
+            && dims.first() == Some(&1)
+            && target.first() == Some(&Sym::Batch)
+            && dims
+                .iter()
+                .zip(&target)
+                .skip(1)
+                .all(|(&d, s)| *s == Sym::N(1) || *s == Sym::N(d as i64));
+        if !fits {
+            return Err(err(format!(
+                "Expand of initializer `{}` {:?} to {}: only repeating it over the batch \
+                 is supported",
+                n.input[0],
+                t.dims,
+                target
+                    .iter()
+                    .map(Sym::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" x ")
+            )));
+        }
+        self.define(n, Val::Broadcast(t));
+        Ok(())
+    }
+
+    /// `Concat` of activations, or of an activation and a learned tensor expanded over
+    /// the batch (a class token).
     pub(super) fn concat(&mut self, _i: usize, n: &NodeProto, a: &Attrs) -> Result<(), GraphError> {
         let err = |why: String| GraphError::node(label(n), why);
+        let learned: Vec<usize> = (0..n.input.len())
+            .filter(|&p| matches!(self.vals.get(n.input[p].as_str()), Some(Val::Broadcast(_))))
+            .collect();
+        if let [p] = learned[..] {
+            let Some(Val::Broadcast(t)) = self.vals.get(n.input[p].as_str()).cloned() else {
+                unreachable!("just found")
+            };
+            if n.input.len() != 2 {
+                return Err(err(format!(
+                    "Concat of the expanded initializer `{}` with {} tensors: only with one \
+                     activation is supported",
+                    t.name,
+                    n.input.len() - 1
+                )));
+            }
+            let x = self.act(n, 1 - p)?;
+            let axis = a
+                .get("axis")
+                .map(|v| v.i)
+                .ok_or_else(|| err("Concat needs an axis".into()))?;
+            let shape = positive(&t.dims).unwrap_or_default()[1..].to_vec();
+            let op = Op::ConcatParam {
+                axis,
+                shape,
+                first: p == 0,
+            };
+            let name = self.emit(n, op, &[&x])?;
+            self.attach(&name, vec![tensor_f32(&t)]);
+            return Ok(());
+        }
         let xs = (0..n.input.len())
             .map(|p| self.act(n, p))
             .collect::<Result<Vec<_>, _>>()?;
