@@ -600,3 +600,87 @@ fn constant_of_a_fixed_shape_is_a_constant() {
     assert_eq!(g.nodes.len(), 1);
     assert_eq!(g.nodes[0].inputs, ["x"]);
 }
+
+/// ViT's blocks keep `nn.Dropout(0.0)` in a training-mode export: no layer.
+#[test]
+fn dropout_of_probability_zero_is_no_layer() {
+    let mut n = Net::new("vit-dropout");
+    n.input("x", &format!("batch,{E}"));
+    n.init(scalar("ratio", 0.0));
+    n.node("Dropout", "/drop", &["x", "ratio"], &["d"], vec![]);
+    n.node("Relu", "/relu", &["d"], &["out"], vec![]);
+    n.output("out");
+    let g = onnx::parse(&n.bytes()).unwrap();
+    assert_eq!(g.nodes.len(), 1);
+    assert_eq!(g.nodes[0].inputs, ["x"]);
+}
+
+/// torchvision's ViT: `cls_token.expand(B, -1, -1)` (the -1s replaced through
+/// `Where(shape == -1, 1, shape)`) concatenated before the patches, then a learned
+/// position added.
+#[test]
+fn vit_class_token_and_positions() {
+    let mut n = Net::new("vit-embed");
+    n.input("x", &format!("batch,{T},{E}"));
+    let b = size_of(&mut n, "cls", "x", 0);
+    let bu = unsqueezed(&mut n, "cls", &b);
+    n.init(int64s("minus_ones", &[-1, -1]));
+    n.node(
+        "Concat",
+        "/shape",
+        &[&bu, "minus_ones"],
+        &["shape"],
+        vec![int("axis", 0)],
+    );
+    n.init(int64s("neg", &[-1]));
+    n.node("Equal", "/Equal", &["shape", "neg"], &["is_neg"], vec![]);
+    n.init(int64s("ones", &[1, 1, 1]));
+    n.node(
+        "Where",
+        "/Where",
+        &["is_neg", "ones", "shape"],
+        &["target"],
+        vec![],
+    );
+    n.weight("class_token", &[1, 1, E]);
+    n.node(
+        "Expand",
+        "/Expand",
+        &["class_token", "target"],
+        &["cls"],
+        vec![],
+    );
+    n.node(
+        "Concat",
+        "/Concat",
+        &["cls", "x"],
+        &["tokens"],
+        vec![int("axis", 1)],
+    );
+    n.weight("pos_embedding", &[1, T + 1, E]);
+    n.node(
+        "Add",
+        "/pos",
+        &["tokens", "pos_embedding"],
+        &["out"],
+        vec![],
+    );
+    n.output("out");
+    let g = onnx::parse(&n.bytes()).unwrap();
+    assert_eq!(
+        g.nodes[0].op,
+        Op::ConcatParam {
+            axis: 1,
+            shape: vec![1, E as usize],
+            first: true
+        }
+    );
+    assert_eq!(g.nodes[0].shape.to_string(), format!("[B, {}, {E}]", T + 1));
+    assert_eq!(g.param_count(), (E + (T + 1) * E) as u64);
+    // Expanding to anything but the batch is refused, naming the node.
+    let mut bad = n.clone();
+    bad.g.initializer.retain(|t| t.name != "ones");
+    bad.init(int64s("ones", &[1, 2, 1]));
+    let err = onnx::parse(&bad.bytes()).unwrap_err().to_string();
+    assert!(err.contains("/Expand"), "{err}");
+}

@@ -203,13 +203,20 @@ pub fn families() -> Vec<Graph> {
     g.linear("out", "half", 3).unwrap();
     out.push(g.finish(LossKind::CrossEntropy, "out").unwrap());
 
-    // Causal self-attention as ONNX exports reach the IR: a learned positional addend,
+    // Causal self-attention as ONNX exports reach the IR: a class token, a learned positional addend,
     // heads split by reshape and transpose, a causal mask, heads merged back.
     let (t, e, h) = (5, 8, 2);
     let d = e / h;
     let mut g = GraphBuilder::new("attention-ops");
-    g.input("x", Shape::fixed(&[t, e])).unwrap();
-    g.push("pos", Op::AddParam { shape: vec![t, e] }, &["x"])
+    // T - 1 patches and a class token.
+    g.input("x", Shape::fixed(&[t - 1, e])).unwrap();
+    let cls = Op::ConcatParam {
+        axis: 1,
+        shape: vec![1, e],
+        first: true,
+    };
+    g.push("cls", cls, &["x"]).unwrap();
+    g.push("pos", Op::AddParam { shape: vec![t, e] }, &["cls"])
         .unwrap();
     g.linear("qkv", "pos", 3 * e).unwrap();
     let split = |v: &[usize]| Op::Reshape {

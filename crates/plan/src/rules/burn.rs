@@ -243,6 +243,8 @@ impl RuntimeRules for Burn {
             Op::Mul => inputs,
             // The engine's dropout is `x * mask` with an untracked f32 mask: `float_mul` keeps
             // only the mask (at the activation's precision).
+            // Dropout of probability 0 returns its input (engine `dropout`).
+            Op::Dropout { p } if *p <= 0.0 => none,
             Op::Dropout { .. } => Saved {
                 extra_elems: s.output,
                 ..none
@@ -708,12 +710,32 @@ impl RuntimeRules for Burn {
             Op::Conv { .. } if conv_cpu_sizes(op, s, self.gpu).is_some() => {
                 return Some(self.cpu.threads.max(1));
             }
-            // [.., M, K] x [.., K, N], one product per sample: flex splits each one that
-            // reaches the threshold.
+            // The im2col product of a batch input runs its chunks (two from batch 2,
+            // `im2col_chunks`) on the pool's threads, which pack through their slabs when
+            // the output channels make gemm use it.
+            Op::Conv {
+                out_channels,
+                groups,
+                ..
+            } if burn_im2col(op, s) => {
+                let co = (*out_channels / (*groups).max(1)) as u64;
+                return gemm_uses_slab(co, true).then_some(2);
+            }
+            // [.., M, K] x [.., K, N]: flex splits one product that reaches the threshold
+            // across the pool, and runs a batch of products on the pool's threads once
+            // they add up to `BATCH_PARALLEL_THRESHOLD` (`matmul_batched_gemm`). Their
+            // threads pack through their slabs when the product uses it (`m` = N).
             Op::MatMul => {
+                const BATCH_PARALLEL_THRESHOLD: u64 = 128 * 128 * 128;
                 let k = s.in_dims.last().copied().unwrap_or(1) as u64;
-                let per_product = k * s.output;
-                return (per_product >= PARALLEL_THRESHOLD).then_some(1);
+                let n = s.out_dims.last().copied().unwrap_or(1) as u64;
+                let per_sample = k * s.output;
+                if !gemm_uses_slab(n, true) || per_sample == 0 {
+                    return None;
+                }
+                let per_product_from = (per_sample >= PARALLEL_THRESHOLD).then_some(1);
+                let batched_from = BATCH_PARALLEL_THRESHOLD.div_ceil(per_sample).max(2);
+                return Some(per_product_from.unwrap_or(batched_from));
             }
             _ => return None,
         };

@@ -95,6 +95,8 @@ impl RuntimeRules for Pytorch {
             // `mul`: each factor's gradient reads the other.
             Op::Mul => inputs,
             // `native_dropout`: a one-byte bool mask.
+            // `at::native::dropout` returns its input when p is 0.
+            Op::Dropout { p } if *p <= 0.0 => none,
             Op::Dropout { .. } => Saved {
                 extra_bytes: s.output,
                 ..none

@@ -238,7 +238,12 @@ impl Importer {
         } else {
             a.get("ratio").map_or(0.5, |v| v.f as f64)
         };
-        self.emit(n, Op::Dropout { p: p as f32 }, &[&x])?;
+        if p == 0.0 {
+            // `nn.Dropout(0.0)` (ViT's default) returns its input in PyTorch and here.
+            self.define(n, Val::Ir(x));
+        } else {
+            self.emit(n, Op::Dropout { p: p as f32 }, &[&x])?;
+        }
         Ok(())
     }
 
