@@ -279,7 +279,8 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
     let mut forward_ws = Vec::with_capacity(n);
     let mut param_bytes = Vec::with_capacity(n);
     let mut workspace_max = 0u64;
-    let mut slab_from: Option<u64> = None; // the batch from which gemm uses its slab
+    let mut slab_from: Option<u64> = None; // the batch from which the caller packs
+    let mut worker_from: Option<u64> = None; // ... from which a pool thread packs
     let mut pool_from: Option<u64> = None; // the smallest batch a product is split at
     let mut flops = 0.0;
     // Per-sample bytes of each tensor each node keeps for backward (its extra first),
@@ -360,6 +361,9 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         if let Some(b) = rules.gemm_slab_from(&node.op, &sizes) {
             slab_from = Some(slab_from.map_or(b, |p: u64| p.min(b)));
         }
+        if let Some(b) = rules.gemm_on_pool_from(&node.op, &sizes) {
+            worker_from = Some(worker_from.map_or(b, |p: u64| p.min(b)));
+        }
         if let Some(b) = rules.pool_from_batch(&node.op, &sizes) {
             pool_from = Some(pool_from.map_or(b, |p| p.min(b)));
         }
@@ -411,7 +415,7 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
     let state = opts.optimizer.state_per_param();
     // The pool threads' buffers, from the batch a product is first split across them.
     let pool_bytes = if pool_from.is_some() {
-        rules.pool_buffers()
+        rules.pool_buffers(slab_from.is_some())
     } else {
         Bytes(0)
     };
@@ -601,7 +605,12 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
             outside_pools: WGPU_OUTSIDE_POOLS,
         }
     });
-    let (gemm_buffer_bytes, gemm_buffer_from_batch) = rules.gemm_buffer(slab_from);
+    // One buffer from the batch the caller or a first pool thread packs.
+    let one_from = [slab_from, worker_from, pool_from]
+        .into_iter()
+        .flatten()
+        .min();
+    let (gemm_buffer_bytes, gemm_buffer_from_batch) = rules.gemm_buffer(one_from);
     let memory = Memory {
         fixed_bytes: fixed.total(),
         per_sample_bytes: per_sample.total,

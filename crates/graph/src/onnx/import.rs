@@ -434,7 +434,7 @@ impl Importer {
     ) -> Result<Vec<(String, Val)>, GraphError> {
         let mut restore = Vec::new();
         let mut lay: Option<Lay> = None;
-        for (pos, name) in n.input.iter().enumerate() {
+        for name in &n.input {
             let Some(Val::View(v)) = self.vals.get(name.as_str()).cloned() else {
                 continue;
             };
@@ -461,7 +461,6 @@ impl Importer {
                 // Left as a view: the op's own lookup names the layout.
                 continue;
             }
-            let _ = pos;
             lay = Some(l);
             restore.push((name.clone(), Val::View(v)));
             self.vals.insert(name.clone(), Val::Ir(x));

@@ -618,12 +618,8 @@ impl RuntimeRules for Burn {
                     || (s.input_tracked && gemm_uses_slab(i, false));
                 used.then(|| 2u64.div_ceil(rows.max(1)))
             }
-            // The im2col products: `m` = output channels (per group), unit lhs stride.
-            Op::Conv {
-                out_channels,
-                groups,
-                ..
-            } => gemm_uses_slab((*out_channels / (*groups).max(1)) as u64, true).then_some(1),
+            // The convolutions' products run on the pool's threads (`gemm_on_pool_from`).
+            Op::Conv { .. } => None,
             // [.., M, K] x [.., K, N]: `m` = N for the product and the right operand's
             // gradient; the left operand's gradient has `m` = K and a strided lhs.
             Op::MatMul => {
@@ -636,6 +632,36 @@ impl RuntimeRules for Burn {
             Op::Rnn { .. } => Some(1),
             _ => None,
         }
+    }
+
+    /// Burn (flex): the engine's convolutions run their products on rayon's pool, a chunk
+    /// of samples per job, even one chunk (`par_chunks_mut` from outside the pool). The
+    /// im2col product of a batch input has `m` = output channels with a unit lhs stride;
+    /// the convolution of a tracked input (`conv_cpu`) multiplies by the weight with a
+    /// strided lhs (`m` = output channels per group), and its gradients with `m` = the
+    /// im2col width `C_in / groups x k` and a unit stride.
+    fn gemm_on_pool_from(&self, op: &Op, s: &Sizes) -> Option<u64> {
+        let Op::Conv {
+            in_channels,
+            out_channels,
+            window,
+            groups,
+            ..
+        } = op
+        else {
+            return None;
+        };
+        if self.gpu {
+            return None;
+        }
+        let co = (*out_channels / (*groups).max(1)) as u64;
+        let kg = (*in_channels / (*groups).max(1) * window.kernel_elements()) as u64;
+        let packs = if burn_im2col(op, s) {
+            gemm_uses_slab(co, true)
+        } else {
+            gemm_uses_slab(co, false) || gemm_uses_slab(kg, true)
+        };
+        packs.then_some(1)
     }
 
     /// Burn: per-sample elements live at the start of backward besides the kept tensors (the
@@ -702,8 +728,14 @@ impl RuntimeRules for Burn {
                 out_features,
                 ..
             } => {
-                let rows = s.inputs[0] / (*in_features as u64).max(1);
-                rows * *in_features as u64 * *out_features as u64
+                // Split products whose `m` makes gemm pack into per-call buffers leave the
+                // pool threads' slabs unmade.
+                let (i, o) = (*in_features as u64, *out_features as u64);
+                if !(gemm_uses_slab(o, true) || (s.input_tracked && gemm_uses_slab(i, false))) {
+                    return None;
+                }
+                let rows = s.inputs[0] / i.max(1);
+                rows * i * o
             }
             // The engine's own convolution runs a product per chunk of samples on the pool's
             // threads, with a chunk for each thread once the batch has a sample for each.
@@ -744,11 +776,13 @@ impl RuntimeRules for Burn {
 
     /// Every pool thread packs into a slab of its own when gemm splits a product across
     /// all of them (`Rayon(0)`); with one thread the product stays on the caller.
-    fn pool_buffers(&self) -> Bytes {
+    fn pool_buffers(&self, caller_packs: bool) -> Bytes {
         Bytes(if self.gpu || self.cpu.threads <= 1 {
             0
-        } else {
+        } else if caller_packs {
             self.cpu.threads * self.cpu.gemm_slab
+        } else {
+            (self.cpu.threads - 1) * self.cpu.gemm_slab
         })
     }
 
@@ -904,7 +938,7 @@ mod tests {
         let s = sizes(&[784], 512, &[784], &[512]);
         assert_eq!(CPU.pool_from_batch(&fc, &s), Some(18));
         // 17 x 784 x 512 = 6.82 M < 192^3 = 7.08 M <= 18 x 784 x 512 = 7.23 M.
-        assert_eq!(CPU.pool_buffers(), Bytes(2 * 512 * 1024));
+        assert_eq!(CPU.pool_buffers(true), Bytes(2 * 512 * 1024));
         let one = Burn {
             cpu: BurnCpu {
                 threads: 1,
@@ -912,8 +946,8 @@ mod tests {
             },
             ..CPU
         };
-        assert_eq!(one.pool_buffers(), Bytes(0));
-        assert_eq!(Burn { gpu: true, ..CPU }.pool_buffers(), Bytes(0));
+        assert_eq!(one.pool_buffers(true), Bytes(0));
+        assert_eq!(Burn { gpu: true, ..CPU }.pool_buffers(true), Bytes(0));
         assert_eq!(CPU.pool_from_batch(&Op::Relu, &s), None);
     }
 
@@ -936,6 +970,7 @@ mod tests {
         };
         let s = sizes(&[26 * 81], 26 * 81, &[26, 9, 9], &[26, 9, 9]);
         assert_eq!(CPU.gemm_slab_from(&conv, &s), None);
+        assert_eq!(CPU.gemm_on_pool_from(&conv, &s), None);
         let fc = |i: usize, o: usize| Op::Linear {
             in_features: i,
             out_features: o,

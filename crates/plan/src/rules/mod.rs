@@ -106,6 +106,12 @@ pub trait RuntimeRules {
     /// makes a CPU gemm use its per-thread packing buffer; `None` when none ever does.
     fn gemm_slab_from(&self, op: &Op, s: &Sizes) -> Option<u64>;
 
+    /// The smallest batch from which one of `op`'s products runs on a thread of the
+    /// runtime's pool and packs through that thread's buffer; `None`: never.
+    fn gemm_on_pool_from(&self, _op: &Op, _s: &Sizes) -> Option<u64> {
+        None
+    }
+
     /// Per-sample elements the loss's backward holds besides the tensors the loss keeps.
     fn loss_backward_elems(&self, kind: LossKind, logits: u64) -> u64;
 
@@ -142,8 +148,10 @@ pub trait RuntimeRules {
     }
 
     /// Bytes of the pool threads' packing buffers, which exist from the smallest
-    /// [`RuntimeRules::pool_from_batch`] of the graph on.
-    fn pool_buffers(&self) -> Bytes {
+    /// [`RuntimeRules::pool_from_batch`] of the graph on, beside the one buffer
+    /// [`RuntimeRules::gemm_buffer`] counts: the calling thread's when `caller_packs`,
+    /// else the first pool thread's.
+    fn pool_buffers(&self, _caller_packs: bool) -> Bytes {
         Bytes(0)
     }
 
