@@ -684,3 +684,22 @@ fn vit_class_token_and_positions() {
     let err = onnx::parse(&bad.bytes()).unwrap_err().to_string();
     assert!(err.contains("/Expand"), "{err}");
 }
+
+/// An activation with the batch moved, added to one with the batch first, would
+/// broadcast the wrong axes: refused, naming the node and the layout.
+#[test]
+fn mixing_layouts_in_an_add_is_refused() {
+    let mut n = Net::new("mixed");
+    n.input("x", &format!("batch,{T},{T}"));
+    n.node(
+        "Transpose",
+        "/tbe",
+        &["x"],
+        &["x_t"],
+        vec![ints("perm", &[1, 0, 2])],
+    );
+    n.node("Add", "/add", &["x_t", "x"], &["out"], vec![]);
+    n.output("out");
+    let err = onnx::parse(&n.bytes()).unwrap_err().to_string();
+    assert!(err.contains("/add") && err.contains("batch moved"), "{err}");
+}

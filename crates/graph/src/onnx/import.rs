@@ -465,6 +465,19 @@ impl Importer {
             restore.push((name.clone(), Val::View(v)));
             self.vals.insert(name.clone(), Val::Ir(x));
         }
+        // A batch-first activation beside an aligned view would broadcast against the
+        // wrong axes: leave the views, so the op's lookup names the layout.
+        let plain = n
+            .input
+            .iter()
+            .filter(|name| !restore.iter().any(|(r, _)| r == *name))
+            .any(|name| matches!(self.vals.get(name.as_str()), Some(Val::Ir(_))));
+        if lay.is_some() && plain {
+            for (name, v) in restore.drain(..) {
+                self.vals.insert(name, v);
+            }
+            lay = None;
+        }
         self.wrap = lay;
         Ok(restore)
     }
