@@ -703,3 +703,54 @@ fn mixing_layouts_in_an_add_is_refused() {
     let err = onnx::parse(&n.bytes()).unwrap_err().to_string();
     assert!(err.contains("/add") && err.contains("batch moved"), "{err}");
 }
+
+/// `nn.LayerNorm` as an export before opset 17 (and Keras) writes it: mean, centre,
+/// square, mean, epsilon, root, divide, scale, shift. One LayerNorm, whether the
+/// reductions take their axes as an attribute or (opset 18) as an input.
+#[test]
+fn decomposed_layer_norm_is_one_layer() {
+    for axes_as_input in [false, true] {
+        let mut n = Net::new("ln");
+        n.input("x", &format!("batch,{T},{E}"));
+        let reduce = |n: &mut Net, name: &str, x: &str, out: &str| {
+            if axes_as_input {
+                n.node("ReduceMean", name, &[x, "last"], &[out], vec![]);
+            } else {
+                n.node("ReduceMean", name, &[x], &[out], vec![ints("axes", &[-1])]);
+            }
+        };
+        n.init(int64s("last", &[-1]))
+            .init(scalar("two", 2.0))
+            .init(scalar("eps", 1e-5));
+        reduce(&mut n, "/mean", "x", "mean");
+        n.node("Sub", "/sub", &["x", "mean"], &["d"], vec![]);
+        n.node("Pow", "/pow", &["d", "two"], &["sq"], vec![]);
+        reduce(&mut n, "/var", "sq", "var");
+        n.node("Add", "/eps", &["var", "eps"], &["ve"], vec![]);
+        n.node("Sqrt", "/sqrt", &["ve"], &["std"], vec![]);
+        n.node("Div", "/div", &["d", "std"], &["norm"], vec![]);
+        n.weight("gamma", &[E]).weight("beta", &[E]);
+        n.node("Mul", "/scale", &["norm", "gamma"], &["scaled"], vec![]);
+        n.node("Add", "/shift", &["scaled", "beta"], &["out"], vec![]);
+        n.output("out");
+        let g = onnx::parse(&n.bytes()).unwrap();
+        assert_eq!(g.nodes.len(), 1, "axes as input: {axes_as_input}");
+        assert_eq!(
+            g.nodes[0].op,
+            Op::LayerNorm {
+                features: E as usize
+            }
+        );
+        assert_eq!(g.nodes[0].name, "/shift");
+        // Normalising over another axis is not a LayerNorm: refused, naming a node.
+        let mut other = n.clone();
+        for node in &mut other.g.node {
+            if node.name == "/mean" && !axes_as_input {
+                node.attribute = vec![ints("axes", &[1])];
+            }
+        }
+        if !axes_as_input {
+            assert!(onnx::parse(&other.bytes()).is_err());
+        }
+    }
+}

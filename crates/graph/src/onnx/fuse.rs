@@ -1,32 +1,57 @@
 //! Patterns an exporter writes out op by op that the IR models as one op, fused
 //! before import so the plan sees what the user's framework runs: PyTorch's exact
 //! GELU (`F.gelu`, `nn.GELU()`) reaches ONNX before opset 20 as
-//! `x * 0.5 * (1 + erf(x / sqrt(2)))`.
+//! `x * 0.5 * (1 + erf(x / sqrt(2)))`, and `nn.LayerNorm` before opset 17 (and
+//! from Keras) as `ReduceMean`, `Sub`, `Pow`, `ReduceMean`, `Add`, `Sqrt`, `Div`,
+//! then the scale's `Mul` and the shift's `Add`.
 
-use super::proto::NodeProto;
+use super::decode::Attrs;
+use super::proto::{AttributeProto, AttributeType, NodeProto};
 use std::collections::{HashMap, HashSet};
+
+/// Who produces and who reads each tensor of `nodes`.
+struct Uses<'a> {
+    producer: HashMap<&'a str, usize>,
+    consumers: HashMap<&'a str, Vec<usize>>,
+}
+
+impl<'a> Uses<'a> {
+    fn of(nodes: &'a [NodeProto]) -> Uses<'a> {
+        let producer = nodes
+            .iter()
+            .enumerate()
+            .flat_map(|(i, n)| n.output.iter().map(move |o| (o.as_str(), i)))
+            .collect();
+        let mut consumers: HashMap<&str, Vec<usize>> = HashMap::new();
+        for (i, n) in nodes.iter().enumerate() {
+            for input in &n.input {
+                consumers.entry(input.as_str()).or_default().push(i);
+            }
+        }
+        Uses {
+            producer,
+            consumers,
+        }
+    }
+
+    /// The one node reading `name` (once or more).
+    fn sole(&self, name: &str) -> Option<usize> {
+        let mut readers = self.consumers.get(name)?.clone();
+        readers.dedup();
+        match readers[..] {
+            [i] => Some(i),
+            _ => None,
+        }
+    }
+}
 
 /// Rewrites every erf-GELU into one `Gelu` node; `konst` reads a scalar constant.
 pub(super) fn fuse_gelu(
     nodes: Vec<NodeProto>,
     konst: impl Fn(&str) -> Option<f32>,
 ) -> Vec<NodeProto> {
-    let producer: HashMap<&str, usize> = nodes
-        .iter()
-        .enumerate()
-        .flat_map(|(i, n)| n.output.iter().map(move |o| (o.as_str(), i)))
-        .collect();
-    let mut consumers: HashMap<&str, Vec<usize>> = HashMap::new();
-    for (i, n) in nodes.iter().enumerate() {
-        for input in &n.input {
-            consumers.entry(input.as_str()).or_default().push(i);
-        }
-    }
-    // The one node reading `name`.
-    let sole = |name: &str| match consumers.get(name).map(Vec::as_slice) {
-        Some([i]) => Some(*i),
-        _ => None,
-    };
+    let uses = Uses::of(&nodes);
+    let (producer, sole) = (&uses.producer, |name: &str| uses.sole(name));
     let near = |name: &str, want: f32| konst(name).is_some_and(|v| (v - want).abs() < 1e-3);
     // For `op(a, b)` with one constant operand near `want`: the other operand.
     let other = |n: &NodeProto, op: &str, want: f32, commutes: bool| -> Option<String> {
@@ -75,6 +100,115 @@ pub(super) fn fuse_gelu(
             gelu.input = vec![x];
             gelu.attribute.clear();
             replace.insert(last, gelu);
+        }
+    }
+    nodes
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| !dead.contains(i))
+        .map(|(i, n)| replace.remove(&i).unwrap_or(n))
+        .collect()
+}
+
+/// Rewrites every layer norm over the last axis written out op by op, with its scale
+/// and shift, into one `LayerNormalization`. `scalar` reads a scalar constant,
+/// `ints` an integer constant, `is_weight` whether a name is an initializer.
+pub(super) fn fuse_layer_norm(
+    nodes: Vec<NodeProto>,
+    scalar: impl Fn(&str) -> Option<f32>,
+    ints: impl Fn(&str) -> Option<Vec<i64>>,
+    is_weight: impl Fn(&str) -> bool,
+) -> Vec<NodeProto> {
+    let uses = Uses::of(&nodes);
+    // `ReduceMean` over the last axis, keeping it: the axes from the attribute (before
+    // opset 18) or the second input.
+    let mean_last = |n: &NodeProto| {
+        let a = Attrs(&n.attribute);
+        let axes = a
+            .ints("axes")
+            .or_else(|| n.input.get(1).and_then(|i| ints(i)));
+        n.op_type == "ReduceMean" && axes.as_deref() == Some(&[-1]) && a.int("keepdims", 1) == 1
+    };
+    let one = |n: &NodeProto, op: &str| n.op_type == op && n.input.len() == 2;
+    let mut dead = HashSet::new();
+    let mut replace: HashMap<usize, NodeProto> = HashMap::new();
+    for (d, sub) in nodes.iter().enumerate() {
+        if !one(sub, "Sub") {
+            continue;
+        }
+        let fused = (|| {
+            let (x, centred) = (&sub.input[0], &sub.output[0]);
+            let m = *uses.producer.get(sub.input[1].as_str())?;
+            (mean_last(&nodes[m])
+                && nodes[m].input[0] == *x
+                && uses.sole(&nodes[m].output[0])? == d)
+                .then_some(())?;
+            // The centred values feed the square and the division, nothing else.
+            let readers = uses.consumers.get(centred.as_str())?;
+            let square = readers.iter().copied().find(|&r| {
+                let n = &nodes[r];
+                (one(n, "Pow") && n.input[0] == *centred && scalar(&n.input[1]) == Some(2.0))
+                    || (one(n, "Mul") && n.input[0] == *centred && n.input[1] == *centred)
+            })?;
+            let div = readers.iter().copied().find(|&r| one(&nodes[r], "Div"))?;
+            (readers.iter().all(|&r| r == square || r == div) && nodes[div].input[0] == *centred)
+                .then_some(())?;
+            let var = uses.sole(&nodes[square].output[0])?;
+            mean_last(&nodes[var]).then_some(())?;
+            let add = uses.sole(&nodes[var].output[0])?;
+            let eps = match nodes[add].input.as_slice() {
+                [v, e] if *v == nodes[var].output[0] && one(&nodes[add], "Add") => scalar(e)?,
+                [e, v] if *v == nodes[var].output[0] && one(&nodes[add], "Add") => scalar(e)?,
+                _ => return None,
+            };
+            let sqrt = uses.sole(&nodes[add].output[0])?;
+            (nodes[sqrt].op_type == "Sqrt"
+                && uses.sole(&nodes[sqrt].output[0])? == div
+                && nodes[div].input[1] == nodes[sqrt].output[0])
+                .then_some(())?;
+            // The scale and the shift, each a weight.
+            let other = |n: &NodeProto, mine: &str| -> Option<String> {
+                match n.input.as_slice() {
+                    [p, q] if p == mine && is_weight(q) => Some(q.clone()),
+                    [p, q] if q == mine && is_weight(p) => Some(p.clone()),
+                    _ => None,
+                }
+            };
+            let mul = uses.sole(&nodes[div].output[0])?;
+            let gamma =
+                one(&nodes[mul], "Mul").then(|| other(&nodes[mul], &nodes[div].output[0]))??;
+            let shift = uses.sole(&nodes[mul].output[0])?;
+            let beta = one(&nodes[shift], "Add")
+                .then(|| other(&nodes[shift], &nodes[mul].output[0]))??;
+            Some((
+                x.clone(),
+                gamma,
+                beta,
+                eps,
+                vec![m, d, square, var, add, sqrt, div, mul],
+                shift,
+            ))
+        })();
+        if let Some((x, gamma, beta, eps, gone, last)) = fused {
+            dead.extend(gone);
+            let mut norm = nodes[last].clone();
+            norm.op_type = "LayerNormalization".into();
+            norm.input = vec![x, gamma, beta];
+            norm.attribute = vec![
+                AttributeProto {
+                    name: "axis".into(),
+                    i: -1,
+                    r#type: AttributeType::Int as i32,
+                    ..Default::default()
+                },
+                AttributeProto {
+                    name: "epsilon".into(),
+                    f: eps,
+                    r#type: AttributeType::Float as i32,
+                    ..Default::default()
+                },
+            ];
+            replace.insert(last, norm);
         }
     }
     nodes

@@ -96,6 +96,21 @@ impl Importer {
             },
             _ => None,
         });
+        let nodes = super::fuse::fuse_layer_norm(
+            nodes,
+            |name| match imp.vals.get(name) {
+                Some(Val::Const(t)) => match tensor_floats(t).ok()?[..] {
+                    [v] => Some(v as f32),
+                    _ => None,
+                },
+                _ => None,
+            },
+            |name| match imp.vals.get(name) {
+                Some(Val::Const(t)) => tensor_ints(t).ok(),
+                _ => None,
+            },
+            |name| imp.initializers.contains(name),
+        );
         imp.nodes = nodes.into();
         imp.liveness();
         imp.add_inputs()?;
