@@ -15,6 +15,29 @@ struct Uses<'a> {
     consumers: HashMap<&'a str, Vec<usize>>,
 }
 
+/// Nodes a fusion removes and the node it puts in place of the pattern's last one.
+#[derive(Default)]
+struct Rewrite {
+    dead: HashSet<usize>,
+    replace: HashMap<usize, NodeProto>,
+}
+
+impl Rewrite {
+    fn fuse(&mut self, gone: Vec<usize>, last: usize, node: NodeProto) {
+        self.dead.extend(gone);
+        self.replace.insert(last, node);
+    }
+
+    fn apply(mut self, nodes: Vec<NodeProto>) -> Vec<NodeProto> {
+        nodes
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| !self.dead.contains(i))
+            .map(|(i, n)| self.replace.remove(&i).unwrap_or(n))
+            .collect()
+    }
+}
+
 impl<'a> Uses<'a> {
     fn of(nodes: &'a [NodeProto]) -> Uses<'a> {
         let producer = nodes
@@ -61,8 +84,7 @@ pub(super) fn fuse_gelu(
             _ => None,
         }
     };
-    let mut dead = HashSet::new();
-    let mut replace: HashMap<usize, NodeProto> = HashMap::new();
+    let mut rewrite = Rewrite::default();
     for (e, erf) in nodes.iter().enumerate() {
         if erf.op_type != "Erf" || erf.input.len() != 1 {
             continue;
@@ -94,20 +116,14 @@ pub(super) fn fuse_gelu(
             }
         })();
         if let Some((x, gone, last)) = fused {
-            dead.extend(gone);
             let mut gelu = nodes[last].clone();
             gelu.op_type = "Gelu".into();
             gelu.input = vec![x];
             gelu.attribute.clear();
-            replace.insert(last, gelu);
+            rewrite.fuse(gone, last, gelu);
         }
     }
-    nodes
-        .into_iter()
-        .enumerate()
-        .filter(|(i, _)| !dead.contains(i))
-        .map(|(i, n)| replace.remove(&i).unwrap_or(n))
-        .collect()
+    rewrite.apply(nodes)
 }
 
 /// Rewrites every layer norm over the last axis written out op by op, with its scale
@@ -130,8 +146,7 @@ pub(super) fn fuse_layer_norm(
         n.op_type == "ReduceMean" && axes.as_deref() == Some(&[-1]) && a.int("keepdims", 1) == 1
     };
     let one = |n: &NodeProto, op: &str| n.op_type == op && n.input.len() == 2;
-    let mut dead = HashSet::new();
-    let mut replace: HashMap<usize, NodeProto> = HashMap::new();
+    let mut rewrite = Rewrite::default();
     for (d, sub) in nodes.iter().enumerate() {
         if !one(sub, "Sub") {
             continue;
@@ -190,7 +205,6 @@ pub(super) fn fuse_layer_norm(
             ))
         })();
         if let Some((x, gamma, beta, eps, gone, last)) = fused {
-            dead.extend(gone);
             let mut norm = nodes[last].clone();
             norm.op_type = "LayerNormalization".into();
             norm.input = vec![x, gamma, beta];
@@ -208,13 +222,8 @@ pub(super) fn fuse_layer_norm(
                     ..Default::default()
                 },
             ];
-            replace.insert(last, norm);
+            rewrite.fuse(gone, last, norm);
         }
     }
-    nodes
-        .into_iter()
-        .enumerate()
-        .filter(|(i, _)| !dead.contains(i))
-        .map(|(i, n)| replace.remove(&i).unwrap_or(n))
-        .collect()
+    rewrite.apply(nodes)
 }
