@@ -37,6 +37,13 @@ pub fn values(x: &FlexT) -> &[f32] {
     &x.storage::<f32>()[start..end]
 }
 
+/// The values of a contiguous f32 flex tensor, to write; copied first if the tensor
+/// shares them.
+pub fn values_mut(x: &mut FlexT) -> &mut [f32] {
+    let (start, end) = x.layout().contiguous_offsets().expect("made contiguous");
+    &mut x.storage_mut::<f32>()[start..end]
+}
+
 /// A flex tensor of `shape` holding `v`.
 pub fn from_vec(v: Vec<f32>, shape: &[usize], device: &FlexDevice) -> FlexT {
     Flex::float_from_data(TensorData::new(v, shape.to_vec()), device)

@@ -1,5 +1,6 @@
 //! A training step: forward, loss, backward, optimizer.
 
+use crate::adam_cpu::{AdamRule, CpuAdam};
 use crate::device::DeviceSpec;
 use crate::model::{Batch, Init, Params, Program, Unsupported};
 use batchfit_graph::Graph;
@@ -69,11 +70,20 @@ impl Trainer {
                     MomentumConfig::new().with_momentum(0.9).with_dampening(0.0),
                 ))
                 .init(),
-            Optimizer::Adam => AdamConfig::new().with_epsilon(1e-8).init(),
-            Optimizer::Adamw => AdamWConfig::new()
-                .with_epsilon(1e-8)
-                .with_weight_decay(0.01)
-                .init(),
+            // Adam and AdamW update flex tensors in one pass (`adam_cpu`).
+            Optimizer::Adam => {
+                let rule = AdamRule::pytorch(0.0, false);
+                let burn = AdamConfig::new().with_epsilon(rule.epsilon).build();
+                CpuAdam::new(burn, rule).into()
+            }
+            Optimizer::Adamw => {
+                let rule = AdamRule::pytorch(0.01, true);
+                let burn = AdamWConfig::new()
+                    .with_epsilon(rule.epsilon)
+                    .with_weight_decay(rule.weight_decay)
+                    .build();
+                CpuAdam::new(burn, rule).into()
+            }
         };
         Ok(Trainer {
             program,

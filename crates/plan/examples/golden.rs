@@ -5,7 +5,7 @@
 use batchfit_graph::{
     Cell, Dim, Graph, GraphBuilder, InputKind, LossKind, Op, PoolKind, RnnBias, Shape, zoo,
 };
-use batchfit_plan::plan::{CpuHost, plan_on};
+use batchfit_plan::plan::{CpuHost, GemmKernel, plan_on};
 use batchfit_plan::{Bytes, Optimizer, Precision, Runtime, TrainOptions, plan};
 
 /// Keys of `memory` added by the refactor, removed before printing.
@@ -98,10 +98,12 @@ fn main() {
         CpuHost {
             threads: 2,
             l2_bytes: 512 * 1024,
+            gemm_kernel: GemmKernel::AVX2,
         },
         CpuHost {
             threads: 16,
             l2_bytes: 2 << 20,
+            gemm_kernel: GemmKernel::AVX512,
         },
     ];
     let batches = [

@@ -10,6 +10,64 @@ pub struct CpuHost {
     /// L2 cache bytes per core as gemm reads them (sysfs `size` over the CPUs sharing it;
     /// gemm's default 256 KiB when unknown).
     pub l2_bytes: u64,
+    /// The f32 microkernel gemm picks on this CPU.
+    pub gemm_kernel: GemmKernel,
+}
+
+/// gemm-common 0.19's f32 microkernel: its SIMD lanes and rows (`MR`). gemm picks it
+/// at run time from the CPU's features (`init_gemm_fn`); the engine builds gemm with
+/// `x86-v4`, so AVX-512 is used where the CPU has it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmKernel {
+    /// f32 lanes of one vector register (`N`).
+    pub lanes: u64,
+    /// Rows of the microkernel (`MR = MR_DIV_N x N`).
+    pub rows: u64,
+}
+
+impl GemmKernel {
+    /// AVX-512F: 16 lanes, four registers of rows.
+    pub const AVX512: GemmKernel = GemmKernel {
+        lanes: 16,
+        rows: 64,
+    };
+    /// AVX2 with FMA: 8 lanes, two registers of rows.
+    pub const AVX2: GemmKernel = GemmKernel { lanes: 8, rows: 16 };
+    /// NEON (aarch64): 4 lanes, four registers of rows.
+    pub const NEON: GemmKernel = GemmKernel { lanes: 4, rows: 16 };
+    /// No SIMD gemm knows (scalar: 1 lane, 2 rows).
+    pub const SCALAR: GemmKernel = GemmKernel { lanes: 1, rows: 2 };
+
+    /// The kernel gemm picks on this CPU, detected as gemm does.
+    pub fn detect() -> GemmKernel {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                GemmKernel::AVX512
+            } else if std::arch::is_x86_feature_detected!("fma") {
+                GemmKernel::AVX2
+            } else {
+                GemmKernel::SCALAR
+            }
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            GemmKernel::NEON
+        }
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        {
+            GemmKernel::SCALAR
+        }
+    }
+
+    /// Whether gemm packs a product with `m` rows through its per-thread slab rather
+    /// than a per-call buffer (`gemm_basic_generic`'s `do_prepack_lhs` is false): `m` over
+    /// twice the largest row block (`mc` at most 8 `MR`, `kernel_params`), or a multiple
+    /// of the lanes with a unit lhs row stride.
+    pub fn uses_slab(self, m: u64, unit_lhs_stride: bool) -> bool {
+        let twice_max_mc = 2 * 8 * self.rows;
+        m > twice_max_mc || (m > 1 && unit_lhs_stride && m.is_multiple_of(self.lanes))
+    }
 }
 
 impl CpuHost {
@@ -28,6 +86,7 @@ impl CpuHost {
         CpuHost {
             threads,
             l2_bytes: l2_per_core().unwrap_or(256 * 1024),
+            gemm_kernel: GemmKernel::detect(),
         }
     }
 

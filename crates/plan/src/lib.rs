@@ -112,6 +112,7 @@ mod tests {
         let host = plan::CpuHost {
             threads: 2,
             l2_bytes: 512 * 1024,
+            gemm_kernel: plan::GemmKernel::AVX2,
         };
         let p = plan::plan_on(&g, &opts(Optimizer::Sgd), host);
         // x is the batch (counted as data); relu keeps its input fc1 (4 floats), fc2 its

@@ -3,7 +3,7 @@
 //! The memory is a maximum over the step's moments (each node's forward and backward, the
 //! loss, the optimizer), each a line `fixed + per_sample x B`; see [`Memory`].
 
-pub use crate::host::CpuHost;
+pub use crate::host::{CpuHost, GemmKernel};
 pub use crate::rules::pytorch::{PYTORCH_BLOCK, PYTORCH_CUDA_CONTEXT, PYTORCH_SMALL_SEGMENT};
 
 use crate::options::{Runtime, TrainOptions};
@@ -239,6 +239,7 @@ pub fn plan(graph: &Graph, opts: &TrainOptions) -> Plan {
         _ => CpuHost {
             threads: 1,
             l2_bytes: 0,
+            gemm_kernel: GemmKernel::AVX2,
         },
     };
     plan_on(graph, opts, host)
@@ -439,7 +440,7 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
     // the runtime holds every gradient all step, this is every moment's fixed memory.
     let at_update = FixedMemory {
         gradients: Bytes(params * 4),
-        optimizer_transient: rules.optimizer_transient(largest_param, state),
+        optimizer_transient: rules.optimizer_transient(largest_param, opts.optimizer),
         ..base.clone()
     };
     let held = rules.gradients_held_all_step();
@@ -575,7 +576,7 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
                 fixed_tensors.extend(params.iter().map(|p| p / 2));
             }
             if line == lines.len() - 1 {
-                fixed_tensors.push(rules.optimizer_transient(largest_param, state).0);
+                fixed_tensors.push(rules.optimizer_transient(largest_param, opts.optimizer).0);
             }
             let kept = node_kept[..alive].iter().enumerate().flat_map(|(i, t)| {
                 let freed = extras_freed && i + 1 == alive;

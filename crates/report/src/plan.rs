@@ -194,7 +194,7 @@ pub fn render(plan: &Plan, budgets: &[BudgetFit]) -> String {
 mod tests {
     use super::*;
     use batchfit_graph::zoo;
-    use batchfit_plan::plan::{CpuHost, plan_on};
+    use batchfit_plan::plan::{CpuHost, GemmKernel, plan_on};
     use batchfit_plan::{Optimizer, Runtime, TrainOptions};
     use serde_json::Value;
 
@@ -262,6 +262,7 @@ mod tests {
         let host = CpuHost {
             threads: 4,
             l2_bytes: 1 << 20,
+            gemm_kernel: GemmKernel::AVX2,
         };
         let budgets = [1000u64, 3 << 20, 64 << 20, 1 << 30, 6 << 30, 80 << 30];
         for name in zoo::NAMES {

@@ -13,6 +13,8 @@
 //! input gradient before its weight gradient (`binary`: lhs, then rhs).
 
 use super::{BackwardMoment, RuntimeRules, Saved, Sizes, rnn_steps_dirs};
+use crate::host::GemmKernel;
+use crate::options::Optimizer;
 use crate::units::Bytes;
 use batchfit_graph::{Cell, LossKind, Op, PoolKind, ReduceKind};
 
@@ -33,6 +35,8 @@ pub struct BurnCpu {
     pub threads: u64,
     /// Bytes of gemm's packing buffer, which every thread that packs keeps (`CpuHost::gemm_slabs`).
     pub gemm_slab: u64,
+    /// gemm's microkernel on this CPU: which products pack through that buffer.
+    pub gemm_kernel: GemmKernel,
 }
 
 /// Burn: whether the engine runs `op` as one im2col matrix product (model.rs
@@ -52,14 +56,11 @@ pub fn im2col_chunks(b: usize) -> usize {
         .unwrap_or(1)
 }
 
-/// Whether gemm (gemm-common 0.19, f32 on x86-64 with AVX2: 8 lanes, 16-row
-/// microkernels, so `mc` at most 128) packs a product with `m` rows through its
-/// per-thread slab rather than a per-call buffer: `m > 2 mc`, or `m` a multiple of the
-/// lanes with a unit lhs row stride (`gemm_basic_generic`'s `do_prepack_lhs`).
-pub fn gemm_uses_slab(m: u64, unit_lhs_stride: bool) -> bool {
-    const LANES: u64 = 8;
-    const TWICE_MAX_MC: u64 = 2 * 8 * 16;
-    m > TWICE_MAX_MC || (m > 1 && unit_lhs_stride && m.is_multiple_of(LANES))
+impl Burn {
+    /// Whether a product with `m` rows packs through gemm's per-thread slab on this CPU.
+    fn packs(&self, m: u64, unit_lhs_stride: bool) -> bool {
+        self.cpu.gemm_kernel.uses_slab(m, unit_lhs_stride)
+    }
 }
 
 /// Most chunks [`im2col_chunks`] makes: enough for the cores of a desktop CPU, and
@@ -514,7 +515,7 @@ impl RuntimeRules for Burn {
             // directions on the pool's threads (`rayon::join`), each keeping a gemm packing
             // buffer besides the one the plan counts for the step (one direction runs on the
             // calling thread, in that one), when its `[B, H] x [H, 4H]` products pack through
-            // the slab at all (`gemm_uses_slab`). Then each
+            // the slab at all (`GemmKernel::uses_slab`). Then each
             // projection's `matmul` makes dx (and its twin) and the input weight's gradient
             // while the projection gradients are alive.
             Op::Rnn {
@@ -531,7 +532,7 @@ impl RuntimeRules for Burn {
                     BackwardMoment {
                         bytes: (out + dirs * steps * (g + h)) * act,
                         param_elems: dirs * hh,
-                        fixed_workspace: if dirs == 2 && gemm_uses_slab(g, true) {
+                        fixed_workspace: if dirs == 2 && self.packs(g, true) {
                             dirs.min(cpu.threads) * cpu.gemm_slab
                         } else {
                             0
@@ -600,7 +601,7 @@ impl RuntimeRules for Burn {
     /// transposed, so its `m` is the output's column count and its lhs the right operand
     /// transposed. A product with one output row (`n` = 1) or a depth of at most 2 goes to
     /// `gemv`/`gevv`; the rest pack the lhs into a per-call buffer instead of the slab when
-    /// `m <= 2 mc && (m % lanes != 0 || lhs_rs != 1)` ([`gemm_uses_slab`]). A linear layer's
+    /// `m <= 2 mc && (m % lanes != 0 || lhs_rs != 1)` ([`GemmKernel::uses_slab`]). A linear layer's
     /// `x W` and `x^T dy` have `m` = out features and a unit lhs stride; `dy W^T` has
     /// `m` = in features and a strided lhs. A linear layer on one row per sample makes
     /// only matrix-vector products at batch 1.
@@ -614,8 +615,8 @@ impl RuntimeRules for Burn {
             } => {
                 let rows = s.inputs[0] / (*in_features as u64).max(1);
                 let (i, o) = (*in_features as u64, *out_features as u64);
-                let used = (i > 2 && gemm_uses_slab(o, true))
-                    || (s.input_tracked && gemm_uses_slab(i, false));
+                let used =
+                    (i > 2 && self.packs(o, true)) || (s.input_tracked && self.packs(i, false));
                 used.then(|| 2u64.div_ceil(rows.max(1)))
             }
             // The convolutions' products run on the pool's threads (`gemm_on_pool_from`).
@@ -625,7 +626,7 @@ impl RuntimeRules for Burn {
             Op::MatMul => {
                 let k = s.in_dims.last().copied().unwrap_or(1) as u64;
                 let rows = s.out_dims.iter().rev().nth(1).copied().unwrap_or(1) as u64;
-                let used = rows > 1 && (gemm_uses_slab(out_cols, true) || gemm_uses_slab(k, false));
+                let used = rows > 1 && (self.packs(out_cols, true) || self.packs(k, false));
                 used.then_some(1)
             }
             // The engine's LSTM/GRU products (`cpu::gemm_into`) on every step.
@@ -657,9 +658,9 @@ impl RuntimeRules for Burn {
         let co = (*out_channels / (*groups).max(1)) as u64;
         let kg = (*in_channels / (*groups).max(1) * window.kernel_elements()) as u64;
         let packs = if burn_im2col(op, s) {
-            gemm_uses_slab(co, true)
+            self.packs(co, true)
         } else {
-            gemm_uses_slab(co, false) || gemm_uses_slab(kg, true)
+            self.packs(co, false) || self.packs(kg, true)
         };
         packs.then_some(1)
     }
@@ -694,9 +695,15 @@ impl RuntimeRules for Burn {
     }
 
     /// burn-optim `AdaptiveMomentum::transform` and `Momentum::transform` clone the gradient
-    /// or a moment into a new tensor; plain SGD updates in place.
-    fn optimizer_transient(&self, largest_param: u64, state: u64) -> Bytes {
-        Bytes(if state > 0 { largest_param * 4 } else { 0 })
+    /// or a moment into a new tensor; plain SGD updates in place, and so do Adam and AdamW
+    /// on the CPU, where the engine runs its own update (engine `adam_cpu`).
+    fn optimizer_transient(&self, largest_param: u64, optimizer: Optimizer) -> Bytes {
+        let in_place = match optimizer {
+            Optimizer::Sgd => true,
+            Optimizer::Momentum => false,
+            Optimizer::Adam | Optimizer::Adamw => !self.gpu,
+        };
+        Bytes(if in_place { 0 } else { largest_param * 4 })
     }
 
     /// The engine keeps one accumulated gradient beside the step's gradients.
@@ -731,7 +738,7 @@ impl RuntimeRules for Burn {
                 // Split products whose `m` makes gemm pack into per-call buffers leave the
                 // pool threads' slabs unmade.
                 let (i, o) = (*in_features as u64, *out_features as u64);
-                if !(gemm_uses_slab(o, true) || (s.input_tracked && gemm_uses_slab(i, false))) {
+                if !(self.packs(o, true) || (s.input_tracked && self.packs(i, false))) {
                     return None;
                 }
                 let rows = s.inputs[0] / i.max(1);
@@ -751,7 +758,7 @@ impl RuntimeRules for Burn {
                 ..
             } if burn_im2col(op, s) => {
                 let co = (*out_channels / (*groups).max(1)) as u64;
-                return gemm_uses_slab(co, true).then_some(2);
+                return self.packs(co, true).then_some(2);
             }
             // [.., M, K] x [.., K, N]: flex splits one product that reaches the threshold
             // across the pool, and runs a batch of products on the pool's threads once
@@ -762,7 +769,7 @@ impl RuntimeRules for Burn {
                 let k = s.in_dims.last().copied().unwrap_or(1) as u64;
                 let n = s.out_dims.last().copied().unwrap_or(1) as u64;
                 let per_sample = k * s.output;
-                if !gemm_uses_slab(n, true) || per_sample == 0 {
+                if !self.packs(n, true) || per_sample == 0 {
                     return None;
                 }
                 let per_product_from = (per_sample >= PARALLEL_THRESHOLD).then_some(1);
@@ -851,6 +858,7 @@ mod tests {
         cpu: BurnCpu {
             threads: 2,
             gemm_slab: 512 * 1024,
+            gemm_kernel: GemmKernel::AVX2,
         },
         gpu: false,
     };
@@ -953,12 +961,18 @@ mod tests {
 
     #[test]
     fn gemm_uses_its_slab_for_lane_multiples_and_tall_products() {
-        // gemm-common's do_prepack_lhs: m <= 2 mc (mc <= 128) and m % 8 != 0 or a strided lhs.
-        assert!(gemm_uses_slab(64, true));
-        assert!(!gemm_uses_slab(26, true));
-        assert!(!gemm_uses_slab(64, false));
-        assert!(gemm_uses_slab(257, false));
-        assert!(!gemm_uses_slab(1, true));
+        // gemm-common's do_prepack_lhs: m <= 2 mc and m % lanes != 0 or a strided lhs; AVX2:
+        // 8 lanes, mc up to 128.
+        let avx2 = GemmKernel::AVX2;
+        assert!(avx2.uses_slab(64, true));
+        assert!(!avx2.uses_slab(26, true));
+        assert!(!avx2.uses_slab(64, false));
+        assert!(avx2.uses_slab(257, false));
+        assert!(!avx2.uses_slab(1, true));
+        // AVX-512: 16 lanes, mc up to 512.
+        let avx512 = GemmKernel::AVX512;
+        assert!(!avx512.uses_slab(8, true) && avx512.uses_slab(16, true));
+        assert!(!avx512.uses_slab(1000, false) && avx512.uses_slab(1025, false));
         // seed 2's conv has 26 output channels: no slab at batch 1. A classifier with 10
         // classes on one row per sample: its products never use it.
         let conv = Op::Conv {

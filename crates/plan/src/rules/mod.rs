@@ -21,7 +21,7 @@ pub mod burn;
 pub mod pytorch;
 
 use crate::host::CpuHost;
-use crate::options::Runtime;
+use crate::options::{Optimizer, Runtime};
 use crate::units::Bytes;
 use batchfit_graph::{LossKind, Op};
 
@@ -122,9 +122,9 @@ pub trait RuntimeRules {
     /// memory is then the optimizer's), rather than made and freed during backward.
     fn gradients_held_all_step(&self) -> bool;
 
-    /// The optimizer's temporaries while it updates the largest parameter tensor
-    /// (`largest_param` elements) with `state` state tensors per parameter.
-    fn optimizer_transient(&self, largest_param: u64, state: u64) -> Bytes;
+    /// The optimizer's temporaries while `optimizer` updates the largest parameter tensor
+    /// (`largest_param` elements).
+    fn optimizer_transient(&self, largest_param: u64, optimizer: Optimizer) -> Bytes;
 
     /// The gradient accumulation buffer for `params` parameters.
     fn accumulation(&self, micro_batch: Option<u64>, params: u64) -> Bytes;
@@ -171,6 +171,7 @@ pub fn for_runtime(runtime: Runtime, host: CpuHost, gpu: bool) -> Box<dyn Runtim
             cpu: BurnCpu {
                 threads: host.threads.max(1),
                 gemm_slab: host.gemm_slabs().0,
+                gemm_kernel: host.gemm_kernel,
             },
             gpu,
         }),

@@ -4,6 +4,7 @@
 //! moments share one fixed memory and differ only per sample.
 
 use super::{BackwardMoment, RuntimeRules, Saved, Sizes, rnn_steps_dirs, workspace_elems};
+use crate::options::Optimizer;
 use crate::units::Bytes;
 use batchfit_graph::{Cell, LossKind, Op, PoolKind, ReduceKind};
 
@@ -191,8 +192,8 @@ impl RuntimeRules for Pytorch {
 
     /// The update of one tensor allocates its new value and new state before the old ones
     /// are dropped (PyTorch's foreach temporaries).
-    fn optimizer_transient(&self, largest_param: u64, state: u64) -> Bytes {
-        Bytes(largest_param * 4 * (state + 1))
+    fn optimizer_transient(&self, largest_param: u64, optimizer: Optimizer) -> Bytes {
+        Bytes(largest_param * 4 * (optimizer.state_per_param() + 1))
     }
 
     /// Gradients accumulate in `.grad` itself.
