@@ -17,7 +17,9 @@
 //! gradient.
 
 use crate::cpu::{Ad, FlexDevice, FlexT, Strided, contiguous, from_vec, gemm_into, values};
-use batchfit_plan::rules::{CONV_MAX_SAMPLE_COLS_BYTES, conv_samples_per_chunk};
+use batchfit_plan::rules::{
+    CONV_MAX_SAMPLE_COLS_BYTES, ConvCpuPath, conv_cpu_path, conv_samples_per_chunk,
+};
 use burn::backend::Flex;
 use burn::tensor::Tensor;
 use burn_autodiff::checkpoint::base::Checkpointer;
@@ -65,6 +67,18 @@ impl Geometry {
     fn image(&self) -> usize {
         self.c * self.h * self.w
     }
+    /// A 1x1 convolution with stride 1 and no padding: the image is its own im2col.
+    fn pointwise(&self) -> bool {
+        self.kh == 1
+            && self.kw == 1
+            && self.stride == [1, 1]
+            && self.pads.iter().all(|&(a, b)| a == 0 && b == 0)
+    }
+    /// The plan's path for this convolution (`conv_cpu_path`).
+    fn path(&self) -> ConvCpuPath {
+        conv_cpu_path(self.spatial(), self.groups, self.pointwise())
+    }
+
     /// The plan's chunk, smaller when that leaves a thread of the pool without one.
     fn samples_per_chunk(&self) -> usize {
         let per_thread = self.b.div_ceil(rayon::current_num_threads().max(1));
@@ -109,6 +123,80 @@ impl Geometry {
                 }
             }
         }
+    }
+
+    /// The unfolded taps of one ungrouped sample (`image`, CHW) into `cols`
+    /// `[C·kh·kw, OH·OW]`: row (c, i, j) holds tap (i, j) of channel c at every output
+    /// position, so `W x cols` is the sample's output planes. `padded` holds the padded
+    /// image, its border zero.
+    fn unfold(&self, image: &[f32], cols: &mut [f32], padded: &mut [f32]) {
+        let (hp, wp) = self.padded();
+        let (oh, ow, [sh, sw]) = (self.oh, self.ow, self.stride);
+        for (src, dst) in image
+            .chunks_exact(self.h * self.w)
+            .zip(padded.chunks_exact_mut(hp * wp))
+        {
+            for (y, line) in src.chunks_exact(self.w).enumerate() {
+                let at = (y + self.pads[0].0) * wp + self.pads[1].0;
+                dst[at..at + self.w].copy_from_slice(line);
+            }
+        }
+        let mut rows = cols.chunks_exact_mut(oh * ow);
+        for plane in padded.chunks_exact(hp * wp) {
+            for i in 0..self.kh {
+                for j in 0..self.kw {
+                    let row = rows.next().expect("cols holds C·kh·kw rows");
+                    for (oy, out) in row.chunks_exact_mut(ow).enumerate() {
+                        let line = &plane[(oy * sh + i) * wp + j..];
+                        if sw == 1 {
+                            out.copy_from_slice(&line[..ow]);
+                        } else {
+                            for (o, v) in out.iter_mut().zip(line.iter().step_by(sw)) {
+                                *o = *v;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Adds the taps' gradient `dcols` `[C·kh·kw, OH·OW]` back onto their windows: the
+    /// gradient of one ungrouped sample `dx` (CHW). `padded` is scratch, left zeroed.
+    fn fold(&self, dcols: &[f32], dx: &mut [f32], padded: &mut [f32]) {
+        let (hp, wp) = self.padded();
+        let (ow, [sh, sw]) = (self.ow, self.stride);
+        padded.fill(0.0);
+        let mut rows = dcols.chunks_exact(self.oh * ow);
+        for plane in padded.chunks_exact_mut(hp * wp) {
+            for i in 0..self.kh {
+                for j in 0..self.kw {
+                    let row = rows.next().expect("dcols holds C·kh·kw rows");
+                    for (oy, part) in row.chunks_exact(ow).enumerate() {
+                        let line = &mut plane[(oy * sh + i) * wp + j..];
+                        if sw == 1 {
+                            for (d, v) in line[..ow].iter_mut().zip(part) {
+                                *d += v;
+                            }
+                        } else {
+                            for (d, v) in line.iter_mut().step_by(sw).zip(part) {
+                                *d += v;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for (dst, src) in dx
+            .chunks_exact_mut(self.h * self.w)
+            .zip(padded.chunks_exact(hp * wp))
+        {
+            for (y, line) in dst.chunks_exact_mut(self.w).enumerate() {
+                let at = (y + self.pads[0].0) * wp + self.pads[1].0;
+                line.copy_from_slice(&src[at..at + self.w]);
+            }
+        }
+        padded.fill(0.0);
     }
 
     /// Adds group `j`'s rows `dcols` `[samples·OH·OW, k / groups]` back onto their
@@ -163,13 +251,29 @@ struct Scratch {
 }
 
 impl Scratch {
+    /// The buffers of `g`'s path (the plan's `conv_cpu_scratch`).
     fn new(g: &Geometry) -> Scratch {
         let (hp, wp) = g.padded();
-        let r = g.samples_per_chunk() * g.spatial();
-        Scratch {
-            padded: vec![0.0; hp * wp * g.c / g.groups],
-            cols: vec![0.0; r * g.per_group().0],
-            rows: vec![0.0; r * g.co],
+        let padded = vec![0.0; hp * wp * g.c / g.groups];
+        match g.path() {
+            ConvCpuPath::Chunks => {
+                let r = g.samples_per_chunk() * g.spatial();
+                Scratch {
+                    padded,
+                    cols: vec![0.0; r * g.per_group().0],
+                    rows: vec![0.0; r * g.co],
+                }
+            }
+            ConvCpuPath::PerSample { pointwise: true } => Scratch {
+                padded: Vec::new(),
+                cols: Vec::new(),
+                rows: Vec::new(),
+            },
+            ConvCpuPath::PerSample { pointwise: false } => Scratch {
+                padded,
+                cols: vec![0.0; g.k() * g.spatial()],
+                rows: Vec::new(),
+            },
         }
     }
 }
@@ -217,37 +321,63 @@ pub fn conv2d_cpu(
     let spc = g.samples_per_chunk();
     let spatial = g.spatial();
     let mut out = vec![0.0f32; b * co * spatial];
-    out.par_chunks_mut(spc * co * spatial)
-        .zip(values(&xf).par_chunks(spc * g.image()))
-        .for_each_init(
-            || Scratch::new(&g),
-            |s, (out, images)| {
-                let r = images.len() / g.image() * spatial;
-                // Group j: its rows times its filters, into its output channels.
-                let (kg, cog) = g.per_group();
-                for j in 0..g.groups {
-                    g.im2col(images, j, &mut s.cols[..r * kg], &mut s.padded);
+    if let ConvCpuPath::PerSample { pointwise } = g.path() {
+        // Each sample's planes: W [C_out, k] x its taps [k, OH·OW].
+        out.par_chunks_mut(co * spatial)
+            .zip(values(&xf).par_chunks(g.image()))
+            .for_each_init(
+                || Scratch::new(&g),
+                |s, (out, image)| {
+                    let cols = if pointwise {
+                        image
+                    } else {
+                        g.unfold(image, &mut s.cols, &mut s.padded);
+                        &s.cols[..]
+                    };
                     gemm_into(
-                        r,
-                        cog,
-                        kg,
-                        Strided::new(&mut s.rows[j * cog..r * co], co, 1),
+                        co,
+                        spatial,
+                        g.k(),
+                        Strided::new(out, spatial, 1),
                         false,
-                        Strided::new(&s.cols[..r * kg], kg, 1),
-                        Strided::new(&wm[j * cog * kg..], 1, kg),
+                        Strided::new(wm, g.k(), 1),
+                        Strided::new(cols, spatial, 1),
                     );
-                }
-                // Rows (sample, position) x channel back to NCHW.
-                for (sample, rows) in s.rows[..r * co].chunks_exact(spatial * co).enumerate() {
-                    let out = &mut out[sample * co * spatial..(sample + 1) * co * spatial];
-                    for (pos, row) in rows.chunks_exact(co).enumerate() {
-                        for (ch, &v) in row.iter().enumerate() {
-                            out[ch * spatial + pos] = v;
+                },
+            );
+    } else {
+        out.par_chunks_mut(spc * co * spatial)
+            .zip(values(&xf).par_chunks(spc * g.image()))
+            .for_each_init(
+                || Scratch::new(&g),
+                |s, (out, images)| {
+                    let r = images.len() / g.image() * spatial;
+                    // Group j: its rows times its filters, into its output channels.
+                    let (kg, cog) = g.per_group();
+                    for j in 0..g.groups {
+                        g.im2col(images, j, &mut s.cols[..r * kg], &mut s.padded);
+                        gemm_into(
+                            r,
+                            cog,
+                            kg,
+                            Strided::new(&mut s.rows[j * cog..r * co], co, 1),
+                            false,
+                            Strided::new(&s.cols[..r * kg], kg, 1),
+                            Strided::new(&wm[j * cog * kg..], 1, kg),
+                        );
+                    }
+                    // Rows (sample, position) x channel back to NCHW.
+                    for (sample, rows) in s.rows[..r * co].chunks_exact(spatial * co).enumerate() {
+                        let out = &mut out[sample * co * spatial..(sample + 1) * co * spatial];
+                        for (pos, row) in rows.chunks_exact(co).enumerate() {
+                            for (ch, &v) in row.iter().enumerate() {
+                                out[ch * spatial + pos] = v;
+                            }
                         }
                     }
-                }
-            },
-        );
+                },
+            );
+    }
     let y = from_vec(out, &[b, co, g.oh, g.ow], &FlexDevice::default());
     let y = match ConvOp
         .prepare::<NoCheckpointing>(nodes)
@@ -278,6 +408,7 @@ impl Backward<Flex, 2> for ConvOp {
         let ConvState { g, x, w } = ops.state;
         let dy = contiguous(grads.consume::<Flex>(&ops.node));
         let [x_node, w_node] = &ops.parents;
+        let ids = [x_node, w_node].map(|n| n.as_ref().map(|n| n.id));
         let (spatial, co) = (g.spatial(), g.co);
         let (kg, cog) = g.per_group();
         let spc = g.samples_per_chunk();
@@ -285,6 +416,12 @@ impl Backward<Flex, 2> for ConvOp {
         let want_dx = x_node.is_some();
         let want_dw = w_node.is_some();
         let mut dx = vec![0.0f32; if want_dx { g.b * g.image() } else { 0 }];
+        if let ConvCpuPath::PerSample { pointwise } = g.path() {
+            let dw =
+                backward_per_sample(&g, pointwise, values(&dy), values(&x), wm, want_dw, &mut dx);
+            register(&g, grads, ids, dx, dw);
+            return;
+        }
         let mut dx_chunks: Vec<Option<&mut [f32]>> = if want_dx {
             dx.chunks_mut(spc * g.image()).map(Some).collect()
         } else {
@@ -352,15 +489,97 @@ impl Backward<Flex, 2> for ConvOp {
             })
             .unwrap_or_default();
         drop(dx_chunks);
-        let device = FlexDevice::default();
-        if let Some(node) = x_node {
-            grads.register::<Flex>(node.id, from_vec(dx, &[g.b, g.c, g.h, g.w], &device));
-        }
-        if let Some(node) = w_node {
-            let shape = [co, g.c / g.groups, g.kh, g.kw];
-            grads.register::<Flex>(node.id, from_vec(dw, &shape, &device));
-        }
+        register(&g, grads, ids, dx, dw);
     }
+}
+
+/// Registers the input's and the weight's gradients with the parents that want them.
+fn register(
+    g: &Geometry,
+    grads: &mut Gradients,
+    [x_node, w_node]: [Option<burn_autodiff::NodeId>; 2],
+    dx: Vec<f32>,
+    dw: Vec<f32>,
+) {
+    let device = FlexDevice::default();
+    if let Some(id) = x_node {
+        grads.register::<Flex>(id, from_vec(dx, &[g.b, g.c, g.h, g.w], &device));
+    }
+    if let Some(id) = w_node {
+        let shape = [g.co, g.c / g.groups, g.kh, g.kw];
+        grads.register::<Flex>(id, from_vec(dw, &shape, &device));
+    }
+}
+
+/// The per-sample path's backward (ungrouped): per sample, the weight gradient
+/// `dY [C_out, OH·OW] x colsᵀ` added into one sum per thread, and the input's through the
+/// taps' gradient `Wᵀ x dY` (folded back onto the windows; for a pointwise convolution it
+/// is dx itself). `dx` is empty when the input wants no gradient. Returns the weight
+/// gradient (empty when it is not wanted).
+fn backward_per_sample(
+    g: &Geometry,
+    pointwise: bool,
+    dy: &[f32],
+    x: &[f32],
+    w: &[f32],
+    want_dw: bool,
+    dx: &mut [f32],
+) -> Vec<f32> {
+    let (spatial, co, k) = (g.spatial(), g.co, g.k());
+    let mut dx_samples: Vec<Option<&mut [f32]>> = if dx.is_empty() {
+        (0..g.b).map(|_| None).collect()
+    } else {
+        dx.chunks_mut(g.image()).map(Some).collect()
+    };
+    dy.par_chunks(co * spatial)
+        .zip(x.par_chunks(g.image()))
+        .zip(dx_samples.par_iter_mut())
+        .fold(
+            || (Scratch::new(g), Vec::new()),
+            |(mut s, mut dw), ((dy, image), dx)| {
+                if want_dw {
+                    if dw.is_empty() {
+                        dw = vec![0.0f32; co * k];
+                    }
+                    let cols = if pointwise {
+                        image
+                    } else {
+                        g.unfold(image, &mut s.cols, &mut s.padded);
+                        &s.cols[..]
+                    };
+                    gemm_into(
+                        co,
+                        k,
+                        spatial,
+                        Strided::new(&mut dw, k, 1),
+                        true,
+                        Strided::new(dy, spatial, 1),
+                        Strided::new(cols, 1, spatial),
+                    );
+                }
+                if let Some(dx) = dx.as_deref_mut() {
+                    let wt = Strided::new(w, 1, k);
+                    let dy = Strided::new(dy, spatial, 1);
+                    if pointwise {
+                        gemm_into(k, spatial, co, Strided::new(dx, spatial, 1), false, wt, dy);
+                    } else {
+                        let dcols = Strided::new(&mut s.cols[..], spatial, 1);
+                        gemm_into(k, spatial, co, dcols, false, wt, dy);
+                        g.fold(&s.cols, dx, &mut s.padded);
+                    }
+                }
+                (s, dw)
+            },
+        )
+        .map(|(_, dw)| dw)
+        .reduce_with(|mut a, b| {
+            if a.is_empty() {
+                return b;
+            }
+            a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
+            a
+        })
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -372,7 +591,8 @@ mod tests {
     use burn::tensor::{Device, Distribution};
 
     /// Output, input and weight gradients against burn's convolution: strides,
-    /// asymmetric padding, a rectangular kernel, a batch that leaves a short last chunk.
+    /// asymmetric padding, a rectangular kernel, a batch that leaves a short last chunk;
+    /// every path.
     #[test]
     fn matches_burn_conv_and_its_gradients() {
         let device = Device::flex().autodiff();
@@ -386,7 +606,11 @@ mod tests {
             // Two groups; depthwise (a group per channel), strided.
             ([3, 4, 6, 5], [6, 2, 3, 3], [1, 1], [(1, 1), (1, 1)]),
             ([5, 6, 7, 7], [6, 1, 3, 3], [2, 2], [(1, 1), (1, 1)]),
+            // One product per sample: pointwise, and a strided 1x1 that unfolds.
+            ([3, 5, 4, 6], [7, 5, 1, 1], [1, 1], [(0, 0), (0, 0)]),
+            ([2, 3, 8, 8], [4, 3, 1, 1], [2, 2], [(0, 0), (0, 0)]),
         ];
+        let mut paths = Vec::new();
         for (xd, wd, stride, pads) in cases {
             let groups = xd[1] / wd[1];
             let x = Tensor::<4>::random(xd, Distribution::Normal(0.0, 1.0), &device).require_grad();
@@ -395,6 +619,9 @@ mod tests {
             let want = conv2d(x.clone(), w.clone(), None, opts);
             let got = conv2d_cpu(x.clone(), w.clone(), stride, pads, groups).expect("a CPU tensor");
             assert_eq!(got.dims(), want.dims());
+            let [_, _, oh, ow] = got.dims();
+            let pointwise = wd[2..] == [1, 1] && stride == [1, 1] && pads == [(0, 0); 2];
+            paths.push(conv_cpu_path(oh * ow, groups, pointwise));
             assert!(max_rel_err(got.clone(), want.clone()) < 1e-4);
             let r = Tensor::<4>::random(want.dims(), Distribution::Normal(0.0, 1.0), &device);
             let g_want = (want * r.clone()).sum().backward();
@@ -403,6 +630,13 @@ mod tests {
             assert!(max_rel_err(dx(&g_got), dx(&g_want)) < 1e-4, "{xd:?}");
             let dw = |g: &burn::tensor::Gradients| w.grad(g).expect("weight gradient");
             assert!(max_rel_err(dw(&g_got), dw(&g_want)) < 1e-4, "{xd:?}");
+        }
+        for path in [
+            ConvCpuPath::Chunks,
+            ConvCpuPath::PerSample { pointwise: true },
+            ConvCpuPath::PerSample { pointwise: false },
+        ] {
+            assert!(paths.contains(&path), "no case runs {path:?}");
         }
     }
 }

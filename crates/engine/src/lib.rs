@@ -18,6 +18,7 @@ pub mod measure;
 pub mod model;
 pub mod noise;
 mod norm_cpu;
+mod pool_cpu;
 pub mod sweep;
 pub mod trainer;
 pub mod worker;

@@ -4,6 +4,7 @@
 use super::compile::Kernel;
 use super::conv::pads2;
 use super::prod;
+use crate::pool_cpu::max_pool2d_cpu;
 use batchfit_graph::{PoolKind, Window};
 use batchfit_plan::rules::POOL_MATRIX_MAX;
 use burn::tensor::Tensor;
@@ -49,6 +50,12 @@ pub(super) fn pool(
         let x = x.reshape([b, d[0], d[1], d[2]]);
         let kernel = [window.kernel[0], window.kernel[1]];
         let stride = [window.stride[0], window.stride[1]];
+        if pool == PoolKind::Max
+            && window.dilation.iter().all(|&d| d == 1)
+            && let Some(y) = max_pool2d_cpu(x.clone(), kernel, stride, pads2(window))
+        {
+            return y.reshape([b, k.out_elems()]);
+        }
         let y = match pool {
             PoolKind::Max => max_pool2d(
                 x,

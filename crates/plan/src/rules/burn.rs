@@ -57,6 +57,13 @@ pub fn im2col_chunks(b: usize) -> usize {
 }
 
 impl Burn {
+    /// Whether the engine runs `op` as its own 2-d max pool (engine `pool_cpu`): on the
+    /// CPU, without dilation.
+    fn own_max_pool(&self, op: &Op, s: &Sizes) -> bool {
+        matches!(op, Op::Pool { pool: PoolKind::Max, window }
+            if !self.gpu && s.in_dims.len() == 3 && window.dilation.iter().all(|&d| d == 1))
+    }
+
     /// Whether a product with `m` rows packs through gemm's per-thread slab on this CPU.
     fn packs(&self, m: u64, unit_lhs_stride: bool) -> bool {
         self.cpu.gemm_kernel.uses_slab(m, unit_lhs_stride)
@@ -79,14 +86,47 @@ pub fn conv_samples_per_chunk(spatial: usize) -> usize {
 /// Output positions per chunk the engine's convolution of a tracked input aims at.
 pub const CONV_CHUNK_ROWS: usize = 256;
 
+/// Fewest output positions per sample for which the engine's convolution of a tracked
+/// input runs one product per sample in NCHW order: the positions are the product's
+/// lane dimension, and from one AVX-512 register of them (16) a sample alone makes a
+/// matrix product worth running.
+pub const CONV_PER_SAMPLE_MIN_POSITIONS: usize = 16;
+
+/// How the engine's CPU convolution of a tracked input (engine `conv_cpu`) computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConvCpuPath {
+    /// Chunks of [`conv_samples_per_chunk`] samples: their im2col rows (position-major)
+    /// times the weight, transposed back to NCHW; dy transposed to rows for the backward.
+    Chunks,
+    /// One product per sample on its NCHW planes: `W x cols`, `cols` the sample's
+    /// unfolded taps `[C k, OH OW]`, or the sample itself for a pointwise convolution
+    /// (1x1, stride 1, no padding), which then needs no scratch at all.
+    PerSample {
+        /// 1x1, stride 1, no padding: the sample is its own im2col.
+        pointwise: bool,
+    },
+}
+
+/// The path of a convolution with `spatial` output positions per sample.
+pub fn conv_cpu_path(spatial: usize, groups: usize, pointwise: bool) -> ConvCpuPath {
+    if groups == 1 && spatial >= CONV_PER_SAMPLE_MIN_POSITIONS {
+        ConvCpuPath::PerSample { pointwise }
+    } else {
+        ConvCpuPath::Chunks
+    }
+}
+
 /// Largest im2col matrix of one sample (bytes) for which the engine runs its own
 /// convolution of a tracked input (engine `conv_cpu`); above, burn's.
 pub const CONV_MAX_SAMPLE_COLS_BYTES: u64 = 16 << 20;
 
-/// The sizes of the engine's CPU convolution of a tracked input (engine `conv_cpu`), when
-/// it runs `op`: (rows of a chunk, a group's im2col row length, a group's padded image
-/// elements); a grouped convolution builds one group's rows at a time.
-fn conv_cpu_sizes(op: &Op, s: &Sizes, gpu: bool) -> Option<(u64, u64, u64)> {
+/// The engine's CPU convolution of a tracked input (engine `conv_cpu`), when it runs
+/// `op`: its path and the elements of one busy thread's scratch. The chunked path holds a
+/// chunk's im2col rows and their product (rows x (k + C_out)) and a group's padded image;
+/// the per-sample one a sample's unfolded taps (k x positions) and its padded image, or
+/// nothing when pointwise. `k` is a group's im2col row length; a grouped convolution
+/// builds one group's rows at a time.
+fn conv_cpu_scratch(op: &Op, s: &Sizes, gpu: bool) -> Option<(ConvCpuPath, u64)> {
     let Op::Conv {
         in_channels,
         out_channels,
@@ -113,8 +153,19 @@ fn conv_cpu_sizes(op: &Op, s: &Sizes, gpu: bool) -> Option<(u64, u64, u64)> {
         .map(|(&d, p)| (d + p[0] + p[1]) as u64)
         .product::<u64>()
         * (*in_channels / *groups) as u64;
-    let rows = conv_samples_per_chunk(spatial as usize) as u64 * spatial;
-    Some((rows, k, padded))
+    let pointwise = window.kernel_elements() == 1
+        && window.stride.iter().all(|&st| st == 1)
+        && window.padding.iter().all(|p| p[0] == 0 && p[1] == 0);
+    let path = conv_cpu_path(spatial as usize, *groups, pointwise);
+    let scratch = match path {
+        ConvCpuPath::Chunks => {
+            let rows = conv_samples_per_chunk(spatial as usize) as u64 * spatial;
+            rows * (k + *out_channels as u64) + padded
+        }
+        ConvCpuPath::PerSample { pointwise: true } => 0,
+        ConvCpuPath::PerSample { pointwise: false } => k * spatial + padded,
+    };
+    Some((path, scratch))
 }
 
 /// Largest window matrix (input by output positions) of an average pool the engine
@@ -208,12 +259,14 @@ impl RuntimeRules for Burn {
                 extra_elems: 2 * s.inputs[0],
                 ..none
             },
-            // `max_pool2d` keeps x and the argmax indices at the device's int type (flex: i32).
+            // On the CPU the engine's own 2-d max pool (engine `pool_cpu`) keeps only each
+            // output's winner (u32); burn's `max_pool2d` keeps x and the argmax indices at the
+            // device's int type (i32).
             Op::Pool {
                 pool: PoolKind::Max,
                 ..
             } => Saved {
-                inputs: true,
+                inputs: !self.own_max_pool(op, s),
                 extra_bytes: 4 * s.output,
                 ..none
             },
@@ -310,8 +363,10 @@ impl RuntimeRules for Burn {
     /// its kernel allocates on the way (`forward_temporaries` below).
     fn forward_live(&self, op: &Op, s: &Sizes, act: u64, loose: u64, extra: u64) -> u64 {
         let temporaries = match op {
-            // The fused BatchNorm writes its output and nothing else.
+            // The fused BatchNorm and the own max pool write their output (and what they
+            // keep) and nothing else.
             Op::BatchNorm { .. } if !self.gpu => 0,
+            Op::Pool { .. } if self.own_max_pool(op, s) => 0,
             _ => forward_temporaries(op, s, act),
         };
         loose + s.output * act + extra + temporaries
@@ -323,11 +378,8 @@ impl RuntimeRules for Burn {
     /// The engine's own convolution of a tracked input gives each busy thread its chunk's
     /// im2col rows, their product and a padded image.
     fn forward_workspace(&self, op: &Op, s: &Sizes, act: u64) -> u64 {
-        if let (Some((rows, k, padded)), Op::Conv { out_channels, .. }) =
-            (conv_cpu_sizes(op, s, self.gpu), op)
-        {
-            let co = *out_channels as u64;
-            return self.cpu.threads * (rows * (k + co) + padded) * act;
+        if let Some((_, scratch)) = conv_cpu_scratch(op, s, self.gpu) {
+            return self.cpu.threads * scratch * act;
         }
         match op {
             Op::Conv { .. } if burn_im2col(op, s) => 0,
@@ -400,16 +452,16 @@ impl RuntimeRules for Burn {
                 one(out + t.iter().sum::<u64>() + t.iter().copied().max().unwrap_or(0))
             }
             // The engine's own convolution (engine `conv_cpu`): dy, the zeroed dx, and per busy
-            // thread its chunk's rows, their gradient, a padded image and its sum of the weight
-            // gradient (counted for every thread: one per chunk up to the threads). A grouped
-            // convolution runs a product per group on its block of each row.
-            Op::Conv { out_channels, .. } if conv_cpu_sizes(op, s, self.gpu).is_some() => {
-                let (rows, k, padded) = conv_cpu_sizes(op, s, self.gpu).expect("checked");
-                let co = *out_channels as u64;
+            // thread its scratch (`conv_cpu_scratch`: the forward's, reused for the rows'
+            // gradient) and its sum of the weight gradient (counted for every thread: one per
+            // chunk up to the threads). A grouped convolution runs a product per group on its
+            // block of each row.
+            Op::Conv { .. } if conv_cpu_scratch(op, s, self.gpu).is_some() => {
+                let (_, scratch) = conv_cpu_scratch(op, s, self.gpu).expect("checked");
                 vec![BackwardMoment {
                     bytes: (out + dx) * act,
                     param_elems: params,
-                    fixed_workspace: cpu.threads * (rows * (k + co) + padded + largest) * act,
+                    fixed_workspace: cpu.threads * (scratch + largest) * act,
                     ..BackwardMoment::default()
                 }]
             }
@@ -657,10 +709,16 @@ impl RuntimeRules for Burn {
         }
         let co = (*out_channels / (*groups).max(1)) as u64;
         let kg = (*in_channels / (*groups).max(1) * window.kernel_elements()) as u64;
-        let packs = if burn_im2col(op, s) {
-            self.packs(co, true)
-        } else {
-            self.packs(co, false) || self.packs(kg, true)
+        let packs = match conv_cpu_scratch(op, s, self.gpu) {
+            _ if burn_im2col(op, s) => self.packs(co, true),
+            // Per sample, row-major NCHW results: gemm's `m` is the positions, with a unit
+            // lhs stride (forward, the taps' gradient); the weight gradient's is the im2col
+            // width with a strided lhs.
+            Some((ConvCpuPath::PerSample { .. }, _)) => {
+                let spatial = s.output / (*out_channels as u64).max(1);
+                self.packs(spatial, true) || self.packs(kg, false)
+            }
+            _ => self.packs(co, false) || self.packs(kg, true),
         };
         packs.then_some(1)
     }
@@ -746,7 +804,7 @@ impl RuntimeRules for Burn {
             }
             // The engine's own convolution runs a product per chunk of samples on the pool's
             // threads, with a chunk for each thread once the batch has a sample for each.
-            Op::Conv { .. } if conv_cpu_sizes(op, s, self.gpu).is_some() => {
+            Op::Conv { .. } if conv_cpu_scratch(op, s, self.gpu).is_some() => {
                 return Some(self.cpu.threads.max(1));
             }
             // The im2col product of a batch input runs its chunks (two from batch 2,
@@ -899,19 +957,26 @@ mod tests {
         let s = sizes(&[2106], 2106, &[26, 9, 9], &[26, 9, 9]);
         assert!(!burn_im2col(&op, &s));
         assert!(CPU.saved(&op, &s).inputs);
-        // The engine's own op on the CPU: dy and dx, and per thread a chunk of
-        // ceil(256 / 81) = 4 samples' rows (324 x (234 + 26)), a padded image (26 x 11 x 11)
-        // and a weight-gradient sum (26 x 234).
+        // The engine's own op on the CPU, one product per sample (81 positions): dy and
+        // dx, and per thread a sample's unfolded taps (234 x 81), a padded image
+        // (26 x 11 x 11) and a weight-gradient sum (26 x 234).
         let m = CPU.backward(&op, &s, &[true], 4);
         assert_eq!(m.len(), 1);
         assert_eq!(m[0].bytes, 2 * 2106 * 4);
         assert_eq!(
             m[0].fixed_workspace,
-            2 * (324 * 260 + 26 * 11 * 11 + 26 * 234) * 4
+            2 * (234 * 81 + 26 * 11 * 11 + 26 * 234) * 4
         );
         assert_eq!(
             CPU.forward_workspace(&op, &s, 4),
-            2 * (324 * 260 + 26 * 11 * 11) * 4
+            2 * (234 * 81 + 26 * 11 * 11) * 4
+        );
+        // On 3 x 3 positions it takes chunks of ceil(256 / 9) = 29 samples' rows
+        // (261 x (234 + 26)).
+        let small = sizes(&[26 * 25], 26 * 9, &[26, 5, 5], &[26, 3, 3]);
+        assert_eq!(
+            CPU.forward_workspace(&op, &small, 4),
+            2 * (261 * 260 + 26 * 7 * 7) * 4
         );
         // burn's convolution on a GPU.
         let gpu = Burn { gpu: true, ..CPU };

@@ -26,8 +26,9 @@ use crate::units::Bytes;
 use batchfit_graph::{LossKind, Op};
 
 pub use burn::{
-    Burn, BurnCpu, CONV_CHUNK_ROWS, CONV_MAX_SAMPLE_COLS_BYTES, IM2COL_MAX_CHUNKS, POOL_MATRIX_MAX,
-    burn_im2col, conv_samples_per_chunk, im2col_chunks,
+    Burn, BurnCpu, CONV_CHUNK_ROWS, CONV_MAX_SAMPLE_COLS_BYTES, CONV_PER_SAMPLE_MIN_POSITIONS,
+    ConvCpuPath, IM2COL_MAX_CHUNKS, POOL_MATRIX_MAX, burn_im2col, conv_cpu_path,
+    conv_samples_per_chunk, im2col_chunks,
 };
 pub use pytorch::Pytorch;
 

@@ -1,0 +1,263 @@
+//! 2-d max pooling on the CPU, as one custom autodiff op. burn-flex's goes through its
+//! 3-d pool with i64 indices per output (cast to i32 after), checking every tap of every
+//! window against the borders: 21 % of squeezenet1_1's training step at batch 32. Here
+//! each window's valid rows and columns are worked out once per output row and column,
+//! the planes run on rayon's threads, and only the winners' offsets in their plane
+//! (u32) are kept for the backward, which adds dy onto them; PyTorch also keeps the
+//! input, which the gradient does not need.
+
+use crate::cpu::{Ad, FlexDevice, contiguous, from_vec, values};
+use burn::backend::Flex;
+use burn::tensor::Tensor;
+use burn_autodiff::checkpoint::base::Checkpointer;
+use burn_autodiff::checkpoint::strategy::NoCheckpointing;
+use burn_autodiff::grads::Gradients;
+use burn_autodiff::ops::{Backward, Ops, OpsKind};
+use rayon::prelude::*;
+
+/// Planes per rayon job: enough work per job on small feature maps.
+const PLANES_PER_JOB: usize = 16;
+
+/// A window's taps inside the input along one axis, for each output position:
+/// `start..end` (the padding holds no taps).
+fn taps(
+    outputs: usize,
+    input: usize,
+    kernel: usize,
+    stride: usize,
+    pad: usize,
+) -> Vec<(usize, usize)> {
+    (0..outputs)
+        .map(|o| {
+            let first = (o * stride) as isize - pad as isize;
+            let start = first.max(0) as usize;
+            let end = ((first + kernel as isize).max(0) as usize).min(input);
+            (start.min(end), end)
+        })
+        .collect()
+}
+
+/// One plane's widths and the window's step along a row.
+#[derive(Clone, Copy)]
+struct Plane {
+    w: usize,
+    ow: usize,
+    stride: usize,
+    pad: usize,
+}
+
+/// Takes tap `v` at `offset` when it beats the window's best so far: a larger value, or
+/// NaN (NaN wins, as in PyTorch), or the window's first tap.
+#[inline(always)]
+fn take(v: f32, offset: usize, best: &mut f32, arg: &mut u32) {
+    // `|`, not `||`: three compares and two selects, no branches.
+    let wins = (v > *best) | v.is_nan() | (*arg == u32::MAX);
+    *best = if wins { v } else { *best };
+    *arg = if wins { offset as u32 } else { *arg };
+}
+
+/// Max pool of one plane `x` into `y` and its winners: output row by output row, each
+/// tap row and tap column swept across the row's outputs at once (the loop the compiler
+/// vectorises), the windows clipped by the padding tap by tap.
+fn pool_plane(
+    x: &[f32],
+    y: &mut [f32],
+    winners: &mut [u32],
+    p: Plane,
+    rows: &[(usize, usize)],
+    cols: &[(usize, usize)],
+) {
+    let kw = cols.iter().map(|&(a, b)| b - a).max().unwrap_or(0);
+    // Outputs whose window lies inside the row: lo..hi.
+    let full = |ox: usize| {
+        let (c0, c1) = cols[ox];
+        c1 - c0 == kw && c0 + p.pad == ox * p.stride
+    };
+    let lo = (0..p.ow).find(|&o| full(o)).unwrap_or(p.ow);
+    let hi = (lo..p.ow).find(|&o| !full(o)).unwrap_or(p.ow);
+    for (oy, &(r0, r1)) in rows.iter().enumerate() {
+        let best = &mut y[oy * p.ow..(oy + 1) * p.ow];
+        let arg = &mut winners[oy * p.ow..(oy + 1) * p.ow];
+        best.fill(f32::NEG_INFINITY);
+        arg.fill(u32::MAX);
+        for r in r0..r1 {
+            let line = &x[r * p.w..(r + 1) * p.w];
+            for j in 0..kw {
+                if lo == hi {
+                    break;
+                }
+                let first = lo * p.stride + j - p.pad;
+                let n = hi - lo;
+                let taps = &line[first..first + (n - 1) * p.stride + 1];
+                let (best, arg) = (&mut best[lo..hi], &mut arg[lo..hi]);
+                for k in 0..n {
+                    let at = k * p.stride;
+                    take(taps[at], r * p.w + first + at, &mut best[k], &mut arg[k]);
+                }
+            }
+            for ox in (0..lo).chain(hi..p.ow) {
+                let (c0, c1) = cols[ox];
+                for (col, &v) in line.iter().enumerate().take(c1).skip(c0) {
+                    take(v, r * p.w + col, &mut best[ox], &mut arg[ox]);
+                }
+            }
+        }
+    }
+}
+
+/// `max_pool2d` of `x` `[B, C, H, W]` without dilation, padding ignored (as -inf); `None`
+/// off the CPU.
+pub fn max_pool2d_cpu(
+    x: Tensor<4>,
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    pads: [(usize, usize); 2],
+) -> Option<Tensor<4>> {
+    let [b, c, h, w] = x.dims();
+    if stride.contains(&0) || kernel.contains(&0) {
+        return None;
+    }
+    let oh = (h + pads[0].0 + pads[0].1).checked_sub(kernel[0])? / stride[0] + 1;
+    let ow = (w + pads[1].0 + pads[1].1).checked_sub(kernel[1])? / stride[1] + 1;
+    let xa = x.try_into_primitive::<Ad>().ok()?;
+    let node = xa.node();
+    let xf = contiguous(xa.into_primitive());
+    let xv = values(&xf);
+    let rows = taps(oh, h, kernel[0], stride[0], pads[0].0);
+    let cols = taps(ow, w, kernel[1], stride[1], pads[1].0);
+    let (plane_in, plane_out) = (h * w, oh * ow);
+    let mut y = vec![0.0f32; b * c * plane_out];
+    let mut winners = vec![0u32; b * c * plane_out];
+    y.par_chunks_mut(PLANES_PER_JOB * plane_out)
+        .zip(winners.par_chunks_mut(PLANES_PER_JOB * plane_out))
+        .zip(xv.par_chunks(PLANES_PER_JOB * plane_in))
+        .for_each(|((y, winners), x)| {
+            for ((y, winners), x) in y
+                .chunks_exact_mut(plane_out)
+                .zip(winners.chunks_exact_mut(plane_out))
+                .zip(x.chunks_exact(plane_in))
+            {
+                pool_plane(
+                    x,
+                    y,
+                    winners,
+                    Plane {
+                        w,
+                        ow,
+                        stride: stride[1],
+                        pad: pads[1].0,
+                    },
+                    &rows,
+                    &cols,
+                );
+            }
+        });
+    let y = from_vec(y, &[b, c, oh, ow], &FlexDevice::default());
+    let y = match MaxPoolOp
+        .prepare::<NoCheckpointing>([node])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish(
+            PoolState {
+                dims: [b, c, h, w],
+                plane_out,
+                winners,
+            },
+            y,
+        ),
+        OpsKind::UnTracked(prep) => prep.finish(y),
+    };
+    Some(Tensor::from_primitive::<Ad>(y))
+}
+
+#[derive(Clone, Debug)]
+struct PoolState {
+    /// The input's `[B, C, H, W]`.
+    dims: [usize; 4],
+    /// Outputs per plane.
+    plane_out: usize,
+    /// Each output's winner, as an offset in its plane (`u32::MAX`: none).
+    winners: Vec<u32>,
+}
+
+#[derive(Debug)]
+struct MaxPoolOp;
+
+impl Backward<Flex, 1> for MaxPoolOp {
+    type State = PoolState;
+
+    fn backward(self, ops: Ops<PoolState, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let PoolState {
+            dims: [b, c, h, w],
+            plane_out,
+            winners,
+        } = ops.state;
+        let dy = contiguous(grads.consume::<Flex>(&ops.node));
+        let [Some(node)] = &ops.parents else {
+            return;
+        };
+        let plane_in = h * w;
+        let mut dx = vec![0.0f32; b * c * plane_in];
+        dx.par_chunks_mut(PLANES_PER_JOB * plane_in)
+            .zip(values(&dy).par_chunks(PLANES_PER_JOB * plane_out))
+            .zip(winners.par_chunks(PLANES_PER_JOB * plane_out))
+            .for_each(|((dx, dy), winners)| {
+                for ((dx, dy), winners) in dx
+                    .chunks_exact_mut(plane_in)
+                    .zip(dy.chunks_exact(plane_out))
+                    .zip(winners.chunks_exact(plane_out))
+                {
+                    for (&d, &at) in dy.iter().zip(winners) {
+                        if let Some(v) = dx.get_mut(at as usize) {
+                            *v += d;
+                        }
+                    }
+                }
+            });
+        grads.register::<Flex>(node.id, from_vec(dx, &[b, c, h, w], &FlexDevice::default()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::tests::max_rel_err;
+    use burn::tensor::module::max_pool2d;
+    use burn::tensor::ops::MaxPoolOptions;
+    use burn::tensor::{Device, Distribution};
+
+    /// Output and input gradient against burn's max pool: overlapping and disjoint
+    /// windows, asymmetric padding, a window wider than the input's remainder.
+    #[test]
+    fn matches_burn_max_pool_and_its_gradient() {
+        let device = Device::flex().autodiff();
+        device.seed(3);
+        let cases = [
+            ([2, 3, 9, 9], [3, 3], [2, 2], [(0, 0), (0, 0)]),
+            ([3, 2, 8, 7], [2, 2], [2, 2], [(0, 0), (0, 0)]),
+            ([2, 4, 7, 6], [3, 3], [1, 1], [(1, 1), (1, 1)]),
+            ([1, 5, 6, 10], [3, 2], [2, 3], [(1, 0), (0, 1)]),
+            ([17, 2, 5, 5], [5, 5], [1, 1], [(0, 0), (0, 0)]),
+        ];
+        for (xd, kernel, stride, pads) in cases {
+            let x = Tensor::<4>::random(xd, Distribution::Normal(0.0, 1.0), &device).require_grad();
+            let opts = MaxPoolOptions {
+                kernel_size: kernel,
+                stride,
+                padding: pads,
+                dilation: [1, 1],
+                ceil_mode: false,
+            };
+            let want = max_pool2d(x.clone(), opts);
+            let got = max_pool2d_cpu(x.clone(), kernel, stride, pads).expect("a CPU tensor");
+            assert_eq!(got.dims(), want.dims(), "{xd:?}");
+            assert_eq!(max_rel_err(got.clone(), want.clone()), 0.0, "{xd:?}");
+            let r = Tensor::<4>::random(want.dims(), Distribution::Normal(0.0, 1.0), &device);
+            let g_want = (want * r.clone()).sum().backward();
+            let g_got = (got * r).sum().backward();
+            let dx = |g: &burn::tensor::Gradients| x.grad(g).expect("input gradient");
+            assert!(max_rel_err(dx(&g_got), dx(&g_want)) < 1e-6, "{xd:?}");
+        }
+    }
+}
