@@ -6,6 +6,7 @@
 //! memory from the counting allocator ([`alloc`]); [`worker`] runs each
 //! measurement in a fresh child process, so running out of memory is a result.
 
+mod act_cpu;
 pub mod adam_cpu;
 pub mod alloc;
 mod conv_cpu;

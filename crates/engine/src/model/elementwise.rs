@@ -5,6 +5,7 @@ use super::compile::Kernel;
 use super::params::Params;
 use super::prod;
 use super::reshape::axis_index;
+use crate::act_cpu::{gelu_cpu, softmax_rows_cpu};
 use batchfit_graph::Op;
 use burn::tensor::activation::{gelu, hard_sigmoid, hard_swish, relu, sigmoid, softmax, tanh};
 use burn::tensor::{Distribution, Tensor, TensorData};
@@ -16,7 +17,7 @@ pub(super) fn activation(op: &Op, t: Tensor<2>) -> Tensor<2> {
     match op {
         Op::Relu => relu(t),
         Op::ClippedRelu { max } => t.clamp(0.0, *max),
-        Op::Gelu => gelu(t),
+        Op::Gelu => gelu_cpu(t.clone()).unwrap_or_else(|| gelu(t)),
         Op::Tanh => tanh(t),
         Op::Sigmoid => sigmoid(t),
         Op::HardSigmoid { alpha, beta } => hard_sigmoid(t, f64::from(*alpha), f64::from(*beta)),
@@ -30,7 +31,13 @@ pub(super) fn activation(op: &Op, t: Tensor<2>) -> Tensor<2> {
 pub(super) fn softmax_along(k: &Kernel, x: Tensor<2>, b: usize, axis: i64) -> Tensor<2> {
     let d = &k.in_dims[0];
     let a = axis_index(d.len(), axis);
-    let x = x.reshape([b, prod(&d[..a]), d[a], prod(&d[a + 1..])]);
+    let after = prod(&d[a + 1..]);
+    if after == 1
+        && let Some(y) = softmax_rows_cpu(x.clone().reshape([b * prod(&d[..a]), d[a]]))
+    {
+        return y.reshape([b, k.out_elems()]);
+    }
+    let x = x.reshape([b, prod(&d[..a]), d[a], after]);
     softmax(x, 2).reshape([b, k.out_elems()])
 }
 

@@ -64,6 +64,17 @@ impl Burn {
             if !self.gpu && s.in_dims.len() == 3 && window.dilation.iter().all(|&d| d == 1))
     }
 
+    /// Whether the engine runs `op` as its own softmax (engine `act_cpu`): on the CPU, over
+    /// an axis with nothing after it but axes of size 1 (`axis` counts the batch).
+    fn own_softmax(&self, op: &Op, s: &Sizes) -> bool {
+        let Op::Softmax { axis } = op else {
+            return false;
+        };
+        let full = s.in_dims.len() as i64 + 1;
+        let a = if *axis < 0 { axis + full } else { *axis };
+        !self.gpu && a >= 1 && s.in_dims[a as usize..].iter().all(|&d| d == 1)
+    }
+
     /// Whether a product with `m` rows packs through gemm's per-thread slab on this CPU.
     fn packs(&self, m: u64, unit_lhs_stride: bool) -> bool {
         self.cpu.gemm_kernel.uses_slab(m, unit_lhs_stride)
@@ -253,8 +264,14 @@ impl RuntimeRules for Burn {
                 extra_elems: 2 * s.output,
                 ..none
             },
-            // Softmax is burn-backend's default `softmax`: x - max, `float_exp` (keeps its
-            // input), sum, `float_div` (keeps the exponentials and the sums).
+            // On the CPU the engine's own softmax over the last axis (engine `act_cpu`) keeps
+            // its output. Elsewhere it is burn-backend's default `softmax`: x - max,
+            // `float_exp` (keeps its input), sum, `float_div` (keeps the exponentials and the
+            // sums).
+            Op::Softmax { .. } if self.own_softmax(op, s) => Saved {
+                output: true,
+                ..none
+            },
             Op::Softmax { .. } => Saved {
                 extra_elems: 2 * s.inputs[0],
                 ..none
@@ -545,7 +562,9 @@ impl RuntimeRules for Burn {
             Op::Lrn { .. } => one(out + 3 * input),
             // `sigmoid`, `float_tanh`, `gelu` recompute the activation from the kept input.
             Op::Tanh | Op::Sigmoid | Op::Gelu => one(out + input),
-            // exp recomputed, then the quotient rule's two products.
+            // The own softmax: dy and dx. burn's: exp recomputed, then the quotient rule's
+            // two products.
+            Op::Softmax { .. } if self.own_softmax(op, s) => one(out + dx),
             Op::Softmax { .. } => one(out + 2 * input),
             // `max_pool2d_with_indices_backward` / `avg_pool2d_backward`: a new dx.
             Op::Pool { .. } => one(out + dx),
