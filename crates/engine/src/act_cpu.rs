@@ -27,7 +27,10 @@ const CHUNK: usize = 1 << 14;
 pub(crate) fn exp(x: f32) -> f32 {
     const LO: f32 = -87.336_55;
     let clamped = x.clamp(LO, 88.376_26);
-    let n = (clamped * std::f32::consts::LOG2_E + 0.5).floor();
+    // Rounded to the nearest integer by adding and removing 1.5 x 2^23 (no `floor`,
+    // which is a library call without SSE4.1).
+    const ROUND: f32 = 12_582_912.0;
+    let n = (clamped * std::f32::consts::LOG2_E + ROUND) - ROUND;
     let r = clamped - n * 0.693_359_4 + n * 2.121_944_4e-4;
     let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
         + 0.166_666_65)
@@ -50,10 +53,87 @@ fn erf_and_gauss(x: f32) -> (f32, f32) {
     (f32::copysign(1.0 - poly * gauss, x), gauss)
 }
 
-/// Runs `f` compiled for the CPU's widest SIMD (AVX-512 or AVX2 where present).
-#[inline(always)]
-fn simd<R>(f: impl FnOnce() -> R) -> R {
-    pulp::Arch::new().dispatch(f)
+/// One pass of the ops below over a chunk, run by [`Pass::run`] compiled for the CPU's
+/// widest SIMD (AVX-512 or AVX2 where present, through `pulp`'s dispatch): every
+/// function it calls is `inline(always)`, so the loops are compiled with those features.
+enum Pass<'a> {
+    SoftmaxForward {
+        y: &'a mut [f32],
+        x: &'a [f32],
+        n: usize,
+    },
+    SoftmaxBackward {
+        dx: &'a mut [f32],
+        y: &'a [f32],
+        dy: &'a [f32],
+        n: usize,
+    },
+    GeluForward {
+        y: &'a mut [f32],
+        x: &'a [f32],
+    },
+    GeluBackward {
+        dx: &'a mut [f32],
+        x: &'a [f32],
+        dy: &'a [f32],
+    },
+}
+
+impl Pass<'_> {
+    fn run(self) {
+        pulp::Arch::new().dispatch(self)
+    }
+}
+
+impl pulp::WithSimd for Pass<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        match self {
+            Pass::SoftmaxForward { y, x, n } => {
+                for (y, x) in y.chunks_exact_mut(n).zip(x.chunks_exact(n)) {
+                    let m = max(x);
+                    for (y, &x) in y.iter_mut().zip(x) {
+                        *y = exp(x - m);
+                    }
+                    let inv = 1.0 / sum(y);
+                    for y in y.iter_mut() {
+                        *y *= inv;
+                    }
+                }
+            }
+            Pass::SoftmaxBackward { dx, y, dy, n } => {
+                for ((dx, y), dy) in dx
+                    .chunks_exact_mut(n)
+                    .zip(y.chunks_exact(n))
+                    .zip(dy.chunks_exact(n))
+                {
+                    // dx = y (dy - sum(dy y)); dx holds dy y first.
+                    for ((d, &y), &g) in dx.iter_mut().zip(y).zip(dy) {
+                        *d = g * y;
+                    }
+                    let dot = sum(dx);
+                    for ((d, &y), &g) in dx.iter_mut().zip(y).zip(dy) {
+                        *d = y * (g - dot);
+                    }
+                }
+            }
+            Pass::GeluForward { y, x } => {
+                for (y, &x) in y.iter_mut().zip(x) {
+                    let (erf, _) = erf_and_gauss(x * FRAC_1_SQRT_2);
+                    *y = 0.5 * x * (1.0 + erf);
+                }
+            }
+            Pass::GeluBackward { dx, x, dy } => {
+                // d/dx x Phi(x) = Phi(x) + x phi(x), phi(x) = e^{-x^2/2} / sqrt(2 pi).
+                for ((d, &x), &g) in dx.iter_mut().zip(x).zip(dy) {
+                    let (erf, gauss) = erf_and_gauss(x * FRAC_1_SQRT_2);
+                    *d = g * (0.5 * (1.0 + erf) + x * gauss * FRAC_1_SQRT_2PI);
+                }
+            }
+        }
+    }
 }
 
 /// The sum of `v` in 16 lanes (so it vectorises), then across them.
@@ -101,20 +181,7 @@ pub fn softmax_rows_cpu(x: Tensor<2>) -> Option<Tensor<2>> {
     let job = rows_per_job(n) * n;
     y.par_chunks_mut(job)
         .zip(values(&xf).par_chunks(job))
-        .for_each(|(y, x)| {
-            simd(|| {
-                for (y, x) in y.chunks_exact_mut(n).zip(x.chunks_exact(n)) {
-                    let m = max(x);
-                    for (y, &x) in y.iter_mut().zip(x) {
-                        *y = exp(x - m);
-                    }
-                    let inv = 1.0 / sum(y);
-                    for y in y.iter_mut() {
-                        *y *= inv;
-                    }
-                }
-            })
-        });
+        .for_each(|(y, x)| Pass::SoftmaxForward { y, x, n }.run());
     let y = from_vec(y, &[rows, n], &FlexDevice::default());
     let y = match SoftmaxOp
         .prepare::<NoCheckpointing>([node])
@@ -147,24 +214,7 @@ impl Backward<Flex, 1> for SoftmaxOp {
         dx.par_chunks_mut(job)
             .zip(values(&y).par_chunks(job))
             .zip(values(&dy).par_chunks(job))
-            .for_each(|((dx, y), dy)| {
-                simd(|| {
-                    for ((dx, y), dy) in dx
-                        .chunks_exact_mut(n)
-                        .zip(y.chunks_exact(n))
-                        .zip(dy.chunks_exact(n))
-                    {
-                        // dx = y (dy - sum(dy y)); dx holds dy y first.
-                        for ((d, &y), &g) in dx.iter_mut().zip(y).zip(dy) {
-                            *d = g * y;
-                        }
-                        let dot = sum(dx);
-                        for ((d, &y), &g) in dx.iter_mut().zip(y).zip(dy) {
-                            *d = y * (g - dot);
-                        }
-                    }
-                })
-            });
+            .for_each(|((dx, y), dy)| Pass::SoftmaxBackward { dx, y, dy, n }.run());
         grads.register::<Flex>(node.id, from_vec(dx, &shape, &FlexDevice::default()));
     }
 }
@@ -182,14 +232,7 @@ pub fn gelu_cpu<const D: usize>(x: Tensor<D>) -> Option<Tensor<D>> {
     let mut y = vec![0.0f32; values(&xf).len()];
     y.par_chunks_mut(CHUNK)
         .zip(values(&xf).par_chunks(CHUNK))
-        .for_each(|(y, x)| {
-            simd(|| {
-                for (y, &x) in y.iter_mut().zip(x) {
-                    let (erf, _) = erf_and_gauss(x * FRAC_1_SQRT_2);
-                    *y = 0.5 * x * (1.0 + erf);
-                }
-            })
-        });
+        .for_each(|(y, x)| Pass::GeluForward { y, x }.run());
     let y = from_vec(y, &shape, &FlexDevice::default());
     let y = match GeluOp
         .prepare::<NoCheckpointing>([node])
@@ -219,15 +262,7 @@ impl Backward<Flex, 1> for GeluOp {
         dx.par_chunks_mut(CHUNK)
             .zip(values(&x).par_chunks(CHUNK))
             .zip(values(&dy).par_chunks(CHUNK))
-            .for_each(|((dx, x), dy)| {
-                simd(|| {
-                    // d/dx x Phi(x) = Phi(x) + x phi(x), phi(x) = e^{-x^2/2} / sqrt(2 pi).
-                    for ((d, &x), &g) in dx.iter_mut().zip(x).zip(dy) {
-                        let (erf, gauss) = erf_and_gauss(x * FRAC_1_SQRT_2);
-                        *d = g * (0.5 * (1.0 + erf) + x * gauss * FRAC_1_SQRT_2PI);
-                    }
-                })
-            });
+            .for_each(|((dx, x), dy)| Pass::GeluBackward { dx, x, dy }.run());
         let shape = x.layout().shape().to_vec();
         grads.register::<Flex>(node.id, from_vec(dx, &shape, &FlexDevice::default()));
     }
