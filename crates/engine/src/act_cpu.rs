@@ -1,4 +1,5 @@
-//! Softmax over the last axis and exact GELU on the CPU, as custom autodiff ops.
+//! Softmax over the last axis, exact GELU and the clipped ReLU on the CPU, as custom
+//! autodiff ops.
 //!
 //! burn composes softmax from five tensor ops (max, subtract, exp, sum, divide), each a
 //! pass and an allocation with its own backward, and flex's exp and erf are scalar
@@ -8,7 +9,7 @@
 //! through `pulp`'s dispatch). Softmax keeps its output (`dx = y (dy - sum(dy y))`), as
 //! PyTorch's does; GELU keeps its input, as burn's does.
 
-use crate::cpu::{Ad, FlexDevice, FlexT, contiguous, from_vec, values};
+use crate::cpu::{Ad, FlexDevice, FlexT, contiguous, from_vec, values, values_mut};
 use burn::backend::Flex;
 use burn::tensor::Tensor;
 use burn_autodiff::checkpoint::base::Checkpointer;
@@ -77,6 +78,16 @@ enum Pass<'a> {
         x: &'a [f32],
         dy: &'a [f32],
     },
+    ClampForward {
+        y: &'a mut [f32],
+        pass: &'a mut [u8],
+        x: &'a [f32],
+        max: f32,
+    },
+    ClampBackward {
+        d: &'a mut [f32],
+        pass: &'a [u8],
+    },
 }
 
 impl Pass<'_> {
@@ -123,6 +134,26 @@ impl pulp::WithSimd for Pass<'_> {
                 for (y, &x) in y.iter_mut().zip(x) {
                     let (erf, _) = erf_and_gauss(x * FRAC_1_SQRT_2);
                     *y = 0.5 * x * (1.0 + erf);
+                }
+            }
+            Pass::ClampForward { y, pass, x, max } => {
+                // burn's `clamp` (`clamp_min` then `clamp_max`): NaN stays NaN, and the
+                // gradient passes where 0 <= x <= max (and for NaN).
+                for ((y, p), &x) in y.iter_mut().zip(pass.iter_mut()).zip(x) {
+                    let (low, high) = (x < 0.0, x > max);
+                    *y = if low {
+                        0.0
+                    } else if high {
+                        max
+                    } else {
+                        x
+                    };
+                    *p = u8::from(!(low | high));
+                }
+            }
+            Pass::ClampBackward { d, pass } => {
+                for (d, &p) in d.iter_mut().zip(pass) {
+                    *d = if p == 0 { 0.0 } else { *d };
                 }
             }
             Pass::GeluBackward { dx, x, dy } => {
@@ -268,6 +299,55 @@ impl Backward<Flex, 1> for GeluOp {
     }
 }
 
+/// `x` clamped to `[0, max]` (ReLU6 and other clipped ReLUs), keeping one byte per
+/// element (whether the gradient passes) for the backward, which writes into the
+/// incoming gradient; `None` off the CPU. burn's `clamp` is two comparisons and two
+/// `mask_fill`s each way: 18 % of mobilenet_v2's step.
+pub fn clamp_cpu<const D: usize>(x: Tensor<D>, max: f32) -> Option<Tensor<D>> {
+    let xa = x.try_into_primitive::<Ad>().ok()?;
+    let node = xa.node();
+    let xf = contiguous(xa.into_primitive());
+    let shape = xf.layout().shape().to_vec();
+    let len = values(&xf).len();
+    let (mut y, mut pass) = (vec![0.0f32; len], vec![0u8; len]);
+    y.par_chunks_mut(CHUNK)
+        .zip(pass.par_chunks_mut(CHUNK))
+        .zip(values(&xf).par_chunks(CHUNK))
+        .for_each(|((y, pass), x)| Pass::ClampForward { y, pass, x, max }.run());
+    drop(xf);
+    let y = from_vec(y, &shape, &FlexDevice::default());
+    let y = match ClampOp
+        .prepare::<NoCheckpointing>([node])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish(std::sync::Arc::new(pass), y),
+        OpsKind::UnTracked(prep) => prep.finish(y),
+    };
+    Some(Tensor::from_primitive::<Ad>(y))
+}
+
+#[derive(Debug)]
+struct ClampOp;
+
+impl Backward<Flex, 1> for ClampOp {
+    /// Whether each element's gradient passes.
+    type State = std::sync::Arc<Vec<u8>>;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let pass = ops.state;
+        let mut d = contiguous(grads.consume::<Flex>(&ops.node));
+        let [Some(node)] = &ops.parents else {
+            return;
+        };
+        values_mut(&mut d)
+            .par_chunks_mut(CHUNK)
+            .zip(pass.par_chunks(CHUNK))
+            .for_each(|(d, pass)| Pass::ClampBackward { d, pass }.run());
+        grads.register::<Flex>(node.id, d);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -300,8 +380,8 @@ mod tests {
         assert!(exp(f32::NAN).is_nan());
     }
 
-    /// Output and input gradient against burn's softmax and GELU, on rows shorter and
-    /// longer than a vector, with a masked (-inf) entry.
+    /// Output and input gradient against burn's softmax, GELU and clamp, on rows shorter
+    /// and longer than a vector, with a masked (-inf) entry for the softmax.
     #[test]
     fn softmax_and_gelu_match_burn() {
         let device = Device::flex().autodiff();
@@ -321,6 +401,10 @@ mod tests {
                     softmax(masked(), 1),
                 ),
                 (gelu_cpu(x.clone()).expect("a CPU tensor"), gelu(x.clone())),
+                (
+                    clamp_cpu(x.clone(), 2.5).expect("a CPU tensor"),
+                    x.clone().clamp(0.0, 2.5),
+                ),
             ] {
                 assert!(
                     max_rel_err(got.clone(), want.clone()) < 1e-5,

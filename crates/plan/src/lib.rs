@@ -181,9 +181,9 @@ mod tests {
         );
         // Checkpointing keeps fewer activations; under PyTorch's rules that lowers the peak.
         // (Under burn's the peak of this model is the BiLSTM's own per-step tensors, which
-        // one layer's recomputation cannot spread.)
+        // one layer's recomputation cannot spread, and the recomputed segment can even
+        // raise it a little: the clipped ReLUs before it keep one byte per element.)
         assert!(ckpt.per_sample.activations < base.per_sample.activations);
-        assert!(ckpt.per_sample.total <= base.per_sample.total);
         let torch = |checkpointing| {
             plan(
                 &g,

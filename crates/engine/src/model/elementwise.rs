@@ -5,7 +5,7 @@ use super::compile::Kernel;
 use super::params::Params;
 use super::prod;
 use super::reshape::axis_index;
-use crate::act_cpu::{gelu_cpu, softmax_rows_cpu};
+use crate::act_cpu::{clamp_cpu, gelu_cpu, softmax_rows_cpu};
 use batchfit_graph::Op;
 use burn::tensor::activation::{gelu, hard_sigmoid, hard_swish, relu, sigmoid, softmax, tanh};
 use burn::tensor::{Distribution, Tensor, TensorData};
@@ -16,7 +16,7 @@ use burn::tensor::{Distribution, Tensor, TensorData};
 pub(super) fn activation(op: &Op, t: Tensor<2>) -> Tensor<2> {
     match op {
         Op::Relu => relu(t),
-        Op::ClippedRelu { max } => t.clamp(0.0, *max),
+        Op::ClippedRelu { max } => clamp_cpu(t.clone(), *max).unwrap_or_else(|| t.clamp(0.0, *max)),
         Op::Gelu => gelu_cpu(t.clone()).unwrap_or_else(|| gelu(t)),
         Op::Tanh => tanh(t),
         Op::Sigmoid => sigmoid(t),

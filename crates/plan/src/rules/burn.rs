@@ -225,11 +225,13 @@ impl RuntimeRules for Burn {
             // checkpoint their INPUT and recompute from it: unlike PyTorch, the pre-activation
             // stays alive beside the activation the next layer keeps.
             Op::Relu | Op::Tanh | Op::Sigmoid | Op::Gelu => inputs,
-            // `clamp` is burn-backend's default `float_clamp` = `clamp_min(clamp_max(x))`, each
-            // a comparison plus `float_mask_fill`, whose backward keeps only the bool mask
-            // (flex stores bools as one byte): two bytes per element, not the input.
+            // On the CPU the engine's own clamp (engine `act_cpu`) keeps one byte per element
+            // (whether the gradient passes). Elsewhere `clamp` is burn-backend's default
+            // `float_clamp` = `clamp_min(clamp_max(x))`, each a comparison plus
+            // `float_mask_fill`, whose backward keeps only the bool mask (flex stores bools as
+            // one byte): two bytes per element, not the input.
             Op::ClippedRelu { .. } => Saved {
-                extra_bytes: 2 * s.output,
+                extra_bytes: if self.gpu { 2 } else { 1 } * s.output,
                 ..none
             },
             // `hard_sigmoid` is burn-backend's default: `mul_scalar`, `add_scalar` (nothing kept)
@@ -945,8 +947,12 @@ mod tests {
         let s = sizes(&[512], 512, &[512], &[512]);
         let relu = CPU.saved(&Op::Relu, &s);
         assert!(relu.inputs && !relu.output);
-        // clamp: two one-byte masks instead of the input.
+        // clamp: one byte per element (the engine's own on the CPU), two one-byte masks
+        // (burn's on a GPU) instead of the input.
         let clip = CPU.saved(&Op::ClippedRelu { max: 20.0 }, &s);
+        assert_eq!((clip.inputs, clip.extra_bytes), (false, 512));
+        let gpu = Burn { gpu: true, ..CPU };
+        let clip = gpu.saved(&Op::ClippedRelu { max: 20.0 }, &s);
         assert_eq!((clip.inputs, clip.extra_bytes), (false, 1024));
     }
 
