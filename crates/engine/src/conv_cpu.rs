@@ -161,6 +161,16 @@ impl Geometry {
         }
     }
 
+    /// One ungrouped sample's taps `[C·kh·kw, OH·OW]`: the image itself for a pointwise
+    /// convolution, else [`Geometry::unfold`] into the scratch.
+    fn taps<'a>(&self, pointwise: bool, image: &'a [f32], s: &'a mut Scratch) -> &'a [f32] {
+        if pointwise {
+            return image;
+        }
+        self.unfold(image, &mut s.cols, &mut s.padded);
+        &s.cols
+    }
+
     /// Adds the taps' gradient `dcols` `[C·kh·kw, OH·OW]` back onto their windows: the
     /// gradient of one ungrouped sample `dx` (CHW). `padded` is scratch, left zeroed.
     fn fold(&self, dcols: &[f32], dx: &mut [f32], padded: &mut [f32]) {
@@ -328,12 +338,7 @@ pub fn conv2d_cpu(
             .for_each_init(
                 || Scratch::new(&g),
                 |s, (out, image)| {
-                    let cols = if pointwise {
-                        image
-                    } else {
-                        g.unfold(image, &mut s.cols, &mut s.padded);
-                        &s.cols[..]
-                    };
+                    let cols = g.taps(pointwise, image, s);
                     gemm_into(
                         co,
                         spatial,
@@ -480,13 +485,7 @@ impl Backward<Flex, 2> for ConvOp {
                 },
             )
             .map(|(_, dw)| dw)
-            .reduce_with(|mut a, b| {
-                if a.is_empty() {
-                    return b;
-                }
-                a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
-                a
-            })
+            .reduce_with(add_partials)
             .unwrap_or_default();
         drop(dx_chunks);
         register(&g, grads, ids, dx, dw);
@@ -541,12 +540,7 @@ fn backward_per_sample(
                     if dw.is_empty() {
                         dw = vec![0.0f32; co * k];
                     }
-                    let cols = if pointwise {
-                        image
-                    } else {
-                        g.unfold(image, &mut s.cols, &mut s.padded);
-                        &s.cols[..]
-                    };
+                    let cols = g.taps(pointwise, image, &mut s);
                     gemm_into(
                         co,
                         k,
@@ -572,14 +566,17 @@ fn backward_per_sample(
             },
         )
         .map(|(_, dw)| dw)
-        .reduce_with(|mut a, b| {
-            if a.is_empty() {
-                return b;
-            }
-            a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
-            a
-        })
+        .reduce_with(add_partials)
         .unwrap_or_default()
+}
+
+/// Two threads' weight-gradient sums added (a thread that had no chunk left an empty one).
+fn add_partials(mut a: Vec<f32>, b: Vec<f32>) -> Vec<f32> {
+    if a.is_empty() {
+        return b;
+    }
+    a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
+    a
 }
 
 #[cfg(test)]
