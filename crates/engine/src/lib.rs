@@ -13,6 +13,7 @@ mod conv_cpu;
 mod cpu;
 pub mod data;
 pub mod device;
+pub mod gru;
 mod im2col;
 pub mod lstm;
 pub mod measure;

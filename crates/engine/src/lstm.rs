@@ -10,7 +10,7 @@
 //!
 //! Kept for the backward, per step and direction: the gate activations i, f, g, o
 //! and the cell state c (5H), plus the output. Gate order i, f, g, o, as PyTorch.
-//! Off the CPU (or for a GRU) the engine keeps the composed cell.
+//! Off the CPU the engine keeps the composed cell; the GRU has its own ([`crate::gru`]).
 
 use crate::cpu::{Ad, AdT, FlexDevice, FlexT, Strided, contiguous, from_vec, gemm_into, values};
 use burn::backend::Flex;
@@ -44,11 +44,12 @@ pub fn lstm_layer(projections: &[Tensor<3>], w_hh: &[Tensor<2>]) -> Option<Tenso
     Some(Tensor::from_primitive::<Ad>(out))
 }
 
+/// Batch, steps and hidden size of a recurrent layer (shared with [`crate::gru`]).
 #[derive(Clone, Copy, Debug)]
-struct Shape3 {
-    b: usize,
-    t: usize,
-    h: usize,
+pub(crate) struct Shape3 {
+    pub(crate) b: usize,
+    pub(crate) t: usize,
+    pub(crate) h: usize,
 }
 
 /// What one direction's backward reads.
@@ -228,7 +229,7 @@ fn cell_backward(
 }
 
 /// Row `cur` (mutable) and row `prev` of a row-major buffer with rows of `n`.
-fn two_rows(v: &mut [f32], n: usize, cur: usize, prev: usize) -> (&mut [f32], &[f32]) {
+pub(crate) fn two_rows(v: &mut [f32], n: usize, cur: usize, prev: usize) -> (&mut [f32], &[f32]) {
     if cur < prev {
         let (lo, hi) = v.split_at_mut(prev * n);
         (&mut lo[cur * n..][..n], &hi[..n])
@@ -239,14 +240,14 @@ fn two_rows(v: &mut [f32], n: usize, cur: usize, prev: usize) -> (&mut [f32], &[
 }
 
 #[inline(always)]
-fn sigmoid(x: f32) -> f32 {
+pub(crate) fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + exp(-x))
 }
 
 /// tanh as 1 - 2 / (e^2x + 1): glibc's `tanhf` goes through `expm1f` and took a
 /// third of the bench BiLSTM's step. Within 2e-7 of it, saturating to ±1.
 #[inline(always)]
-fn tanh(x: f32) -> f32 {
+pub(crate) fn tanh(x: f32) -> f32 {
     1.0 - 2.0 / (exp(2.0 * x) + 1.0)
 }
 
@@ -255,7 +256,7 @@ fn tanh(x: f32) -> f32 {
 /// on |r| <= ln2/2, then 2^n put into the exponent bits; about 1 ulp. Clamped where
 /// `expf` overflows or goes subnormal.
 #[inline(always)]
-fn exp(x: f32) -> f32 {
+pub(crate) fn exp(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     // ln 2 in two parts, so that n·ln2 is exact for the reduction.
     const LN2_HI: f32 = 0.693_359_4;
@@ -275,7 +276,7 @@ fn exp(x: f32) -> f32 {
 }
 
 /// The step index of the `s`-th step a direction processes.
-fn step_index(s: usize, t: usize, reverse: bool) -> usize {
+pub(crate) fn step_index(s: usize, t: usize, reverse: bool) -> usize {
     if reverse { t - 1 - s } else { s }
 }
 
@@ -283,7 +284,7 @@ fn step_index(s: usize, t: usize, reverse: bool) -> usize {
 /// baseline x86-64, whose SSE2 vectors are half as wide. `f` and what it calls are
 /// `#[inline(always)]`, so they are compiled inside the wide function.
 #[inline(always)]
-fn wide<R>(f: impl FnOnce() -> R) -> R {
+pub(crate) fn wide<R>(f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
         #[target_feature(enable = "avx2,fma")]

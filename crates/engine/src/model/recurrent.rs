@@ -1,6 +1,6 @@
 //! Recurrent layers: LSTM and GRU, one or both directions. Every step's input
 //! projection is one matrix product up front; the steps then run fused on the
-//! CPU for an LSTM ([`crate::lstm`]), or composed of burn ops elsewhere.
+//! CPU ([`crate::lstm`], [`crate::gru`]), or composed of burn ops elsewhere.
 
 use super::compile::Kernel;
 use super::params::{P, Params};
@@ -46,6 +46,22 @@ pub(super) fn rnn(k: &Kernel, p: &Params, x: Tensor<2>, b: usize) -> Tensor<2> {
             crate::lstm::lstm_layer(&with_biases, &w_hh).expect("available() checked the device");
         return y.reshape([b, out_elems]);
     }
+    if cell == Cell::Gru && crate::cpu::available(&x) {
+        // b_hn sits inside the reset gate's product, so the recurrent bias is the fused
+        // op's own input (zeros, untracked, for a layer with a single bias).
+        let g = cell.gates() * hidden;
+        let w_hh: Vec<Tensor<2>> = qs.iter().map(|q| p.t2(q[1])).collect();
+        let b_hh: Vec<Tensor<1>> = qs
+            .iter()
+            .map(|q| match q.get(3) {
+                Some(&b_hh) => p.t1(b_hh),
+                None => Tensor::zeros([g], &x.device()),
+            })
+            .collect();
+        let y = crate::gru::gru_layer(&projections, &w_hh, &b_hh)
+            .expect("available() checked the device");
+        return y.reshape([b, out_elems]);
+    }
     let mut outs: Vec<Tensor<3>> = projections
         .into_iter()
         .zip(&qs)
@@ -71,7 +87,7 @@ fn rnn_projection(x: Tensor<3>, p: &Params, q: &[P]) -> Tensor<3> {
 
 /// One direction of an LSTM or GRU from its input projection `xp` `[B, T, gates·H]`,
 /// returning `[B, T, H]`, composed of burn ops step by step (gate order i, f, g, o for
-/// LSTM; r, z, n for GRU). An LSTM on the CPU runs fused instead ([`crate::lstm`]).
+/// LSTM; r, z, n for GRU). On the CPU both cells run fused instead.
 fn rnn_direction(
     cell: Cell,
     h: usize,

@@ -343,22 +343,21 @@ impl RuntimeRules for Burn {
                 extra_elems: 2 * s.inputs[0] + 2 * (s.inputs[0] / *features as u64),
                 ..none
             },
-            // The engine's fused CPU LSTM (engine lstm.rs) keeps per step and direction the gate
-            // activations i, f, g, o and c_t (5H), and the layer's output; the input
-            // projection's `matmul` keeps the input.
-            Op::Rnn {
-                cell: Cell::Lstm,
-                hidden,
-                ..
-            } => Saved {
+            // The engine's fused CPU cells (engine lstm.rs, gru.rs) keep per step and direction
+            // the gate activations and one more row: LSTM i, f, g, o and c_t (5H), GRU r, z, n
+            // and `h W_hn + b_hn` (4H); and the layer's output. The input projection's
+            // `matmul` keeps the input.
+            Op::Rnn { cell, hidden, .. } if !self.gpu => Saved {
                 inputs: true,
                 output: true,
-                extra_elems: rnn_steps_dirs(op, s) * 5 * *hidden as u64,
+                extra_elems: rnn_steps_dirs(op, s) * (cell.gates() + 1) as u64 * *hidden as u64,
                 ..none
             },
-            // The engine's composed GRU (model.rs `rnn_direction`) keeps per step and direction:
-            // the recurrent product 3H (its n slice is kept by `r * rn`), the three gate
-            // pre-activations, r, z, n, 1 - z and h_t: 11H. Plus the input (`matmul`).
+            // Elsewhere the cells are composed (model/recurrent.rs `rnn_direction`), and keep
+            // per step and direction: the GRU the recurrent product 3H (its n slice is kept by
+            // `r * rn`), the three gate pre-activations, r, z, n, 1 - z and h_t; the LSTM the
+            // gates' sum 4H (its slices are kept by the activations), i, f, g, o, c_t,
+            // tanh(c_t) and h_t: 11H either way. Plus the input (`matmul`).
             Op::Rnn { hidden, .. } => Saved {
                 inputs: true,
                 extra_elems: rnn_steps_dirs(op, s) * 11 * *hidden as u64,
@@ -386,7 +385,7 @@ impl RuntimeRules for Burn {
             // keep) and nothing else.
             Op::BatchNorm { .. } if !self.gpu => 0,
             Op::Pool { .. } if self.own_max_pool(op, s) => 0,
-            _ => forward_temporaries(op, s, act),
+            _ => forward_temporaries(op, s, act, self.gpu),
         };
         loose + s.output * act + extra + temporaries
     }
@@ -582,29 +581,34 @@ impl RuntimeRules for Burn {
             // The composed norm's backward: dy * gamma, the quotient rule's product and the
             // statistics' reductions, one input-sized temporary at a time.
             Op::BatchNorm { .. } | Op::LayerNorm { .. } => one(out + dx + input),
-            // The fused LSTM's backward (both directions at once, one per thread): the output's
-            // gradient, each direction's projection gradient `[T, 4H]` and its h_{t-1} rows
-            // `[T, H]`, and the recurrent weights' gradients; a bidirectional layer runs its
+            // The fused cells' backward (both directions at once, one per thread): the output's
+            // gradient, each direction's projection gradient `[T, gates x H]`, its h_{t-1} rows
+            // `[T, H]` (and the GRU's gradient of `h W_hn + b_hn`, `[T, H]`), and the recurrent
+            // weights' (and GRU biases') gradients; a bidirectional layer runs its
             // directions on the pool's threads (`rayon::join`), each keeping a gemm packing
             // buffer besides the one the plan counts for the step (one direction runs on the
-            // calling thread, in that one), when its `[B, H] x [H, 4H]` products pack through
-            // the slab at all (`GemmKernel::uses_slab`). Then each
+            // calling thread, in that one), when its `[B, H] x [H, gates x H]` products pack
+            // through the slab at all (`GemmKernel::uses_slab`). Then each
             // projection's `matmul` makes dx (and its twin) and the input weight's gradient
             // while the projection gradients are alive.
             Op::Rnn {
-                cell: Cell::Lstm,
+                cell,
                 hidden,
                 bidirectional,
                 ..
-            } => {
+            } if !self.gpu => {
                 let steps = s.in_dims.first().copied().unwrap_or(1) as u64;
                 let dirs = if *bidirectional { 2 } else { 1 };
-                let (g, h) = (4 * *hidden as u64, *hidden as u64);
+                let (g, h) = ((cell.gates() * *hidden) as u64, *hidden as u64);
+                let (per_step, bias) = match cell {
+                    Cell::Lstm => (g + h, 0),
+                    Cell::Gru => (g + 2 * h, g),
+                };
                 let hh = g * h;
                 vec![
                     BackwardMoment {
-                        bytes: (out + dirs * steps * (g + h)) * act,
-                        param_elems: dirs * hh,
+                        bytes: (out + dirs * steps * per_step) * act,
+                        param_elems: dirs * (hh + bias),
                         fixed_workspace: if dirs == 2 && self.packs(g, true) {
                             dirs.min(cpu.threads) * cpu.gemm_slab
                         } else {
@@ -884,8 +888,9 @@ impl RuntimeRules for Burn {
 }
 
 /// Burn (flex): per-sample bytes the forward pass of `op` allocates besides its output and
-/// the tensors it keeps for backward, freed before the next op.
-fn forward_temporaries(op: &Op, s: &Sizes, act: u64) -> u64 {
+/// the tensors it keeps for backward, freed before the next op; `gpu`: off the CPU, where
+/// the engine composes what it fuses on the CPU.
+fn forward_temporaries(op: &Op, s: &Sizes, act: u64, gpu: bool) -> u64 {
     let out = s.output;
     let input = s.inputs.first().copied().unwrap_or(0);
     match op {
@@ -911,13 +916,11 @@ fn forward_temporaries(op: &Op, s: &Sizes, act: u64) -> u64 {
         } => 8 * out,
         // Centred input squared before its mean.
         Op::BatchNorm { .. } | Op::LayerNorm { .. } => input * act,
-        // The fused LSTM: every direction's input projection `[T, 4H]` and its h_t `[T, H]`
-        // until the output is assembled.
-        Op::Rnn {
-            cell: Cell::Lstm,
-            hidden,
-            ..
-        } => rnn_steps_dirs(op, s) * 5 * *hidden as u64 * act,
+        // The fused cells: every direction's input projection `[T, gates x H]` and its h_t
+        // `[T, H]` until the output is assembled.
+        Op::Rnn { cell, hidden, .. } if !gpu => {
+            rnn_steps_dirs(op, s) * (cell.gates() + 1) as u64 * *hidden as u64 * act
+        }
         // Per direction the input projection `[T, gates x H]` lives through the loop.
         Op::Rnn { cell, hidden, .. } => {
             let steps = s.in_dims.first().copied().unwrap_or(1) as u64;
@@ -978,7 +981,7 @@ mod tests {
         assert_eq!(m.len(), 1);
         assert_eq!(m[0].bytes, 2 * 2106 * 4);
         assert_eq!(m[0].fixed_workspace, 16 * 6084 * 4);
-        assert_eq!(forward_temporaries(&op, &s, 4), 26 * 11 * 11 * 4);
+        assert_eq!(forward_temporaries(&op, &s, 4, false), 26 * 11 * 11 * 4);
         let s = sizes(&[2106], 2106, &[26, 9, 9], &[26, 9, 9]);
         assert!(!burn_im2col(&op, &s));
         assert!(CPU.saved(&op, &s).inputs);
