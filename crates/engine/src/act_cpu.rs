@@ -31,13 +31,18 @@ pub(crate) fn exp(x: f32) -> f32 {
     // Rounded to the nearest integer by adding and removing 1.5 x 2^23 (no `floor`,
     // which is a library call without SSE4.1).
     const ROUND: f32 = 12_582_912.0;
-    let n = (clamped * std::f32::consts::LOG2_E + ROUND) - ROUND;
+    let shifted = clamped * std::f32::consts::LOG2_E + ROUND;
+    let n = shifted - ROUND;
     let r = clamped - n * 0.693_359_4 + n * 2.121_944_4e-4;
     let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
         + 0.166_666_65)
         * r
         + 0.5;
-    let y = (p * r * r + r + 1.0) * f32::from_bits(((n as i32 + 127) << 23) as u32);
+    // 2^n from the bits of `shifted`, whose low mantissa bits hold n (plus 2^22, which the
+    // shift drops): `n as i32` is a saturating cast, which the compiler does per lane
+    // with compares and inserts; this stays in the vector registers.
+    let two_n = f32::from_bits(shifted.to_bits().wrapping_add(127) << 23);
+    let y = (p * r * r + r + 1.0) * two_n;
     if x < LO { 0.0 } else { y }
 }
 

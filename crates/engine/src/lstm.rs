@@ -12,6 +12,7 @@
 //! and the cell state c (5H), plus the output. Gate order i, f, g, o, as PyTorch.
 //! Off the CPU the engine keeps the composed cell; the GRU has its own ([`crate::gru`]).
 
+use crate::act_cpu::exp;
 use crate::cpu::{Ad, AdT, FlexDevice, FlexT, Strided, contiguous, from_vec, gemm_into, values};
 use burn::backend::Flex;
 use burn::tensor::{DType, Tensor};
@@ -251,30 +252,6 @@ pub(crate) fn tanh(x: f32) -> f32 {
     1.0 - 2.0 / (exp(2.0 * x) + 1.0)
 }
 
-/// e^x in plain arithmetic, so that the gate loops vectorise (libm's `expf` is a call
-/// per element): Cephes' `expf`, a range reduction by ln 2 and a degree-6 polynomial
-/// on |r| <= ln2/2, then 2^n put into the exponent bits; about 1 ulp. Clamped where
-/// `expf` overflows or goes subnormal.
-#[inline(always)]
-pub(crate) fn exp(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    // ln 2 in two parts, so that n·ln2 is exact for the reduction.
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    // Adding and subtracting 1.5·2^23 rounds to the nearest integer without `round`
-    // (a libm call on baseline x86-64).
-    const ROUND: f32 = 12_582_912.0;
-    let x = x.clamp(-87.0, 88.0);
-    let n = (x * LOG2E + ROUND) - ROUND;
-    let r = x - n * LN2_HI - n * LN2_LO;
-    let p = ((((1.987_569_1e-4 * r + 1.398_2e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
-        + 1.666_666_5e-1)
-        * r
-        + 0.5;
-    let e = p * r * r + r + 1.0;
-    e * f32::from_bits(((n as i32 + 127) as u32) << 23)
-}
-
 /// The step index of the `s`-th step a direction processes.
 pub(crate) fn step_index(s: usize, t: usize, reverse: bool) -> usize {
     if reverse { t - 1 - s } else { s }
@@ -457,20 +434,6 @@ mod tests {
             hs.reverse();
         }
         Tensor::stack(hs, 1)
-    }
-
-    #[test]
-    fn exp_in_arithmetic_is_exp() {
-        for i in -8700..=8800 {
-            let x = i as f32 / 100.0;
-            let (got, want) = (super::exp(x), x.exp());
-            assert!(
-                (got - want).abs() <= 4.0 * f32::EPSILON * want,
-                "{x}: {got} vs {want}"
-            );
-        }
-        assert!(super::exp(-1e4) >= 0.0 && super::exp(-1e4) < 1e-37);
-        assert!(super::exp(1e4).is_finite());
     }
 
     #[test]
