@@ -49,6 +49,15 @@ pub fn from_vec(v: Vec<f32>, shape: &[usize], device: &FlexDevice) -> FlexT {
     Flex::float_from_data(TensorData::new(v, shape.to_vec()), device)
 }
 
+/// Runs `f` compiled for the CPU's widest SIMD (AVX-512, else AVX2 and FMA), through
+/// pulp's run-time dispatch: the crate is built for baseline x86-64, whose SSE2 vectors
+/// are a quarter as wide. `f` and what it calls must be `#[inline(always)]`, so that they
+/// are compiled inside the dispatched function.
+#[inline(always)]
+pub fn wide<R>(f: impl FnOnce() -> R) -> R {
+    pulp::Arch::new().dispatch(f)
+}
+
 /// A matrix inside a slice: element (r, c) at `r * row + c * col`.
 pub struct Strided<S> {
     data: S,

@@ -16,8 +16,10 @@
 //! Kept for the backward, per step and direction: r, z, n and `h W_hn + b_hn` (4H),
 //! plus the output.
 
-use crate::cpu::{Ad, AdT, FlexDevice, FlexT, Strided, contiguous, from_vec, gemm_into, values};
-use crate::lstm::{Shape3, sigmoid, step_index, tanh, two_rows, wide};
+use crate::cpu::{
+    Ad, AdT, FlexDevice, FlexT, Strided, contiguous, from_vec, gemm_into, values, wide,
+};
+use crate::lstm::{Shape3, sigmoid, step_index, tanh, two_rows};
 use burn::backend::Flex;
 use burn::tensor::{DType, Tensor};
 use burn_autodiff::checkpoint::base::Checkpointer;

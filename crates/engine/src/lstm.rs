@@ -13,7 +13,9 @@
 //! Off the CPU the engine keeps the composed cell; the GRU has its own ([`crate::gru`]).
 
 use crate::act_cpu::exp;
-use crate::cpu::{Ad, AdT, FlexDevice, FlexT, Strided, contiguous, from_vec, gemm_into, values};
+use crate::cpu::{
+    Ad, AdT, FlexDevice, FlexT, Strided, contiguous, from_vec, gemm_into, values, wide,
+};
 use burn::backend::Flex;
 use burn::tensor::{DType, Tensor};
 use burn_autodiff::checkpoint::base::Checkpointer;
@@ -255,23 +257,6 @@ pub(crate) fn tanh(x: f32) -> f32 {
 /// The step index of the `s`-th step a direction processes.
 pub(crate) fn step_index(s: usize, t: usize, reverse: bool) -> usize {
     if reverse { t - 1 - s } else { s }
-}
-
-/// Runs `f` compiled for AVX2 and FMA where the CPU has them: the crate is built for
-/// baseline x86-64, whose SSE2 vectors are half as wide. `f` and what it calls are
-/// `#[inline(always)]`, so they are compiled inside the wide function.
-#[inline(always)]
-pub(crate) fn wide<R>(f: impl FnOnce() -> R) -> R {
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-        #[target_feature(enable = "avx2,fma")]
-        fn with_avx2<R>(f: impl FnOnce() -> R) -> R {
-            f()
-        }
-        // SAFETY: the CPU has AVX2 and FMA (checked above).
-        return unsafe { with_avx2(f) };
-    }
-    f()
 }
 
 /// One direction's forward (run through [`wide`]): returns the gate activations `[B, T, 4H]`, the cell

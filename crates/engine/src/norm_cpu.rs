@@ -5,7 +5,7 @@
 //! two, and only x and two numbers per channel (mean, 1/std) are kept, as PyTorch's
 //! `native_batch_norm` keeps them. Channels run in parallel on rayon's threads.
 
-use crate::cpu::{Ad, FlexDevice, FlexT, contiguous, from_vec, values};
+use crate::cpu::{Ad, FlexDevice, FlexT, contiguous, from_vec, values, wide};
 use burn::backend::Flex;
 use burn::tensor::Tensor;
 use burn_autodiff::checkpoint::base::Checkpointer;
@@ -16,6 +16,33 @@ use rayon::prelude::*;
 
 /// The variance's epsilon (PyTorch's default, as the composed version).
 const EPS: f32 = 1e-5;
+
+/// Independent running sums per lane: one sum would chain every add on the last (no
+/// vectorising, one add per add's latency).
+const LANES: usize = 8;
+
+/// The sums over `a` and `b` (equal lengths) of the two terms `f(a_i, b_i)`, in f64,
+/// in [`LANES`] lanes.
+#[inline(always)]
+fn lane_sums(a: &[f32], b: &[f32], f: impl Fn(f64, f64) -> (f64, f64)) -> (f64, f64) {
+    let (mut s0, mut s1) = ([0.0f64; LANES], [0.0f64; LANES]);
+    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (a, b) in ca.zip(cb) {
+        for l in 0..LANES {
+            let (t0, t1) = f(f64::from(a[l]), f64::from(b[l]));
+            s0[l] += t0;
+            s1[l] += t1;
+        }
+    }
+    let (mut t0, mut t1) = (s0.iter().sum::<f64>(), s1.iter().sum::<f64>());
+    for (&a, &b) in ra.iter().zip(rb) {
+        let (u0, u1) = f(f64::from(a), f64::from(b));
+        t0 += u0;
+        t1 += u1;
+    }
+    (t0, t1)
+}
 
 /// `x` `[B, C, S]` normalised per channel with the batch's statistics, scaled by `gamma`
 /// and shifted by `beta` (`[C]` each); `None` off the CPU.
@@ -34,15 +61,22 @@ pub fn batch_norm_cpu(x: Tensor<3>, gamma: Tensor<1>, beta: Tensor<1>) -> Option
     let stats: Vec<(f32, f32)> = (0..c)
         .into_par_iter()
         .map(|ch| {
-            let rows = (0..b).map(|i| &xv[(i * c + ch) * s..(i * c + ch + 1) * s]);
-            let sum: f64 = rows.clone().flatten().map(|&v| f64::from(v)).sum();
-            let mean = sum / n;
-            let var: f64 = rows
-                .flatten()
-                .map(|&v| (f64::from(v) - mean).powi(2))
-                .sum::<f64>()
-                / n;
-            (mean as f32, 1.0 / (var as f32 + EPS).sqrt())
+            wide(
+                #[inline(always)]
+                || {
+                    let rows = (0..b).map(|i| &xv[(i * c + ch) * s..(i * c + ch + 1) * s]);
+                    let sum: f64 = rows
+                        .clone()
+                        .map(|r| lane_sums(r, r, |v, _| (v, 0.0)).0)
+                        .sum();
+                    let mean = sum / n;
+                    let var: f64 = rows
+                        .map(|r| lane_sums(r, r, |v, _| ((v - mean).powi(2), 0.0)).0)
+                        .sum::<f64>()
+                        / n;
+                    (mean as f32, 1.0 / (var as f32 + EPS).sqrt())
+                },
+            )
         })
         .collect();
     let mut y = vec![0.0f32; b * c * s];
@@ -50,9 +84,15 @@ pub fn batch_norm_cpu(x: Tensor<3>, gamma: Tensor<1>, beta: Tensor<1>) -> Option
         let ch = row % c;
         let (mean, rstd) = stats[ch];
         let (scale, shift) = (gv[ch] * rstd, bv[ch] - gv[ch] * rstd * mean);
-        for (o, &v) in out.iter_mut().zip(&xv[row * s..(row + 1) * s]) {
-            *o = v * scale + shift;
-        }
+        let x = &xv[row * s..(row + 1) * s];
+        wide(
+            #[inline(always)]
+            || {
+                for (o, &v) in out.iter_mut().zip(x) {
+                    *o = v * scale + shift;
+                }
+            },
+        );
     });
     let y = from_vec(y, &[b, c, s], &FlexDevice::default());
     let y = match BatchNormOp
@@ -109,10 +149,16 @@ impl Backward<Flex, 3> for BatchNormOp {
                 let (mut dbeta, mut dgamma) = (0.0f64, 0.0f64);
                 for i in 0..b {
                     let at = (i * c + ch) * s;
-                    for (&d, &v) in dyv[at..at + s].iter().zip(&xv[at..at + s]) {
-                        dbeta += f64::from(d);
-                        dgamma += f64::from(d) * f64::from((v - mean) * rstd);
-                    }
+                    let (db, dg) = wide(
+                        #[inline(always)]
+                        || {
+                            lane_sums(&dyv[at..at + s], &xv[at..at + s], |d, v| {
+                                (d, d * f64::from((v as f32 - mean) * rstd))
+                            })
+                        },
+                    );
+                    dbeta += db;
+                    dgamma += dg;
                 }
                 (dbeta as f32, dgamma as f32)
             })
@@ -128,10 +174,15 @@ impl Backward<Flex, 3> for BatchNormOp {
                 let (dbeta, dgamma) = sums[ch];
                 let k = gv[ch] * rstd;
                 let (mean_dy, mean_dyx) = (dbeta / n as f32, dgamma / n as f32);
-                let at = row * s;
-                for ((o, &d), &v) in out.iter_mut().zip(&dyv[at..at + s]).zip(&xv[at..at + s]) {
-                    *o = k * (d - mean_dy - (v - mean) * rstd * mean_dyx);
-                }
+                let (dy, x) = (&dyv[row * s..(row + 1) * s], &xv[row * s..(row + 1) * s]);
+                wide(
+                    #[inline(always)]
+                    || {
+                        for ((o, &d), &v) in out.iter_mut().zip(dy).zip(x) {
+                            *o = k * (d - mean_dy - (v - mean) * rstd * mean_dyx);
+                        }
+                    },
+                );
             });
             grads.register::<Flex>(node.id, from_vec(dx, &[b, c, s], &device));
         }

@@ -6,7 +6,7 @@
 //! (u32) are kept for the backward, which adds dy onto them; PyTorch also keeps the
 //! input, which the gradient does not need.
 
-use crate::cpu::{Ad, FlexDevice, contiguous, from_vec, values};
+use crate::cpu::{Ad, FlexDevice, contiguous, from_vec, values, wide};
 use burn::backend::Flex;
 use burn::tensor::Tensor;
 use burn_autodiff::checkpoint::base::Checkpointer;
@@ -56,9 +56,29 @@ fn take(v: f32, offset: usize, best: &mut f32, arg: &mut u32) {
     *arg = if wins { offset as u32 } else { *arg };
 }
 
+/// Takes every `S`-th tap of `taps` (every `stride`-th for `S` = 0) into the windows'
+/// `best` and `arg`; the taps are at plane offsets `base`, `base + S`, ...
+#[inline(always)]
+fn sweep<const S: usize>(
+    taps: &[f32],
+    stride: usize,
+    base: usize,
+    best: &mut [f32],
+    arg: &mut [u32],
+) {
+    let s = if S == 0 { stride } else { S };
+    let n = best.len();
+    let (taps, arg) = (&taps[..(n - 1) * s + 1], &mut arg[..n]);
+    for k in 0..n {
+        let at = k * s;
+        take(taps[at], base + at, &mut best[k], &mut arg[k]);
+    }
+}
+
 /// Max pool of one plane `x` into `y` and its winners: output row by output row, each
 /// tap row and tap column swept across the row's outputs at once (the loop the compiler
 /// vectorises), the windows clipped by the padding tap by tap.
+#[inline(always)]
 fn pool_plane(
     x: &[f32],
     y: &mut [f32],
@@ -87,12 +107,14 @@ fn pool_plane(
                     break;
                 }
                 let first = lo * p.stride + j - p.pad;
-                let n = hi - lo;
-                let taps = &line[first..first + (n - 1) * p.stride + 1];
                 let (best, arg) = (&mut best[lo..hi], &mut arg[lo..hi]);
-                for k in 0..n {
-                    let at = k * p.stride;
-                    take(taps[at], r * p.w + first + at, &mut best[k], &mut arg[k]);
+                let base = r * p.w + first;
+                // A constant step lets the compiler load the taps as vectors (an
+                // interleaved load for 2) instead of gathering them one by one.
+                match p.stride {
+                    1 => sweep::<1>(&line[first..], p.stride, base, best, arg),
+                    2 => sweep::<2>(&line[first..], p.stride, base, best, arg),
+                    _ => sweep::<0>(&line[first..], p.stride, base, best, arg),
                 }
             }
             for ox in (0..lo).chain(hi..p.ow) {
@@ -132,25 +154,24 @@ pub fn max_pool2d_cpu(
         .zip(winners.par_chunks_mut(PLANES_PER_JOB * plane_out))
         .zip(xv.par_chunks(PLANES_PER_JOB * plane_in))
         .for_each(|((y, winners), x)| {
-            for ((y, winners), x) in y
+            let planes = y
                 .chunks_exact_mut(plane_out)
                 .zip(winners.chunks_exact_mut(plane_out))
-                .zip(x.chunks_exact(plane_in))
-            {
-                pool_plane(
-                    x,
-                    y,
-                    winners,
-                    Plane {
-                        w,
-                        ow,
-                        stride: stride[1],
-                        pad: pads[1].0,
-                    },
-                    &rows,
-                    &cols,
-                );
-            }
+                .zip(x.chunks_exact(plane_in));
+            let plane = Plane {
+                w,
+                ow,
+                stride: stride[1],
+                pad: pads[1].0,
+            };
+            wide(
+                #[inline(always)]
+                || {
+                    for ((y, winners), x) in planes {
+                        pool_plane(x, y, winners, plane, &rows, &cols);
+                    }
+                },
+            );
         });
     let y = from_vec(y, &[b, c, oh, ow], &FlexDevice::default());
     let y = match MaxPoolOp
