@@ -49,35 +49,30 @@ struct Plane {
 /// Takes tap `v` at `offset` when it beats the window's best so far: a larger value, or
 /// NaN (NaN wins, as in PyTorch), or the window's first tap.
 #[inline(always)]
-fn take(v: f32, offset: usize, best: &mut f32, arg: &mut u32) {
+fn take(v: f32, offset: u32, best: &mut f32, arg: &mut u32) {
     // `|`, not `||`: three compares and two selects, no branches.
     let wins = (v > *best) | v.is_nan() | (*arg == u32::MAX);
     *best = if wins { v } else { *best };
-    *arg = if wins { offset as u32 } else { *arg };
+    *arg = if wins { offset } else { *arg };
 }
 
-/// Takes every `S`-th tap of `taps` (every `stride`-th for `S` = 0) into the windows'
-/// `best` and `arg`; the taps are at plane offsets `base`, `base + S`, ...
+/// Takes the contiguous `taps` into the windows' `best` and `arg`, one tap per window;
+/// the taps' plane offsets are `base`, `base + step`, ... (u32 arithmetic, so that the
+/// loop runs as wide as the f32 one).
 #[inline(always)]
-fn sweep<const S: usize>(
-    taps: &[f32],
-    stride: usize,
-    base: usize,
-    best: &mut [f32],
-    arg: &mut [u32],
-) {
-    let s = if S == 0 { stride } else { S };
+fn sweep(taps: &[f32], base: u32, step: u32, best: &mut [f32], arg: &mut [u32]) {
     let n = best.len();
-    let (taps, arg) = (&taps[..(n - 1) * s + 1], &mut arg[..n]);
+    let (taps, arg) = (&taps[..n], &mut arg[..n]);
     for k in 0..n {
-        let at = k * s;
-        take(taps[at], base + at, &mut best[k], &mut arg[k]);
+        take(taps[k], base + k as u32 * step, &mut best[k], &mut arg[k]);
     }
 }
 
 /// Max pool of one plane `x` into `y` and its winners: output row by output row, each
 /// tap row and tap column swept across the row's outputs at once (the loop the compiler
-/// vectorises), the windows clipped by the padding tap by tap.
+/// vectorises), the windows clipped by the padding tap by tap. With a stride s > 1 each
+/// input row is first split into its s phases (`line[i]` to `phases[i % s][i / s]`), so
+/// that a sweep reads contiguous taps rather than gathering every s-th.
 #[inline(always)]
 fn pool_plane(
     x: &[f32],
@@ -86,6 +81,7 @@ fn pool_plane(
     p: Plane,
     rows: &[(usize, usize)],
     cols: &[(usize, usize)],
+    phases: &mut [f32],
 ) {
     let kw = cols.iter().map(|&(a, b)| b - a).max().unwrap_or(0);
     // Outputs whose window lies inside the row: lo..hi.
@@ -95,6 +91,7 @@ fn pool_plane(
     };
     let lo = (0..p.ow).find(|&o| full(o)).unwrap_or(p.ow);
     let hi = (lo..p.ow).find(|&o| !full(o)).unwrap_or(p.ow);
+    let phase_len = p.w.div_ceil(p.stride);
     for (oy, &(r0, r1)) in rows.iter().enumerate() {
         let best = &mut y[oy * p.ow..(oy + 1) * p.ow];
         let arg = &mut winners[oy * p.ow..(oy + 1) * p.ow];
@@ -102,25 +99,38 @@ fn pool_plane(
         arg.fill(u32::MAX);
         for r in r0..r1 {
             let line = &x[r * p.w..(r + 1) * p.w];
-            for j in 0..kw {
-                if lo == hi {
-                    break;
+            if lo < hi {
+                let strided = p.stride > 1;
+                if strided {
+                    for (ph, phase) in phases.chunks_exact_mut(phase_len).enumerate() {
+                        for (dst, &v) in
+                            phase.iter_mut().zip(line.iter().skip(ph).step_by(p.stride))
+                        {
+                            *dst = v;
+                        }
+                    }
                 }
-                let first = lo * p.stride + j - p.pad;
-                let (best, arg) = (&mut best[lo..hi], &mut arg[lo..hi]);
-                let base = r * p.w + first;
-                // A constant step lets the compiler load the taps as vectors (an
-                // interleaved load for 2) instead of gathering them one by one.
-                match p.stride {
-                    1 => sweep::<1>(&line[first..], p.stride, base, best, arg),
-                    2 => sweep::<2>(&line[first..], p.stride, base, best, arg),
-                    _ => sweep::<0>(&line[first..], p.stride, base, best, arg),
+                for j in 0..kw {
+                    let first = lo * p.stride + j - p.pad;
+                    let taps = if strided {
+                        &phases[(first % p.stride) * phase_len + first / p.stride..]
+                    } else {
+                        &line[first..]
+                    };
+                    let base = (r * p.w + first) as u32;
+                    sweep(
+                        taps,
+                        base,
+                        p.stride as u32,
+                        &mut best[lo..hi],
+                        &mut arg[lo..hi],
+                    );
                 }
             }
             for ox in (0..lo).chain(hi..p.ow) {
                 let (c0, c1) = cols[ox];
                 for (col, &v) in line.iter().enumerate().take(c1).skip(c0) {
-                    take(v, r * p.w + col, &mut best[ox], &mut arg[ox]);
+                    take(v, (r * p.w + col) as u32, &mut best[ox], &mut arg[ox]);
                 }
             }
         }
@@ -137,6 +147,10 @@ pub fn max_pool2d_cpu(
 ) -> Option<Tensor<4>> {
     let [b, c, h, w] = x.dims();
     if stride.contains(&0) || kernel.contains(&0) {
+        return None;
+    }
+    // Winners are u32 offsets in their plane.
+    if h * w >= u32::MAX as usize {
         return None;
     }
     let oh = (h + pads[0].0 + pads[0].1).checked_sub(kernel[0])? / stride[0] + 1;
@@ -164,11 +178,12 @@ pub fn max_pool2d_cpu(
                 stride: stride[1],
                 pad: pads[1].0,
             };
+            let mut phases = vec![0.0f32; w.div_ceil(plane.stride) * plane.stride];
             wide(
                 #[inline(always)]
                 || {
                     for ((y, winners), x) in planes {
-                        pool_plane(x, y, winners, plane, &rows, &cols);
+                        pool_plane(x, y, winners, plane, &rows, &cols, &mut phases);
                     }
                 },
             );
