@@ -86,9 +86,7 @@ pub enum WorkerError {
 /// Serves one request in this (child) process and prints the answer line.
 pub fn serve(request_json: &str) -> Result<(), WorkerError> {
     let req: WorkerRequest = serde_json::from_str(request_json).map_err(WorkerError::Request)?;
-    if let Some(n) = req.threads {
-        crate::set_threads(n)?;
-    }
+    crate::set_threads(req.threads.unwrap_or(0))?;
     let mut graph = batchfit_graph::load(&req.model)?;
     let (host_limit, device_limit) = if req.device.is_gpu() {
         (None, req.memory_limit)

@@ -416,7 +416,7 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
     let state = opts.optimizer.state_per_param();
     // The pool threads' buffers, from the batch a product is first split across them.
     let pool_bytes = if pool_from.is_some() {
-        rules.pool_buffers(slab_from.is_some())
+        rules.pool_buffers()
     } else {
         Bytes(0)
     };

@@ -865,12 +865,12 @@ impl RuntimeRules for Burn {
     }
 
     /// Every pool thread packs into a slab of its own when gemm splits a product across
-    /// all of them (`Rayon(0)`); with one thread the product stays on the caller.
-    fn pool_buffers(&self, caller_packs: bool) -> Bytes {
+    /// all of them (`Rayon(0)`); the engine's step runs on one of them (engine
+    /// `Trainer::step`), whose slab is the one [`RuntimeRules::gemm_buffer`] counts. With
+    /// one thread the product stays on the caller.
+    fn pool_buffers(&self) -> Bytes {
         Bytes(if self.gpu || self.cpu.threads <= 1 {
             0
-        } else if caller_packs {
-            self.cpu.threads * self.cpu.gemm_slab
         } else {
             (self.cpu.threads - 1) * self.cpu.gemm_slab
         })
@@ -1039,7 +1039,7 @@ mod tests {
         let s = sizes(&[784], 512, &[784], &[512]);
         assert_eq!(CPU.pool_from_batch(&fc, &s), Some(18));
         // 17 x 784 x 512 = 6.82 M < 192^3 = 7.08 M <= 18 x 784 x 512 = 7.23 M.
-        assert_eq!(CPU.pool_buffers(true), Bytes(2 * 512 * 1024));
+        assert_eq!(CPU.pool_buffers(), Bytes(512 * 1024));
         let one = Burn {
             cpu: BurnCpu {
                 threads: 1,
@@ -1047,8 +1047,8 @@ mod tests {
             },
             ..CPU
         };
-        assert_eq!(one.pool_buffers(true), Bytes(0));
-        assert_eq!(Burn { gpu: true, ..CPU }.pool_buffers(true), Bytes(0));
+        assert_eq!(one.pool_buffers(), Bytes(0));
+        assert_eq!(Burn { gpu: true, ..CPU }.pool_buffers(), Bytes(0));
         assert_eq!(CPU.pool_from_batch(&Op::Relu, &s), None);
     }
 

@@ -150,9 +150,8 @@ pub trait RuntimeRules {
 
     /// Bytes of the pool threads' packing buffers, which exist from the smallest
     /// [`RuntimeRules::pool_from_batch`] of the graph on, beside the one buffer
-    /// [`RuntimeRules::gemm_buffer`] counts: the calling thread's when `caller_packs`,
-    /// else the first pool thread's.
-    fn pool_buffers(&self, _caller_packs: bool) -> Bytes {
+    /// [`RuntimeRules::gemm_buffer`] counts (that of the pool thread running the step).
+    fn pool_buffers(&self) -> Bytes {
         Bytes(0)
     }
 
