@@ -95,7 +95,7 @@ impl CpuHost {
     /// threads pack depends on every product's shape (gemm-common `gemm_basic_generic`:
     /// matrix-vector products pack nothing, flex runs products under 192^3 multiply-adds
     /// on the calling thread and larger ones on the pool), so a step holds 0 to
-    /// threads + 1 of them; the plan counts one.
+    /// threads of them (the step runs on one of the pool's); the plan counts one.
     pub fn gemm_slabs(&self) -> Bytes {
         Bytes(self.l2_bytes)
     }
