@@ -12,6 +12,7 @@ pub mod alloc;
 mod conv_cpu;
 mod cpu;
 pub mod data;
+mod dense_cpu;
 pub mod device;
 pub mod gru;
 mod im2col;

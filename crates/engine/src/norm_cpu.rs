@@ -1,9 +1,10 @@
-//! Batch normalisation in training mode on the CPU, as one custom autodiff op.
-//! Composed of burn tensor ops (model/norm.rs `batch_norm`), the layer takes about
-//! ten passes over its input each way and keeps two tensors of its size (`x - mean`
-//! and the normalised y); here the forward is two passes per channel, the backward
-//! two, and only x and two numbers per channel (mean, 1/std) are kept, as PyTorch's
-//! `native_batch_norm` keeps them. Channels run in parallel on rayon's threads.
+//! Batch normalisation in training mode and layer normalisation on the CPU, each as
+//! one custom autodiff op. Composed of burn tensor ops (model/norm.rs), a norm takes
+//! about ten passes over its input each way and keeps two tensors of its size
+//! (`x - mean` and the normalised y); here the forward is two passes per channel (per
+//! row for the layer norm), the backward two, and only x and two numbers per channel
+//! or row (mean, 1/std) are kept, as PyTorch's `native_batch_norm` and
+//! `native_layer_norm` keep them. Channels (rows) run in parallel on rayon's threads.
 
 use crate::cpu::{Ad, FlexDevice, FlexT, contiguous, from_vec, values, wide};
 use burn::backend::Flex;
@@ -197,6 +198,169 @@ impl Backward<Flex, 3> for BatchNormOp {
     }
 }
 
+/// Rows per rayon job of the layer norm: enough work per job for rows of a few dozen
+/// features (a transformer's width), few enough partial parameter gradients to add.
+const LN_JOB_ELEMS: usize = 1 << 14;
+
+/// `x` `[rows, n]` normalised over each row, scaled by `gamma` and shifted by `beta`
+/// (`[n]` each); `None` off the CPU.
+pub fn layer_norm_cpu(x: Tensor<2>, gamma: Tensor<1>, beta: Tensor<1>) -> Option<Tensor<2>> {
+    let [rows, n] = x.dims();
+    let xa = x.try_into_primitive::<Ad>().ok()?;
+    let ga = gamma.try_into_primitive::<Ad>().ok()?;
+    let ba = beta.try_into_primitive::<Ad>().ok()?;
+    let nodes = [xa.node(), ga.node(), ba.node()];
+    let xf = contiguous(xa.into_primitive());
+    let gf = contiguous(ga.into_primitive());
+    let bf = contiguous(ba.into_primitive());
+    let (xv, gv, bv) = (values(&xf), values(&gf), values(&bf));
+    let job = (LN_JOB_ELEMS / n.max(1)).max(1);
+    let mut y = vec![0.0f32; rows * n];
+    let mut stats = vec![(0.0f32, 0.0f32); rows];
+    y.par_chunks_mut(job * n)
+        .zip(stats.par_chunks_mut(job))
+        .zip(xv.par_chunks(job * n))
+        .for_each(|((y, stats), x)| {
+            wide(
+                #[inline(always)]
+                || {
+                    for ((y, st), x) in y.chunks_exact_mut(n).zip(stats).zip(x.chunks_exact(n)) {
+                        // Two passes in f64 lanes: the variance of the centred row, not
+                        // E[x^2] - E[x]^2, which cancels for rows far from zero.
+                        let mean = lane_sums(x, x, |v, _| (v, 0.0)).0 / n as f64;
+                        let var = lane_sums(x, x, |v, _| ((v - mean).powi(2), 0.0)).0 / n as f64;
+                        let (mean, rstd) = (mean as f32, 1.0 / (var as f32 + EPS).sqrt());
+                        *st = (mean, rstd);
+                        for (((o, &v), &g), &b) in y.iter_mut().zip(x).zip(gv).zip(bv) {
+                            *o = (v - mean) * rstd * g + b;
+                        }
+                    }
+                },
+            )
+        });
+    let y = from_vec(y, &[rows, n], &FlexDevice::default());
+    let y = match LayerNormOp
+        .prepare::<NoCheckpointing>(nodes)
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish(
+            LayerNormState {
+                dims: [rows, n],
+                x: xf,
+                gamma: gf,
+                stats,
+            },
+            y,
+        ),
+        OpsKind::UnTracked(prep) => prep.finish(y),
+    };
+    Some(Tensor::from_primitive::<Ad>(y))
+}
+
+#[derive(Clone, Debug)]
+struct LayerNormState {
+    /// `[rows, n]`.
+    dims: [usize; 2],
+    /// The input and the scale, shared handles (no copies).
+    x: FlexT,
+    gamma: FlexT,
+    /// Mean and 1/std per row.
+    stats: Vec<(f32, f32)>,
+}
+
+#[derive(Debug)]
+struct LayerNormOp;
+
+impl Backward<Flex, 3> for LayerNormOp {
+    type State = LayerNormState;
+
+    fn backward(self, ops: Ops<LayerNormState, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let LayerNormState {
+            dims: [rows, n],
+            x,
+            gamma,
+            stats,
+        } = ops.state;
+        let dy = contiguous(grads.consume::<Flex>(&ops.node));
+        let (xv, dyv, gv) = (values(&x), values(&dy), values(&gamma));
+        let [x_node, gamma_node, beta_node] = &ops.parents;
+        let want_dx = x_node.is_some();
+        let job = (LN_JOB_ELEMS / n.max(1)).max(1);
+        let mut dx = vec![0.0f32; if want_dx { rows * n } else { 0 }];
+        // Per job: its rows' dx, and its partial sums of dy * x_hat (gamma's gradient) and
+        // dy (beta's), added across jobs after.
+        let job_sums = |dx: &mut [f32], dy: &[f32], x: &[f32], stats: &[(f32, f32)]| {
+            let mut dgamma = vec![0.0f32; n];
+            let mut dbeta = vec![0.0f32; n];
+            wide(
+                #[inline(always)]
+                || {
+                    for (r, (&(mean, rstd), (dy, x))) in stats
+                        .iter()
+                        .zip(dy.chunks_exact(n).zip(x.chunks_exact(n)))
+                        .enumerate()
+                    {
+                        // dx = rstd (g - mean(g) - x_hat mean(g x_hat)), g = dy gamma.
+                        let (mut sum_g, mut sum_gx) = (0.0f32, 0.0f32);
+                        for ((((&d, &v), &gm), dg), db) in dy
+                            .iter()
+                            .zip(x)
+                            .zip(gv)
+                            .zip(dgamma.iter_mut())
+                            .zip(dbeta.iter_mut())
+                        {
+                            let xhat = (v - mean) * rstd;
+                            *dg += d * xhat;
+                            *db += d;
+                            let g = d * gm;
+                            sum_g += g;
+                            sum_gx += g * xhat;
+                        }
+                        if want_dx {
+                            let (mean_g, mean_gx) = (sum_g / n as f32, sum_gx / n as f32);
+                            let out = &mut dx[r * n..(r + 1) * n];
+                            for (((o, &d), &v), &gm) in out.iter_mut().zip(dy).zip(x).zip(gv) {
+                                let xhat = (v - mean) * rstd;
+                                *o = rstd * (d * gm - mean_g - xhat * mean_gx);
+                            }
+                        }
+                    }
+                },
+            );
+            (dgamma, dbeta)
+        };
+        let add = |(mut g0, mut b0): (Vec<f32>, Vec<f32>), (g1, b1): (Vec<f32>, Vec<f32>)| {
+            g0.iter_mut().zip(&g1).for_each(|(a, b)| *a += b);
+            b0.iter_mut().zip(&b1).for_each(|(a, b)| *a += b);
+            (g0, b0)
+        };
+        let parts = dyv
+            .par_chunks(job * n)
+            .zip(xv.par_chunks(job * n).zip(stats.par_chunks(job)));
+        let (dgamma, dbeta) = if want_dx {
+            dx.par_chunks_mut(job * n)
+                .zip(parts)
+                .map(|(dx, (dy, (x, st)))| job_sums(dx, dy, x, st))
+                .reduce(|| (vec![0.0; n], vec![0.0; n]), add)
+        } else {
+            parts
+                .map(|(dy, (x, st))| job_sums(&mut [], dy, x, st))
+                .reduce(|| (vec![0.0; n], vec![0.0; n]), add)
+        };
+        let device = FlexDevice::default();
+        if let Some(node) = x_node {
+            grads.register::<Flex>(node.id, from_vec(dx, &[rows, n], &device));
+        }
+        if let Some(node) = gamma_node {
+            grads.register::<Flex>(node.id, from_vec(dgamma, &[n], &device));
+        }
+        if let Some(node) = beta_node {
+            grads.register::<Flex>(node.id, from_vec(dbeta, &[n], &device));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,6 +390,39 @@ mod tests {
             let g_got = (got * r.clone()).sum().backward();
             let g_want = (want * r).sum().backward();
             assert!(max_rel_err(x.grad(&g_got).unwrap(), x.grad(&g_want).unwrap()) < 1e-3);
+            assert!(max_rel_err(gamma.grad(&g_got).unwrap(), gamma.grad(&g_want).unwrap()) < 1e-4);
+            assert!(max_rel_err(beta.grad(&g_got).unwrap(), beta.grad(&g_want).unwrap()) < 1e-4);
+        }
+    }
+
+    /// Output and the three gradients against the layer norm composed of burn ops, on
+    /// rows shorter and longer than a vector and over more rows than one job.
+    #[test]
+    fn matches_the_composed_layer_norm() {
+        let device = Device::flex().autodiff();
+        device.seed(10);
+        for [rows, n] in [[5, 3], [700, 64], [3, 130]] {
+            let x = Tensor::<2>::random([rows, n], Distribution::Normal(3.0, 2.0), &device)
+                .require_grad();
+            let gamma =
+                Tensor::<1>::random([n], Distribution::Normal(1.0, 0.5), &device).require_grad();
+            let beta =
+                Tensor::<1>::random([n], Distribution::Normal(0.0, 1.0), &device).require_grad();
+            let got = layer_norm_cpu(x.clone(), gamma.clone(), beta.clone()).expect("a CPU tensor");
+            let mean = x.clone().mean_dim(1);
+            let centered = x.clone() - mean;
+            let var = centered.clone().powi_scalar(2).mean_dim(1);
+            let want = centered / (var + EPS).sqrt() * gamma.clone().unsqueeze::<2>()
+                + beta.clone().unsqueeze::<2>();
+            assert!(
+                max_rel_err(got.clone(), want.clone()) < 1e-4,
+                "[{rows}, {n}]"
+            );
+            let r = Tensor::<2>::random([rows, n], Distribution::Normal(0.0, 1.0), &device);
+            let g_got = (got * r.clone()).sum().backward();
+            let g_want = (want * r).sum().backward();
+            let grad = |t: &Tensor<2>, g| t.grad(g).expect("a gradient");
+            assert!(max_rel_err(grad(&x, &g_got), grad(&x, &g_want)) < 1e-3);
             assert!(max_rel_err(gamma.grad(&g_got).unwrap(), gamma.grad(&g_want).unwrap()) < 1e-4);
             assert!(max_rel_err(beta.grad(&g_got).unwrap(), beta.grad(&g_want).unwrap()) < 1e-4);
         }

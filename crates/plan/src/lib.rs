@@ -133,18 +133,23 @@ mod tests {
         let base = 46 * 4 + slab;
         assert_eq!(p.memory.gemm_pool_bytes, Bytes(0));
         assert_eq!(p.memory.gemm_buffer_from_batch, u64::MAX);
-        // Largest per sample: fc2's dx = dy W^T (the output's gradient, 2 floats, and dx,
-        // 4 floats, twice while it is copied aligned) over everything kept (32 B), plus data.
-        assert_eq!(p.memory.fixed_bytes, Bytes(base));
-        assert_eq!(p.memory.per_sample_bytes, Bytes(40 + 32 + (2 + 2 * 4) * 4));
+        // Largest per sample: fc2's backward (the engine's own dense layer, each product
+        // written once): the output's gradient (2 floats) and dx (4 floats) over everything
+        // kept (32 B), plus data; its weight gradient (10 floats) is made while they are
+        // alive, so that moment is the peak.
+        assert_eq!(p.memory.fixed_bytes, Bytes(base + 10 * 4));
+        assert_eq!(p.memory.per_sample_bytes, Bytes(40 + 32 + (2 + 4) * 4));
         assert_eq!(p.peak_at, "fc2");
-        // At small batches another moment is larger: fc1's dW (8 x 4 floats) being made,
-        // with its zeroed twin, after fc2's gradients (10 floats): nothing kept is left but
-        // the output's gradient (4 floats).
-        let fc1_dw = |b: u64| base + (10 + 36 + 32) * 4 + b * (40 + 4 * 4);
+        // At small batches another moment is larger: fc1's dW (36 floats with its bias)
+        // being made after fc2's gradients (10 floats): nothing kept is left but the
+        // output's gradient (4 floats).
+        let fc1_dw = |b: u64| base + (10 + 36) * 4 + b * (40 + 4 * 4);
         assert_eq!(p.bytes_at(2), Bytes(fc1_dw(2) - slab));
         assert_eq!(p.bytes_at(1), Bytes(fc1_dw(1) - slab));
-        assert_eq!(p.bytes_at(1000), Bytes(base - slab + 1000 * (40 + 32 + 40)));
+        assert_eq!(
+            p.bytes_at(1000),
+            Bytes(base + 40 - slab + 1000 * (40 + 32 + 24))
+        );
     }
 
     #[test]

@@ -4,6 +4,7 @@
 use super::compile::Kernel;
 use super::params::Params;
 use super::{Value, prod};
+use crate::dense_cpu::{linear_cpu, matmul_cpu};
 use burn::tensor::Tensor;
 use burn::tensor::module::embedding;
 
@@ -17,7 +18,13 @@ pub(super) fn linear(
     out_features: usize,
 ) -> Tensor<2> {
     let rows = prod(&k.in_dims[0]) / in_features;
-    let mut y = x.reshape([b * rows, in_features]).matmul(p.t2(k.params[0]));
+    let x = x.reshape([b * rows, in_features]);
+    let bias = k.params.get(1).map(|&bias| p.t1(bias));
+    // The CPU's own op (`dense_cpu`); burn's matmul and broadcast add elsewhere.
+    if let Some(y) = linear_cpu(x.clone(), p.t2(k.params[0]), bias) {
+        return y.reshape([b, rows * out_features]);
+    }
+    let mut y = x.matmul(p.t2(k.params[0]));
     if let Some(&bias) = k.params.get(1) {
         y = y + p.t1(bias).unsqueeze::<2>();
     }
@@ -31,7 +38,9 @@ pub(super) fn matmul(k: &Kernel, x: Tensor<2>, y: Tensor<2>, b: usize) -> Tensor
     let batch: usize = b * prod(&a_dims[..r - 2]);
     let a = x.reshape([batch, a_dims[r - 2], a_dims[r - 1]]);
     let c = y.reshape([batch, b_dims[r - 2], b_dims[r - 1]]);
-    a.matmul(c).reshape([b, k.out_elems()])
+    matmul_cpu(a.clone(), c.clone())
+        .unwrap_or_else(|| a.matmul(c))
+        .reshape([b, k.out_elems()])
 }
 
 /// The embedding rows of token ids `[B, T]`, as `[B, T · dim]`.

@@ -4,7 +4,7 @@
 use super::compile::Kernel;
 use super::params::Params;
 use super::prod;
-use crate::norm_cpu::batch_norm_cpu;
+use crate::norm_cpu::{batch_norm_cpu, layer_norm_cpu};
 use burn::tensor::Tensor;
 
 /// Batch normalisation with the batch's own statistics (training mode), per channel.
@@ -40,11 +40,16 @@ pub(super) fn layer_norm(
 ) -> Tensor<2> {
     let rows = b * prod(&k.in_dims[0]) / features;
     let x = x.reshape([rows, features]);
+    let (gamma, beta) = (p.t1(k.params[0]), p.t1(k.params[1]));
+    // The CPU's fused op (`norm_cpu`); composed of burn ops elsewhere.
+    if let Some(y) = layer_norm_cpu(x.clone(), gamma.clone(), beta.clone()) {
+        return y.reshape([b, k.out_elems()]);
+    }
     let mean = x.clone().mean_dim(1);
     let centered = x - mean;
     let var = centered.clone().powi_scalar(2).mean_dim(1);
     let y = centered / (var + 1e-5).sqrt();
-    let y = y * p.t1(k.params[0]).unsqueeze::<2>() + p.t1(k.params[1]).unsqueeze::<2>();
+    let y = y * gamma.unsqueeze::<2>() + beta.unsqueeze::<2>();
     y.reshape([b, k.out_elems()])
 }
 

@@ -218,7 +218,8 @@ impl RuntimeRules for Burn {
                 extra_elems: im2col_elems(op, s),
                 ..none
             },
-            // burn-autodiff `float_matmul` (ops/tensor.rs): checkpoints lhs (x) and rhs (W);
+            // burn-autodiff `float_matmul` (ops/tensor.rs) checkpoints lhs (x) and rhs (W), as the
+            // CPU's own dense layer and product (engine `dense_cpu`) keep them;
             // `conv2d`/`conv1d` (ops/module.rs): x, weight, bias.
             Op::Linear { .. } | Op::Conv { .. } | Op::MatMul => inputs,
             // `relu`, `sigmoid`, `gelu` (ops/activation.rs) and `float_tanh` (ops/tensor.rs)
@@ -330,8 +331,13 @@ impl RuntimeRules for Burn {
             // `embedding` keeps the index tensor, which is the batch's own token tensor.
             Op::Embedding { .. } => none,
             // On the CPU the engine's fused BatchNorm (engine `norm_cpu`) keeps x and two numbers
-            // per channel, as PyTorch's `native_batch_norm`.
+            // per channel, as PyTorch's `native_batch_norm`; its fused LayerNorm x and two
+            // numbers per row, as `native_layer_norm`.
             Op::BatchNorm { .. } if !self.gpu => inputs,
+            Op::LayerNorm { features } if !self.gpu => Saved {
+                extra_elems: 2 * (s.inputs[0] / *features as u64),
+                ..inputs
+            },
             // Elsewhere the engine's norms are composed: `x - mean` and the normalised `y` are
             // each kept once (by `powi_scalar(2)` = mul, by `div`, by the scale's mul);
             // LayerNorm adds per-row statistics.
@@ -381,9 +387,9 @@ impl RuntimeRules for Burn {
     /// its kernel allocates on the way (`forward_temporaries` below).
     fn forward_live(&self, op: &Op, s: &Sizes, act: u64, loose: u64, extra: u64) -> u64 {
         let temporaries = match op {
-            // The fused BatchNorm and the own max pool write their output (and what they
-            // keep) and nothing else.
-            Op::BatchNorm { .. } if !self.gpu => 0,
+            // The fused norms and the own max pool write their output (and what they keep)
+            // and nothing else.
+            Op::BatchNorm { .. } | Op::LayerNorm { .. } if !self.gpu => 0,
             Op::Pool { .. } if self.own_max_pool(op, s) => 0,
             _ => forward_temporaries(op, s, act, self.gpu),
         };
@@ -446,6 +452,29 @@ impl RuntimeRules for Burn {
                 fixed_workspace: IM2COL_MAX_CHUNKS as u64 * largest * act,
                 ..BackwardMoment::default()
             }],
+            // The engine's own dense layer and product on the CPU (engine `dense_cpu`): dx =
+            // dy W^T, then dW = x^T dy (and the bias's column sums), each written once.
+            Op::Linear { .. } if !self.gpu => vec![
+                BackwardMoment {
+                    bytes: (out + dx) * act,
+                    ..BackwardMoment::default()
+                },
+                BackwardMoment {
+                    bytes: (out + dx) * act,
+                    param_elems: params,
+                    ..BackwardMoment::default()
+                },
+            ],
+            Op::MatMul if !self.gpu => {
+                let t: u64 = s
+                    .inputs
+                    .iter()
+                    .zip(tracked)
+                    .filter(|&(_, &t)| t)
+                    .map(|(&e, _)| e)
+                    .sum();
+                one(out + t)
+            }
             // `float_matmul` backward: dx = dy W^T, a new matmul output (two copies for a
             // moment); then dW = x^T dy, parameter-sized, also with its twin for a moment.
             Op::Linear { .. } => vec![
@@ -576,8 +605,9 @@ impl RuntimeRules for Burn {
             } => one(out + 2 * dx),
             Op::GlobalPool { .. } => one(out + dx),
             Op::Mul => one(out + s.inputs.iter().sum::<u64>()),
-            // The fused BatchNorm's backward: dy and dx.
-            Op::BatchNorm { .. } if !self.gpu => one(out + dx),
+            // The fused norms' backward: dy and dx (and the layer norm's per-job partial
+            // parameter gradients, a few rows of `features`: not counted).
+            Op::BatchNorm { .. } | Op::LayerNorm { .. } if !self.gpu => one(out + dx),
             // The composed norm's backward: dy * gamma, the quotient rule's product and the
             // statistics' reductions, one input-sized temporary at a time.
             Op::BatchNorm { .. } | Op::LayerNorm { .. } => one(out + dx + input),
@@ -585,10 +615,12 @@ impl RuntimeRules for Burn {
             // gradient, each direction's projection gradient `[T, gates x H]`, its h_{t-1} rows
             // `[T, H]` (and the GRU's gradient of `h W_hn + b_hn`, `[T, H]`), and the recurrent
             // weights' (and GRU biases') gradients; a bidirectional layer runs its
-            // directions on the pool's threads (`rayon::join`), each keeping a gemm packing
-            // buffer besides the one the plan counts for the step (one direction runs on the
-            // calling thread, in that one), when its `[B, H] x [H, gates x H]` products pack
-            // through the slab at all (`GemmKernel::uses_slab`). Then each
+            // directions on the pool's threads (`rayon::join`): one on the stepping thread
+            // (itself the pool's first, engine `set_threads`), whose slab the plan counts for
+            // the step, the other on a second thread with a gemm packing buffer of its own,
+            // when its `[B, H] x [H, gates x H]` products pack through the slab at all
+            // (`GemmKernel::uses_slab`). (Where a split product already gave that thread its
+            // slab, the pool's, it is counted twice.) Then each
             // projection's `matmul` makes dx (and its twin) and the input weight's gradient
             // while the projection gradients are alive.
             Op::Rnn {
@@ -610,7 +642,7 @@ impl RuntimeRules for Burn {
                         bytes: (out + dirs * steps * per_step) * act,
                         param_elems: dirs * (hh + bias),
                         fixed_workspace: if dirs == 2 && self.packs(g, true) {
-                            dirs.min(cpu.threads) * cpu.gemm_slab
+                            dirs.min(cpu.threads).saturating_sub(1) * cpu.gemm_slab
                         } else {
                             0
                         },
@@ -894,7 +926,9 @@ fn forward_temporaries(op: &Op, s: &Sizes, act: u64, gpu: bool) -> u64 {
     let out = s.output;
     let input = s.inputs.first().copied().unwrap_or(0);
     match op {
-        // `matmul` output from `FlexTensor::empty`: zeroed, then copied aligned.
+        // The CPU's own products write their output once; flex's `matmul` output comes from
+        // `FlexTensor::empty`: zeroed, then copied aligned.
+        Op::Linear { .. } | Op::MatMul if !gpu => 0,
         Op::Linear { .. } | Op::MatMul => out * act,
         // The im2col product: the padded channels-last input while the matrix is copied out
         // of it, then the product (two copies for a moment) before its transposed copy.

@@ -1,0 +1,405 @@
+//! Dense layers (`x W + b`) and products of two activations on the CPU, as custom
+//! autodiff ops.
+//!
+//! They run the same gemm calls as flex's `matmul` and burn-autodiff's backward of it
+//! (the same `m`, `n`, `k`, operand strides and parallelism rule, so the plan's account
+//! of gemm's packing buffers holds), but write each product straight into its own
+//! buffer: flex's `FlexTensor::empty` zero-fills a byte vector and then copies it into a
+//! 16-byte-aligned allocation (cubecl's `Bytes::from_bytes_vec`), two extra passes and a
+//! second buffer for every product, forward and backward. The bias is written into the
+//! output before the product accumulates onto it (no separate broadcast add), and its
+//! gradient is the column sums of dy. Each op keeps its inputs, as `float_matmul` does.
+
+use crate::cpu::{Ad, FlexDevice, FlexT, contiguous, from_vec, values, wide};
+use burn::backend::Flex;
+use burn::tensor::Tensor;
+use burn_autodiff::checkpoint::base::Checkpointer;
+use burn_autodiff::checkpoint::strategy::NoCheckpointing;
+use burn_autodiff::grads::Gradients;
+use burn_autodiff::ops::{Backward, NodeGuard, Ops, OpsKind};
+use rayon::prelude::*;
+
+/// flex's threshold (`ops/matmul.rs` `PARALLEL_THRESHOLD`): a product of at least this
+/// many multiply-adds is split across the pool by gemm.
+const PARALLEL_THRESHOLD: usize = 192 * 192 * 192;
+/// flex's `BATCH_PARALLEL_THRESHOLD`: a batch of products with at least this many
+/// multiply-adds in all runs one product per pool job.
+const BATCH_PARALLEL_THRESHOLD: usize = 128 * 128 * 128;
+
+/// `batch` matrices inside a slice: matrix `i`'s element (r, c) at
+/// `i * step + r * row + c * col`.
+#[derive(Clone, Copy)]
+struct Mats<'a> {
+    data: &'a [f32],
+    step: usize,
+    row: usize,
+    col: usize,
+}
+
+impl<'a> Mats<'a> {
+    /// Row-major `[batch, rows, cols]`.
+    fn rows(data: &'a [f32], rows: usize, cols: usize) -> Self {
+        Mats {
+            data,
+            step: rows * cols,
+            row: cols,
+            col: 1,
+        }
+    }
+
+    /// The transpose of row-major `[batch, rows, cols]` (a `[batch, cols, rows]` view).
+    fn transposed(data: &'a [f32], rows: usize, cols: usize) -> Self {
+        Mats {
+            data,
+            step: rows * cols,
+            row: 1,
+            col: cols,
+        }
+    }
+
+    /// Asserts that every element of `batch` matrices `rows x cols` is in the slice.
+    fn check(&self, batch: usize, rows: usize, cols: usize) {
+        let last = (batch.max(1) - 1) * self.step
+            + (rows.max(1) - 1) * self.row
+            + (cols.max(1) - 1) * self.col;
+        assert!(batch * rows * cols == 0 || last < self.data.len());
+    }
+}
+
+/// `out[i] (+)= lhs[i] · rhs[i]` for `batch` products `[m, k] x [k, n]`, `out` row-major
+/// `[batch, m, n]`; added onto `out` when `accumulate`. Parallel as flex's `matmul`:
+/// gemm splits one large product across the pool; a batch of small products with
+/// enough work in all runs one product per job.
+fn products(out: &mut [f32], [batch, m, n, k]: [usize; 4], lhs: Mats, rhs: Mats, accumulate: bool) {
+    assert_eq!(out.len(), batch * m * n);
+    lhs.check(batch, m, k);
+    rhs.check(batch, k, n);
+    if out.is_empty() {
+        return;
+    }
+    let one = |out: &mut [f32], i: usize, parallelism: gemm::Parallelism| {
+        // SAFETY: `check` showed every element the product reads is inside its operand;
+        // `out` is one unique `m x n` row-major matrix that no operand aliases.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                out.as_mut_ptr(),
+                1,
+                n as isize,
+                accumulate,
+                lhs.data.as_ptr().add(i * lhs.step),
+                lhs.col as isize,
+                lhs.row as isize,
+                rhs.data.as_ptr().add(i * rhs.step),
+                rhs.col as isize,
+                rhs.row as isize,
+                if accumulate { 1.0 } else { 0.0 },
+                1.0,
+                false,
+                false,
+                false,
+                parallelism,
+            );
+        }
+    };
+    let per_product = m.saturating_mul(n).saturating_mul(k);
+    let total = batch.saturating_mul(per_product);
+    let split = if per_product >= PARALLEL_THRESHOLD {
+        gemm::Parallelism::Rayon(0)
+    } else {
+        gemm::Parallelism::None
+    };
+    if batch == 1 {
+        one(out, 0, split);
+    } else if per_product >= PARALLEL_THRESHOLD
+        && !(batch >= 4 && total >= BATCH_PARALLEL_THRESHOLD)
+    {
+        for (i, out) in out.chunks_exact_mut(m * n).enumerate() {
+            one(out, i, split);
+        }
+    } else if total >= BATCH_PARALLEL_THRESHOLD {
+        out.par_chunks_exact_mut(m * n)
+            .enumerate()
+            .for_each(|(i, out)| one(out, i, gemm::Parallelism::None));
+    } else {
+        for (i, out) in out.chunks_exact_mut(m * n).enumerate() {
+            one(out, i, gemm::Parallelism::None);
+        }
+    }
+}
+
+/// `x W + b` for `x` `[rows, in]`, `w` `[in, out]` and an optional `b` `[out]`; `None`
+/// off the CPU.
+pub fn linear_cpu(x: Tensor<2>, w: Tensor<2>, bias: Option<Tensor<1>>) -> Option<Tensor<2>> {
+    let [rows, inputs] = x.dims();
+    let outputs = w.dims()[1];
+    let xa = x.try_into_primitive::<Ad>().ok()?;
+    let wa = w.try_into_primitive::<Ad>().ok()?;
+    let ba = match bias {
+        Some(b) => Some(b.try_into_primitive::<Ad>().ok()?),
+        None => None,
+    };
+    let (x_node, w_node) = (xa.node(), wa.node());
+    let xf = contiguous(xa.into_primitive());
+    let wf = contiguous(wa.into_primitive());
+    let mut y = vec![0.0f32; rows * outputs];
+    let b_node = ba.map(|ba| {
+        let node = ba.node();
+        let bf = contiguous(ba.into_primitive());
+        let bv = values(&bf);
+        y.par_chunks_mut(outputs.max(1) * 256).for_each(|y| {
+            y.chunks_exact_mut(outputs)
+                .for_each(|r| r.copy_from_slice(bv))
+        });
+        node
+    });
+    products(
+        &mut y,
+        [1, rows, outputs, inputs],
+        Mats::rows(values(&xf), rows, inputs),
+        Mats::rows(values(&wf), inputs, outputs),
+        b_node.is_some(),
+    );
+    let y = from_vec(y, &[rows, outputs], &FlexDevice::default());
+    let state = Operands {
+        a: xf,
+        b: wf,
+        dims: [1, rows, inputs, outputs],
+    };
+    let y = match b_node {
+        Some(b_node) => finish(LinearOp, [x_node, w_node, b_node], state, y),
+        None => finish(LinearOp, [x_node, w_node], state, y),
+    };
+    Some(Tensor::from_primitive::<Ad>(y))
+}
+
+/// The product of two activations, `a` `[batch, m, k]` by `c` `[batch, k, n]`; `None` off
+/// the CPU.
+pub fn matmul_cpu(a: Tensor<3>, c: Tensor<3>) -> Option<Tensor<3>> {
+    let [batch, m, k] = a.dims();
+    let n = c.dims()[2];
+    let aa = a.try_into_primitive::<Ad>().ok()?;
+    let ca = c.try_into_primitive::<Ad>().ok()?;
+    let nodes = [aa.node(), ca.node()];
+    let af = contiguous(aa.into_primitive());
+    let cf = contiguous(ca.into_primitive());
+    let mut y = vec![0.0f32; batch * m * n];
+    products(
+        &mut y,
+        [batch, m, n, k],
+        Mats::rows(values(&af), m, k),
+        Mats::rows(values(&cf), k, n),
+        false,
+    );
+    let y = from_vec(y, &[batch, m, n], &FlexDevice::default());
+    let state = Operands {
+        a: af,
+        b: cf,
+        dims: [batch, m, k, n],
+    };
+    Some(Tensor::from_primitive::<Ad>(finish(
+        MatMulOp, nodes, state, y,
+    )))
+}
+
+/// Registers `op`'s backward (when a parent is tracked) and returns its output.
+fn finish<O: Backward<Flex, N, State = Operands>, const N: usize>(
+    op: O,
+    nodes: [NodeGuard; N],
+    state: Operands,
+    y: FlexT,
+) -> crate::cpu::AdT {
+    match op
+        .prepare::<NoCheckpointing>(nodes)
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish(state, y),
+        OpsKind::UnTracked(prep) => prep.finish(y),
+    }
+}
+
+/// The two operands of a product, shared handles (no copies), and its sizes.
+#[derive(Clone, Debug)]
+struct Operands {
+    a: FlexT,
+    b: FlexT,
+    /// `[batch, m, k, n]`: `a` is `[batch, m, k]`, `b` `[batch, k, n]` (a dense layer's
+    /// weight: one `[k, n]` matrix, batch 1).
+    dims: [usize; 4],
+}
+
+impl Operands {
+    /// `da = dy b^T` (`[batch, m, k]`) and `db = a^T dy` (`[batch, k, n]`, summed over the
+    /// batch when `b` is shared), in that order as burn-autodiff's `binary` makes them,
+    /// each only when asked.
+    fn gradients(&self, dy: &[f32], want_a: bool, want_b: bool) -> (Vec<f32>, Vec<f32>) {
+        let [batch, m, k, n] = self.dims;
+        let mut da = Vec::new();
+        if want_a {
+            da = vec![0.0f32; batch * m * k];
+            products(
+                &mut da,
+                [batch, m, k, n],
+                Mats::rows(dy, m, n),
+                Mats::transposed(values(&self.b), k, n),
+                false,
+            );
+        }
+        let mut db = Vec::new();
+        if want_b {
+            db = vec![0.0f32; batch * k * n];
+            products(
+                &mut db,
+                [batch, k, n, m],
+                Mats::transposed(values(&self.a), m, k),
+                Mats::rows(dy, m, n),
+                false,
+            );
+        }
+        (da, db)
+    }
+}
+
+#[derive(Debug)]
+struct LinearOp;
+
+impl<const N: usize> Backward<Flex, N> for LinearOp {
+    type State = Operands;
+
+    fn backward(self, ops: Ops<Operands, N>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let state = ops.state;
+        let [_, rows, inputs, outputs] = state.dims;
+        let dy = contiguous(grads.consume::<Flex>(&ops.node));
+        let dyv = values(&dy);
+        let device = FlexDevice::default();
+        let (x_node, w_node) = (&ops.parents[0], &ops.parents[1]);
+        // The layer's weight gradient: `x^T dy` over all rows is one `[in, out]` product.
+        let (dx, dw) = state.gradients(dyv, x_node.is_some(), w_node.is_some());
+        if let Some(node) = x_node {
+            grads.register::<Flex>(node.id, from_vec(dx, &[rows, inputs], &device));
+        }
+        if let Some(node) = w_node {
+            grads.register::<Flex>(node.id, from_vec(dw, &[inputs, outputs], &device));
+        }
+        if let Some(Some(node)) = ops.parents.get(2) {
+            grads.register::<Flex>(
+                node.id,
+                from_vec(column_sums(dyv, outputs), &[outputs], &device),
+            );
+        }
+    }
+}
+
+#[derive(Debug)]
+struct MatMulOp;
+
+impl Backward<Flex, 2> for MatMulOp {
+    type State = Operands;
+
+    fn backward(self, ops: Ops<Operands, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let state = ops.state;
+        let [batch, m, k, n] = state.dims;
+        let dy = contiguous(grads.consume::<Flex>(&ops.node));
+        let [a_node, c_node] = &ops.parents;
+        let (da, dc) = state.gradients(values(&dy), a_node.is_some(), c_node.is_some());
+        let device = FlexDevice::default();
+        if let Some(node) = a_node {
+            grads.register::<Flex>(node.id, from_vec(da, &[batch, m, k], &device));
+        }
+        if let Some(node) = c_node {
+            grads.register::<Flex>(node.id, from_vec(dc, &[batch, k, n], &device));
+        }
+    }
+}
+
+/// The sums of each column of row-major `v` with rows of `n`: a dense layer's bias
+/// gradient. Rows are split across the pool in blocks, each summing into its own row.
+fn column_sums(v: &[f32], n: usize) -> Vec<f32> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let block = (1 << 14) / n + 1;
+    v.par_chunks(block * n)
+        .map(|rows| {
+            let mut acc = vec![0.0f32; n];
+            wide(
+                #[inline(always)]
+                || {
+                    for r in rows.chunks_exact(n) {
+                        for (a, &x) in acc.iter_mut().zip(r) {
+                            *a += x;
+                        }
+                    }
+                },
+            );
+            acc
+        })
+        .reduce(
+            || vec![0.0f32; n],
+            |mut a, b| {
+                a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
+                a
+            },
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::tests::max_rel_err;
+    use burn::tensor::{Device, Distribution};
+
+    /// A dense layer with and without bias, and a batched product, against burn's
+    /// `matmul` and broadcast add: outputs and every gradient, on sizes on both sides
+    /// of flex's parallel thresholds.
+    #[test]
+    fn matches_burns_matmul() {
+        let device = Device::flex().autodiff();
+        device.seed(12);
+        let normal = Distribution::Normal(0.0, 1.0);
+        for [rows, inputs, outputs] in [[3, 5, 2], [64, 17, 33], [300, 200, 150]] {
+            for with_bias in [true, false] {
+                let x = Tensor::<2>::random([rows, inputs], normal, &device).require_grad();
+                let w = Tensor::<2>::random([inputs, outputs], normal, &device).require_grad();
+                let b = Tensor::<1>::random([outputs], normal, &device).require_grad();
+                let bias = with_bias.then(|| b.clone());
+                let got = linear_cpu(x.clone(), w.clone(), bias).expect("a CPU tensor");
+                let mut want = x.clone().matmul(w.clone());
+                if with_bias {
+                    want = want + b.clone().unsqueeze::<2>();
+                }
+                assert!(max_rel_err(got.clone(), want.clone()) < 1e-5);
+                let r = Tensor::<2>::random([rows, outputs], normal, &device);
+                let g_got = (got * r.clone()).sum().backward();
+                let g_want = (want * r).sum().backward();
+                assert!(max_rel_err(x.grad(&g_got).unwrap(), x.grad(&g_want).unwrap()) < 1e-5);
+                assert!(max_rel_err(w.grad(&g_got).unwrap(), w.grad(&g_want).unwrap()) < 1e-5);
+                if with_bias {
+                    assert!(max_rel_err(b.grad(&g_got).unwrap(), b.grad(&g_want).unwrap()) < 1e-5);
+                } else {
+                    assert!(b.grad(&g_got).is_none());
+                }
+            }
+        }
+        for [batch, m, k, n] in [
+            [1, 4, 3, 5],
+            [6, 65, 16, 65],
+            [40, 70, 30, 20],
+            [2, 200, 190, 210],
+        ] {
+            let a = Tensor::<3>::random([batch, m, k], normal, &device).require_grad();
+            let c = Tensor::<3>::random([batch, k, n], normal, &device).require_grad();
+            let got = matmul_cpu(a.clone(), c.clone()).expect("a CPU tensor");
+            let want = a.clone().matmul(c.clone());
+            assert!(max_rel_err(got.clone(), want.clone()) < 1e-5);
+            let r = Tensor::<3>::random([batch, m, n], normal, &device);
+            let g_got = (got * r.clone()).sum().backward();
+            let g_want = (want * r).sum().backward();
+            assert!(max_rel_err(a.grad(&g_got).unwrap(), a.grad(&g_want).unwrap()) < 1e-5);
+            assert!(max_rel_err(c.grad(&g_got).unwrap(), c.grad(&g_want).unwrap()) < 1e-5);
+        }
+    }
+}
