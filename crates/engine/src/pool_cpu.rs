@@ -64,15 +64,45 @@ fn sweep(taps: &[f32], base: u32, step: u32, best: &mut [f32], arg: &mut [u32]) 
     let n = best.len();
     let (taps, arg) = (&taps[..n], &mut arg[..n]);
     for k in 0..n {
-        take(taps[k], base + k as u32 * step, &mut best[k], &mut arg[k]);
+        let offset = base.wrapping_add((k as u32).wrapping_mul(step));
+        take(taps[k], offset, &mut best[k], &mut arg[k]);
+    }
+}
+
+/// A sweep's length is rounded up to this many windows, so that it runs in whole vectors
+/// (16 f32 lanes with AVX-512, two vectors of 8 with AVX2): the rows of a small feature
+/// map are 3 to 30 outputs wide, and in the loop's scalar remainder (compares and
+/// branches per window) went most of a max pool's time.
+const SWEEP_LANES: usize = 16;
+
+/// Per-thread buffers of [`pool_plane`]: the row's windows rounded up to whole vectors,
+/// and an input row (split into its stride's phases), each with a vector of slack.
+struct Sweeps {
+    best: Vec<f32>,
+    arg: Vec<u32>,
+    phases: Vec<f32>,
+    phase_len: usize,
+}
+
+impl Sweeps {
+    fn new(p: Plane) -> Self {
+        let phase_len = p.w.div_ceil(p.stride) + SWEEP_LANES;
+        Sweeps {
+            best: vec![f32::NEG_INFINITY; p.ow.next_multiple_of(SWEEP_LANES)],
+            arg: vec![u32::MAX; p.ow.next_multiple_of(SWEEP_LANES)],
+            phases: vec![0.0f32; phase_len * p.stride],
+            phase_len,
+        }
     }
 }
 
 /// Max pool of one plane `x` into `y` and its winners: output row by output row, each
-/// tap row and tap column swept across the row's outputs at once (the loop the compiler
-/// vectorises), the windows clipped by the padding tap by tap. With a stride s > 1 each
-/// input row is first split into its s phases (`line[i]` to `phases[i % s][i / s]`), so
-/// that a sweep reads contiguous taps rather than gathering every s-th.
+/// tap row and tap column swept across the row's interior outputs at once (the loop the
+/// compiler vectorises, over whole vectors: the lanes past the row take taps from the
+/// buffers' slack and are dropped), the windows clipped by the padding tap by tap. Each
+/// input row is first copied into its s phases (`line[i]` to `phases[i % s][i / s]`;
+/// stride 1: one phase), so that a sweep reads contiguous taps rather than gathering
+/// every s-th.
 #[inline(always)]
 fn pool_plane(
     x: &[f32],
@@ -81,7 +111,7 @@ fn pool_plane(
     p: Plane,
     rows: &[(usize, usize)],
     cols: &[(usize, usize)],
-    phases: &mut [f32],
+    sw: &mut Sweeps,
 ) {
     let kw = cols.iter().map(|&(a, b)| b - a).max().unwrap_or(0);
     // Outputs whose window lies inside the row: lo..hi.
@@ -91,39 +121,34 @@ fn pool_plane(
     };
     let lo = (0..p.ow).find(|&o| full(o)).unwrap_or(p.ow);
     let hi = (lo..p.ow).find(|&o| !full(o)).unwrap_or(p.ow);
-    let phase_len = p.w.div_ceil(p.stride);
+    let (n, phase_len) = (hi - lo, sw.phase_len);
+    let lanes = n.next_multiple_of(SWEEP_LANES);
     for (oy, &(r0, r1)) in rows.iter().enumerate() {
         let best = &mut y[oy * p.ow..(oy + 1) * p.ow];
         let arg = &mut winners[oy * p.ow..(oy + 1) * p.ow];
         best.fill(f32::NEG_INFINITY);
         arg.fill(u32::MAX);
+        let (sbest, sarg) = (&mut sw.best[..lanes], &mut sw.arg[..lanes]);
+        sbest.fill(f32::NEG_INFINITY);
+        sarg.fill(u32::MAX);
         for r in r0..r1 {
             let line = &x[r * p.w..(r + 1) * p.w];
             if lo < hi {
-                let strided = p.stride > 1;
-                if strided {
-                    for (ph, phase) in phases.chunks_exact_mut(phase_len).enumerate() {
-                        for (dst, &v) in
-                            phase.iter_mut().zip(line.iter().skip(ph).step_by(p.stride))
-                        {
-                            *dst = v;
-                        }
+                for (ph, phase) in sw.phases.chunks_exact_mut(phase_len).enumerate() {
+                    for (dst, &v) in phase.iter_mut().zip(line.iter().skip(ph).step_by(p.stride)) {
+                        *dst = v;
                     }
                 }
                 for j in 0..kw {
                     let first = lo * p.stride + j - p.pad;
-                    let taps = if strided {
-                        &phases[(first % p.stride) * phase_len + first / p.stride..]
-                    } else {
-                        &line[first..]
-                    };
+                    let at = (first % p.stride) * phase_len + first / p.stride;
                     let base = (r * p.w + first) as u32;
                     sweep(
-                        taps,
+                        &sw.phases[at..at + lanes],
                         base,
                         p.stride as u32,
-                        &mut best[lo..hi],
-                        &mut arg[lo..hi],
+                        sbest,
+                        sarg,
                     );
                 }
             }
@@ -134,6 +159,8 @@ fn pool_plane(
                 }
             }
         }
+        best[lo..hi].copy_from_slice(&sbest[..n]);
+        arg[lo..hi].copy_from_slice(&sarg[..n]);
     }
 }
 
@@ -178,12 +205,12 @@ pub fn max_pool2d_cpu(
                 stride: stride[1],
                 pad: pads[1].0,
             };
-            let mut phases = vec![0.0f32; w.div_ceil(plane.stride) * plane.stride];
+            let mut sweeps = Sweeps::new(plane);
             wide(
                 #[inline(always)]
                 || {
                     for ((y, winners), x) in planes {
-                        pool_plane(x, y, winners, plane, &rows, &cols, &mut phases);
+                        pool_plane(x, y, winners, plane, &rows, &cols, &mut sweeps);
                     }
                 },
             );
@@ -275,6 +302,9 @@ mod tests {
             ([2, 4, 7, 6], [3, 3], [1, 1], [(1, 1), (1, 1)]),
             ([1, 5, 6, 10], [3, 2], [2, 3], [(1, 0), (0, 1)]),
             ([17, 2, 5, 5], [5, 5], [1, 1], [(0, 0), (0, 0)]),
+            // Rows of more than one whole sweep (38 and 19 interior windows).
+            ([2, 2, 4, 40], [3, 3], [1, 1], [(0, 0), (0, 0)]),
+            ([1, 3, 5, 41], [3, 3], [2, 2], [(1, 1), (1, 1)]),
         ];
         for (xd, kernel, stride, pads) in cases {
             let x = Tensor::<4>::random(xd, Distribution::Normal(0.0, 1.0), &device).require_grad();
