@@ -9,6 +9,9 @@
 //! second buffer for every product, forward and backward. The bias is written into the
 //! output before the product accumulates onto it (no separate broadcast add), and its
 //! gradient is the column sums of dy. Each op keeps its inputs, as `float_matmul` does.
+//! Outputs are not zero-filled first: gemm with `read_dst` false writes every element
+//! of its destination without reading it (gemm-common `gemm.rs`, `gemv.rs`, `gevv.rs`:
+//! the destination's factor is set to zero and stored, not multiplied).
 
 use crate::cpu::{Ad, FlexDevice, FlexT, contiguous, from_vec, values, wide};
 use burn::backend::Flex;
@@ -18,6 +21,7 @@ use burn_autodiff::checkpoint::strategy::NoCheckpointing;
 use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, NodeGuard, Ops, OpsKind};
 use rayon::prelude::*;
+use std::mem::{ManuallyDrop, MaybeUninit};
 
 /// flex's threshold (`ops/matmul.rs` `PARALLEL_THRESHOLD`): a product of at least this
 /// many multiply-adds is split across the pool by gemm.
@@ -66,26 +70,61 @@ impl<'a> Mats<'a> {
     }
 }
 
+/// `len` floats that are not initialised: each is written before it is read.
+fn uninit(len: usize) -> Vec<MaybeUninit<f32>> {
+    let mut v = Vec::with_capacity(len);
+    // SAFETY: `MaybeUninit` needs no initialisation, and the capacity is `len`.
+    unsafe { v.set_len(len) };
+    v
+}
+
+/// `v` as floats.
+///
+/// # Safety
+/// Every element of `v` has been written.
+unsafe fn assume_init(v: Vec<MaybeUninit<f32>>) -> Vec<f32> {
+    let mut v = ManuallyDrop::new(v);
+    // SAFETY: `MaybeUninit<f32>` has the layout of `f32`, so the allocation is one of
+    // `capacity` floats; the caller vouches that all `len` are initialised.
+    unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast::<f32>(), v.len(), v.capacity()) }
+}
+
+/// `batch` new products `[m, k] x [k, n]`, row-major `[batch, m, n]`.
+fn new_products(dims: [usize; 4], lhs: Mats, rhs: Mats) -> Vec<f32> {
+    let [batch, m, n, _] = dims;
+    let mut out = uninit(batch * m * n);
+    products(&mut out, dims, lhs, rhs, false);
+    // SAFETY: gemm wrote every element of `out` (`products` without `accumulate`).
+    unsafe { assume_init(out) }
+}
+
 /// `out[i] (+)= lhs[i] · rhs[i]` for `batch` products `[m, k] x [k, n]`, `out` row-major
-/// `[batch, m, n]`; added onto `out` when `accumulate`. Parallel as flex's `matmul`:
-/// gemm splits one large product across the pool; a batch of small products with
-/// enough work in all runs one product per job.
-fn products(out: &mut [f32], [batch, m, n, k]: [usize; 4], lhs: Mats, rhs: Mats, accumulate: bool) {
+/// `[batch, m, n]`: added onto `out` when `accumulate` (`out` initialised), else every
+/// element written. Parallel as flex's `matmul`: gemm splits one large product across
+/// the pool; a batch of small products with enough work in all runs one product per job.
+fn products(
+    out: &mut [MaybeUninit<f32>],
+    [batch, m, n, k]: [usize; 4],
+    lhs: Mats,
+    rhs: Mats,
+    accumulate: bool,
+) {
     assert_eq!(out.len(), batch * m * n);
     lhs.check(batch, m, k);
     rhs.check(batch, k, n);
     if out.is_empty() {
         return;
     }
-    let one = |out: &mut [f32], i: usize, parallelism: gemm::Parallelism| {
+    let one = |out: &mut [MaybeUninit<f32>], i: usize, parallelism: gemm::Parallelism| {
         // SAFETY: `check` showed every element the product reads is inside its operand;
-        // `out` is one unique `m x n` row-major matrix that no operand aliases.
+        // `out` is one unique `m x n` row-major matrix that no operand aliases, read only
+        // when `accumulate`.
         unsafe {
             gemm::gemm(
                 m,
                 n,
                 k,
-                out.as_mut_ptr(),
+                out.as_mut_ptr().cast::<f32>(),
                 1,
                 n as isize,
                 accumulate,
@@ -144,17 +183,21 @@ pub fn linear_cpu(x: Tensor<2>, w: Tensor<2>, bias: Option<Tensor<1>>) -> Option
     let (x_node, w_node) = (xa.node(), wa.node());
     let xf = contiguous(xa.into_primitive());
     let wf = contiguous(wa.into_primitive());
-    let mut y = vec![0.0f32; rows * outputs];
+    let mut y = uninit(rows * outputs);
     let b_node = ba.map(|ba| {
         let node = ba.node();
         let bf = contiguous(ba.into_primitive());
         let bv = values(&bf);
         y.par_chunks_mut(outputs.max(1) * 256).for_each(|y| {
-            y.chunks_exact_mut(outputs)
-                .for_each(|r| r.copy_from_slice(bv))
+            for r in y.chunks_exact_mut(outputs) {
+                for (d, &b) in r.iter_mut().zip(bv) {
+                    d.write(b);
+                }
+            }
         });
         node
     });
+    // With a bias the product adds onto the rows just written; without, it writes them.
     products(
         &mut y,
         [1, rows, outputs, inputs],
@@ -162,6 +205,8 @@ pub fn linear_cpu(x: Tensor<2>, w: Tensor<2>, bias: Option<Tensor<1>>) -> Option
         Mats::rows(values(&wf), inputs, outputs),
         b_node.is_some(),
     );
+    // SAFETY: every element is written, by the bias rows or by gemm.
+    let y = unsafe { assume_init(y) };
     let y = from_vec(y, &[rows, outputs], &FlexDevice::default());
     let state = Operands {
         a: xf,
@@ -185,13 +230,10 @@ pub fn matmul_cpu(a: Tensor<3>, c: Tensor<3>) -> Option<Tensor<3>> {
     let nodes = [aa.node(), ca.node()];
     let af = contiguous(aa.into_primitive());
     let cf = contiguous(ca.into_primitive());
-    let mut y = vec![0.0f32; batch * m * n];
-    products(
-        &mut y,
+    let y = new_products(
         [batch, m, n, k],
         Mats::rows(values(&af), m, k),
         Mats::rows(values(&cf), k, n),
-        false,
     );
     let y = from_vec(y, &[batch, m, n], &FlexDevice::default());
     let state = Operands {
@@ -232,33 +274,28 @@ struct Operands {
 }
 
 impl Operands {
-    /// `da = dy b^T` (`[batch, m, k]`) and `db = a^T dy` (`[batch, k, n]`, summed over the
-    /// batch when `b` is shared), in that order as burn-autodiff's `binary` makes them,
-    /// each only when asked.
+    /// `da = dy b^T` (`[batch, m, k]`) and `db = a^T dy` (`[batch, k, n]`), in that order
+    /// as burn-autodiff's `binary` makes them, each only when asked.
     fn gradients(&self, dy: &[f32], want_a: bool, want_b: bool) -> (Vec<f32>, Vec<f32>) {
         let [batch, m, k, n] = self.dims;
-        let mut da = Vec::new();
-        if want_a {
-            da = vec![0.0f32; batch * m * k];
-            products(
-                &mut da,
+        let da = if want_a {
+            new_products(
                 [batch, m, k, n],
                 Mats::rows(dy, m, n),
                 Mats::transposed(values(&self.b), k, n),
-                false,
-            );
-        }
-        let mut db = Vec::new();
-        if want_b {
-            db = vec![0.0f32; batch * k * n];
-            products(
-                &mut db,
+            )
+        } else {
+            Vec::new()
+        };
+        let db = if want_b {
+            new_products(
                 [batch, k, n, m],
                 Mats::transposed(values(&self.a), m, k),
                 Mats::rows(dy, m, n),
-                false,
-            );
-        }
+            )
+        } else {
+            Vec::new()
+        };
         (da, db)
     }
 }
@@ -360,7 +397,14 @@ mod tests {
         let device = Device::flex().autodiff();
         device.seed(12);
         let normal = Distribution::Normal(0.0, 1.0);
-        for [rows, inputs, outputs] in [[3, 5, 2], [64, 17, 33], [300, 200, 150]] {
+        // One output column or row, and a depth of 2: gemm's gemv and gevv paths.
+        for [rows, inputs, outputs] in [
+            [3, 5, 2],
+            [7, 2, 1],
+            [1, 3, 4],
+            [64, 17, 33],
+            [300, 200, 150],
+        ] {
             for with_bias in [true, false] {
                 let x = Tensor::<2>::random([rows, inputs], normal, &device).require_grad();
                 let w = Tensor::<2>::random([inputs, outputs], normal, &device).require_grad();
