@@ -16,7 +16,9 @@
 //! it adds back onto the windows they came from (col2im) in the chunk's input
 //! gradient.
 
-use crate::cpu::{Ad, FlexDevice, FlexT, Strided, contiguous, from_vec, gemm_into, values};
+use crate::cpu::{
+    Ad, FlexDevice, FlexT, Strided, add_partials, contiguous, from_vec, gemm_into, values,
+};
 use batchfit_plan::rules::{
     CONV_MAX_SAMPLE_COLS_BYTES, ConvCpuPath, conv_cpu_path, conv_samples_per_chunk,
 };
@@ -568,15 +570,6 @@ fn backward_per_sample(
         .map(|(_, dw)| dw)
         .reduce_with(add_partials)
         .unwrap_or_default()
-}
-
-/// Two threads' weight-gradient sums added (a thread that had no chunk left an empty one).
-fn add_partials(mut a: Vec<f32>, b: Vec<f32>) -> Vec<f32> {
-    if a.is_empty() {
-        return b;
-    }
-    a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
-    a
 }
 
 #[cfg(test)]

@@ -58,6 +58,16 @@ pub fn wide<R>(f: impl FnOnce() -> R) -> R {
     pulp::Arch::new().dispatch(f)
 }
 
+/// Two partial sums added, as rayon's reductions combine them (an empty one, from a
+/// thread that had no work, stands for zeros).
+pub fn add_partials(mut a: Vec<f32>, b: Vec<f32>) -> Vec<f32> {
+    if a.is_empty() {
+        return b;
+    }
+    a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
+    a
+}
+
 /// A matrix inside a slice: element (r, c) at `r * row + c * col`.
 pub struct Strided<S> {
     data: S,

@@ -13,7 +13,7 @@
 //! of its destination without reading it (gemm-common `gemm.rs`, `gemv.rs`, `gevv.rs`:
 //! the destination's factor is set to zero and stored, not multiplied).
 
-use crate::cpu::{Ad, FlexDevice, FlexT, contiguous, from_vec, values, wide};
+use crate::cpu::{Ad, FlexDevice, FlexT, add_partials, contiguous, from_vec, values, wide};
 use burn::backend::Flex;
 use burn::tensor::Tensor;
 use burn_autodiff::checkpoint::base::Checkpointer;
@@ -374,13 +374,7 @@ fn column_sums(v: &[f32], n: usize) -> Vec<f32> {
             );
             acc
         })
-        .reduce(
-            || vec![0.0f32; n],
-            |mut a, b| {
-                a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
-                a
-            },
-        )
+        .reduce(|| vec![0.0f32; n], add_partials)
 }
 
 #[cfg(test)]

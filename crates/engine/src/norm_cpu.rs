@@ -6,13 +6,13 @@
 //! or row (mean, 1/std) are kept, as PyTorch's `native_batch_norm` and
 //! `native_layer_norm` keep them. Channels (rows) run in parallel on rayon's threads.
 
-use crate::cpu::{Ad, FlexDevice, FlexT, contiguous, from_vec, values, wide};
+use crate::cpu::{Ad, FlexDevice, FlexT, add_partials, contiguous, from_vec, values, wide};
 use burn::backend::Flex;
 use burn::tensor::Tensor;
 use burn_autodiff::checkpoint::base::Checkpointer;
 use burn_autodiff::checkpoint::strategy::NoCheckpointing;
 use burn_autodiff::grads::Gradients;
-use burn_autodiff::ops::{Backward, Ops, OpsKind};
+use burn_autodiff::ops::{Backward, NodeGuard, Ops, OpsKind};
 use rayon::prelude::*;
 
 /// The variance's epsilon (PyTorch's default, as the composed version).
@@ -45,17 +45,26 @@ fn lane_sums(a: &[f32], b: &[f32], f: impl Fn(f64, f64) -> (f64, f64)) -> (f64, 
     (t0, t1)
 }
 
-/// `x` `[B, C, S]` normalised per channel with the batch's statistics, scaled by `gamma`
-/// and shifted by `beta` (`[C]` each); `None` off the CPU.
-pub fn batch_norm_cpu(x: Tensor<3>, gamma: Tensor<1>, beta: Tensor<1>) -> Option<Tensor<3>> {
-    let [b, c, s] = x.dims();
+/// A norm's input, scale and shift as autodiff nodes and contiguous flex tensors; `None`
+/// off the CPU.
+fn operands<const D: usize>(
+    x: Tensor<D>,
+    gamma: Tensor<1>,
+    beta: Tensor<1>,
+) -> Option<([NodeGuard; 3], [FlexT; 3])> {
     let xa = x.try_into_primitive::<Ad>().ok()?;
     let ga = gamma.try_into_primitive::<Ad>().ok()?;
     let ba = beta.try_into_primitive::<Ad>().ok()?;
     let nodes = [xa.node(), ga.node(), ba.node()];
-    let xf = contiguous(xa.into_primitive());
-    let gf = contiguous(ga.into_primitive());
-    let bf = contiguous(ba.into_primitive());
+    let flex = [xa, ga, ba].map(|t| contiguous(t.into_primitive()));
+    Some((nodes, flex))
+}
+
+/// `x` `[B, C, S]` normalised per channel with the batch's statistics, scaled by `gamma`
+/// and shifted by `beta` (`[C]` each); `None` off the CPU.
+pub fn batch_norm_cpu(x: Tensor<3>, gamma: Tensor<1>, beta: Tensor<1>) -> Option<Tensor<3>> {
+    let [b, c, s] = x.dims();
+    let (nodes, [xf, gf, bf]) = operands(x, gamma, beta)?;
     let (xv, gv, bv) = (values(&xf), values(&gf), values(&bf));
     let n = (b * s) as f64;
     // Per channel: mean and 1/std over the batch and the positions (f64 sums).
@@ -115,14 +124,15 @@ pub fn batch_norm_cpu(x: Tensor<3>, gamma: Tensor<1>, beta: Tensor<1>) -> Option
     Some(Tensor::from_primitive::<Ad>(y))
 }
 
+/// What a fused norm keeps for its backward.
 #[derive(Clone, Debug)]
-struct NormState {
-    /// `[B, C, S]`.
-    dims: [usize; 3],
+struct NormState<const D: usize> {
+    /// Batch norm `[B, C, S]`, layer norm `[rows, n]`.
+    dims: [usize; D],
     /// The input and the scale, shared handles (no copies).
     x: FlexT,
     gamma: FlexT,
-    /// Mean and 1/std per channel.
+    /// Mean and 1/std per channel (per row).
     stats: Vec<(f32, f32)>,
 }
 
@@ -130,9 +140,9 @@ struct NormState {
 struct BatchNormOp;
 
 impl Backward<Flex, 3> for BatchNormOp {
-    type State = NormState;
+    type State = NormState<3>;
 
-    fn backward(self, ops: Ops<NormState, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+    fn backward(self, ops: Ops<NormState<3>, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let NormState {
             dims: [b, c, s],
             x,
@@ -206,13 +216,7 @@ const LN_JOB_ELEMS: usize = 1 << 14;
 /// (`[n]` each); `None` off the CPU.
 pub fn layer_norm_cpu(x: Tensor<2>, gamma: Tensor<1>, beta: Tensor<1>) -> Option<Tensor<2>> {
     let [rows, n] = x.dims();
-    let xa = x.try_into_primitive::<Ad>().ok()?;
-    let ga = gamma.try_into_primitive::<Ad>().ok()?;
-    let ba = beta.try_into_primitive::<Ad>().ok()?;
-    let nodes = [xa.node(), ga.node(), ba.node()];
-    let xf = contiguous(xa.into_primitive());
-    let gf = contiguous(ga.into_primitive());
-    let bf = contiguous(ba.into_primitive());
+    let (nodes, [xf, gf, bf]) = operands(x, gamma, beta)?;
     let (xv, gv, bv) = (values(&xf), values(&gf), values(&bf));
     let job = (LN_JOB_ELEMS / n.max(1)).max(1);
     let mut y = vec![0.0f32; rows * n];
@@ -245,7 +249,7 @@ pub fn layer_norm_cpu(x: Tensor<2>, gamma: Tensor<1>, beta: Tensor<1>) -> Option
         .stateful()
     {
         OpsKind::Tracked(prep) => prep.finish(
-            LayerNormState {
+            NormState {
                 dims: [rows, n],
                 x: xf,
                 gamma: gf,
@@ -258,25 +262,14 @@ pub fn layer_norm_cpu(x: Tensor<2>, gamma: Tensor<1>, beta: Tensor<1>) -> Option
     Some(Tensor::from_primitive::<Ad>(y))
 }
 
-#[derive(Clone, Debug)]
-struct LayerNormState {
-    /// `[rows, n]`.
-    dims: [usize; 2],
-    /// The input and the scale, shared handles (no copies).
-    x: FlexT,
-    gamma: FlexT,
-    /// Mean and 1/std per row.
-    stats: Vec<(f32, f32)>,
-}
-
 #[derive(Debug)]
 struct LayerNormOp;
 
 impl Backward<Flex, 3> for LayerNormOp {
-    type State = LayerNormState;
+    type State = NormState<2>;
 
-    fn backward(self, ops: Ops<LayerNormState, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let LayerNormState {
+    fn backward(self, ops: Ops<NormState<2>, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let NormState {
             dims: [rows, n],
             x,
             gamma,
@@ -330,11 +323,7 @@ impl Backward<Flex, 3> for LayerNormOp {
             );
             (dgamma, dbeta)
         };
-        let add = |(mut g0, mut b0): (Vec<f32>, Vec<f32>), (g1, b1): (Vec<f32>, Vec<f32>)| {
-            g0.iter_mut().zip(&g1).for_each(|(a, b)| *a += b);
-            b0.iter_mut().zip(&b1).for_each(|(a, b)| *a += b);
-            (g0, b0)
-        };
+        let add = |(g0, b0), (g1, b1)| (add_partials(g0, g1), add_partials(b0, b1));
         let parts = dyv
             .par_chunks(job * n)
             .zip(xv.par_chunks(job * n).zip(stats.par_chunks(job)));
