@@ -16,13 +16,17 @@
 #
 # Environment: BATCHFIT (default ./target/release/batchfit, built beforehand with
 # `cargo build --release`), TORCH_PYTHON (default /tmp/torchvenv/bin/python),
-# BATCHES (default 8,32), CORPUS_DIR (where the exports go; default a temporary one).
+# BATCHES (default 8,32), CORPUS_DIR (where the exports go; default a temporary one),
+# REPS (default 1): times each side is timed per model, batchfit and PyTorch in turn;
+# the table shows each side's median step. On a VM whose speed drifts, one run's ratio
+# moves by +-0.2; interleaved repetitions expose both sides to the same drift.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BATCHFIT=${BATCHFIT:-./target/release/batchfit}
 PY=${TORCH_PYTHON:-/tmp/torchvenv/bin/python}
 BATCHES=${BATCHES:-8,32}
+REPS=${REPS:-1}
 [ -x "$BATCHFIT" ] || { echo "no $BATCHFIT; run cargo build --release first" >&2; exit 1; }
 "$PY" -c 'import torch, torchvision, onnx' 2>/dev/null || {
     echo "no torch/torchvision/onnx at $PY; see the header of $0" >&2
@@ -52,10 +56,25 @@ for m in "${models[@]}"; do
         continue
     fi
     ours=$(jq -r .parameters "$work/$m.plan.json")
-    quiet
-    "$BATCHFIT" probe "$model" --batches "$BATCHES" --json >"$work/$m.probe.json" 2>/dev/null
-    quiet
-    "$PY" bench/corpus.py step "$m" "$BATCHES" >"$work/$m.pt.json"
+    for r in $(seq "$REPS"); do
+        quiet
+        "$BATCHFIT" probe "$model" --batches "$BATCHES" --json >"$work/$m.probe.$r.json" 2>/dev/null
+        quiet
+        "$PY" bench/corpus.py step "$m" "$BATCHES" >"$work/$m.pt.$r.json"
+    done
+    # Each side's median step per batch over the repetitions (the plan and the peaks are
+    # the first probe's: they do not depend on timing).
+    median='def median: sort | if length % 2 == 1 then .[length / 2 | floor]
+        else (.[length / 2 - 1] + .[length / 2]) / 2 end;'
+    jq -s "$median"'
+        [.[] | .devices[0].points] as $all
+        | .[0] | .devices[0].points |= [range(0; length) as $i | .[$i]
+            | if .failure then . else
+                .step_time_s = ([$all[][$i].step_time_s | select(. != null)] | median) end]
+        ' "$work/$m".probe.*.json >"$work/$m.probe.json"
+    jq -s "$median"'
+        . as $all | $all[0] | keys | map({key: ., value: ([$all[][.]] | median)}) | from_entries
+        ' "$work/$m".pt.*.json >"$work/$m.pt.json"
     jq -r --arg m "$m" --arg ours "$ours" --arg theirs "$torch_params" \
         --slurpfile pt "$work/$m.pt.json" '
         def mib: . / 1048576 | . * 10 | round / 10 | tostring + " MiB";
