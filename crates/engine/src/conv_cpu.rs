@@ -17,7 +17,8 @@
 //! gradient.
 
 use crate::cpu::{
-    Ad, FlexDevice, FlexT, Strided, add_partials, contiguous, from_vec, gemm_into, values,
+    Ad, FlexDevice, FlexT, Strided, add_partials, assume_init, contiguous, from_vec, gemm_into,
+    uninit, values,
 };
 use batchfit_plan::rules::{
     CONV_MAX_SAMPLE_COLS_BYTES, ConvCpuPath, conv_cpu_path, conv_samples_per_chunk,
@@ -29,6 +30,7 @@ use burn_autodiff::checkpoint::strategy::NoCheckpointing;
 use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 /// The sizes of one convolution.
 #[derive(Clone, Copy, Debug)]
@@ -174,8 +176,9 @@ impl Geometry {
     }
 
     /// Adds the taps' gradient `dcols` `[C·kh·kw, OH·OW]` back onto their windows: the
-    /// gradient of one ungrouped sample `dx` (CHW). `padded` is scratch, left zeroed.
-    fn fold(&self, dcols: &[f32], dx: &mut [f32], padded: &mut [f32]) {
+    /// gradient of one ungrouped sample `dx` (CHW, every element written). `padded` is
+    /// scratch, left zeroed.
+    fn fold(&self, dcols: &[f32], dx: &mut [MaybeUninit<f32>], padded: &mut [f32]) {
         let (hp, wp) = self.padded();
         let (ow, [sh, sw]) = (self.ow, self.stride);
         padded.fill(0.0);
@@ -205,17 +208,18 @@ impl Geometry {
         {
             for (y, line) in dst.chunks_exact_mut(self.w).enumerate() {
                 let at = (y + self.pads[0].0) * wp + self.pads[1].0;
-                line.copy_from_slice(&src[at..at + self.w]);
+                line.write_copy_of_slice(&src[at..at + self.w]);
             }
         }
         padded.fill(0.0);
     }
 
     /// Adds group `j`'s rows `dcols` `[samples·OH·OW, k / groups]` back onto their
-    /// windows: the gradient of the group's channels of the samples' images `dx` (NCHW);
+    /// windows: the gradient of the group's channels of the samples' images `dx` (NCHW,
+    /// each of those elements written);
     /// `padded` is scratch for the group's channels of a padded image, left zeroed for
     /// [`Geometry::im2col`], whose border must be zero.
-    fn col2im(&self, dcols: &[f32], j: usize, dx: &mut [f32], padded: &mut [f32]) {
+    fn col2im(&self, dcols: &[f32], j: usize, dx: &mut [MaybeUninit<f32>], padded: &mut [f32]) {
         let (kg, _) = self.per_group();
         let (kw, plane) = (self.kw, self.h * self.w);
         let (hp, wp) = self.padded();
@@ -247,7 +251,7 @@ impl Geometry {
             {
                 for (y, line) in dst.chunks_exact_mut(self.w).enumerate() {
                     let at = (y + self.pads[0].0) * wp + self.pads[1].0;
-                    line.copy_from_slice(&src[at..at + self.w]);
+                    line.write_copy_of_slice(&src[at..at + self.w]);
                 }
             }
             padded.fill(0.0);
@@ -332,7 +336,8 @@ pub fn conv2d_cpu(
     let wm = values(&wf);
     let spc = g.samples_per_chunk();
     let spatial = g.spatial();
-    let mut out = vec![0.0f32; b * co * spatial];
+    // Every element is written: by the product, or by the chunks' transposition.
+    let mut out = uninit(b * co * spatial);
     if let ConvCpuPath::PerSample { pointwise } = g.path() {
         // Each sample's planes: W [C_out, k] x its taps [k, OH·OW].
         out.par_chunks_mut(co * spatial)
@@ -378,13 +383,15 @@ pub fn conv2d_cpu(
                         let out = &mut out[sample * co * spatial..(sample + 1) * co * spatial];
                         for (pos, row) in rows.chunks_exact(co).enumerate() {
                             for (ch, &v) in row.iter().enumerate() {
-                                out[ch * spatial + pos] = v;
+                                out[ch * spatial + pos].write(v);
                             }
                         }
                     }
                 },
             );
     }
+    // SAFETY: see `out`.
+    let out = unsafe { assume_init(out) };
     let y = from_vec(out, &[b, co, g.oh, g.ow], &FlexDevice::default());
     let y = match ConvOp
         .prepare::<NoCheckpointing>(nodes)
@@ -422,14 +429,15 @@ impl Backward<Flex, 2> for ConvOp {
         let wm = values(&w);
         let want_dx = x_node.is_some();
         let want_dw = w_node.is_some();
-        let mut dx = vec![0.0f32; if want_dx { g.b * g.image() } else { 0 }];
+        // Every element is written (col2im, fold, or the pointwise product).
+        let mut dx = uninit(if want_dx { g.b * g.image() } else { 0 });
         if let ConvCpuPath::PerSample { pointwise } = g.path() {
             let dw =
                 backward_per_sample(&g, pointwise, values(&dy), values(&x), wm, want_dw, &mut dx);
             register(&g, grads, ids, dx, dw);
             return;
         }
-        let mut dx_chunks: Vec<Option<&mut [f32]>> = if want_dx {
+        let mut dx_chunks: Vec<Option<&mut [MaybeUninit<f32>]>> = if want_dx {
             dx.chunks_mut(spc * g.image()).map(Some).collect()
         } else {
             (0..g.b.div_ceil(spc)).map(|_| None).collect()
@@ -499,11 +507,13 @@ fn register(
     g: &Geometry,
     grads: &mut Gradients,
     [x_node, w_node]: [Option<burn_autodiff::NodeId>; 2],
-    dx: Vec<f32>,
+    dx: Vec<MaybeUninit<f32>>,
     dw: Vec<f32>,
 ) {
     let device = FlexDevice::default();
     if let Some(id) = x_node {
+        // SAFETY: the backward wrote every element of dx when the input wants it.
+        let dx = unsafe { assume_init(dx) };
         grads.register::<Flex>(id, from_vec(dx, &[g.b, g.c, g.h, g.w], &device));
     }
     if let Some(id) = w_node {
@@ -524,10 +534,10 @@ fn backward_per_sample(
     x: &[f32],
     w: &[f32],
     want_dw: bool,
-    dx: &mut [f32],
+    dx: &mut [MaybeUninit<f32>],
 ) -> Vec<f32> {
     let (spatial, co, k) = (g.spatial(), g.co, g.k());
-    let mut dx_samples: Vec<Option<&mut [f32]>> = if dx.is_empty() {
+    let mut dx_samples: Vec<Option<&mut [MaybeUninit<f32>]>> = if dx.is_empty() {
         (0..g.b).map(|_| None).collect()
     } else {
         dx.chunks_mut(g.image()).map(Some).collect()

@@ -5,8 +5,10 @@
 
 use burn::backend::Flex;
 use burn::backend::ops::FloatTensorOps;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{DType, Tensor, TensorData};
 use burn_autodiff::Autodiff;
+use rayon::prelude::*;
+use std::mem::{ManuallyDrop, MaybeUninit};
 
 /// burn's autodiff over flex: the device the engine's own ops run on.
 pub type Ad = Autodiff<Flex>;
@@ -22,13 +24,40 @@ pub fn available<const D: usize>(x: &Tensor<D>) -> bool {
     x.clone().try_into_primitive::<Ad>().is_ok()
 }
 
-/// `x` with its elements in one row-major run, copied only if they are not.
+/// Fewest elements of a strided tensor that [`contiguous`] copies on rayon's threads.
+const PARALLEL_COPY_MIN: usize = 1 << 15;
+/// Shortest contiguous run it copies that way: shorter runs (a transpose's) go through
+/// flex's tiled copy.
+const PARALLEL_COPY_MIN_RUN: usize = 16;
+
+/// `x` with its elements in one row-major run, copied only if they are not. A large view
+/// made of long runs (a slice of a concatenation's gradient along channels, say) is
+/// copied in parallel: flex's copy is serial.
 pub fn contiguous(x: FlexT) -> FlexT {
-    if x.layout().contiguous_offsets().is_some() {
-        x
-    } else {
-        x.to_contiguous()
+    let layout = x.layout();
+    if layout.contiguous_offsets().is_some() {
+        return x;
     }
+    let n = layout.num_elements();
+    let blocks = layout.strided_blocks();
+    let run = blocks.block_len();
+    if n < PARALLEL_COPY_MIN || run < PARALLEL_COPY_MIN_RUN || x.dtype() != DType::F32 {
+        return x.to_contiguous();
+    }
+    let starts: Vec<usize> = blocks.block_starts().collect();
+    let src = x.storage::<f32>();
+    let per_job = (PARALLEL_COPY_MIN / run).max(1);
+    let mut out = uninit(n);
+    out.par_chunks_mut(per_job * run)
+        .zip(starts.par_chunks(per_job))
+        .for_each(|(out, starts)| {
+            for (o, &at) in out.chunks_exact_mut(run).zip(starts) {
+                o.write_copy_of_slice(&src[at..at + run]);
+            }
+        });
+    // SAFETY: the runs cover the view's `n` elements, each written once.
+    let out = unsafe { assume_init(out) };
+    from_vec(out, layout.shape(), &FlexDevice::default())
 }
 
 /// The values of a contiguous f32 flex tensor.
@@ -47,6 +76,25 @@ pub fn values_mut(x: &mut FlexT) -> &mut [f32] {
 /// A flex tensor of `shape` holding `v`.
 pub fn from_vec(v: Vec<f32>, shape: &[usize], device: &FlexDevice) -> FlexT {
     Flex::float_from_data(TensorData::new(v, shape.to_vec()), device)
+}
+
+/// `len` floats that are not initialised: each is written before it is read.
+pub fn uninit(len: usize) -> Vec<MaybeUninit<f32>> {
+    let mut v = Vec::with_capacity(len);
+    // SAFETY: `MaybeUninit` needs no initialisation, and the capacity is `len`.
+    unsafe { v.set_len(len) };
+    v
+}
+
+/// `v` as floats.
+///
+/// # Safety
+/// Every element of `v` has been written.
+pub unsafe fn assume_init(v: Vec<MaybeUninit<f32>>) -> Vec<f32> {
+    let mut v = ManuallyDrop::new(v);
+    // SAFETY: `MaybeUninit<f32>` has the layout of `f32`, so the allocation is one of
+    // `capacity` floats; the caller vouches that all `len` are initialised.
+    unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast::<f32>(), v.len(), v.capacity()) }
 }
 
 /// Runs `f` compiled for the CPU's widest SIMD (AVX-512, else AVX2 and FMA), through
@@ -82,18 +130,39 @@ impl<S> Strided<S> {
     }
 }
 
+/// What a product can write into: floats, or floats not yet written, which gemm with
+/// `read_dst` false stores without reading (gemm-common `gemm.rs`, `gemv.rs`, `gevv.rs`).
+///
+/// # Safety
+/// The type has the layout of `f32`.
+pub unsafe trait GemmDst {
+    /// Whether the elements hold values (a product may add onto them).
+    const WRITTEN: bool;
+}
+// SAFETY: both are `f32` in memory (`MaybeUninit<T>` has `T`'s layout).
+unsafe impl GemmDst for f32 {
+    const WRITTEN: bool = true;
+}
+unsafe impl GemmDst for MaybeUninit<f32> {
+    const WRITTEN: bool = false;
+}
+
 /// `dst[m×n] (+)= lhs[m×k] · rhs[k×n]` on the calling thread (the callers already
 /// run one product per thread). The gemm crate is what flex's matmul calls; it is used
 /// directly here for strided operands and accumulation, which flex's matmul lacks.
-pub fn gemm_into(
+pub fn gemm_into<T: GemmDst>(
     m: usize,
     n: usize,
     k: usize,
-    dst: Strided<&mut [f32]>,
+    dst: Strided<&mut [T]>,
     accumulate: bool,
     lhs: Strided<&[f32]>,
     rhs: Strided<&[f32]>,
 ) {
+    assert!(
+        T::WRITTEN || !accumulate,
+        "a product added onto unwritten floats"
+    );
     let last = |rows: usize, cols: usize, row: usize, col: usize| {
         (rows.max(1) - 1) * row + (cols.max(1) - 1) * col
     };
@@ -107,7 +176,7 @@ pub fn gemm_into(
             m,
             n,
             k,
-            dst.data.as_mut_ptr(),
+            dst.data.as_mut_ptr().cast::<f32>(),
             dst.col as isize,
             dst.row as isize,
             accumulate,

@@ -13,7 +13,9 @@
 //! of its destination without reading it (gemm-common `gemm.rs`, `gemv.rs`, `gevv.rs`:
 //! the destination's factor is set to zero and stored, not multiplied).
 
-use crate::cpu::{Ad, FlexDevice, FlexT, add_partials, contiguous, from_vec, values, wide};
+use crate::cpu::{
+    Ad, FlexDevice, FlexT, add_partials, assume_init, contiguous, from_vec, uninit, values, wide,
+};
 use burn::backend::Flex;
 use burn::tensor::Tensor;
 use burn_autodiff::checkpoint::base::Checkpointer;
@@ -21,7 +23,7 @@ use burn_autodiff::checkpoint::strategy::NoCheckpointing;
 use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, NodeGuard, Ops, OpsKind};
 use rayon::prelude::*;
-use std::mem::{ManuallyDrop, MaybeUninit};
+use std::mem::MaybeUninit;
 
 /// flex's threshold (`ops/matmul.rs` `PARALLEL_THRESHOLD`): a product of at least this
 /// many multiply-adds is split across the pool by gemm.
@@ -68,25 +70,6 @@ impl<'a> Mats<'a> {
             + (cols.max(1) - 1) * self.col;
         assert!(batch * rows * cols == 0 || last < self.data.len());
     }
-}
-
-/// `len` floats that are not initialised: each is written before it is read.
-fn uninit(len: usize) -> Vec<MaybeUninit<f32>> {
-    let mut v = Vec::with_capacity(len);
-    // SAFETY: `MaybeUninit` needs no initialisation, and the capacity is `len`.
-    unsafe { v.set_len(len) };
-    v
-}
-
-/// `v` as floats.
-///
-/// # Safety
-/// Every element of `v` has been written.
-unsafe fn assume_init(v: Vec<MaybeUninit<f32>>) -> Vec<f32> {
-    let mut v = ManuallyDrop::new(v);
-    // SAFETY: `MaybeUninit<f32>` has the layout of `f32`, so the allocation is one of
-    // `capacity` floats; the caller vouches that all `len` are initialised.
-    unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast::<f32>(), v.len(), v.capacity()) }
 }
 
 /// `batch` new products `[m, k] x [k, n]`, row-major `[batch, m, n]`.

@@ -6,7 +6,9 @@
 //! or row (mean, 1/std) are kept, as PyTorch's `native_batch_norm` and
 //! `native_layer_norm` keep them. Channels (rows) run in parallel on rayon's threads.
 
-use crate::cpu::{Ad, FlexDevice, FlexT, add_partials, contiguous, from_vec, values, wide};
+use crate::cpu::{
+    Ad, FlexDevice, FlexT, add_partials, assume_init, contiguous, from_vec, uninit, values, wide,
+};
 use burn::backend::Flex;
 use burn::tensor::Tensor;
 use burn_autodiff::checkpoint::base::Checkpointer;
@@ -14,6 +16,7 @@ use burn_autodiff::checkpoint::strategy::NoCheckpointing;
 use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, NodeGuard, Ops, OpsKind};
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 /// The variance's epsilon (PyTorch's default, as the composed version).
 const EPS: f32 = 1e-5;
@@ -60,51 +63,203 @@ fn operands<const D: usize>(
     Some((nodes, flex))
 }
 
+/// Positions per channel below which the batch norm treats each sample's `[C, S]` block
+/// as one vector, with each channel's constants spread over a block-sized slab: rows
+/// this short cost more in per-row set-up and remainder loops than in arithmetic (a
+/// DenseNet's last blocks have 4 and 1 positions per channel at 32x32 pixels).
+const SLAB_BELOW_POSITIONS: usize = 32;
+
+/// Elements per rayon job of the batch norm's passes.
+const BN_JOB_ELEMS: usize = 1 << 14;
+
+/// The sizes of a batch norm's input `[B, C, S]`, and how its passes run.
+#[derive(Clone, Copy, Debug)]
+struct Channels {
+    b: usize,
+    c: usize,
+    s: usize,
+}
+
+impl Channels {
+    /// Elements over which each channel's statistics run.
+    fn n(&self) -> f64 {
+        (self.b * self.s) as f64
+    }
+    /// One sample's block.
+    fn block(&self) -> usize {
+        self.c * self.s
+    }
+    fn slabs(&self) -> bool {
+        self.s < SLAB_BELOW_POSITIONS
+    }
+    /// Whole samples per job on the slab path, whole rows (one channel of one sample)
+    /// per job on the other.
+    fn job(&self) -> usize {
+        let unit = if self.slabs() { self.block() } else { self.s };
+        (BN_JOB_ELEMS / unit.max(1)).max(1) * unit
+    }
+    /// `v[ch]` spread over a sample's block (each repeated `s` times).
+    fn slab<T: Copy>(&self, v: impl Iterator<Item = T>) -> Vec<T> {
+        v.flat_map(|x| std::iter::repeat_n(x, self.s)).collect()
+    }
+    /// Per channel, the sums over the batch and the positions of the two terms
+    /// `f(a_i, b_i, m)` of each element (`a`, `b` `[B, C, S]`; `m` the channel's value of
+    /// `per_channel`), in f64.
+    fn sums(
+        &self,
+        a: &[f32],
+        b: &[f32],
+        per_channel: &[f64],
+        f: impl Fn(f64, f64, f64) -> (f64, f64) + Sync,
+    ) -> Vec<(f64, f64)> {
+        let Channels { c, s, .. } = *self;
+        if !self.slabs() {
+            // Per channel (in parallel), its rows of s in lanes.
+            return (0..c)
+                .into_par_iter()
+                .map(|ch| {
+                    let m = per_channel[ch];
+                    wide(
+                        #[inline(always)]
+                        || {
+                            (0..self.b)
+                                .map(|i| (i * c + ch) * s..(i * c + ch + 1) * s)
+                                .map(|r| lane_sums(&a[r.clone()], &b[r], |u, v| f(u, v, m)))
+                                .fold((0.0, 0.0), |(s0, s1), (t0, t1)| (s0 + t0, s1 + t1))
+                        },
+                    )
+                })
+                .collect();
+        }
+        // Per job of whole samples, element-wise sums over its samples' blocks; then the
+        // jobs' partial sums added, and each channel's s entries.
+        let cs = self.block();
+        let m_slab = self.slab(per_channel.iter().copied());
+        let (s0, s1) = a
+            .par_chunks(self.job())
+            .zip(b.par_chunks(self.job()))
+            .map(|(a, b)| {
+                let (mut s0, mut s1) = (vec![0.0f64; cs], vec![0.0f64; cs]);
+                wide(
+                    #[inline(always)]
+                    || {
+                        for (a, b) in a.chunks_exact(cs).zip(b.chunks_exact(cs)) {
+                            for ((((s0, s1), &u), &v), &m) in
+                                s0.iter_mut().zip(s1.iter_mut()).zip(a).zip(b).zip(&m_slab)
+                            {
+                                let (t0, t1) = f(f64::from(u), f64::from(v), m);
+                                *s0 += t0;
+                                *s1 += t1;
+                            }
+                        }
+                    },
+                );
+                (s0, s1)
+            })
+            .reduce_with(|(a0, a1), (b0, b1)| (add_f64(a0, b0), add_f64(a1, b1)))
+            .unwrap_or_else(|| (vec![0.0; cs], vec![0.0; cs]));
+        s0.chunks_exact(s.max(1))
+            .zip(s1.chunks_exact(s.max(1)))
+            .map(|(p0, p1)| (p0.iter().sum(), p1.iter().sum()))
+            .collect()
+    }
+    /// `out = f(a, b, channel constants)` element-wise over `[B, C, S]`, `k[ch]` the
+    /// channel's constants.
+    fn map<K: Copy + Send + Sync>(
+        &self,
+        out: &mut [MaybeUninit<f32>],
+        a: &[f32],
+        b: &[f32],
+        k: &[K],
+        f: impl Fn(f32, f32, K) -> f32 + Sync,
+    ) {
+        let Channels { c, s, .. } = *self;
+        let job = self.job();
+        let k_slab = if self.slabs() {
+            self.slab(k.iter().copied())
+        } else {
+            Vec::new()
+        };
+        out.par_chunks_mut(job)
+            .zip(a.par_chunks(job).zip(b.par_chunks(job)))
+            .enumerate()
+            .for_each(|(j, (out, (a, b)))| {
+                wide(
+                    #[inline(always)]
+                    || {
+                        if self.slabs() {
+                            for ((out, a), b) in out
+                                .chunks_exact_mut(c * s)
+                                .zip(a.chunks_exact(c * s))
+                                .zip(b.chunks_exact(c * s))
+                            {
+                                for (((o, &u), &v), &k) in out.iter_mut().zip(a).zip(b).zip(&k_slab)
+                                {
+                                    o.write(f(u, v, k));
+                                }
+                            }
+                        } else {
+                            let first = j * job / s;
+                            for (r, ((out, a), b)) in out
+                                .chunks_exact_mut(s)
+                                .zip(a.chunks_exact(s))
+                                .zip(b.chunks_exact(s))
+                                .enumerate()
+                            {
+                                let k = k[(first + r) % c];
+                                for ((o, &u), &v) in out.iter_mut().zip(a).zip(b) {
+                                    o.write(f(u, v, k));
+                                }
+                            }
+                        }
+                    },
+                )
+            });
+    }
+}
+
+/// Two partial sums in f64 added.
+fn add_f64(mut a: Vec<f64>, b: Vec<f64>) -> Vec<f64> {
+    a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
+    a
+}
+
 /// `x` `[B, C, S]` normalised per channel with the batch's statistics, scaled by `gamma`
 /// and shifted by `beta` (`[C]` each); `None` off the CPU.
 pub fn batch_norm_cpu(x: Tensor<3>, gamma: Tensor<1>, beta: Tensor<1>) -> Option<Tensor<3>> {
     let [b, c, s] = x.dims();
+    let shape = Channels { b, c, s };
     let (nodes, [xf, gf, bf]) = operands(x, gamma, beta)?;
     let (xv, gv, bv) = (values(&xf), values(&gf), values(&bf));
-    let n = (b * s) as f64;
-    // Per channel: mean and 1/std over the batch and the positions (f64 sums).
-    let stats: Vec<(f32, f32)> = (0..c)
-        .into_par_iter()
-        .map(|ch| {
-            wide(
-                #[inline(always)]
-                || {
-                    let rows = (0..b).map(|i| &xv[(i * c + ch) * s..(i * c + ch + 1) * s]);
-                    let sum: f64 = rows
-                        .clone()
-                        .map(|r| lane_sums(r, r, |v, _| (v, 0.0)).0)
-                        .sum();
-                    let mean = sum / n;
-                    let var: f64 = rows
-                        .map(|r| lane_sums(r, r, |v, _| ((v - mean).powi(2), 0.0)).0)
-                        .sum::<f64>()
-                        / n;
-                    (mean as f32, 1.0 / (var as f32 + EPS).sqrt())
-                },
-            )
-        })
+    let n = shape.n();
+    // Per channel: mean, then the variance about it (two passes, f64 sums).
+    let zeros = vec![0.0f64; c];
+    let mean: Vec<f64> = shape
+        .sums(xv, xv, &zeros, |v, _, _| (v, 0.0))
+        .into_iter()
+        .map(|(sum, _)| sum / n)
         .collect();
-    let mut y = vec![0.0f32; b * c * s];
-    y.par_chunks_mut(s).enumerate().for_each(|(row, out)| {
-        let ch = row % c;
-        let (mean, rstd) = stats[ch];
-        let (scale, shift) = (gv[ch] * rstd, bv[ch] - gv[ch] * rstd * mean);
-        let x = &xv[row * s..(row + 1) * s];
-        wide(
-            #[inline(always)]
-            || {
-                for (o, &v) in out.iter_mut().zip(x) {
-                    *o = v * scale + shift;
-                }
-            },
-        );
+    let var = shape.sums(xv, xv, &mean, |v, _, m| ((v - m).powi(2), 0.0));
+    let stats: Vec<(f32, f32)> = mean
+        .iter()
+        .zip(&var)
+        .map(|(&m, &(v, _))| (m as f32, 1.0 / ((v / n) as f32 + EPS).sqrt()))
+        .collect();
+    let affine: Vec<(f32, f32)> = stats
+        .iter()
+        .zip(gv.iter().zip(bv))
+        .map(|(&(mean, rstd), (&g, &beta))| (g * rstd, beta - g * rstd * mean))
+        .collect();
+    let mut y = uninit(b * c * s);
+    shape.map(&mut y, xv, xv, &affine, |v, _, (scale, shift)| {
+        v * scale + shift
     });
-    let y = from_vec(y, &[b, c, s], &FlexDevice::default());
+    // SAFETY: `map` wrote every element.
+    let y = from_vec(
+        unsafe { assume_init(y) },
+        &[b, c, s],
+        &FlexDevice::default(),
+    );
     let y = match BatchNormOp
         .prepare::<NoCheckpointing>(nodes)
         .compute_bound()
@@ -151,50 +306,34 @@ impl Backward<Flex, 3> for BatchNormOp {
         } = ops.state;
         let dy = contiguous(grads.consume::<Flex>(&ops.node));
         let (xv, dyv, gv) = (values(&x), values(&dy), values(&gamma));
-        let n = (b * s) as f64;
+        let shape = Channels { b, c, s };
+        let n = shape.n() as f32;
         // Per channel: sum(dy) (beta's gradient) and sum(dy * x_hat) (gamma's).
-        let sums: Vec<(f32, f32)> = (0..c)
-            .into_par_iter()
-            .map(|ch| {
-                let (mean, rstd) = stats[ch];
-                let (mut dbeta, mut dgamma) = (0.0f64, 0.0f64);
-                for i in 0..b {
-                    let at = (i * c + ch) * s;
-                    let (db, dg) = wide(
-                        #[inline(always)]
-                        || {
-                            lane_sums(&dyv[at..at + s], &xv[at..at + s], |d, v| {
-                                (d, d * f64::from((v as f32 - mean) * rstd))
-                            })
-                        },
-                    );
-                    dbeta += db;
-                    dgamma += dg;
-                }
-                (dbeta as f32, dgamma as f32)
-            })
+        let mean: Vec<f64> = stats.iter().map(|&(m, _)| f64::from(m)).collect();
+        let sums: Vec<(f32, f32)> = shape
+            .sums(dyv, xv, &mean, |d, v, m| (d, d * (v - m)))
+            .into_iter()
+            .zip(&stats)
+            .map(|((db, dg), &(_, rstd))| (db as f32, dg as f32 * rstd))
             .collect();
         let [x_node, gamma_node, beta_node] = &ops.parents;
         let device = FlexDevice::default();
         if let Some(node) = x_node {
             // dx = gamma·rstd/N · (N·dy − Σdy − x_hat·Σ(dy·x_hat))
-            let mut dx = vec![0.0f32; b * c * s];
-            dx.par_chunks_mut(s).enumerate().for_each(|(row, out)| {
-                let ch = row % c;
-                let (mean, rstd) = stats[ch];
-                let (dbeta, dgamma) = sums[ch];
-                let k = gv[ch] * rstd;
-                let (mean_dy, mean_dyx) = (dbeta / n as f32, dgamma / n as f32);
-                let (dy, x) = (&dyv[row * s..(row + 1) * s], &xv[row * s..(row + 1) * s]);
-                wide(
-                    #[inline(always)]
-                    || {
-                        for ((o, &d), &v) in out.iter_mut().zip(dy).zip(x) {
-                            *o = k * (d - mean_dy - (v - mean) * rstd * mean_dyx);
-                        }
-                    },
-                );
+            let coefs: Vec<[f32; 4]> = stats
+                .iter()
+                .zip(&sums)
+                .zip(gv)
+                .map(|((&(mean, rstd), &(dbeta, dgamma)), &g)| {
+                    [g * rstd, dbeta / n, mean, rstd * dgamma / n]
+                })
+                .collect();
+            let mut dx = uninit(b * c * s);
+            shape.map(&mut dx, dyv, xv, &coefs, |d, v, [k, mean_dy, mean, r]| {
+                k * (d - mean_dy - (v - mean) * r)
             });
+            // SAFETY: `map` wrote every element.
+            let dx = unsafe { assume_init(dx) };
             grads.register::<Flex>(node.id, from_vec(dx, &[b, c, s], &device));
         }
         if let Some(node) = gamma_node {
@@ -356,12 +495,21 @@ mod tests {
     use crate::model::tests::max_rel_err;
     use burn::tensor::{Device, Distribution};
 
-    /// Output and the three gradients against the same layer composed of burn ops.
+    /// Output and the three gradients against the same layer composed of burn ops: both
+    /// paths (positions per channel below and above `SLAB_BELOW_POSITIONS`), one and
+    /// several jobs, jobs whose rows start mid-way through the channels.
     #[test]
     fn matches_the_composed_batch_norm() {
         let device = Device::flex().autodiff();
         device.seed(9);
-        for [b, c, s] in [[4, 3, 10], [1, 5, 7], [6, 2, 1]] {
+        for [b, c, s] in [
+            [4, 3, 10],
+            [1, 5, 7],
+            [6, 2, 1],
+            [40, 70, 9],
+            [3, 4, 40],
+            [2, 3, 3000],
+        ] {
             let x = Tensor::<3>::random([b, c, s], Distribution::Normal(1.0, 2.0), &device)
                 .require_grad();
             let gamma =

@@ -115,14 +115,14 @@ mod tests {
             gemm_kernel: plan::GemmKernel::AVX2,
         };
         let p = plan::plan_on(&g, &opts(Optimizer::Sgd), host);
-        // x is the batch (counted as data); relu keeps its input fc1 (4 floats), fc2 its
-        // input relu (4 floats): burn keeps both sides of the ReLU.
+        // x is the batch (counted as data); relu keeps its output (4 floats; the engine's
+        // own ReLU on the CPU), which is fc2's input, kept once.
         let saved: Vec<u64> = p
             .layers
             .iter()
             .map(|l| l.saved_bytes_per_sample.0)
             .collect();
-        assert_eq!(saved, vec![0, 16, 16]);
+        assert_eq!(saved, vec![0, 16, 0]);
         assert_eq!(p.per_sample.data, Bytes(40));
         // Fixed for every moment: weights 46 * 4 and gemm's packing buffer (L2). The
         // products are 4 and 2 columns wide, not a multiple of gemm's 8 lanes: gemm packs
@@ -135,10 +135,10 @@ mod tests {
         assert_eq!(p.memory.gemm_buffer_from_batch, u64::MAX);
         // Largest per sample: fc2's backward (the engine's own dense layer, each product
         // written once): the output's gradient (2 floats) and dx (4 floats) over everything
-        // kept (32 B), plus data; its weight gradient (10 floats) is made while they are
+        // kept (16 B), plus data; its weight gradient (10 floats) is made while they are
         // alive, so that moment is the peak.
         assert_eq!(p.memory.fixed_bytes, Bytes(base + 10 * 4));
-        assert_eq!(p.memory.per_sample_bytes, Bytes(40 + 32 + (2 + 4) * 4));
+        assert_eq!(p.memory.per_sample_bytes, Bytes(40 + 16 + (2 + 4) * 4));
         assert_eq!(p.peak_at, "fc2");
         // At small batches another moment is larger: fc1's dW (36 floats with its bias)
         // being made after fc2's gradients (10 floats): nothing kept is left but the
@@ -148,7 +148,7 @@ mod tests {
         assert_eq!(p.bytes_at(1), Bytes(fc1_dw(1) - slab));
         assert_eq!(
             p.bytes_at(1000),
-            Bytes(base + 40 - slab + 1000 * (40 + 32 + 24))
+            Bytes(base + 40 - slab + 1000 * (40 + 16 + 24))
         );
     }
 

@@ -5,7 +5,8 @@ use super::compile::Kernel;
 use super::params::Params;
 use super::prod;
 use super::reshape::axis_index;
-use crate::act_cpu::{clamp_cpu, gelu_cpu, softmax_rows_cpu};
+use crate::act_cpu::{clamp_cpu, gelu_cpu, relu_cpu, softmax_rows_cpu};
+use crate::cpu::available;
 use batchfit_graph::Op;
 use burn::tensor::activation::{gelu, hard_sigmoid, hard_swish, relu, sigmoid, softmax, tanh};
 use burn::tensor::{Distribution, Tensor, TensorData};
@@ -15,6 +16,8 @@ use burn::tensor::{Distribution, Tensor, TensorData};
 /// layout, since it acts on each element alone.
 pub(super) fn activation(op: &Op, t: Tensor<2>) -> Tensor<2> {
     match op {
+        // Not through a clone: the CPU op writes over x when nothing else holds it.
+        Op::Relu if available(&t) => relu_cpu(t).expect("a CPU tensor"),
         Op::Relu => relu(t),
         Op::ClippedRelu { max } => clamp_cpu(t.clone(), *max).unwrap_or_else(|| t.clamp(0.0, *max)),
         Op::Gelu => gelu_cpu(t.clone()).unwrap_or_else(|| gelu(t)),
@@ -48,7 +51,7 @@ pub(super) fn dropout(x: Tensor<2>, rate: f32, train: bool) -> Tensor<2> {
         return x;
     }
     let keep = 1.0 - rate as f64;
-    if crate::cpu::available(&x) {
+    if available(&x) {
         let (dims, device) = (x.dims(), x.device());
         let mask = bernoulli_mask(dims[0] * dims[1], keep, &device);
         return x * Tensor::<2>::from_data(TensorData::new(mask, dims), &device);

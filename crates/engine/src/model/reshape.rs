@@ -11,6 +11,13 @@ use burn::tensor::Tensor;
 /// Concatenation of `args` along `axis`, each seen as `[B, before, axis, after]`.
 pub(super) fn concat(k: &Kernel, args: Vec<Value>, b: usize, axis: i64) -> Tensor<2> {
     let a = axis_index(k.out_dims.len(), axis);
+    if a == 0 {
+        // Along the first sample axis (channels, say) each part is one block per sample:
+        // a concatenation of the `[B, elements]` values themselves. Its backward's slices
+        // of dy then reach the parts' ops as views, which copy them in parallel, not
+        // through a reshape's serial copy.
+        return Tensor::cat(args.into_iter().map(float).collect(), 1);
+    }
     let parts: Vec<Tensor<4>> = args
         .into_iter()
         .zip(&k.in_dims)

@@ -222,6 +222,12 @@ impl RuntimeRules for Burn {
             // CPU's own dense layer and product (engine `dense_cpu`) keep them;
             // `conv2d`/`conv1d` (ops/module.rs): x, weight, bias.
             Op::Linear { .. } | Op::Conv { .. } | Op::MatMul => inputs,
+            // On the CPU the engine's own ReLU (engine `act_cpu`) keeps its output, as
+            // PyTorch's does (usually the buffer the next layer keeps).
+            Op::Relu if !self.gpu => Saved {
+                output: true,
+                ..none
+            },
             // `relu`, `sigmoid`, `gelu` (ops/activation.rs) and `float_tanh` (ops/tensor.rs)
             // checkpoint their INPUT and recompute from it: unlike PyTorch, the pre-activation
             // stays alive beside the activation the next layer keeps.
@@ -980,15 +986,17 @@ mod tests {
     };
 
     #[test]
-    fn relu_keeps_its_input_clamp_two_masks() {
+    fn relu_keeps_its_output_on_the_cpu_input_elsewhere_clamp_masks() {
         let s = sizes(&[512], 512, &[512], &[512]);
         let relu = CPU.saved(&Op::Relu, &s);
+        assert!(!relu.inputs && relu.output);
+        let gpu = Burn { gpu: true, ..CPU };
+        let relu = gpu.saved(&Op::Relu, &s);
         assert!(relu.inputs && !relu.output);
         // clamp: one byte per element (the engine's own on the CPU), two one-byte masks
         // (burn's on a GPU) instead of the input.
         let clip = CPU.saved(&Op::ClippedRelu { max: 20.0 }, &s);
         assert_eq!((clip.inputs, clip.extra_bytes), (false, 512));
-        let gpu = Burn { gpu: true, ..CPU };
         let clip = gpu.saved(&Op::ClippedRelu { max: 20.0 }, &s);
         assert_eq!((clip.inputs, clip.extra_bytes), (false, 1024));
     }
