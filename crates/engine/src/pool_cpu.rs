@@ -164,6 +164,109 @@ fn pool_plane(
     }
 }
 
+/// A stride-1 pool's plane, padded: the windows of one output row, laid end to end with
+/// the padded rows, are one run per tap. Output (oy, ox) sits at `oy * wp + ox` of every
+/// run; the lanes between rows (`ox >= ow`) are dropped.
+#[derive(Clone, Copy)]
+struct Stride1 {
+    h: usize,
+    w: usize,
+    kernel: [usize; 2],
+    /// Padding before the first row and column.
+    top: usize,
+    left: usize,
+    /// The padded plane's rows and row length.
+    hp: usize,
+    wp: usize,
+    oh: usize,
+    ow: usize,
+}
+
+impl Stride1 {
+    /// The sweeps' length: every output's slot, rounded up to whole vectors.
+    fn lanes(&self) -> usize {
+        ((self.oh - 1) * self.wp + self.ow).next_multiple_of(SWEEP_LANES)
+    }
+}
+
+/// Per-thread buffers of [`pool_plane_stride1`]: the padded plane (its border and the
+/// slack past it -inf, never written) and the sweeps' best values and winners.
+struct Stride1Buffers {
+    padded: Vec<f32>,
+    best: Vec<f32>,
+    arg: Vec<u32>,
+}
+
+impl Stride1Buffers {
+    fn new(p: Stride1) -> Self {
+        let lanes = p.lanes();
+        // The last sweep reads lanes past the last output, up to a vector beyond the plane.
+        let reach = lanes + (p.kernel[0] - 1) * p.wp + p.kernel[1] - 1;
+        Stride1Buffers {
+            padded: vec![f32::NEG_INFINITY; reach.max(p.hp * p.wp)],
+            best: vec![f32::NEG_INFINITY; lanes],
+            arg: vec![u32::MAX; lanes],
+        }
+    }
+}
+
+/// Max pool of one plane with stride 1: the plane copied once into a -inf border, then
+/// each tap swept across all the outputs at once (a small feature map's rows are 2 to 8
+/// outputs wide: row by row, most of each vector and the clipped border windows, tap by
+/// tap, took the time). A winner in the border (every tap of its window -inf, or no tap)
+/// is worked out again from the window's taps inside the plane.
+#[inline(always)]
+fn pool_plane_stride1(
+    x: &[f32],
+    y: &mut [f32],
+    winners: &mut [u32],
+    p: Stride1,
+    rows: &[(usize, usize)],
+    cols: &[(usize, usize)],
+    buf: &mut Stride1Buffers,
+) {
+    for (src, dst) in x
+        .chunks_exact(p.w)
+        .zip(buf.padded[p.top * p.wp..].chunks_exact_mut(p.wp))
+    {
+        dst[p.left..p.left + p.w].copy_from_slice(src);
+    }
+    let lanes = p.lanes();
+    buf.best.fill(f32::NEG_INFINITY);
+    buf.arg.fill(u32::MAX);
+    for i in 0..p.kernel[0] {
+        for j in 0..p.kernel[1] {
+            let at = i * p.wp + j;
+            let taps = &buf.padded[at..at + lanes];
+            sweep(taps, at as u32, 1, &mut buf.best, &mut buf.arg);
+        }
+    }
+    for (oy, (y, winners)) in y
+        .chunks_exact_mut(p.ow)
+        .zip(winners.chunks_exact_mut(p.ow))
+        .enumerate()
+    {
+        for (ox, (y, winner)) in y.iter_mut().zip(winners.iter_mut()).enumerate() {
+            let t = oy * p.wp + ox;
+            let at = buf.arg[t] as usize;
+            let (r, c) = (at / p.wp, at % p.wp);
+            let inside = (p.top..p.top + p.h).contains(&r) && (p.left..p.left + p.w).contains(&c);
+            if inside {
+                *y = buf.best[t];
+                *winner = ((r - p.top) * p.w + c - p.left) as u32;
+            } else {
+                let (mut best, mut arg) = (f32::NEG_INFINITY, u32::MAX);
+                for r in rows[oy].0..rows[oy].1 {
+                    for c in cols[ox].0..cols[ox].1 {
+                        take(x[r * p.w + c], (r * p.w + c) as u32, &mut best, &mut arg);
+                    }
+                }
+                (*y, *winner) = (best, arg);
+            }
+        }
+    }
+}
+
 /// `max_pool2d` of `x` `[B, C, H, W]` without dilation, padding ignored (as -inf); `None`
 /// off the CPU.
 pub fn max_pool2d_cpu(
@@ -205,6 +308,31 @@ pub fn max_pool2d_cpu(
                 stride: stride[1],
                 pad: pads[1].0,
             };
+            if stride == [1, 1] {
+                let (top, left) = (pads[0].0, pads[1].0);
+                let (hp, wp) = (h + top + pads[0].1, w + left + pads[1].1);
+                let p = Stride1 {
+                    h,
+                    w,
+                    kernel,
+                    top,
+                    left,
+                    hp,
+                    wp,
+                    oh,
+                    ow,
+                };
+                let mut buffers = Stride1Buffers::new(p);
+                wide(
+                    #[inline(always)]
+                    || {
+                        for ((y, winners), x) in planes {
+                            pool_plane_stride1(x, y, winners, p, &rows, &cols, &mut buffers);
+                        }
+                    },
+                );
+                return;
+            }
             let mut sweeps = Sweeps::new(plane);
             wide(
                 #[inline(always)]
@@ -290,6 +418,36 @@ mod tests {
     use burn::tensor::ops::MaxPoolOptions;
     use burn::tensor::{Device, Distribution};
 
+    /// A plane of -inf, stride 1 and padding: every border window's first tap is in the
+    /// padding, so its winner is worked out again from the plane: the window's first tap
+    /// inside it, as burn's and PyTorch's.
+    #[test]
+    fn windows_of_minus_infinity_win_inside_the_plane() {
+        let (h, w) = (3, 4);
+        let p = Stride1 {
+            h,
+            w,
+            kernel: [3, 3],
+            top: 1,
+            left: 1,
+            hp: h + 2,
+            wp: w + 2,
+            oh: h,
+            ow: w,
+        };
+        let x = vec![f32::NEG_INFINITY; h * w];
+        let (mut y, mut winners) = (vec![0.0; h * w], vec![0u32; h * w]);
+        let (rows, cols) = (taps(h, h, 3, 1, 1), taps(w, w, 3, 1, 1));
+        let mut buf = Stride1Buffers::new(p);
+        pool_plane_stride1(&x, &mut y, &mut winners, p, &rows, &cols, &mut buf);
+        assert!(y.iter().all(|&v| v == f32::NEG_INFINITY));
+        for (o, &win) in winners.iter().enumerate() {
+            let (oy, ox) = (o / w, o % w);
+            let first = oy.saturating_sub(1) * w + ox.saturating_sub(1);
+            assert_eq!(win as usize, first, "output ({oy}, {ox})");
+        }
+    }
+
     /// Output and input gradient against burn's max pool: overlapping and disjoint
     /// windows, asymmetric padding, a window wider than the input's remainder.
     #[test]
@@ -304,6 +462,10 @@ mod tests {
             ([17, 2, 5, 5], [5, 5], [1, 1], [(0, 0), (0, 0)]),
             // Rows of more than one whole sweep (38 and 19 interior windows).
             ([2, 2, 4, 40], [3, 3], [1, 1], [(0, 0), (0, 0)]),
+            // Stride 1 on small planes, asymmetric padding.
+            ([3, 4, 2, 2], [3, 3], [1, 1], [(1, 1), (1, 1)]),
+            ([2, 3, 4, 3], [2, 3], [1, 1], [(0, 1), (1, 0)]),
+            ([1, 2, 3, 3], [2, 2], [1, 1], [(1, 0), (0, 1)]),
             ([1, 3, 5, 41], [3, 3], [2, 2], [(1, 1), (1, 1)]),
         ];
         for (xd, kernel, stride, pads) in cases {
