@@ -5,7 +5,7 @@
 use super::ConvRows;
 use super::compile::Kernel;
 use super::params::Params;
-use crate::conv_cpu::conv2d_cpu;
+use crate::conv_cpu::{channel_bias_cpu, conv2d_cpu};
 use crate::im2col::{conv_product_cpu, im2col_views};
 use batchfit_graph::Window;
 use batchfit_plan::rules::im2col_chunks;
@@ -31,7 +31,7 @@ pub(super) fn conv(
             let [_, co, oh, ow] = y.dims();
             let y = y.reshape([b, co, oh * ow]);
             let y = match bias {
-                Some(bias) => y + bias.reshape([1, co, 1]),
+                Some(bias) => channel_bias_cpu(y, bias).expect("a CPU tensor, as the convolution"),
                 None => y,
             };
             return y.reshape([b, k.out_elems()]);
