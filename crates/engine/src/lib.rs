@@ -24,6 +24,7 @@ mod norm_cpu;
 mod pool_cpu;
 pub mod sweep;
 pub mod trainer;
+mod view_cpu;
 pub mod worker;
 
 pub use burn;

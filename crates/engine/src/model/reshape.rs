@@ -5,6 +5,8 @@
 use super::compile::Kernel;
 use super::params::Params;
 use super::{Value, float, prod};
+use crate::cpu::available;
+use crate::view_cpu::{permute_cpu, slice_cpu};
 use batchfit_graph::ReduceKind;
 use burn::tensor::Tensor;
 
@@ -45,6 +47,9 @@ pub(super) fn slice(
     let d = &k.in_dims[0];
     let a = axis_index(d.len(), axis);
     let (before, after) = (prod(&d[..a]), prod(&d[a + 1..]));
+    if available(&x) {
+        return slice_cpu(x, [before, d[a], after], start, end).expect("a CPU tensor");
+    }
     x.reshape([b, before, d[a], after])
         .slice([0..b, 0..before, start..end, 0..after])
         .reshape([b, k.out_elems()])
@@ -83,6 +88,9 @@ pub(super) fn reduce(
 /// view of `[B, dims..]`, copied back to `[B, elements]`.
 pub(super) fn transpose(k: &Kernel, x: Tensor<2>, b: usize, perm: &[usize]) -> Tensor<2> {
     let d = &k.in_dims[0];
+    if d.len() > 1 && available(&x) {
+        return permute_cpu(x, d, perm).expect("a CPU tensor");
+    }
     macro_rules! permuted {
         ($rank:literal) => {{
             let mut dims = [b; $rank];

@@ -584,8 +584,10 @@ impl RuntimeRules for Burn {
             Op::HardSigmoid { .. } | Op::Scale { .. } => one(out),
             // The product's two gradients, then the hard sigmoid's in place.
             Op::HardSwish => one(out + 2 * input),
-            // `slice` backward: `float_zeros` of x's shape (an `empty`, two copies for a moment)
-            // and a `slice_assign` of dy.
+            // On the CPU the engine's own slice (engine `view_cpu`) writes dx once, zeros
+            // around dy. Elsewhere `slice` backward: `float_zeros` of x's shape (an `empty`,
+            // two copies for a moment) and a `slice_assign` of dy.
+            Op::Slice { .. } if !self.gpu => one(out + dx),
             Op::Slice { .. } => one(out + 2 * dx),
             // `sum_dim`/`mean_dim` backward expand dy to x's shape; `max_dim` scatters into zeros.
             Op::Reduce {
