@@ -794,9 +794,12 @@ impl RuntimeRules for Burn {
     /// .mean()` = `mean` (expands the gradient), `mul(d, d)` (a product for each factor);
     /// cross-entropy = burn-backend's default `log_softmax` (`x - max`, `float_exp`, which
     /// recomputes the exponentials from its kept input, `sum`, `log`, `-`) then `logp * onehot`.
-    /// Two logits-sized tensors beside the kept one, measured for both. CTC: the gradient.
+    /// Two logits-sized tensors beside the kept one, measured for both. On the CPU
+    /// cross-entropy is the engine's own (engine `act_cpu`, keeping the logits): its
+    /// backward writes the logits' gradient alone. CTC: the gradient.
     fn loss_backward_elems(&self, kind: LossKind, logits: u64) -> u64 {
         match kind {
+            LossKind::CrossEntropy | LossKind::CrossEntropyPerFrame if !self.gpu => logits,
             LossKind::Mse | LossKind::CrossEntropy | LossKind::CrossEntropyPerFrame => 2 * logits,
             LossKind::Ctc { .. } => logits,
         }
