@@ -195,3 +195,31 @@ pub fn gemm_into<T: GemmDst>(
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Views large enough for the parallel copy (slices along inner and outer axes) and
+    /// ones below it or with short runs (flex's copy), all as flex copies them.
+    #[test]
+    fn contiguous_copies_views_as_flex() {
+        let device = FlexDevice::default();
+        let n = 4 * 96 * 200;
+        let x = from_vec((0..n).map(|i| i as f32).collect(), &[4, 96, 200], &device);
+        let views = [
+            x.narrow(1, 10, 70),
+            x.narrow(2, 3, 150),
+            x.narrow(0, 1, 2).narrow(1, 0, 95),
+            x.permute(&[0, 2, 1]),
+            x.narrow(1, 2, 3),
+            x.narrow(1, 0, 96).narrow(2, 0, 16),
+        ];
+        for (i, v) in views.into_iter().enumerate() {
+            let want = v.to_contiguous();
+            let got = contiguous(v);
+            assert_eq!(got.layout().shape(), want.layout().shape(), "view {i}");
+            assert_eq!(values(&got), values(&want), "view {i}");
+        }
+    }
+}
