@@ -97,6 +97,14 @@ pub unsafe fn assume_init(v: Vec<MaybeUninit<f32>>) -> Vec<f32> {
     unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast::<f32>(), v.len(), v.capacity()) }
 }
 
+/// `v` set to zeros, as floats: a job zeroes its own part of an [`uninit`] buffer (in
+/// parallel, while it is in cache) before adding onto it.
+pub fn zero_fill(v: &mut [MaybeUninit<f32>]) -> &mut [f32] {
+    v.fill(MaybeUninit::new(0.0));
+    // SAFETY: every element was just written, and `MaybeUninit<f32>` has `f32`'s layout.
+    unsafe { &mut *(v as *mut [MaybeUninit<f32>] as *mut [f32]) }
+}
+
 /// Runs `f` compiled for the CPU's widest SIMD (AVX-512, else AVX2 and FMA), through
 /// pulp's run-time dispatch: the crate is built for baseline x86-64, whose SSE2 vectors
 /// are a quarter as wide. `f` and what it calls must be `#[inline(always)]`, so that they

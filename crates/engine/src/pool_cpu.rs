@@ -6,7 +6,9 @@
 //! (u32) are kept for the backward, which adds dy onto them; PyTorch also keeps the
 //! input, which the gradient does not need.
 
-use crate::cpu::{Ad, FlexDevice, contiguous, from_vec, values, wide};
+use crate::cpu::{
+    Ad, FlexDevice, assume_init, contiguous, from_vec, uninit, values, wide, zero_fill,
+};
 use burn::backend::Flex;
 use burn::tensor::Tensor;
 use burn_autodiff::checkpoint::base::Checkpointer;
@@ -280,7 +282,7 @@ pub fn max_pool2d_cpu(
         return None;
     }
     // Winners are u32 offsets in their plane.
-    if h * w >= u32::MAX as usize {
+    if h * w == 0 || h * w >= u32::MAX as usize {
         return None;
     }
     let oh = (h + pads[0].0 + pads[0].1).checked_sub(kernel[0])? / stride[0] + 1;
@@ -292,13 +294,14 @@ pub fn max_pool2d_cpu(
     let rows = taps(oh, h, kernel[0], stride[0], pads[0].0);
     let cols = taps(ow, w, kernel[1], stride[1], pads[1].0);
     let (plane_in, plane_out) = (h * w, oh * ow);
-    let mut y = vec![0.0f32; b * c * plane_out];
+    // Every output is written (`zero_fill` only makes the job's part floats, in parallel).
+    let mut y = uninit(b * c * plane_out);
     let mut winners = vec![0u32; b * c * plane_out];
     y.par_chunks_mut(PLANES_PER_JOB * plane_out)
         .zip(winners.par_chunks_mut(PLANES_PER_JOB * plane_out))
         .zip(xv.par_chunks(PLANES_PER_JOB * plane_in))
         .for_each(|((y, winners), x)| {
-            let planes = y
+            let planes = zero_fill(y)
                 .chunks_exact_mut(plane_out)
                 .zip(winners.chunks_exact_mut(plane_out))
                 .zip(x.chunks_exact(plane_in));
@@ -343,7 +346,8 @@ pub fn max_pool2d_cpu(
                 },
             );
         });
-    let y = from_vec(y, &[b, c, oh, ow], &FlexDevice::default());
+    // SAFETY: the jobs cover y (one per PLANES_PER_JOB planes of x, which is not empty).
+    let y = from_vec(unsafe { assume_init(y) }, &[b, c, oh, ow], &FlexDevice::default());
     let y = match MaxPoolOp
         .prepare::<NoCheckpointing>([node])
         .compute_bound()
@@ -389,11 +393,13 @@ impl Backward<Flex, 1> for MaxPoolOp {
             return;
         };
         let plane_in = h * w;
-        let mut dx = vec![0.0f32; b * c * plane_in];
+        // Zeroed by each job before it adds onto its planes, not by the allocation.
+        let mut dx = uninit(b * c * plane_in);
         dx.par_chunks_mut(PLANES_PER_JOB * plane_in)
             .zip(values(&dy).par_chunks(PLANES_PER_JOB * plane_out))
             .zip(winners.par_chunks(PLANES_PER_JOB * plane_out))
             .for_each(|((dx, dy), winners)| {
+                let dx = zero_fill(dx);
                 for ((dx, dy), winners) in dx
                     .chunks_exact_mut(plane_in)
                     .zip(dy.chunks_exact(plane_out))
@@ -406,6 +412,8 @@ impl Backward<Flex, 1> for MaxPoolOp {
                     }
                 }
             });
+        // SAFETY: each job zeroed its planes, which cover dx.
+        let dx = unsafe { assume_init(dx) };
         grads.register::<Flex>(node.id, from_vec(dx, &[b, c, h, w], &FlexDevice::default()));
     }
 }

@@ -75,6 +75,14 @@ impl ConvRows {
     /// `[B, C · spatial]` in NCHW order.
     fn canonical(self) -> Tensor<2> {
         let spatial = self.rows.dims()[1];
+        let (c, per) = (self.channels, self.per_chunk);
+        if crate::cpu::available(&self.rows) {
+            // The same swap as one parallel copy each way (burn's: a serial one).
+            let chunked = self.rows.reshape([self.chunks, c * per * spatial]);
+            return crate::view_cpu::permute_cpu(chunked, &[c, per, spatial], &[1, 0, 2])
+                .expect("a CPU tensor")
+                .reshape([self.chunks * per, c * spatial]);
+        }
         self.rows
             .reshape([self.chunks, self.channels, self.per_chunk, spatial])
             .swap_dims(1, 2)
