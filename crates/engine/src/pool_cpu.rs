@@ -347,7 +347,11 @@ pub fn max_pool2d_cpu(
             );
         });
     // SAFETY: the jobs cover y (one per PLANES_PER_JOB planes of x, which is not empty).
-    let y = from_vec(unsafe { assume_init(y) }, &[b, c, oh, ow], &FlexDevice::default());
+    let y = from_vec(
+        unsafe { assume_init(y) },
+        &[b, c, oh, ow],
+        &FlexDevice::default(),
+    );
     let y = match MaxPoolOp
         .prepare::<NoCheckpointing>([node])
         .compute_bound()

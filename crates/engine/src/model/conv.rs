@@ -95,7 +95,12 @@ fn conv_im2col(
     };
     let spatial = oh * ow;
     if let Some(bias) = bias {
-        y = y + bias.reshape([1, co, 1]);
+        // Not through a clone: the CPU op adds in place when nothing else holds y.
+        y = if crate::cpu::available(&y) {
+            channel_bias_cpu(y, bias).expect("a CPU tensor")
+        } else {
+            y + bias.reshape([1, co, 1])
+        };
     }
     ConvRows {
         rows: y.reshape([chunks * co * per_chunk, spatial]),
