@@ -14,6 +14,7 @@
 
 use crate::cpu::{
     Ad, FlexDevice, FlexT, assume_init, contiguous, from_vec, uninit, values, values_mut, wide,
+    zero_fill,
 };
 use burn::backend::Flex;
 use burn::tensor::Tensor;
@@ -244,15 +245,31 @@ fn rows_per_job(n: usize) -> usize {
 /// Softmax over the last axis of `x` `[rows, n]`; `None` off the CPU.
 pub fn softmax_rows_cpu(x: Tensor<2>) -> Option<Tensor<2>> {
     let [rows, n] = x.dims();
+    if n == 0 {
+        return None;
+    }
     let xa = x.try_into_primitive::<Ad>().ok()?;
     let node = xa.node();
     let xf = contiguous(xa.into_primitive());
-    let mut y = vec![0.0f32; rows * n];
+    // Each job's part zeroed by the job (in parallel), then written by its pass.
+    let mut y = uninit(rows * n);
     let job = rows_per_job(n) * n;
     y.par_chunks_mut(job)
         .zip(values(&xf).par_chunks(job))
-        .for_each(|(y, x)| Pass::SoftmaxForward { y, x, n }.run());
-    let y = from_vec(y, &[rows, n], &FlexDevice::default());
+        .for_each(|(y, x)| {
+            Pass::SoftmaxForward {
+                y: zero_fill(y),
+                x,
+                n,
+            }
+            .run()
+        });
+    // SAFETY: the jobs' chunks cover y.
+    let y = from_vec(
+        unsafe { assume_init(y) },
+        &[rows, n],
+        &FlexDevice::default(),
+    );
     let y = match SoftmaxOp
         .prepare::<NoCheckpointing>([node])
         .compute_bound()
@@ -279,12 +296,22 @@ impl Backward<Flex, 1> for SoftmaxOp {
         };
         let shape = y.layout().shape().to_vec();
         let n = shape.last().copied().unwrap_or(1);
-        let mut dx = vec![0.0f32; values(&y).len()];
+        let mut dx = uninit(values(&y).len());
         let job = rows_per_job(n) * n;
         dx.par_chunks_mut(job)
             .zip(values(&y).par_chunks(job))
             .zip(values(&dy).par_chunks(job))
-            .for_each(|((dx, y), dy)| Pass::SoftmaxBackward { dx, y, dy, n }.run());
+            .for_each(|((dx, y), dy)| {
+                Pass::SoftmaxBackward {
+                    dx: zero_fill(dx),
+                    y,
+                    dy,
+                    n,
+                }
+                .run()
+            });
+        // SAFETY: the jobs' chunks cover dx.
+        let dx = unsafe { assume_init(dx) };
         grads.register::<Flex>(node.id, from_vec(dx, &shape, &FlexDevice::default()));
     }
 }
@@ -299,11 +326,12 @@ pub fn gelu_cpu<const D: usize>(x: Tensor<D>) -> Option<Tensor<D>> {
     let node = xa.node();
     let xf = contiguous(xa.into_primitive());
     let shape = xf.layout().shape().to_vec();
-    let mut y = vec![0.0f32; values(&xf).len()];
+    let mut y = uninit(values(&xf).len());
     y.par_chunks_mut(CHUNK)
         .zip(values(&xf).par_chunks(CHUNK))
-        .for_each(|(y, x)| Pass::GeluForward { y, x }.run());
-    let y = from_vec(y, &shape, &FlexDevice::default());
+        .for_each(|(y, x)| Pass::GeluForward { y: zero_fill(y), x }.run());
+    // SAFETY: the jobs' chunks cover y.
+    let y = from_vec(unsafe { assume_init(y) }, &shape, &FlexDevice::default());
     let y = match GeluOp
         .prepare::<NoCheckpointing>([node])
         .compute_bound()
@@ -328,12 +356,17 @@ impl Backward<Flex, 1> for GeluOp {
         let [Some(node)] = &ops.parents else {
             return;
         };
-        let mut dx = vec![0.0f32; values(&x).len()];
+        let mut dx = uninit(values(&x).len());
         dx.par_chunks_mut(CHUNK)
             .zip(values(&x).par_chunks(CHUNK))
             .zip(values(&dy).par_chunks(CHUNK))
-            .for_each(|((dx, x), dy)| Pass::GeluBackward { dx, x, dy }.run());
+            .for_each(|((dx, x), dy)| {
+                let dx = zero_fill(dx);
+                Pass::GeluBackward { dx, x, dy }.run()
+            });
         let shape = x.layout().shape().to_vec();
+        // SAFETY: the jobs' chunks cover dx.
+        let dx = unsafe { assume_init(dx) };
         grads.register::<Flex>(node.id, from_vec(dx, &shape, &FlexDevice::default()));
     }
 }
@@ -348,13 +381,17 @@ pub fn clamp_cpu<const D: usize>(x: Tensor<D>, max: f32) -> Option<Tensor<D>> {
     let xf = contiguous(xa.into_primitive());
     let shape = xf.layout().shape().to_vec();
     let len = values(&xf).len();
-    let (mut y, mut pass) = (vec![0.0f32; len], vec![0u8; len]);
+    let (mut y, mut pass) = (uninit(len), vec![0u8; len]);
     y.par_chunks_mut(CHUNK)
         .zip(pass.par_chunks_mut(CHUNK))
         .zip(values(&xf).par_chunks(CHUNK))
-        .for_each(|((y, pass), x)| Pass::ClampForward { y, pass, x, max }.run());
+        .for_each(|((y, pass), x)| {
+            let y = zero_fill(y);
+            Pass::ClampForward { y, pass, x, max }.run()
+        });
     drop(xf);
-    let y = from_vec(y, &shape, &FlexDevice::default());
+    // SAFETY: the jobs' chunks cover y.
+    let y = from_vec(unsafe { assume_init(y) }, &shape, &FlexDevice::default());
     let y = match ClampOp
         .prepare::<NoCheckpointing>([node])
         .compute_bound()

@@ -8,6 +8,7 @@
 
 use crate::cpu::{
     Ad, FlexDevice, FlexT, add_partials, assume_init, contiguous, from_vec, uninit, values, wide,
+    zero_fill,
 };
 use burn::backend::Flex;
 use burn::tensor::Tensor;
@@ -355,15 +356,19 @@ const LN_JOB_ELEMS: usize = 1 << 14;
 /// (`[n]` each); `None` off the CPU.
 pub fn layer_norm_cpu(x: Tensor<2>, gamma: Tensor<1>, beta: Tensor<1>) -> Option<Tensor<2>> {
     let [rows, n] = x.dims();
+    if n == 0 {
+        return None;
+    }
     let (nodes, [xf, gf, bf]) = operands(x, gamma, beta)?;
     let (xv, gv, bv) = (values(&xf), values(&gf), values(&bf));
     let job = (LN_JOB_ELEMS / n.max(1)).max(1);
-    let mut y = vec![0.0f32; rows * n];
+    let mut y = uninit(rows * n);
     let mut stats = vec![(0.0f32, 0.0f32); rows];
     y.par_chunks_mut(job * n)
         .zip(stats.par_chunks_mut(job))
         .zip(xv.par_chunks(job * n))
         .for_each(|((y, stats), x)| {
+            let y = zero_fill(y);
             wide(
                 #[inline(always)]
                 || {
@@ -381,7 +386,12 @@ pub fn layer_norm_cpu(x: Tensor<2>, gamma: Tensor<1>, beta: Tensor<1>) -> Option
                 },
             )
         });
-    let y = from_vec(y, &[rows, n], &FlexDevice::default());
+    // SAFETY: the jobs' chunks cover y.
+    let y = from_vec(
+        unsafe { assume_init(y) },
+        &[rows, n],
+        &FlexDevice::default(),
+    );
     let y = match LayerNormOp
         .prepare::<NoCheckpointing>(nodes)
         .compute_bound()
@@ -419,7 +429,7 @@ impl Backward<Flex, 3> for LayerNormOp {
         let [x_node, gamma_node, beta_node] = &ops.parents;
         let want_dx = x_node.is_some();
         let job = (LN_JOB_ELEMS / n.max(1)).max(1);
-        let mut dx = vec![0.0f32; if want_dx { rows * n } else { 0 }];
+        let mut dx = uninit(if want_dx { rows * n } else { 0 });
         // Per job: its rows' dx, and its partial sums of dy * x_hat (gamma's gradient) and
         // dy (beta's), added across jobs after.
         let job_sums = |dx: &mut [f32], dy: &[f32], x: &[f32], stats: &[(f32, f32)]| {
@@ -469,7 +479,7 @@ impl Backward<Flex, 3> for LayerNormOp {
         let (dgamma, dbeta) = if want_dx {
             dx.par_chunks_mut(job * n)
                 .zip(parts)
-                .map(|(dx, (dy, (x, st)))| job_sums(dx, dy, x, st))
+                .map(|(dx, (dy, (x, st)))| job_sums(zero_fill(dx), dy, x, st))
                 .reduce(|| (vec![0.0; n], vec![0.0; n]), add)
         } else {
             parts
@@ -478,6 +488,8 @@ impl Backward<Flex, 3> for LayerNormOp {
         };
         let device = FlexDevice::default();
         if let Some(node) = x_node {
+            // SAFETY: the jobs' chunks cover dx when it is wanted.
+            let dx = unsafe { assume_init(dx) };
             grads.register::<Flex>(node.id, from_vec(dx, &[rows, n], &device));
         }
         if let Some(node) = gamma_node {
