@@ -13,15 +13,14 @@
 //! stays alive beside the output the next layer keeps.
 
 use crate::cpu::{
-    Ad, FlexDevice, FlexT, assume_init, contiguous, from_vec, uninit, values, values_mut, wide,
-    zero_fill,
+    Ad, FlexDevice, FlexT, assume_init, contiguous, finish_op, from_vec, uninit, values,
+    values_mut, wide, zero_fill,
 };
 use burn::backend::Flex;
 use burn::tensor::Tensor;
 use burn_autodiff::checkpoint::base::Checkpointer;
-use burn_autodiff::checkpoint::strategy::NoCheckpointing;
 use burn_autodiff::grads::Gradients;
-use burn_autodiff::ops::{Backward, Ops, OpsKind};
+use burn_autodiff::ops::{Backward, Ops};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
@@ -270,15 +269,8 @@ pub fn softmax_rows_cpu(x: Tensor<2>) -> Option<Tensor<2>> {
         &[rows, n],
         &FlexDevice::default(),
     );
-    let y = match SoftmaxOp
-        .prepare::<NoCheckpointing>([node])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish(y.clone(), y),
-        OpsKind::UnTracked(prep) => prep.finish(y),
-    };
-    Some(Tensor::from_primitive::<Ad>(y))
+    let kept = y.clone();
+    Some(finish_op(SoftmaxOp, [node], || kept, y))
 }
 
 #[derive(Debug)]
@@ -332,15 +324,7 @@ pub fn gelu_cpu<const D: usize>(x: Tensor<D>) -> Option<Tensor<D>> {
         .for_each(|(y, x)| Pass::GeluForward { y: zero_fill(y), x }.run());
     // SAFETY: the jobs' chunks cover y.
     let y = from_vec(unsafe { assume_init(y) }, &shape, &FlexDevice::default());
-    let y = match GeluOp
-        .prepare::<NoCheckpointing>([node])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish(xf, y),
-        OpsKind::UnTracked(prep) => prep.finish(y),
-    };
-    Some(Tensor::from_primitive::<Ad>(y))
+    Some(finish_op(GeluOp, [node], || xf, y))
 }
 
 #[derive(Debug)]
@@ -392,15 +376,7 @@ pub fn clamp_cpu<const D: usize>(x: Tensor<D>, max: f32) -> Option<Tensor<D>> {
     drop(xf);
     // SAFETY: the jobs' chunks cover y.
     let y = from_vec(unsafe { assume_init(y) }, &shape, &FlexDevice::default());
-    let y = match ClampOp
-        .prepare::<NoCheckpointing>([node])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish(std::sync::Arc::new(pass), y),
-        OpsKind::UnTracked(prep) => prep.finish(y),
-    };
-    Some(Tensor::from_primitive::<Ad>(y))
+    Some(finish_op(ClampOp, [node], || std::sync::Arc::new(pass), y))
 }
 
 #[derive(Debug)]
@@ -446,15 +422,8 @@ pub fn relu_cpu<const D: usize>(x: Tensor<D>) -> Option<Tensor<D>> {
         let y = unsafe { assume_init(y) };
         from_vec(y, xf.layout().shape(), &FlexDevice::default())
     };
-    let y = match ReluOp
-        .prepare::<NoCheckpointing>([node])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish(y.clone(), y),
-        OpsKind::UnTracked(prep) => prep.finish(y),
-    };
-    Some(Tensor::from_primitive::<Ad>(y))
+    let kept = y.clone();
+    Some(finish_op(ReluOp, [node], || kept, y))
 }
 
 #[derive(Debug)]
@@ -540,22 +509,12 @@ pub fn cross_entropy_cpu(logits: Tensor<2>, target: Tensor<2>) -> Option<Tensor<
         &[1],
         &FlexDevice::default(),
     );
-    let loss = match CrossEntropyOp
-        .prepare::<NoCheckpointing>([node])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish(
-            CrossEntropyState {
-                x: xf,
-                y: yf,
-                stats,
-            },
-            loss,
-        ),
-        OpsKind::UnTracked(prep) => prep.finish(loss),
+    let state = || CrossEntropyState {
+        x: xf,
+        y: yf,
+        stats,
     };
-    Some(Tensor::from_primitive::<Ad>(loss))
+    Some(finish_op(CrossEntropyOp, [node], state, loss))
 }
 
 #[derive(Clone, Debug)]

@@ -17,8 +17,8 @@
 //! gradient.
 
 use crate::cpu::{
-    Ad, FlexDevice, FlexT, Strided, add_partials, assume_init, contiguous, from_vec, gemm_into,
-    uninit, values,
+    Ad, FlexDevice, FlexT, Strided, add_partials, assume_init, contiguous, finish_op, from_vec,
+    gemm_into, uninit, values,
 };
 use batchfit_plan::rules::{
     CONV_MAX_SAMPLE_COLS_BYTES, ConvCpuPath, conv_cpu_path, conv_samples_per_chunk,
@@ -613,15 +613,7 @@ pub fn channel_bias_cpu(y: Tensor<3>, bias: Tensor<1>) -> Option<Tensor<3>> {
                 row.iter_mut().for_each(|v| *v += add);
             }
         });
-    let out = match ChannelBiasOp
-        .prepare::<NoCheckpointing>(nodes)
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish([b, c, s], yf),
-        OpsKind::UnTracked(prep) => prep.finish(yf),
-    };
-    Some(Tensor::from_primitive::<Ad>(out))
+    Some(finish_op(ChannelBiasOp, nodes, || [b, c, s], yf))
 }
 
 #[derive(Debug)]

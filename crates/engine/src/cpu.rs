@@ -7,6 +7,8 @@ use burn::backend::Flex;
 use burn::backend::ops::FloatTensorOps;
 use burn::tensor::{DType, Tensor, TensorData};
 use burn_autodiff::Autodiff;
+use burn_autodiff::checkpoint::strategy::NoCheckpointing;
+use burn_autodiff::ops::{Backward, NodeGuard, OpsKind};
 use rayon::prelude::*;
 use std::mem::{ManuallyDrop, MaybeUninit};
 
@@ -103,6 +105,28 @@ pub fn zero_fill(v: &mut [MaybeUninit<f32>]) -> &mut [f32] {
     v.fill(MaybeUninit::new(0.0));
     // SAFETY: every element was just written, and `MaybeUninit<f32>` has `f32`'s layout.
     unsafe { &mut *(v as *mut [MaybeUninit<f32>] as *mut [f32]) }
+}
+
+/// `y` as the output of the custom op `op` over the inputs `nodes`, keeping `state` (made
+/// only when a gradient is wanted) for its backward.
+pub fn finish_op<O, const N: usize, const D: usize>(
+    op: O,
+    nodes: [NodeGuard; N],
+    state: impl FnOnce() -> O::State,
+    y: FlexT,
+) -> Tensor<D>
+where
+    O: Backward<Flex, N> + 'static,
+{
+    let y = match op
+        .prepare::<NoCheckpointing>(nodes)
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish(state(), y),
+        OpsKind::UnTracked(prep) => prep.finish(y),
+    };
+    Tensor::from_primitive::<Ad>(y)
 }
 
 /// Runs `f` compiled for the CPU's widest SIMD (AVX-512, else AVX2 and FMA), through

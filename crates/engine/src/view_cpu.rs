@@ -7,13 +7,12 @@
 //! thread. Here each is one parallel pass each way, sample by sample; the slice's
 //! backward writes its input's gradient once (zeros around dy). Neither keeps anything.
 
-use crate::cpu::{Ad, FlexDevice, assume_init, contiguous, from_vec, uninit, values};
+use crate::cpu::{Ad, FlexDevice, assume_init, contiguous, finish_op, from_vec, uninit, values};
 use burn::backend::Flex;
 use burn::tensor::Tensor;
 use burn_autodiff::checkpoint::base::Checkpointer;
-use burn_autodiff::checkpoint::strategy::NoCheckpointing;
 use burn_autodiff::grads::Gradients;
-use burn_autodiff::ops::{Backward, Ops, OpsKind};
+use burn_autodiff::ops::{Backward, Ops};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
@@ -104,15 +103,7 @@ pub fn permute_cpu(x: Tensor<2>, dims: &[usize], perm: &[usize]) -> Option<Tenso
         inverse[from] = to;
     }
     let out_dims = perm.iter().map(|&p| dims[p]).collect();
-    let y = match PermuteOp
-        .prepare::<NoCheckpointing>([node])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish((out_dims, inverse), y),
-        OpsKind::UnTracked(prep) => prep.finish(y),
-    };
-    Some(Tensor::from_primitive::<Ad>(y))
+    Some(finish_op(PermuteOp, [node], || (out_dims, inverse), y))
 }
 
 #[derive(Debug)]
@@ -188,15 +179,7 @@ pub fn slice_cpu(
     // SAFETY: every output row was copied whole.
     let y = unsafe { assume_init(y) };
     let y = from_vec(y, &[b, before * row_out], &FlexDevice::default());
-    let y = match SliceOp
-        .prepare::<NoCheckpointing>([node])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish(s, y),
-        OpsKind::UnTracked(prep) => prep.finish(y),
-    };
-    Some(Tensor::from_primitive::<Ad>(y))
+    Some(finish_op(SliceOp, [node], || s, y))
 }
 
 #[derive(Debug)]
