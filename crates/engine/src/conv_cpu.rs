@@ -26,9 +26,8 @@ use batchfit_plan::rules::{
 use burn::backend::Flex;
 use burn::tensor::Tensor;
 use burn_autodiff::checkpoint::base::Checkpointer;
-use burn_autodiff::checkpoint::strategy::NoCheckpointing;
 use burn_autodiff::grads::Gradients;
-use burn_autodiff::ops::{Backward, Ops, OpsKind};
+use burn_autodiff::ops::{Backward, Ops};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
@@ -393,15 +392,8 @@ pub fn conv2d_cpu(
     // SAFETY: see `out`.
     let out = unsafe { assume_init(out) };
     let y = from_vec(out, &[b, co, g.oh, g.ow], &FlexDevice::default());
-    let y = match ConvOp
-        .prepare::<NoCheckpointing>(nodes)
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish(ConvState { g, x: xf, w: wf }, y),
-        OpsKind::UnTracked(prep) => prep.finish(y),
-    };
-    Some(Tensor::from_primitive::<Ad>(y))
+    let state = || ConvState { g, x: xf, w: wf };
+    Some(finish_op(ConvOp, nodes, state, y))
 }
 
 #[derive(Clone, Debug)]

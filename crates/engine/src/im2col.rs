@@ -4,16 +4,15 @@
 //! overlapping views element by element; and on the CPU, the product with the
 //! weight as one custom autodiff op ([`conv_product_cpu`]).
 
-use crate::cpu::{Ad, FlexDevice, Strided, contiguous, from_vec, gemm_into, values};
+use crate::cpu::{Ad, FlexDevice, Strided, contiguous, finish_op, from_vec, gemm_into, values};
 use burn::backend::Flex;
 use burn::tensor::Tensor;
 #[cfg(test)]
 use burn::tensor::TensorData;
 use burn::tensor::ops::PadMode;
 use burn_autodiff::checkpoint::base::Checkpointer;
-use burn_autodiff::checkpoint::strategy::NoCheckpointing;
 use burn_autodiff::grads::Gradients;
-use burn_autodiff::ops::{Backward, Ops, OpsKind};
+use burn_autodiff::ops::{Backward, Ops};
 use rayon::prelude::*;
 
 /// The im2col matrix `[B·OH·OW, kh·kw·C]` of `x` `[B, C, H, W]` (row: the window at one
@@ -160,15 +159,8 @@ pub fn conv_product_cpu(
             }
         });
     let out = from_vec(out, &[chunks, co, r], &FlexDevice::default());
-    let out = match ConvProduct
-        .prepare::<NoCheckpointing>([node])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish(ConvState { shape, cols }, out),
-        OpsKind::UnTracked(prep) => prep.finish(out),
-    };
-    Some((Tensor::from_primitive::<Ad>(out), [oh, ow]))
+    let state = || ConvState { shape, cols };
+    Some((finish_op(ConvProduct, [node], state, out), [oh, ow]))
 }
 
 #[derive(Clone, Copy, Debug)]

@@ -7,15 +7,14 @@
 //! `native_layer_norm` keep them. Channels (rows) run in parallel on rayon's threads.
 
 use crate::cpu::{
-    Ad, FlexDevice, FlexT, add_partials, assume_init, contiguous, from_vec, uninit, values, wide,
-    zero_fill,
+    Ad, FlexDevice, FlexT, add_partials, assume_init, contiguous, finish_op, from_vec, uninit,
+    values, wide, zero_fill,
 };
 use burn::backend::Flex;
 use burn::tensor::Tensor;
 use burn_autodiff::checkpoint::base::Checkpointer;
-use burn_autodiff::checkpoint::strategy::NoCheckpointing;
 use burn_autodiff::grads::Gradients;
-use burn_autodiff::ops::{Backward, NodeGuard, Ops, OpsKind};
+use burn_autodiff::ops::{Backward, NodeGuard, Ops};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
@@ -261,23 +260,13 @@ pub fn batch_norm_cpu(x: Tensor<3>, gamma: Tensor<1>, beta: Tensor<1>) -> Option
         &[b, c, s],
         &FlexDevice::default(),
     );
-    let y = match BatchNormOp
-        .prepare::<NoCheckpointing>(nodes)
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish(
-            NormState {
-                dims: [b, c, s],
-                x: xf,
-                gamma: gf,
-                stats,
-            },
-            y,
-        ),
-        OpsKind::UnTracked(prep) => prep.finish(y),
+    let state = || NormState {
+        dims: [b, c, s],
+        x: xf,
+        gamma: gf,
+        stats,
     };
-    Some(Tensor::from_primitive::<Ad>(y))
+    Some(finish_op(BatchNormOp, nodes, state, y))
 }
 
 /// What a fused norm keeps for its backward.
@@ -392,23 +381,13 @@ pub fn layer_norm_cpu(x: Tensor<2>, gamma: Tensor<1>, beta: Tensor<1>) -> Option
         &[rows, n],
         &FlexDevice::default(),
     );
-    let y = match LayerNormOp
-        .prepare::<NoCheckpointing>(nodes)
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish(
-            NormState {
-                dims: [rows, n],
-                x: xf,
-                gamma: gf,
-                stats,
-            },
-            y,
-        ),
-        OpsKind::UnTracked(prep) => prep.finish(y),
+    let state = || NormState {
+        dims: [rows, n],
+        x: xf,
+        gamma: gf,
+        stats,
     };
-    Some(Tensor::from_primitive::<Ad>(y))
+    Some(finish_op(LayerNormOp, nodes, state, y))
 }
 
 #[derive(Debug)]

@@ -7,14 +7,13 @@
 //! input, which the gradient does not need.
 
 use crate::cpu::{
-    Ad, FlexDevice, assume_init, contiguous, from_vec, uninit, values, wide, zero_fill,
+    Ad, FlexDevice, assume_init, contiguous, finish_op, from_vec, uninit, values, wide, zero_fill,
 };
 use burn::backend::Flex;
 use burn::tensor::Tensor;
 use burn_autodiff::checkpoint::base::Checkpointer;
-use burn_autodiff::checkpoint::strategy::NoCheckpointing;
 use burn_autodiff::grads::Gradients;
-use burn_autodiff::ops::{Backward, Ops, OpsKind};
+use burn_autodiff::ops::{Backward, Ops};
 use rayon::prelude::*;
 
 /// Planes per rayon job: enough work per job on small feature maps.
@@ -352,22 +351,12 @@ pub fn max_pool2d_cpu(
         &[b, c, oh, ow],
         &FlexDevice::default(),
     );
-    let y = match MaxPoolOp
-        .prepare::<NoCheckpointing>([node])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish(
-            PoolState {
-                dims: [b, c, h, w],
-                plane_out,
-                winners,
-            },
-            y,
-        ),
-        OpsKind::UnTracked(prep) => prep.finish(y),
+    let state = || PoolState {
+        dims: [b, c, h, w],
+        plane_out,
+        winners,
     };
-    Some(Tensor::from_primitive::<Ad>(y))
+    Some(finish_op(MaxPoolOp, [node], state, y))
 }
 
 #[derive(Clone, Debug)]
