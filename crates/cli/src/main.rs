@@ -40,10 +40,19 @@ enum Command {
     /// Internal: measures one batch size in a fresh process (started by probe).
     #[command(name = batchfit_engine::worker::WORKER_SUBCOMMAND, hide = true)]
     Worker { request: String },
+    /// Internal: ends the trials' processes when batchfit dies (started by the first trial).
+    #[command(name = cmd::REAPER_SUBCOMMAND, hide = true)]
+    Reaper,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Worker { .. } | Command::Reaper)
+        && let Err(e) = cmd::end_trials_with_batchfit()
+    {
+        eprintln!("error: {}", e.report());
+        return ExitCode::from(e.exit_code());
+    }
     let result = match cli.command {
         Command::Advise(args) => cmd::advise::run(args),
         Command::Plan(args) => cmd::plan::run(args),
@@ -52,6 +61,7 @@ fn main() -> ExitCode {
         Command::Run(args) => cmd::run::run(args),
         Command::Schedule(args) => cmd::advise::run_schedule(args),
         Command::Sweep(args) => cmd::sweep::run(args),
+        Command::Reaper => cmd::reap(),
         Command::Worker { request } => batchfit_engine::worker::serve(&request).map_err(|e| {
             batchfit_pipeline::Error::failure("the measuring worker failed", e).into()
         }),

@@ -224,6 +224,13 @@ impl Progress for Bar {
     fn advance(&self, n: u64) {
         self.0.inc(n);
     }
+    fn warn(&self, msg: String) {
+        use std::io::Write as _;
+        // Above the bar, which redraws below it.
+        self.0
+            .suspend(|| writeln!(std::io::stderr(), "warning: {msg}"))
+            .ok();
+    }
 }
 
 impl Drop for Bar {

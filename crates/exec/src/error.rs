@@ -25,9 +25,9 @@ pub enum ExecError {
     /// `--launcher` asked for a topology that cannot run.
     #[error("{0}")]
     Launcher(String),
-    /// The Ctrl-C handler could not be installed.
-    #[error("cannot install the Ctrl-C handler")]
-    Interrupt(#[source] ctrlc::Error),
+    /// The signal handler could not be installed.
+    #[error("cannot watch for SIGINT, SIGTERM and SIGHUP")]
+    Interrupt(#[source] std::io::Error),
 }
 
 /// Why one output line that looked like a step report could not be read.

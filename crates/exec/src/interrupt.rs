@@ -1,37 +1,108 @@
-//! Ctrl-C (and SIGTERM) while trials run: end the running trial's whole
-//! process tree and remove half-written files before exiting, so an
-//! interrupted `batchfit run` leaves neither orphans on the GPU nor debris.
+//! Whatever ends batchfit ends its trials. Three layers, each for what the
+//! one before cannot cover:
+//!
+//! 1. SIGINT, SIGTERM and SIGHUP (Ctrl-C, a scheduler's time limit or
+//!    `timeout`, a closed terminal) reach [`install`]'s handler, which ends
+//!    the running trial's whole process tree (SIGTERM, SIGKILL after a grace
+//!    period), removes half-written files, and exits with 128 + the signal's
+//!    number, the status a shell reports for it.
+//! 2. SIGKILL (the OOM killer, `kill -9`) runs no handler. Every trial's first
+//!    process asks the kernel to kill it when batchfit dies
+//!    (`PR_SET_PDEATHSIG`, set by [`crate::process::run_process`]).
+//! 3. That reaches the first process only: a training script's data loaders,
+//!    a launcher's ranks in sessions of their own, live on. The reaper (a
+//!    small process of batchfit's own, outside every trial, see
+//!    [`crate::reaper`]) holds the list of the trials' process groups and
+//!    ends them when its pipe from batchfit closes, which the kernel does
+//!    however batchfit died.
 
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, Once};
 use std::time::{Duration, Instant};
 
 /// Process groups of running trials.
 static GROUPS: Mutex<Vec<i32>> = Mutex::new(Vec::new());
 /// Files to delete if interrupted (outputs being written).
 static PARTIAL_FILES: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+/// What the handler prints on its way out.
+static MESSAGE: Mutex<Option<String>> = Mutex::new(None);
 
 /// Set first thing by the handler.
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
-/// Exit status after an interruption (128 + SIGINT, as shells report it).
-pub const INTERRUPTED_EXIT: i32 = 130;
+static INSTALLED: Once = Once::new();
 
-/// Installs the handler, which prints `message` on its way out; call once,
-/// before the first trial.
-pub fn install(message: String) -> Result<(), crate::error::ExecError> {
-    ctrlc::set_handler(move || {
-        INTERRUPTED.store(true, Ordering::SeqCst);
-        let groups: Vec<i32> = GROUPS.lock().map(|g| g.clone()).unwrap_or_default();
-        terminate_groups(&groups);
-        for f in PARTIAL_FILES.lock().map(|f| f.clone()).unwrap_or_default() {
-            let _ = std::fs::remove_file(f);
+/// How long a trial's processes get between SIGTERM and SIGKILL when batchfit
+/// is ended: frameworks release a GPU on SIGTERM; a hung one ignores it. Short,
+/// because whoever ended batchfit (a scheduler, `timeout`) may follow with
+/// SIGKILL soon after.
+pub const GRACE: Duration = Duration::from_secs(1);
+
+/// Exit status after SIGINT (128 + 2, as shells report it).
+pub const INTERRUPTED_EXIT: i32 = 128 + libc::SIGINT;
+
+/// The signals that end batchfit through the handler.
+const SIGNALS: [i32; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+/// Installs the handler (once per process; later calls do nothing) and, when
+/// `reaper` names batchfit's own binary and the hidden subcommand that runs
+/// [`crate::reaper::serve`], lets trials be watched by a reaper.
+pub fn install(reaper: Option<crate::reaper::ReaperCommand>) -> Result<(), crate::ExecError> {
+    let mut result = Ok(());
+    INSTALLED.call_once(|| {
+        result = signal_hook::iterator::Signals::new(SIGNALS)
+            .map(|mut signals| {
+                std::thread::spawn(move || {
+                    if let Some(signal) = signals.forever().next() {
+                        end_everything(signal);
+                    }
+                });
+            })
+            .map_err(crate::ExecError::Interrupt);
+        if let Some(r) = reaper {
+            crate::reaper::enable(r);
         }
-        eprintln!("\ninterrupted: {message}");
-        std::process::exit(INTERRUPTED_EXIT);
-    })
-    .map_err(crate::error::ExecError::Interrupt)
+    });
+    result
+}
+
+/// What the handler prints after ending the trial (the default says only
+/// that the trial was ended).
+pub fn set_message(message: impl Into<String>) {
+    if let Ok(mut m) = MESSAGE.lock() {
+        *m = Some(message.into());
+    }
+}
+
+/// The handler's work: end every trial, remove partial files, say so, and
+/// exit as the signal would have.
+fn end_everything(signal: i32) -> ! {
+    use std::io::Write as _;
+    INTERRUPTED.store(true, Ordering::SeqCst);
+    let groups: Vec<i32> = GROUPS.lock().map(|g| g.clone()).unwrap_or_default();
+    terminate_groups(&groups, GRACE);
+    for f in PARTIAL_FILES.lock().map(|f| f.clone()).unwrap_or_default() {
+        let _ = std::fs::remove_file(f);
+    }
+    let message = MESSAGE
+        .lock()
+        .ok()
+        .and_then(|m| m.clone())
+        .unwrap_or_else(|| "the running trial's process tree was ended".into());
+    // Not eprintln!: after SIGHUP the terminal may be gone, and a failed write
+    // must not turn into a panic on the way out.
+    let _ = writeln!(std::io::stderr(), "\n{}: {message}", signal_name(signal));
+    std::process::exit(128 + signal);
+}
+
+fn signal_name(signal: i32) -> &'static str {
+    match signal {
+        libc::SIGINT => "interrupted",
+        libc::SIGTERM => "terminated (SIGTERM)",
+        libc::SIGHUP => "hung up (SIGHUP)",
+        _ => "ended by a signal",
+    }
 }
 
 /// Called by the trial loop when its process ended: if that was the
@@ -47,12 +118,14 @@ pub(crate) fn register_group(pgid: i32) {
     if let Ok(mut g) = GROUPS.lock() {
         g.push(pgid);
     }
+    crate::reaper::watch(pgid);
 }
 
 pub(crate) fn unregister_group(pgid: i32) {
     if let Ok(mut g) = GROUPS.lock() {
         g.retain(|&x| x != pgid);
     }
+    crate::reaper::forget(pgid);
 }
 
 /// Marks `path` as being written: removed if interrupted.
@@ -70,26 +143,26 @@ pub fn unregister_partial(path: &std::path::Path) {
 }
 
 /// Whether any process of group `pgid` still exists (zombies included).
-fn group_alive(pgid: i32) -> bool {
+pub(crate) fn group_alive(pgid: i32) -> bool {
     // SAFETY: signal 0 only checks for existence and permission.
     unsafe { libc::kill(-pgid, 0) == 0 }
 }
 
 /// SIGTERM to every process of the group, SIGKILL to what is left after a
-/// grace period (frameworks release the GPU on SIGTERM; a hung one ignores it).
+/// grace period.
 pub fn terminate_group(pgid: i32) {
-    terminate_groups(&[pgid]);
+    terminate_groups(&[pgid], GRACE);
 }
 
 /// [`terminate_group`] for several groups at once (a launcher's workers each
 /// have their own), sharing one grace period.
-pub fn terminate_groups(pgids: &[i32]) {
+pub fn terminate_groups(pgids: &[i32], grace: Duration) {
     for &g in pgids {
         // SAFETY: kill with a negative pid signals that process group only.
         unsafe { libc::kill(-g, libc::SIGTERM) };
     }
     let start = Instant::now();
-    while pgids.iter().any(|&g| group_alive(g)) && start.elapsed() < Duration::from_secs(2) {
+    while pgids.iter().any(|&g| group_alive(g)) && start.elapsed() < grace {
         std::thread::sleep(Duration::from_millis(20));
     }
     pgids.iter().for_each(|&g| kill_group(g));

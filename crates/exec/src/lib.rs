@@ -22,6 +22,8 @@ pub mod oom;
 #[cfg(unix)]
 pub mod process;
 pub mod protocol;
+#[cfg(unix)]
+pub mod reaper;
 pub mod result;
 pub mod template;
 #[cfg(unix)]

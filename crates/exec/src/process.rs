@@ -178,6 +178,7 @@ pub fn run_process(
     opts: ProcessOptions<'_>,
 ) -> Result<Finished, std::io::Error> {
     let started = Instant::now();
+    die_with_parent(command);
     let mut child = command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -276,6 +277,33 @@ pub fn run_process(
         oom_seen: oom_seen.lock().ok().and_then(|o| o.clone()),
     })
 }
+
+/// Asks the kernel to SIGKILL the child when batchfit dies, however it dies
+/// (see [`crate::interrupt`]). The death signal is tied to the thread that
+/// starts the child, which here waits for it to the end. A parent that died
+/// between fork and the request is checked for right after it.
+#[cfg(target_os = "linux")]
+fn die_with_parent(command: &mut Command) {
+    // SAFETY: getpid has no preconditions.
+    let parent = unsafe { libc::getpid() };
+    // SAFETY: the closure runs between fork and exec and calls only prctl,
+    // getppid and _exit, which are async-signal-safe.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                libc::_exit(128 + libc::SIGKILL);
+            }
+            Ok(())
+        })
+    };
+}
+
+/// Elsewhere the reaper and the signal handler alone end the trial.
+#[cfg(not(target_os = "linux"))]
+fn die_with_parent(_command: &mut Command) {}
 
 /// batchfit's own process group, never signalled.
 fn own_group() -> i32 {

@@ -14,6 +14,12 @@ pub trait Progress {
     fn set_position(&self, _pos: u64) {}
     /// Marks `n` units of work done.
     fn advance(&self, _n: u64) {}
+    /// Something the user should know that does not stop the pipeline (a
+    /// record skipped); on stderr unless the implementation shows it itself.
+    fn warn(&self, msg: String) {
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), "warning: {msg}");
+    }
 }
 
 /// Shows nothing.

@@ -80,10 +80,9 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunDocument> {
     if let Some(l) = &cfg.launcher {
         l.check()?;
     }
-    batchfit_exec::interrupt::install(
-        "the running trial's process tree was ended; no report was written".into(),
-    )
-    .map_err(|e| Error::failure("cannot watch for Ctrl-C", e))?;
+    batchfit_exec::interrupt::set_message(
+        "the running trial's process tree was ended; no report was written",
+    );
 
     let opts = TrialOptions {
         timeout: cfg.timeout,

@@ -194,14 +194,13 @@ pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepDocument
         prepare_out(dir, &settings, cfg.resume)?;
     }
     #[cfg(unix)]
-    batchfit_exec::interrupt::install(match &cfg.out {
+    batchfit_exec::interrupt::set_message(match &cfg.out {
         Some(d) => format!(
             "the runs finished so far are in {}; add --resume to the same command to train only the rest",
             d.display()
         ),
         None => "nothing was written (--out DIR keeps finished runs)".into(),
-    })
-    .map_err(|e| Error::failure("cannot watch for Ctrl-C", e))?;
+    });
 
     // Device-major, then seed-major: an interrupted sweep has whole comparisons
     // across batches (and the schedule, after them), on the first device first.
