@@ -188,6 +188,30 @@ fn resume_after_an_interruption_trains_only_the_missing_runs() {
         ["run-b256-s0.json", "run-b8-s0.json", "sweep.json"]
     );
 
+    // A record cut short (as an older batchfit could leave one) is named and
+    // trained again; the whole ones are kept.
+    let second = out.join("run-b8-s0.json");
+    let whole = std::fs::read_to_string(&second).unwrap();
+    std::fs::write(&second, &whole[..whole.len() / 2]).unwrap();
+    let again = batchfit().args(args(true)).arg("--json").output().unwrap();
+    let warned = String::from_utf8_lossy(&again.stderr).into_owned();
+    let d = document(again);
+    assert!(
+        warned.contains(&second.display().to_string()) && warned.contains("not a sweep run record"),
+        "{warned}"
+    );
+    let resumed: Vec<bool> = d["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["resumed"].as_bool().unwrap())
+        .collect();
+    assert_eq!(resumed, [true, false]);
+    let rewritten: Value =
+        serde_json::from_str(&std::fs::read_to_string(&second).unwrap()).unwrap();
+    assert_eq!(rewritten["batch"], 8);
+    assert_eq!(std::fs::read_to_string(&first).unwrap(), before);
+
     // Other settings in the same folder are refused, naming the difference.
     let mut other = args(true);
     other[4] = "9".into(); // --seeds
@@ -340,6 +364,30 @@ fn advise_from_a_sweep_uses_its_measured_steps() {
         (lr - 0.002 * (b / 16.0).sqrt()).abs() < 1e-12,
         "the sweep's rule"
     );
+
+    // A record that does not parse is named and left out; the others stand.
+    let broken = out.join("run-b999-s0.json");
+    std::fs::write(&broken, "{\"batch\": 999, \"seed\": 0, \"lr\":").unwrap();
+    let o = batchfit()
+        .args([
+            "advise",
+            "--from-sweep",
+            out_arg,
+            "--batches",
+            "16,64,256",
+            "--time-cap",
+            "0.2",
+            "--warmup",
+            "1",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    let again = document(o);
+    assert!(err.contains(&broken.display().to_string()), "{err}");
+    assert_eq!(again["prediction"]["curve"], p["curve"]);
+    std::fs::remove_file(&broken).unwrap();
 
     // Another model's sweep, or no sweep, is bad input.
     for (args, says) in [

@@ -77,7 +77,7 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<AdviseDocum
 
     // Steps measured by a sweep, when given, stand in for the noise run's prediction.
     let measured = match &cfg.from_sweep {
-        Some(dir) => Some(measured_basis(dir, &graph, cfg)?),
+        Some(dir) => Some(measured_basis(dir, &graph, cfg, progress)?),
         None => None,
     };
     // Noise scale first: it is quick and decides what "a good batch" means statistically.
@@ -453,8 +453,9 @@ fn measured_basis(
     dir: &std::path::Path,
     graph: &Graph,
     cfg: &AdviseConfig,
+    progress: &dyn Progress,
 ) -> Result<PredictionBasis> {
-    let m = crate::sweep::read_measured_steps(dir)?;
+    let m = crate::sweep::read_measured_steps(dir, progress)?;
     if m.settings.model != graph.name {
         return Err(crate::Error::input(format!(
             "--from-sweep {}: the sweep trained {}, not {}",

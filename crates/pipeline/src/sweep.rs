@@ -236,12 +236,16 @@ pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepDocument
             .map(|d| run_file(d, tag.as_deref(), fixed, seed));
         if cfg.resume
             && let Some(f) = &file
-            && let Ok(text) = std::fs::read_to_string(f)
-            && let Ok(record) = serde_json::from_str::<RunRecord>(&text)
+            && f.exists()
         {
-            runs.push(sweep_run(record, device, true));
-            progress.set_position((i as u64 + 1) * UNIT);
-            continue;
+            match read_record(f) {
+                Ok(record) => {
+                    runs.push(sweep_run(record, device, true));
+                    progress.set_position((i as u64 + 1) * UNIT);
+                    continue;
+                }
+                Err(e) => progress.warn(format!("--resume: {e}; training that run again")),
+            }
         }
         let lr = match &schedule {
             Some(s) => s.stages[0].lr,
@@ -782,10 +786,19 @@ pub struct MeasuredSteps {
     pub batches: Vec<u64>,
 }
 
+/// One run's record, or why it is not one (a file cut short by a full disk or
+/// a kill before records were written whole, or edited by hand), naming it.
+fn read_record(path: &Path) -> std::result::Result<RunRecord, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    serde_json::from_str(&text)
+        .map_err(|e| format!("{} is not a sweep run record ({e})", path.display()))
+}
+
 /// Reads `DIR/sweep.json` and the first device's `DIR/run-b*-s*.json` and fits
 /// S(B) to their steps to the sweep's target; exit 2 when the folder holds no
 /// sweep or its steps do not follow S(B).
-pub fn read_measured_steps(dir: &Path) -> Result<MeasuredSteps> {
+pub fn read_measured_steps(dir: &Path, progress: &dyn Progress) -> Result<MeasuredSteps> {
     let name = dir.display();
     let file = dir.join(SETTINGS_FILE);
     let text = std::fs::read_to_string(&file)
@@ -805,11 +818,10 @@ pub fn read_measured_steps(dir: &Path) -> Result<MeasuredSteps> {
         if !(file_name.starts_with("run-b") && file_name.ends_with(".json")) {
             continue;
         }
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| Error::input_because(path.display().to_string(), e))?;
-        records.push(serde_json::from_str(&text).map_err(|e| {
-            Error::input_because(format!("{}: not a sweep run record", path.display()), e)
-        })?);
+        match read_record(&path) {
+            Ok(record) => records.push(record),
+            Err(e) => progress.warn(format!("--from-sweep: {e}; going on without it")),
+        }
     }
     let refs: Vec<&RunRecord> = records.iter().collect();
     let (target, _) = common_target(&settings, &refs);

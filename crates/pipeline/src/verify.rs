@@ -46,10 +46,15 @@ pub struct Advice {
 /// Reads `advise --json` output; exit 2 when it is not one or has no
 /// time-to-target prediction.
 pub fn read_advice(path: &Path) -> Result<Advice> {
-    let name = path.display().to_string();
     let text = std::fs::read_to_string(path)
-        .map_err(|e| Error::input_because(format!("--verify {name}"), e))?;
-    let file: AdviceFile = serde_json::from_str(&text).map_err(|e| {
+        .map_err(|e| Error::input_because(format!("--verify {}", path.display()), e))?;
+    parse_advice(path, &text)
+}
+
+/// [`read_advice`] on the text of the file `path`.
+pub fn parse_advice(path: &Path, text: &str) -> Result<Advice> {
+    let name = path.display().to_string();
+    let file: AdviceFile = serde_json::from_str(text).map_err(|e| {
         Error::input_because(
             format!("--verify {name}: not the JSON of `batchfit advise --json`"),
             e,
@@ -70,6 +75,7 @@ pub fn read_advice(path: &Path) -> Result<Advice> {
         .recommendations
         .iter()
         .find_map(|r| r.recommended_batch.map(|b| (r.device.clone(), b)))
+        .filter(|&(_, b)| b > 0)
     else {
         return Err(Error::input(format!(
             "--verify {name}: the advice recommends no batch"
@@ -79,6 +85,7 @@ pub fn read_advice(path: &Path) -> Result<Advice> {
         .time_to_target
         .iter()
         .filter(|t| t.option.device == device && t.option.accumulation == 1)
+        .filter(|t| t.option.micro_batch > 0)
         .map(|t| (t.option.micro_batch, t.option.update_s()))
         .collect();
     update_s.sort_by_key(|p| p.0);
@@ -139,7 +146,7 @@ impl Advice {
 
     /// Epochs enough for three times the predicted steps at `batch` from `rows` rows.
     pub fn epochs_for(&self, batch: u64, rows: usize) -> u32 {
-        let per_epoch = (rows as u64 / batch).max(1) as f64;
+        let per_epoch = (rows as u64 / batch.max(1)).max(1) as f64;
         (3.0 * self.predicted(batch).steps / per_epoch).ceil() as u32
     }
 }
