@@ -84,17 +84,37 @@ pub fn npy(path: &Path) -> Result<Array, DataError> {
     npy_bytes(&bytes).map_err(|why| err(path, why))
 }
 
-fn npy_bytes(bytes: &[u8]) -> Result<Array, FormatError> {
+/// An `.npy` file's bytes to its array; see [`npy()`].
+pub fn npy_bytes(bytes: &[u8]) -> Result<Array, FormatError> {
     let file =
         npyz::NpyFile::new(bytes).map_err(|e| FormatError::because("not a valid .npy file", e))?;
-    npy_file(file)
+    npy_file(file, bytes.len() as u64)
 }
 
-fn npy_file<R: Read>(file: npyz::NpyFile<R>) -> Result<Array, FormatError> {
+/// The array of `file`, whose data can be at most `available` bytes: a header
+/// claiming more is refused before anything is allocated for it.
+fn npy_file<R: Read>(file: npyz::NpyFile<R>, available: u64) -> Result<Array, FormatError> {
     if file.order() == npyz::Order::Fortran {
         return Err("Fortran-ordered arrays are not supported; save with C order".into());
     }
-    let shape: Vec<usize> = file.shape().iter().map(|&d| d as usize).collect();
+    let shape: Vec<usize> = file
+        .shape()
+        .iter()
+        .map(|&d| usize::try_from(d).map_err(|_| format!("dimension {d} is too large")))
+        .collect::<Result<_, _>>()?;
+    let item_bytes = match file.dtype() {
+        npyz::DType::Plain(t) => t.num_bytes().unwrap_or(0) as u64,
+        _ => 0,
+    };
+    let claimed = shape
+        .iter()
+        .try_fold(item_bytes, |acc, &d| acc.checked_mul(d as u64));
+    if claimed.is_none_or(|c| c > available) {
+        return Err(format!(
+            "the header's shape {shape:?} needs more data than the file's {available} bytes"
+        )
+        .into());
+    }
     let type_str = match file.dtype() {
         npyz::DType::Plain(t) => t.to_string(),
         other => {
@@ -175,20 +195,29 @@ fn npy_file<R: Read>(file: npyz::NpyFile<R>) -> Result<Array, FormatError> {
 
 /// Reads every array of an `.npz` archive, by key.
 pub fn npz(path: &Path) -> Result<Vec<(String, Array)>, DataError> {
-    let mut archive = npyz::npz::NpzArchive::open(path)
-        .map_err(|e| err(path, FormatError::because("not a valid .npz archive", e)))?;
+    let bytes = read_bytes(path)?;
+    npz_bytes(&bytes).map_err(|why| err(path, why))
+}
+
+/// An `.npz` archive's bytes to its arrays, by key; see [`npz()`].
+pub fn npz_bytes(bytes: &[u8]) -> Result<Vec<(String, Array)>, FormatError> {
+    let mut archive = npyz::npz::NpzArchive::new(std::io::Cursor::new(bytes))
+        .map_err(|e| FormatError::because("not a valid .npz archive", e))?;
     let names: Vec<String> = archive.array_names().map(String::from).collect();
     if names.is_empty() {
-        return Err(err(path, "the archive holds no arrays"));
+        return Err("the archive holds no arrays".into());
     }
+    // A compressed entry can hold more than the archive's size; this bounds
+    // what a lying header can make us allocate (1,000 times the archive).
+    let available = (bytes.len() as u64).saturating_mul(1000);
     let mut out = Vec::new();
     for name in names {
         let file = archive
             .by_name(&name)
-            .map_err(|e| err(path, FormatError::because(format!("key `{name}`"), e)))?
-            .ok_or_else(|| err(path, format!("key `{name}` is listed but missing")))?;
-        let array = npy_file(file)
-            .map_err(|e| err(path, FormatError::because(format!("key `{name}`"), e)))?;
+            .map_err(|e| FormatError::because(format!("key `{name}`"), e))?
+            .ok_or_else(|| format!("key `{name}` is listed but missing"))?;
+        let array = npy_file(file, available)
+            .map_err(|e| FormatError::because(format!("key `{name}`"), e))?;
         out.push((name, array));
     }
     Ok(out)
@@ -275,7 +304,8 @@ pub fn idx(path: &Path) -> Result<Array, DataError> {
     idx_bytes(&bytes).map_err(|why| err(path, why))
 }
 
-fn idx_bytes(b: &[u8]) -> Result<Array, FormatError> {
+/// An IDX file's (uncompressed) bytes to its array; see [`idx()`].
+pub fn idx_bytes(b: &[u8]) -> Result<Array, FormatError> {
     if b.len() < 4 || b[0] != 0 || b[1] != 0 {
         return Err("not an IDX file (bad magic number)".into());
     }
@@ -287,8 +317,7 @@ fn idx_bytes(b: &[u8]) -> Result<Array, FormatError> {
     let shape: Vec<usize> = (0..rank)
         .map(|i| u32::from_be_bytes(b[4 + 4 * i..8 + 4 * i].try_into().expect("4 bytes")) as usize)
         .collect();
-    let n: usize = shape.iter().product();
-    let width = match type_code {
+    let width: usize = match type_code {
         0x08 | 0x09 => 1,
         0x0B => 2,
         0x0C | 0x0D => 4,
@@ -296,9 +325,17 @@ fn idx_bytes(b: &[u8]) -> Result<Array, FormatError> {
         t => return Err(format!("unknown IDX element type 0x{t:02X}").into()),
     };
     let body = &b[head..];
-    if body.len() < n * width {
-        return Err(format!("truncated: {} bytes of data for {n} elements", body.len()).into());
-    }
+    let n = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
+    let Some(n) = n.filter(|n| {
+        n.checked_mul(width)
+            .is_some_and(|bytes| bytes <= body.len())
+    }) else {
+        return Err(format!(
+            "truncated: {} bytes of data for the header's shape {shape:?}",
+            body.len()
+        )
+        .into());
+    };
     let values: Vec<f32> = match type_code {
         0x08 => body[..n].iter().map(|&v| f32::from(v)).collect(),
         0x09 => body[..n].iter().map(|&v| f32::from(v as i8)).collect(),

@@ -102,7 +102,9 @@ fn add_layer(g: &mut GraphBuilder, name: &str, k: &mut Keys) -> Result<(), Graph
         ],
         _ => return Err(k.bad("input", "give either `input = \"name\"` or `inputs = [..]`")),
     };
-    let x = inputs[0].as_str();
+    let Some(x) = inputs.first().map(String::as_str) else {
+        return Err(k.bad("inputs", "is empty; name the layer's inputs"));
+    };
     let refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
     match op.as_str() {
         "linear" | "dense" | "fc" => {
@@ -436,6 +438,11 @@ impl<'a> Keys<'a> {
             _ => self.per_dim("stride", spatial, 1)?,
         };
         let dilation = self.per_dim("dilation", spatial, 1)?;
+        for (key, values) in [("stride", &stride), ("dilation", &dilation)] {
+            if values.contains(&0) {
+                return Err(self.bad(key, "must be positive"));
+            }
+        }
         let mut window = Window {
             padding: vec![[0, 0]; spatial],
             kernel,

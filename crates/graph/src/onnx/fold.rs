@@ -162,7 +162,7 @@ impl Importer {
             let count = if op == "Concat" { n.input.len() } else { 1 };
             let mut data = Vec::with_capacity(count);
             for pos in 0..count {
-                match self.vals.get(n.input[pos].as_str()) {
+                match n.input.get(pos).and_then(|i| self.vals.get(i.as_str())) {
                     Some(Val::Const(t)) => match Dense::of(t) {
                         Some(d) => data.push(d),
                         None => return Ok(false),
@@ -267,6 +267,9 @@ fn numeric(op: &str, mut data: Vec<Dense>, a: &Attrs) -> Result<Dense, Why> {
         values: d.values.iter().map(|&v| f(v)).collect(),
         ..d
     };
+    if data.is_empty() {
+        return Err(format!("{op} needs an input"));
+    }
     let x = data.remove(0);
     let arg = |k: usize| {
         data.get(k)
@@ -343,6 +346,9 @@ fn fold_one(
     int_input_dims: impl Fn(usize) -> IntInput,
 ) -> Result<Dense, Why> {
     let int_input = |pos: usize| Ok::<_, Why>(int_input_dims(pos)?.map(|(v, _)| v));
+    if data.is_empty() {
+        return Err(format!("{op} needs an input"));
+    }
     let x = data.remove(0);
     let rank = x.dims.len();
     let axes_arg = |pos: usize| -> Result<Option<Vec<i64>>, Why> {
@@ -357,6 +363,9 @@ fn fold_one(
                 .map(|&k| axis_of(k, out_rank))
                 .collect::<Result<Vec<_>, _>>()?;
             at.sort_unstable();
+            if at.windows(2).any(|w| w[0] == w[1]) {
+                return Err(format!("Unsqueeze's axes {axes:?} repeat an axis"));
+            }
             let mut dims = x.dims.clone();
             for k in at {
                 dims.insert(k, 1);
@@ -400,14 +409,16 @@ fn fold_one(
                     _ => return Err(format!("bad Reshape target {target:?}")),
                 }
             }
-            let known: usize = dims.iter().product();
+            let cannot = || format!("cannot reshape {:?} to {target:?}", x.dims);
+            let product = |d: &[usize]| d.iter().try_fold(1usize, |p, &v| p.checked_mul(v));
+            let known = product(&dims).ok_or_else(cannot)?;
             if let Some(k) = infer {
                 if known == 0 || !total.is_multiple_of(known) {
-                    return Err(format!("cannot reshape {:?} to {target:?}", x.dims));
+                    return Err(cannot());
                 }
                 dims[k] = total / known;
             }
-            if dims.iter().product::<usize>() != total {
+            if product(&dims) != Some(total) {
                 return Err(format!("cannot reshape {:?} to {target:?}", x.dims));
             }
             Ok(Dense { dims, ..x })

@@ -103,6 +103,14 @@ impl Importer {
         }
         let mut shape = Vec::with_capacity(dims.len() - 1);
         for (k, d) in dims.iter().enumerate().skip(1) {
+            if let Some(dimension::Value::DimValue(v)) = &d.value
+                && *v as u64 > super::MAX_ELEMENTS
+            {
+                return Err(bad(format!(
+                    "dimension {k} is {v}, more than {} elements",
+                    super::MAX_ELEMENTS
+                )));
+            }
             shape.push(match &d.value {
                 Some(dimension::Value::DimValue(v)) if *v > 0 => Dim::Fixed(*v as usize),
                 Some(dimension::Value::DimParam(p)) if seq_like(p) => Dim::Seq,

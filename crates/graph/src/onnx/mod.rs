@@ -101,6 +101,11 @@ use prost::Message;
 use proto::ModelProto;
 use std::path::Path;
 
+/// The most elements one dimension, or one constant the importer builds
+/// (`ConstantOfShape`), may have: 2^31, far above any real model's and far
+/// below what would make a corrupt file allocate the machine's memory.
+pub(crate) const MAX_ELEMENTS: u64 = 1 << 31;
+
 /// ONNX op types the importer maps onto the IR (default `ai.onnx` domain).
 pub const SUPPORTED_ONNX_OPS: &[&str] = &ops::NAMES;
 

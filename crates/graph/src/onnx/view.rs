@@ -344,6 +344,14 @@ impl View {
             })
             .collect::<Result<_, _>>()?;
         at.sort_unstable();
+        // The spec asks for distinct axes; inserting a repeated one would run
+        // past the end of the growing list.
+        if let Some(w) = at.windows(2).find(|w| w[0] == w[1]) {
+            return Err(LayoutError::Axis {
+                axis: w[0] as i64,
+                layout: format!("{} (Unsqueeze's axes repeat it)", self.describe()),
+            });
+        }
         let mut v = self.clone();
         for k in at {
             v.groups.insert(k, 0);

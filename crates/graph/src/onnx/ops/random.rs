@@ -34,6 +34,17 @@ impl Importer {
             .collect();
         // Of a shape with the batch in it: a random mask being built. Of fixed sizes: a
         // constant (a zero tensor, a mask's ones) folded where it is used.
+        if let Some(dims) = &fixed
+            && dims
+                .iter()
+                .try_fold(1u64, |p, &d| p.checked_mul(d as u64))
+                .is_none_or(|total| total > crate::onnx::MAX_ELEMENTS)
+        {
+            return Err(GraphError::node(
+                label(n),
+                format!("ConstantOfShape of {dims:?}: more elements than any model holds"),
+            ));
+        }
         let value = a.get("value").and_then(|v| v.t.as_ref());
         let int_value = value.is_some_and(|t| is_int_type(t.data_type));
         let val = match fixed {

@@ -1,0 +1,969 @@
+//! The targets: one per reader, each with its generator.
+
+use crate::Target;
+use crate::mutate;
+use arbitrary::{Result, Unstructured};
+use batchfit_graph::onnx::proto::tensor_shape_proto::{Dimension, dimension};
+use batchfit_graph::onnx::proto::{
+    AttributeProto, AttributeType, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
+    TensorProto, TensorShapeProto, TypeProto, ValueInfoProto, type_proto,
+};
+use prost::Message as _;
+use serde_json::Value;
+use std::path::Path;
+
+/// Every target, in the order CI runs them.
+pub const TARGETS: &[Target] = &[
+    Target {
+        name: "onnx",
+        generate: onnx,
+        check: |b| batchfit_graph::onnx::parse(b).is_ok(),
+    },
+    Target {
+        name: "toml_spec",
+        generate: toml_spec,
+        check: |b| batchfit_graph::spec::parse(&String::from_utf8_lossy(b)).is_ok(),
+    },
+    Target {
+        name: "npy",
+        generate: npy,
+        check: |b| batchfit_data::read::npy_bytes(b).is_ok(),
+    },
+    Target {
+        name: "npz",
+        generate: npz,
+        check: |b| batchfit_data::read::npz_bytes(b).is_ok(),
+    },
+    Target {
+        name: "csv",
+        generate: csv,
+        check: |b| {
+            // The label column rides in the first byte, so it is fuzzed too.
+            let (col, body) = b.split_first().map_or((0, b), |(c, rest)| (*c, rest));
+            let label = (col != 0).then_some(col as i8 as isize);
+            batchfit_data::read::csv_bytes(body, label).is_ok()
+        },
+    },
+    Target {
+        name: "idx",
+        generate: idx,
+        check: |b| batchfit_data::read::idx_bytes(b).is_ok(),
+    },
+    Target {
+        name: "step_line",
+        generate: step_lines,
+        check: check_step_lines,
+    },
+    Target {
+        name: "advice_json",
+        generate: advice_json,
+        check: |b| {
+            let text = String::from_utf8_lossy(b);
+            let Ok(advice) =
+                batchfit_pipeline::verify::parse_advice(Path::new("advice.json"), &text)
+            else {
+                return false;
+            };
+            // What `sweep --verify` does next with it.
+            for batch in advice.default_batches() {
+                let _ = advice.epochs_for(batch, 1000);
+            }
+            true
+        },
+    },
+    Target {
+        name: "sweep_records",
+        generate: sweep_records,
+        check: check_sweep_records,
+    },
+];
+
+// ---------------------------------------------------------------- ONNX
+
+/// Attribute names the importer reads, and strings its attributes take.
+const ATTRIBUTES: &[&str] = &[
+    "axis",
+    "axes",
+    "perm",
+    "kernel_shape",
+    "strides",
+    "pads",
+    "dilations",
+    "group",
+    "auto_pad",
+    "ceil_mode",
+    "hidden_size",
+    "direction",
+    "layout",
+    "keepdims",
+    "alpha",
+    "beta",
+    "epsilon",
+    "transA",
+    "transB",
+    "value",
+    "to",
+    "allowzero",
+    "ratio",
+    "size",
+    "activations",
+    "split",
+    "num_outputs",
+    "mode",
+    "upper",
+    "noop_with_empty_axes",
+];
+const STRINGS: &[&str] = &[
+    "NOTSET",
+    "SAME_UPPER",
+    "SAME_LOWER",
+    "VALID",
+    "forward",
+    "reverse",
+    "bidirectional",
+    "Relu",
+    "Tanh",
+    "Sigmoid",
+    "nearest",
+    "linear",
+    "none",
+    "tanh",
+];
+
+fn small_int(u: &mut Unstructured) -> Result<i64> {
+    Ok(match u.int_in_range(0..=9)? {
+        0 => i64::MAX,
+        1 => i64::MIN,
+        2 => -1,
+        3 => 0,
+        4 => u.int_in_range(-4..=4)?,
+        _ => u.int_in_range(1..=16)?,
+    })
+}
+
+fn dims(u: &mut Unstructured, max_rank: usize) -> Result<Vec<i64>> {
+    (0..u.int_in_range(0..=max_rank)?)
+        .map(|_| {
+            Ok(if u.ratio(1, 12)? {
+                small_int(u)?
+            } else {
+                u.int_in_range(1..=8)?
+            })
+        })
+        .collect()
+}
+
+/// A float (1) or int64 (7) initializer, its data the right length or not.
+fn initializer(u: &mut Unstructured, name: String) -> Result<TensorProto> {
+    let dims = dims(u, 4)?;
+    let elements = dims
+        .iter()
+        .try_fold(1i64, |a, &d| a.checked_mul(d))
+        .filter(|n| (0..=4096).contains(n))
+        .unwrap_or(1) as usize;
+    let int64 = u.ratio(1, 4)?;
+    let width = if int64 { 8 } else { 4 };
+    let len = if u.ratio(1, 8)? {
+        u.int_in_range(0..=64)?
+    } else {
+        elements * width
+    };
+    let raw_data = if int64 {
+        (0..len.div_ceil(8))
+            .flat_map(|_| small_int(u).unwrap_or(1).to_le_bytes())
+            .take(len)
+            .collect()
+    } else {
+        (0..len.div_ceil(4))
+            .flat_map(|_| (u.int_in_range(-100..=100).unwrap_or(0) as f32 * 0.01).to_le_bytes())
+            .take(len)
+            .collect()
+    };
+    Ok(TensorProto {
+        name,
+        dims,
+        data_type: if int64 { 7 } else { 1 },
+        raw_data,
+        ..Default::default()
+    })
+}
+
+fn attribute(u: &mut Unstructured) -> Result<AttributeProto> {
+    let name = u.choose(ATTRIBUTES)?.to_string();
+    let mut a = AttributeProto {
+        name,
+        ..Default::default()
+    };
+    match u.int_in_range(0..=4)? {
+        0 => {
+            a.r#type = AttributeType::Int as i32;
+            a.i = small_int(u)?;
+        }
+        1 => {
+            a.r#type = AttributeType::Ints as i32;
+            a.ints = (0..u.int_in_range(0..=6)?)
+                .map(|_| small_int(u))
+                .collect::<Result<_>>()?;
+        }
+        2 => {
+            a.r#type = AttributeType::Float as i32;
+            a.f = *u.choose(&[0.0, 1e-5, 0.5, -1.0, f32::NAN, f32::INFINITY, 1e30])?;
+        }
+        3 => {
+            a.r#type = AttributeType::String as i32;
+            a.s = u.choose(STRINGS)?.as_bytes().to_vec();
+        }
+        _ => {
+            a.r#type = AttributeType::Tensor as i32;
+            a.t = Some(initializer(u, String::new())?);
+        }
+    }
+    Ok(a)
+}
+
+fn value_info(name: &str, dims: &[Option<i64>]) -> ValueInfoProto {
+    let dim = dims
+        .iter()
+        .map(|d| Dimension {
+            value: Some(match d {
+                Some(v) => dimension::Value::DimValue(*v),
+                None => dimension::Value::DimParam("batch".into()),
+            }),
+            ..Default::default()
+        })
+        .collect();
+    ValueInfoProto {
+        name: name.into(),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: 1,
+                shape: Some(TensorShapeProto { dim }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn node(op: &str, inputs: &[&str], output: &str, attrs: Vec<AttributeProto>) -> NodeProto {
+    NodeProto {
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: vec![output.into()],
+        name: format!("/{output}"),
+        op_type: op.into(),
+        attribute: attrs,
+        ..Default::default()
+    }
+}
+
+fn ints(name: &str, v: &[i64]) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: AttributeType::Ints as i32,
+        ints: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+fn int(name: &str, v: i64) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: AttributeType::Int as i32,
+        i: v,
+        ..Default::default()
+    }
+}
+
+fn weight(name: &str, dims: &[i64]) -> TensorProto {
+    let n: i64 = dims.iter().product();
+    TensorProto {
+        name: name.into(),
+        dims: dims.to_vec(),
+        data_type: 1,
+        raw_data: vec![0; 4 * n as usize],
+        ..Default::default()
+    }
+}
+
+/// Well-formed models of the families the importer knows (an MLP, a CNN, a
+/// recurrent net, an attention block), for mutations to start from.
+fn onnx_seed(u: &mut Unstructured) -> Result<GraphProto> {
+    let batch = None;
+    Ok(match u.int_in_range(0..=3)? {
+        0 => GraphProto {
+            name: "mlp".into(),
+            input: vec![value_info("x", &[batch, Some(1), Some(4), Some(4)])],
+            output: vec![value_info("y", &[batch, Some(3)])],
+            initializer: vec![
+                weight("w1", &[8, 16]),
+                weight("b1", &[8]),
+                weight("w2", &[3, 8]),
+            ],
+            node: vec![
+                node("Flatten", &["x"], "f", vec![int("axis", 1)]),
+                node("Gemm", &["f", "w1", "b1"], "h", vec![int("transB", 1)]),
+                node("Relu", &["h"], "r", vec![]),
+                node("Gemm", &["r", "w2"], "y", vec![int("transB", 1)]),
+            ],
+            ..Default::default()
+        },
+        1 => GraphProto {
+            name: "cnn".into(),
+            input: vec![value_info("x", &[batch, Some(3), Some(8), Some(8)])],
+            output: vec![value_info("y", &[batch, Some(2)])],
+            initializer: vec![
+                weight("k", &[4, 3, 3, 3]),
+                weight("kb", &[4]),
+                weight("s", &[4]),
+                weight("bb", &[4]),
+                weight("m", &[4]),
+                weight("v", &[4]),
+                weight("w", &[2, 64]),
+            ],
+            node: vec![
+                node(
+                    "Conv",
+                    &["x", "k", "kb"],
+                    "c",
+                    vec![ints("kernel_shape", &[3, 3]), ints("pads", &[1, 1, 1, 1])],
+                ),
+                node(
+                    "BatchNormalization",
+                    &["c", "s", "bb", "m", "v"],
+                    "n",
+                    vec![],
+                ),
+                node("Relu", &["n"], "r", vec![]),
+                node(
+                    "MaxPool",
+                    &["r"],
+                    "p",
+                    vec![ints("kernel_shape", &[2, 2]), ints("strides", &[2, 2])],
+                ),
+                node("Flatten", &["p"], "f", vec![]),
+                node("Gemm", &["f", "w"], "y", vec![int("transB", 1)]),
+            ],
+            ..Default::default()
+        },
+        2 => GraphProto {
+            name: "rnn".into(),
+            input: vec![value_info("x", &[Some(5), batch, Some(4)])],
+            output: vec![value_info("y", &[batch, Some(2)])],
+            initializer: vec![
+                weight("W", &[1, 24, 4]),
+                weight("R", &[1, 24, 6]),
+                weight("B", &[1, 48]),
+                weight("w", &[2, 6]),
+            ],
+            node: vec![
+                node(
+                    "GRU",
+                    &["x", "W", "R", "B"],
+                    "h",
+                    vec![int("hidden_size", 6)],
+                ),
+                node("ReduceMean", &["h"], "m", vec![ints("axes", &[0, 1])]),
+                node("Gemm", &["m", "w"], "y", vec![int("transB", 1)]),
+            ],
+            ..Default::default()
+        },
+        _ => GraphProto {
+            name: "attention".into(),
+            input: vec![value_info("x", &[batch, Some(4), Some(8)])],
+            output: vec![value_info("y", &[batch, Some(4), Some(8)])],
+            initializer: vec![weight("q", &[8, 8]), weight("k", &[8, 8])],
+            node: vec![
+                node("MatMul", &["x", "q"], "xq", vec![]),
+                node("MatMul", &["x", "k"], "xk", vec![]),
+                node("Transpose", &["xk"], "kt", vec![ints("perm", &[0, 2, 1])]),
+                node("MatMul", &["xq", "kt"], "s", vec![]),
+                node("Softmax", &["s"], "a", vec![int("axis", -1)]),
+                node("MatMul", &["a", "x"], "y", vec![]),
+            ],
+            ..Default::default()
+        },
+    })
+}
+
+/// Structural edits of a graph: an op swapped, an attribute added or
+/// changed, an input renamed or dropped, an initializer reshaped, a node
+/// added, removed or duplicated.
+fn mutate_graph(u: &mut Unstructured, g: &mut GraphProto) -> Result<()> {
+    let ops = batchfit_graph::onnx::SUPPORTED_ONNX_OPS;
+    for _ in 0..u.int_in_range(1..=4)? {
+        let n = g.node.len();
+        match u.int_in_range(0..=7)? {
+            0 if n > 0 => {
+                let i = u.choose_index(n)?;
+                g.node[i].op_type = u.choose(ops)?.to_string();
+            }
+            1 if n > 0 => {
+                let i = u.choose_index(n)?;
+                let a = attribute(u)?;
+                g.node[i].attribute.push(a);
+            }
+            2 if n > 0 => {
+                let i = u.choose_index(n)?;
+                if !g.node[i].input.is_empty() {
+                    let j = u.choose_index(g.node[i].input.len())?;
+                    match u.int_in_range(0..=2)? {
+                        0 => {
+                            g.node[i].input.remove(j);
+                        }
+                        1 => g.node[i].input[j] = String::new(),
+                        _ => g.node[i].input[j] = "missing".into(),
+                    }
+                }
+            }
+            3 if !g.initializer.is_empty() => {
+                let i = u.choose_index(g.initializer.len())?;
+                let name = g.initializer[i].name.clone();
+                g.initializer[i] = initializer(u, name)?;
+            }
+            4 if n > 0 => {
+                let i = u.choose_index(n)?;
+                g.node.remove(i);
+            }
+            5 if n > 0 => {
+                let i = u.choose_index(n)?;
+                let copy = g.node[i].clone();
+                g.node.insert(i, copy);
+            }
+            6 if n > 0 => {
+                // A random node reading a value of the graph, written to it.
+                let i = u.choose_index(n)?;
+                let input = g.node[i].output.first().cloned().unwrap_or_default();
+                let extra = format!("extra{i}");
+                g.initializer.push(initializer(u, extra.clone())?);
+                let attrs = (0..u.int_in_range(0..=3)?)
+                    .map(|_| attribute(u))
+                    .collect::<Result<_>>()?;
+                let new = node(u.choose(ops)?, &[&input, &extra], &input, attrs);
+                g.node.insert(i + 1, new);
+                g.node[i].output = vec![format!("{input}_pre")];
+                if let Some(next) = g.node.get_mut(i + 1) {
+                    next.input[0] = format!("{input}_pre");
+                }
+            }
+            _ => {
+                if let Some(v) = g.input.first_mut() {
+                    let d: Vec<Option<i64>> = dims(u, 5)?
+                        .into_iter()
+                        .enumerate()
+                        .map(|(k, d)| (k > 0).then_some(d))
+                        .collect();
+                    *v = value_info(&v.name, &d);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A random graph: a chain of supported ops over the input and fresh
+/// initializers, attributes drawn from the names the importer reads.
+fn onnx_random(u: &mut Unstructured) -> Result<GraphProto> {
+    let ops = batchfit_graph::onnx::SUPPORTED_ONNX_OPS;
+    let input_dims: Vec<Option<i64>> = std::iter::once(Ok(None))
+        .chain((0..u.int_in_range(0..=4)?).map(|_| Ok(Some(u.int_in_range(1..=8)?))))
+        .collect::<Result<_>>()?;
+    let mut g = GraphProto {
+        name: "random".into(),
+        input: vec![value_info("x", &input_dims)],
+        ..Default::default()
+    };
+    let mut values = vec!["x".to_string()];
+    for i in 0..u.int_in_range(1..=8)? {
+        let mut inputs = Vec::new();
+        for j in 0..u.int_in_range(1..=3)? {
+            if j == 0 || u.ratio(1, 3)? {
+                inputs.push(u.choose(&values)?.clone());
+            } else {
+                let name = format!("w{i}_{j}");
+                g.initializer.push(initializer(u, name.clone())?);
+                inputs.push(name);
+            }
+        }
+        let attrs = (0..u.int_in_range(0..=4)?)
+            .map(|_| attribute(u))
+            .collect::<Result<_>>()?;
+        let out = format!("v{i}");
+        let refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+        g.node.push(node(u.choose(ops)?, &refs, &out, attrs));
+        values.push(out);
+    }
+    let last = values.last().cloned().unwrap_or_default();
+    g.output = vec![value_info(&last, &[None, Some(u.int_in_range(1..=8)?)])];
+    Ok(g)
+}
+
+fn onnx(u: &mut Unstructured) -> Result<Vec<u8>> {
+    let graph = if u.arbitrary()? {
+        let mut g = onnx_seed(u)?;
+        mutate_graph(u, &mut g)?;
+        g
+    } else {
+        onnx_random(u)?
+    };
+    let opset = *u.choose(&[7, 9, 11, 13, 17, 18, 21])?;
+    let mut bytes = ModelProto {
+        ir_version: 8,
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: opset,
+        }],
+        graph: Some(graph),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    if u.ratio(1, 5)? {
+        mutate::bytes(u, &mut bytes)?;
+    }
+    Ok(bytes)
+}
+
+// ---------------------------------------------------------------- TOML
+
+/// The specs the project ships, and shapes the tests write.
+const TOML_SEEDS: &[&str] = &[
+    include_str!("../../../examples/seed2-dual.toml"),
+    include_str!("../../../bench/bilstm.toml"),
+    include_str!("../seeds/spec-families.toml"),
+];
+
+/// Layer ops of the spec, with keys they take.
+const SPEC_OPS: &[(&str, &[&str])] = &[
+    ("linear", &["out_features", "bias"]),
+    (
+        "conv2d",
+        &["out_channels", "kernel", "stride", "padding", "groups"],
+    ),
+    ("conv1d", &["out_channels", "kernel", "stride", "padding"]),
+    ("maxpool", &["kernel", "stride", "padding"]),
+    ("avgpool1d", &["kernel", "stride"]),
+    ("global_avgpool", &[]),
+    ("batchnorm", &[]),
+    ("layernorm", &[]),
+    ("lstm", &["hidden", "bidirectional", "layers", "first"]),
+    ("gru", &["hidden", "bidirectional", "bias"]),
+    ("matmul", &["inputs"]),
+    ("relu", &[]),
+    ("softmax", &["dim"]),
+    ("slice", &["dim", "start", "end"]),
+    ("reduce_mean", &["dim", "keep_dims"]),
+    ("transpose", &["perm"]),
+    ("reshape", &["shape"]),
+    ("flatten", &[]),
+    ("concat", &["inputs", "dim"]),
+    ("add", &["inputs"]),
+    ("embedding", &["vocab", "dim"]),
+    ("add_param", &["shape"]),
+    ("dropout", &[]),
+    ("lrn", &["size"]),
+];
+
+fn toml_value(u: &mut Unstructured) -> Result<String> {
+    Ok(match u.int_in_range(0..=5)? {
+        0 => u.choose(mutate::NASTY_NUMBERS)?.to_string(),
+        1 => u.int_in_range(0..=64u32)?.to_string(),
+        2 => format!(
+            "[{}]",
+            (0..u.int_in_range(0..=4)?)
+                .map(|_| Ok(u.int_in_range(0..=16i32)?.to_string()))
+                .collect::<Result<Vec<_>>>()?
+                .join(", ")
+        ),
+        3 => u.choose(&["true", "false"])?.to_string(),
+        4 => format!(
+            "\"{}\"",
+            u.choose(&["same", "valid", "x", "prev", "l0", ""])?
+        ),
+        _ => "[\"x\", \"l0\"]".into(),
+    })
+}
+
+/// A spec from the grammar: inputs, a chain of layers with keys they take
+/// (and sometimes keys they do not), a loss.
+fn toml_random(u: &mut Unstructured) -> Result<String> {
+    let mut s = String::from("name = \"fuzz\"\n");
+    if u.ratio(1, 3)? {
+        s += &format!("seq_len = {}\n", toml_value(u)?);
+    }
+    let rank = u.int_in_range(0..=3)?;
+    let shape: Vec<String> = (0..rank)
+        .map(|_| Ok(u.int_in_range(0..=12u32)?.to_string()))
+        .collect::<Result<_>>()?;
+    s += &format!("[[input]]\nname = \"x\"\nshape = [{}]\n", shape.join(", "));
+    if u.ratio(1, 4)? {
+        s += &format!("kind = \"tokens\"\nvocab = {}\n", toml_value(u)?);
+    }
+    for i in 0..u.int_in_range(0..=6)? {
+        let (op, keys) = *u.choose(SPEC_OPS)?;
+        s += &format!("[[layer]]\nname = \"l{i}\"\nop = \"{op}\"\n");
+        for key in keys.iter() {
+            if u.ratio(3, 4)? {
+                s += &format!("{key} = {}\n", toml_value(u)?);
+            }
+        }
+        if u.ratio(1, 10)? {
+            s += &format!(
+                "{} = {}\n",
+                u.choose(&["input", "kernel", "nonsense"])?,
+                toml_value(u)?
+            );
+        }
+    }
+    if u.arbitrary()? {
+        let kind = u.choose(&[
+            "mse",
+            "cross_entropy",
+            "ctc",
+            "cross_entropy_per_frame",
+            "x",
+        ])?;
+        s += &format!("[loss]\nkind = \"{kind}\"\n");
+    }
+    Ok(s)
+}
+
+fn toml_spec(u: &mut Unstructured) -> Result<Vec<u8>> {
+    let text = if u.arbitrary()? {
+        let seed = *u.choose(TOML_SEEDS)?;
+        mutate::text(u, seed)?
+    } else {
+        toml_random(u)?
+    };
+    Ok(text.into_bytes())
+}
+
+// ---------------------------------------------------------------- npy, npz, IDX
+
+/// An `.npy` file from its grammar: magic, version, a header dict (dtype,
+/// order, shape) padded as numpy pads it, and data of the right length or not.
+fn npy_file(u: &mut Unstructured) -> Result<Vec<u8>> {
+    let descr = *u.choose(&[
+        "<f4", "<f8", "|u1", "<i4", "<i8", "<u4", "<u8", ">f4", "<f2", "|b1", "<c8", "O",
+    ])?;
+    let fortran = u.ratio(1, 8)?;
+    let shape: Vec<u64> = (0..u.int_in_range(0..=4)?)
+        .map(|_| {
+            Ok(if u.ratio(1, 16)? {
+                *u.choose(&[u64::MAX, 1 << 40, 1 << 32, 0])?
+            } else {
+                u.int_in_range(0..=6)?
+            })
+        })
+        .collect::<Result<_>>()?;
+    let shape_text = match shape.len() {
+        1 => format!("({},)", shape[0]),
+        _ => format!(
+            "({})",
+            shape
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    let dict = format!(
+        "{{'descr': '{descr}', 'fortran_order': {}, 'shape': {shape_text}, }}",
+        if fortran { "True" } else { "False" }
+    );
+    let mut header = dict.into_bytes();
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(b' ');
+    }
+    header.push(b'\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend((header.len() as u16).to_le_bytes());
+    out.extend(header);
+    let item: u64 = descr[descr.len() - 1..].parse().unwrap_or(1);
+    let elements = shape
+        .iter()
+        .try_fold(1u64, |a, &d| a.checked_mul(d))
+        .filter(|&n| n <= 512)
+        .unwrap_or(4);
+    let len = if u.ratio(1, 6)? {
+        u.int_in_range(0..=64)?
+    } else {
+        elements * item
+    };
+    for _ in 0..len {
+        out.push(u.arbitrary()?);
+    }
+    Ok(out)
+}
+
+fn npy(u: &mut Unstructured) -> Result<Vec<u8>> {
+    let mut out = npy_file(u)?;
+    if u.ratio(1, 4)? {
+        mutate::bytes(u, &mut out)?;
+    }
+    Ok(out)
+}
+
+/// A zip archive of `.npy` entries (stored or deflated), by numpy's naming.
+fn npz(u: &mut Unstructured) -> Result<Vec<u8>> {
+    use std::io::Write as _;
+    let mut zip = zip_writer();
+    for i in 0..u.int_in_range(0..=3)? {
+        let name = match u.int_in_range(0..=3)? {
+            0 => format!("arr_{i}.npy"),
+            1 => "x.npy".to_string(),
+            2 => format!("dir/y{i}.npy"),
+            _ => format!("labels{i}"),
+        };
+        let method = if u.arbitrary()? {
+            zip::CompressionMethod::Stored
+        } else {
+            zip::CompressionMethod::Deflated
+        };
+        let options = zip::write::FileOptions::default().compression_method(method);
+        let body = npy_file(u)?;
+        if zip.start_file(name, options).is_ok() {
+            let _ = zip.write_all(&body);
+        }
+    }
+    let mut out = zip.finish().map(|c| c.into_inner()).unwrap_or_default();
+    if u.ratio(1, 3)? {
+        mutate::bytes(u, &mut out)?;
+    }
+    Ok(out)
+}
+
+fn zip_writer() -> zip::ZipWriter<std::io::Cursor<Vec<u8>>> {
+    zip::ZipWriter::new(std::io::Cursor::new(Vec::new()))
+}
+
+/// An IDX file from its grammar: magic, element type, rank, big-endian
+/// dimensions, data of the right length or not.
+fn idx(u: &mut Unstructured) -> Result<Vec<u8>> {
+    let type_code = *u.choose(&[0x08u8, 0x09, 0x0B, 0x0C, 0x0D, 0x0E, 0x0A])?;
+    let rank = u.int_in_range(0..=4u8)?;
+    let mut out = vec![0, 0, type_code, rank];
+    let mut elements = 1u64;
+    for _ in 0..rank {
+        let d: u32 = if u.ratio(1, 10)? {
+            *u.choose(&[u32::MAX, 1 << 16, 0])?
+        } else {
+            u.int_in_range(0..=8)?
+        };
+        elements = elements.saturating_mul(d as u64);
+        out.extend(d.to_be_bytes());
+    }
+    let width = match type_code {
+        0x0B => 2,
+        0x0C | 0x0D => 4,
+        0x0E => 8,
+        _ => 1,
+    };
+    let len = if u.ratio(1, 5)? || elements > 4096 {
+        u.int_in_range(0..=64)?
+    } else {
+        elements * width
+    };
+    for _ in 0..len {
+        out.push(u.arbitrary()?);
+    }
+    if u.ratio(1, 5)? {
+        mutate::bytes(u, &mut out)?;
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------- CSV
+
+fn csv(u: &mut Unstructured) -> Result<Vec<u8>> {
+    let label: i8 = *u.choose(&[0, 0, 1, 3, -1, -2, 100, -100])?;
+    let width = u.int_in_range(0..=6)?;
+    let mut text = String::new();
+    if u.ratio(1, 3)? {
+        text += &(0..width)
+            .map(|i| format!("col{i}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        text.push('\n');
+    }
+    for _ in 0..u.int_in_range(0..=12)? {
+        let cells: Vec<String> = (0..width)
+            .map(|_| {
+                Ok(match u.int_in_range(0..=7)? {
+                    0 => u.choose(mutate::NASTY_NUMBERS)?.to_string(),
+                    1 => String::new(),
+                    2 => format!("\"{}\"", u.int_in_range(0..=9)?),
+                    3 => format!("{:.3}", u.int_in_range(-1000..=1000)? as f64 / 7.0),
+                    _ => u.int_in_range(0..=255)?.to_string(),
+                })
+            })
+            .collect::<Result<_>>()?;
+        text += &cells.join(*u.choose(&[",", ",", ",", ";", "\t"])?);
+        text.push('\n');
+    }
+    let mut text = if u.ratio(1, 3)? {
+        mutate::text(u, &text)?
+    } else {
+        text
+    };
+    if u.ratio(1, 10)? {
+        text.insert(0, '\u{feff}');
+    }
+    let mut out = vec![label as u8];
+    out.extend(text.into_bytes());
+    Ok(out)
+}
+
+// ---------------------------------------------------------------- step lines
+
+/// Lines as a user's command prints them: `BATCHFIT {json}` with every field
+/// the protocol knows (sometimes of the wrong type or out of range), among
+/// other output; the last line is a throughput regex's pattern.
+fn step_lines(u: &mut Unstructured) -> Result<Vec<u8>> {
+    let mut lines = Vec::new();
+    for step in 0..u.int_in_range(0..=12)? {
+        let mut doc = serde_json::json!({
+            "step": step,
+            "samples": 32,
+            "seconds": 0.01,
+        });
+        if u.arbitrary()? {
+            doc["loss"] = Value::from(0.5);
+        }
+        if u.arbitrary()? {
+            doc["rank"] = Value::from(u.int_in_range(0..=3)?);
+        }
+        if u.arbitrary()? {
+            doc["noise"] = serde_json::json!({
+                "b_small": 4, "g_small_sq": 2.0, "b_big": 32, "g_big_sq": 1.1
+            });
+        }
+        if u.ratio(1, 2)? {
+            mutate::json(u, &mut doc)?;
+        }
+        let line = match u.int_in_range(0..=5)? {
+            0 => format!(
+                "epoch 1 step {step} loss 0.5 {:.4} samples/s",
+                u.arbitrary::<f32>()?
+            ),
+            1 => format!("BATCHFIT {}", mutate::text(u, &doc.to_string())?),
+            _ => format!("  BATCHFIT {doc}"),
+        };
+        lines.push(line);
+    }
+    lines.push(
+        u.choose(&[
+            r"(?P<samples_per_s>[0-9.e+-]+) samples/s",
+            r"step (?P<step>\d+) .* (?P<seconds>[0-9.]+)",
+            r"(?P<seconds>\S+)",
+            r"(?P<samples>\d+) (?P<samples_per_s>\S+)",
+        ])?
+        .to_string(),
+    );
+    Ok(lines.join("\n").into_bytes())
+}
+
+fn check_step_lines(b: &[u8]) -> bool {
+    use batchfit_exec::StepReader;
+    let text = String::from_utf8_lossy(b);
+    let mut lines: Vec<&str> = text.lines().collect();
+    let pattern = lines.pop().unwrap_or_default();
+    let mut readers = vec![StepReader::Protocol];
+    readers.extend(StepReader::regex(pattern).ok());
+    let mut read = false;
+    for reader in readers {
+        let reports: Vec<_> = lines
+            .iter()
+            .filter_map(|l| reader.read(l, 32))
+            .filter_map(|r| r.ok())
+            .collect();
+        for warmup in [0, 1, 100] {
+            read |= batchfit_exec::protocol::step_stats(&reports, 32, warmup).is_some();
+        }
+    }
+    read
+}
+
+// ---------------------------------------------------------------- advice, sweep records
+
+/// `batchfit advise --json` on the built-in model (tests/fixtures' quick flags).
+const ADVICE_SEED: &str = include_str!("../seeds/advice.json");
+
+fn advice_json(u: &mut Unstructured) -> Result<Vec<u8>> {
+    let mut doc: Value = serde_json::from_str(ADVICE_SEED).expect("the seed is JSON");
+    mutate::json(u, &mut doc)?;
+    let mut text = serde_json::to_vec(&doc).expect("serialises");
+    if u.ratio(1, 6)? {
+        mutate::bytes(u, &mut text)?;
+    }
+    Ok(text)
+}
+
+/// A finished `batchfit sweep --out DIR` on the built-in model.
+const SWEEP_SEEDS: &[(&str, &str)] = &[
+    ("sweep.json", include_str!("../seeds/sweep/sweep.json")),
+    (
+        "run-b8-s0.json",
+        include_str!("../seeds/sweep/run-b8-s0.json"),
+    ),
+    (
+        "run-b32-s0.json",
+        include_str!("../seeds/sweep/run-b32-s0.json"),
+    ),
+    (
+        "run-b128-s0.json",
+        include_str!("../seeds/sweep/run-b128-s0.json"),
+    ),
+];
+
+/// A sweep folder as files separated by NUL: `name\0text\0name\0text...`,
+/// one of them mutated (a record cut short, a field of the wrong type).
+fn sweep_records(u: &mut Unstructured) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    for (name, text) in SWEEP_SEEDS {
+        if u.ratio(1, 8)? {
+            continue;
+        }
+        let mut body = text.as_bytes().to_vec();
+        if u.ratio(1, 2)? {
+            let mut doc: Value = serde_json::from_str(text).expect("the seed is JSON");
+            mutate::json(u, &mut doc)?;
+            body = serde_json::to_vec(&doc).expect("serialises");
+        }
+        if u.ratio(1, 6)? {
+            mutate::bytes(u, &mut body)?;
+        }
+        body.retain(|&b| b != 0);
+        out.extend(name.as_bytes());
+        out.push(0);
+        out.extend(body);
+        out.push(0);
+    }
+    Ok(out)
+}
+
+fn check_sweep_records(b: &[u8]) -> bool {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static FOLDER: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "batchfit-fuzz-sweep-{}-{}",
+        std::process::id(),
+        FOLDER.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).expect("temporary folder");
+    let mut parts = b.split(|&c| c == 0);
+    while let (Some(name), Some(text)) = (parts.next(), parts.next()) {
+        let name = String::from_utf8_lossy(name).replace(['/', '\\'], "_");
+        if !name.is_empty() && name != "." && name != ".." {
+            let _ = std::fs::write(dir.join(name), text);
+        }
+    }
+    let read = batchfit_pipeline::sweep::read_measured_steps(&dir, &Quiet).is_ok();
+    let _ = std::fs::remove_dir_all(&dir);
+    read
+}
+
+/// Skipped records are the expected answer here, not news.
+struct Quiet;
+
+impl batchfit_pipeline::Progress for Quiet {
+    fn warn(&self, _msg: String) {}
+}

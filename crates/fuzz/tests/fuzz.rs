@@ -1,0 +1,144 @@
+//! Runs every fuzz target for a fixed time (`BATCHFIT_FUZZ_SECONDS`, default
+//! 2 s each; CI gives each 30 s) and replays the inputs that once crashed a
+//! reader (`regressions/TARGET/`). A panic saves its input under the build's
+//! temporary folder and prints the seed that replays it:
+//! `ARBTEST_SEED=0x... cargo test -p batchfit-fuzz --test fuzz TARGET`.
+//! Each target prints how many inputs it tried.
+
+use batchfit_fuzz::Target;
+use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+fn budget() -> Duration {
+    let seconds = std::env::var("BATCHFIT_FUZZ_SECONDS")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .unwrap_or(2.0);
+    Duration::from_secs_f64(seconds)
+}
+
+fn regressions(target: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("regressions")
+        .join(target)
+}
+
+/// Fuzzes `name` for the budget; on a panic, keeps the input and fails.
+fn fuzz(name: &str) {
+    let target = Target::named(name);
+    // Replay first: a fixed crash stays fixed.
+    replay(target);
+    let budget = budget();
+    let started = Instant::now();
+    let (mut tried, mut read) = (0u64, 0u64);
+    let seed = std::env::var("ARBTEST_SEED")
+        .ok()
+        .and_then(|s| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok());
+    let mut test = arbtest::arbtest(|u| {
+        let input = (target.generate)(u)?;
+        tried += 1;
+        match std::panic::catch_unwind(AssertUnwindSafe(|| (target.check)(&input))) {
+            Ok(valid) => read += u64::from(valid),
+            Err(panic) => {
+            let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fuzz-crashes");
+            let _ = std::fs::create_dir_all(&dir);
+            let file = dir.join(format!("{name}-{:016x}", fnv1a(&input)));
+            let _ = std::fs::write(&file, &input);
+            eprintln!(
+                "fuzz {name}: a panic; the input is in {} (copy it to {} to keep it as a regression)",
+                file.display(),
+                regressions(name).display()
+            );
+            std::panic::resume_unwind(panic);
+            }
+        }
+        Ok(())
+    })
+    .budget(budget);
+    if let Some(seed) = seed {
+        test = test.seed(seed);
+    }
+    test.run();
+    println!(
+        "fuzz {name}: {tried} inputs in {:.1} s ({read} read as valid, the rest refused), no panic",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// Feeds every saved input of `target` to its reader (valid or refused, it
+/// must not panic).
+fn replay(target: &Target) {
+    let Ok(entries) = std::fs::read_dir(regressions(target.name)) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let input = std::fs::read(entry.path()).expect("a regression input");
+        let _ = (target.check)(&input);
+    }
+}
+
+/// A name for a crashing input (FNV-1a; any stable hash would do).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf29ce484222325, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100000001b3)
+    })
+}
+
+#[test]
+fn every_target_is_tested() {
+    let names: Vec<&str> = batchfit_fuzz::TARGETS.iter().map(|t| t.name).collect();
+    let this = include_str!("fuzz.rs");
+    for name in names {
+        assert!(
+            this.contains(&format!("fn {name}() {{\n    fuzz(\"{name}\")")),
+            "no test runs target {name}"
+        );
+    }
+}
+
+#[test]
+fn onnx() {
+    fuzz("onnx")
+}
+
+#[test]
+fn toml_spec() {
+    fuzz("toml_spec")
+}
+
+#[test]
+fn npy() {
+    fuzz("npy")
+}
+
+#[test]
+fn npz() {
+    fuzz("npz")
+}
+
+#[test]
+fn csv() {
+    fuzz("csv")
+}
+
+#[test]
+fn idx() {
+    fuzz("idx")
+}
+
+#[test]
+fn step_line() {
+    fuzz("step_line")
+}
+
+#[test]
+fn advice_json() {
+    fuzz("advice_json")
+}
+
+#[test]
+fn sweep_records() {
+    fuzz("sweep_records")
+}
