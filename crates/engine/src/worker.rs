@@ -133,7 +133,7 @@ pub fn serve(request_json: &str) -> Result<(), WorkerError> {
 }
 
 /// Runs `req` in a child process of `exe` (through the one runner of
-/// `batchfit_exec`: own process group, time-out, Ctrl-C) and reads how it
+/// `batchfit_exec`: own process group, time-out, ended with batchfit) and reads how it
 /// ended. A crash stays a crash: only the child's text or the OOM killer's
 /// signal make it out of memory.
 pub fn run_child(exe: &Path, req: &WorkerRequest, timeout: Duration) -> WorkerResult {

@@ -1,5 +1,5 @@
 //! What can go wrong before a trial runs: the command, the step reader, the
-//! Ctrl-C handler.
+//! signal handler.
 
 /// Why trials cannot be set up.
 #[derive(Debug, thiserror::Error)]

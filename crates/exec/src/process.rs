@@ -1,7 +1,8 @@
 //! The one child-process runner: every trial batchfit starts (the user's
 //! training command in `run`, the measuring worker in `probe`) goes through
 //! [`run_process`], so both get the same process group, time-out, peak-memory
-//! reading, Ctrl-C handling and the same reading of how it ended ([`Outcome`]).
+//! reading, ending with batchfit however it ends, and the same reading of how
+//! it ended ([`Outcome`]).
 
 use crate::interrupt;
 use crate::monitor::{ProcInfo, groups_still_ours, process_tree};

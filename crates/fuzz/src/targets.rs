@@ -17,12 +17,14 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "onnx",
         generate: onnx,
-        check: |b| batchfit_graph::onnx::parse(b).is_ok(),
+        check: |b| batchfit_graph::onnx::parse(b).is_ok_and(|g| plans(&g)),
     },
     Target {
         name: "toml_spec",
         generate: toml_spec,
-        check: |b| batchfit_graph::spec::parse(&String::from_utf8_lossy(b)).is_ok(),
+        check: |b| {
+            batchfit_graph::spec::parse(&String::from_utf8_lossy(b)).is_ok_and(|g| plans(&g))
+        },
     },
     Target {
         name: "npy",
@@ -77,6 +79,35 @@ pub const TARGETS: &[Target] = &[
         check: check_sweep_records,
     },
 ];
+
+/// What every command does with a model it loaded: plan it, for each
+/// runtime, on the CPU and a GPU (whose pages the plan packs), at a few
+/// batches. A graph that loads must plan.
+fn plans(graph: &batchfit_graph::Graph) -> bool {
+    use batchfit_plan::host::{CpuHost, GemmKernel};
+    use batchfit_plan::{Runtime, TrainOptions};
+    let host = CpuHost {
+        threads: 2,
+        l2_bytes: 1 << 20,
+        gemm_kernel: GemmKernel::AVX2,
+    };
+    for (runtime, gpu) in [
+        (Runtime::Burn, false),
+        (Runtime::Burn, true),
+        (Runtime::Pytorch, true),
+    ] {
+        let options = TrainOptions {
+            runtime,
+            gpu,
+            ..TrainOptions::default()
+        };
+        let plan = batchfit_plan::plan::plan_on(graph, &options, host);
+        for batch in [1, 64, 1 << 20] {
+            let _ = plan.bytes_at(batch);
+        }
+    }
+    true
+}
 
 // ---------------------------------------------------------------- ONNX
 

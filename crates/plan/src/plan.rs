@@ -220,17 +220,24 @@ impl Plan {
 
 /// A moment's own per-sample `bytes` as the tensors it is made of: the rules give
 /// their sum, made of the node's gradients, copies and kernel temporaries, none
-/// larger than the node's largest input or output (`largest`).
+/// larger than the node's largest input or output (`largest`). A real node's
+/// moment is a handful of them; past [`MAX_PIECES`] (a degenerate graph: a huge
+/// sum over a tiny tensor) the rest is one last piece, which packs no tighter.
 fn pieces(bytes: u64, largest: u64) -> Vec<u64> {
     if largest == 0 {
         return vec![bytes];
     }
-    let mut v = vec![largest; (bytes / largest) as usize];
-    if !bytes.is_multiple_of(largest) {
-        v.push(bytes % largest);
+    let whole = (bytes / largest).min(MAX_PIECES);
+    let mut v = vec![largest; whole as usize];
+    let rest = bytes - whole * largest;
+    if rest > 0 {
+        v.push(rest);
     }
     v
 }
+
+/// The most tensors [`pieces`] splits a moment into.
+const MAX_PIECES: u64 = 64;
 
 /// Builds the plan of `graph` under `opts` (burn on a CPU: for this machine's threads and L2).
 pub fn plan(graph: &Graph, opts: &TrainOptions) -> Plan {

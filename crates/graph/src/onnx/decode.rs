@@ -249,6 +249,51 @@ pub(super) fn check_len<T>(t: &TensorProto, v: Vec<T>) -> Result<Vec<T>, DecodeE
     }
 }
 
+/// Refuses an initializer whose stored values do not fill its dims (a corrupt
+/// or hand-edited file): every rule that reads a size off an initializer's
+/// dims, a Gemm's output features from its weight, can then trust them.
+/// Tensors kept in an external file, and strings, are not counted here.
+pub(super) fn check_stored(t: &TensorProto) -> Result<(), DecodeError> {
+    use DataType::*;
+    if t.data_location == 1 {
+        return Ok(());
+    }
+    let Ok(data_type) = DataType::try_from(t.data_type) else {
+        return Ok(());
+    };
+    let width = match data_type {
+        Uint8 | Int8 | Bool => 1,
+        Uint16 | Int16 | Float16 | Bfloat16 => 2,
+        Float | Int32 | Uint32 => 4,
+        Double | Int64 | Uint64 | Complex64 => 8,
+        Complex128 => 16,
+        String | Undefined => return Ok(()),
+    };
+    let (have, whole) = if t.raw_data.is_empty() {
+        let typed = match data_type {
+            Float => t.float_data.len(),
+            Complex64 => t.float_data.len() / 2,
+            Double => t.double_data.len(),
+            Complex128 => t.double_data.len() / 2,
+            Int64 => t.int64_data.len(),
+            Uint32 | Uint64 => t.uint64_data.len(),
+            _ => t.int32_data.len(),
+        };
+        (typed, true)
+    } else {
+        (t.raw_data.len() / width, t.raw_data.len() % width == 0)
+    };
+    match numel(&t.dims) {
+        Some(n) if n == have && whole => Ok(()),
+        need => Err(DecodeError::Count {
+            tensor: t.name.clone(),
+            have,
+            dims: t.dims.clone(),
+            need,
+        }),
+    }
+}
+
 /// Little-endian `N`-byte groups of raw tensor data.
 pub(super) fn le_chunks<const N: usize>(raw: &[u8]) -> impl Iterator<Item = [u8; N]> + '_ {
     raw.chunks_exact(N)

@@ -67,6 +67,8 @@ impl Importer {
         let mut vals = HashMap::new();
         let mut initializers = HashSet::new();
         for t in graph.initializer {
+            super::decode::check_stored(&t)
+                .map_err(|e| GraphError::Invalid(format!("initializer: {e}")))?;
             initializers.insert(t.name.clone());
             vals.insert(t.name.clone(), Val::Const(Rc::new(t)));
         }
