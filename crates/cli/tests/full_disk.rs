@@ -7,16 +7,12 @@
 //! filled up before batchfit starts. Where no namespace can be made, the same
 //! checks run with the write failing by `ulimit -f` (EFBIG instead of ENOSPC).
 
+mod common;
+
+use common::fixture;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-fn fixture(name: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
-        .display()
-        .to_string()
-}
 
 /// How the write is made to fail.
 #[derive(Clone, Copy, Debug)]

@@ -5,15 +5,11 @@ mod common;
 
 use common::{batchfit, document};
 use serde_json::Value;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn trainer() -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/fake_trainer.sh")
-        .display()
-        .to_string()
+    common::fixture("fake_trainer.sh")
 }
 
 /// `batchfit run FLAGS --json -- sh fake_trainer.sh {batch}` with `env`; the parsed document.

@@ -5,19 +5,10 @@
 
 mod common;
 
-use common::{batchfit, document};
+use common::{batchfit, document, fixture};
 use serde_json::Value;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn fixture(name: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
-        .display()
-        .to_string()
-}
 
 /// `batchfit run --launcher torchrun --nproc-per-node N --launcher-cmd STAND-IN FLAGS
 /// --json -- sh fake_trainer.sh {batch}` with `env`; the parsed document.

@@ -4,22 +4,18 @@
 //! after the signal no process of the trial's tree is left, and batchfit's
 //! exit status is the one a shell reports for that signal.
 
+mod common;
+
+use common::fixture;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::process::ExitStatusExt as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// How long after the signal the tree must be gone.
 const GONE_WITHIN: Duration = Duration::from_secs(2);
-
-fn fixture(name: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
-        .display()
-        .to_string()
-}
 
 /// A process as /proc shows it: parent, process group, state, command line.
 struct Proc {

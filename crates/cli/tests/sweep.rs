@@ -334,7 +334,7 @@ fn advise_from_a_sweep_uses_its_measured_steps() {
         out_arg,
     ]);
     let fit = &s["fit"];
-    let a = json(&[
+    let advise = [
         "advise",
         "--from-sweep",
         out_arg,
@@ -344,7 +344,8 @@ fn advise_from_a_sweep_uses_its_measured_steps() {
         "0.2",
         "--warmup",
         "1",
-    ]);
+    ];
+    let a = json(&advise);
     let p = &a["prediction"];
     assert_eq!(p["measured"], true);
     assert!(a["noise"].is_null(), "no noise run beside a sweep");
@@ -368,21 +369,7 @@ fn advise_from_a_sweep_uses_its_measured_steps() {
     // A record that does not parse is named and left out; the others stand.
     let broken = out.join("run-b999-s0.json");
     std::fs::write(&broken, "{\"batch\": 999, \"seed\": 0, \"lr\":").unwrap();
-    let o = batchfit()
-        .args([
-            "advise",
-            "--from-sweep",
-            out_arg,
-            "--batches",
-            "16,64,256",
-            "--time-cap",
-            "0.2",
-            "--warmup",
-            "1",
-            "--json",
-        ])
-        .output()
-        .unwrap();
+    let o = batchfit().args(advise).arg("--json").output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     let again = document(o);
     assert!(err.contains(&broken.display().to_string()), "{err}");

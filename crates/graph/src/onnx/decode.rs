@@ -281,7 +281,10 @@ pub(super) fn check_stored(t: &TensorProto) -> Result<(), DecodeError> {
         };
         (typed, true)
     } else {
-        (t.raw_data.len() / width, t.raw_data.len() % width == 0)
+        (
+            t.raw_data.len() / width,
+            t.raw_data.len().is_multiple_of(width),
+        )
     };
     match numel(&t.dims) {
         Some(n) if n == have && whole => Ok(()),
