@@ -651,3 +651,20 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         train_flops_per_sample: Flops(3.0 * flops),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_moment_splits_into_whole_tensors_and_at_most_max_pieces() {
+        assert_eq!(pieces(10, 4), [4, 4, 2]);
+        assert_eq!(pieces(8, 4), [4, 4]);
+        assert_eq!(pieces(5, 0), [5]);
+        // A degenerate graph (found by fuzzing: a huge sum over a 4-byte tensor)
+        // asked for 2^58 pieces; the rest rides in one last piece.
+        let huge = pieces(1 << 60, 4);
+        assert_eq!(huge.len() as u64, MAX_PIECES + 1);
+        assert_eq!(huge.iter().sum::<u64>(), 1 << 60);
+    }
+}
