@@ -16,6 +16,7 @@
 //! live in `regressions/TARGET/` and are replayed by every test run.
 
 mod mutate;
+mod onnx;
 mod targets;
 
 pub use targets::TARGETS;
