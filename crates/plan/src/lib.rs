@@ -7,18 +7,19 @@
 //!
 //! The memory of a step is not one line. Each moment of the step (a node's
 //! forward, each moment of its backward, the loss, the optimizer) holds its own
-//! `fixed + per_sample x B`, because burn frees and creates gradients as backward
-//! goes; the planned bytes at a batch ([`Plan::bytes_at`]) are the largest of these
+//! `fixed + per_sample x B`, because gradients are made as backward goes (burn, and
+//! PyTorch after its default `zero_grad(set_to_none=True)`); the planned bytes at a batch ([`Plan::bytes_at`]) are the largest of these
 //! lines at that batch, plus the allocator's rounding, less a CPU buffer that small
 //! batches do not allocate ([`plan::Memory`] has the exact rule). The largest batch
 //! for a budget ([`Plan::max_batch`]) searches that function. `Plan::memory`'s
 //! `fixed_bytes` and `per_sample_bytes` are the line of the moment that is largest at
-//! large batches; at small batches another moment can be larger. Under PyTorch's
-//! rules every moment shares one fixed part, so that line is the whole plan.
-//! No framework code: the plan is checked against measurements by the engine.
+//! large batches; at small batches another moment can be larger.
+//! No framework code: the plan is checked against measurements by the engine and,
+//! for PyTorch's rules, by bench/pytorch_memory.py ([`accuracy`] has the figures).
 
 #![warn(missing_docs)]
 
+pub mod accuracy;
 pub mod devices;
 pub mod distributed;
 pub mod host;
@@ -84,25 +85,146 @@ mod tests {
                 ..opts(Optimizer::Sgd)
             },
         );
-        // fc1 saves x (8 floats); relu saves its output (4); fc2's input is that same tensor.
+        // fc1 saves x, the batch's own tensor (counted as data); relu saves its output (4
+        // floats); fc2's input is that same tensor.
         let saved: Vec<u64> = p
             .layers
             .iter()
             .map(|l| l.saved_bytes_per_sample.0)
             .collect();
-        assert_eq!(saved, vec![32, 16, 0]);
-        // Loss keeps the 2-float difference; data is 8 inputs + 2 targets.
-        assert_eq!(p.per_sample.activations, Bytes(48 + 8));
+        assert_eq!(saved, vec![0, 16, 0]);
+        // Loss keeps the 2-float output; data is 8 inputs + 2 targets.
+        assert_eq!(p.per_sample.activations, Bytes(16 + 8));
         assert_eq!(p.per_sample.data, Bytes(40));
-        // Params 8*4+4 + 4*2+2 = 46; weights + grads, no state; the optimizer
-        // transient is the largest tensor (32) once; the allocator's small segment.
+        // The largest moments per sample are relu's and fc1's backward: data, relu's output
+        // (until fc1's), the output's and input's gradients, 40 + 16 + 32 = 40 + 0 + 48.
+        // The later one, fc1's, holds every gradient (46 params, none made before backward:
+        // set_to_none) with the weights; SGD has no state and no temporaries, and the CPU
+        // allocator no pool.
         assert_eq!(p.parameters, 46);
-        assert_eq!(
-            p.memory.fixed_bytes,
-            Bytes(46 * 4 * 2 + 32 * 4) + plan::PYTORCH_SMALL_SEGMENT
-        );
+        assert_eq!(p.memory.per_sample_bytes, Bytes(88));
+        assert_eq!(p.memory.fixed_bytes, Bytes(46 * 4 * 2));
+        assert_eq!(p.peak_at, "fc1");
         // Linear conv FLOPs: 4*(2*8+1) + 4 + 2*(2*4+1) = 68 + 4 + 18, plus 4 per logit for the loss.
         assert_eq!(p.forward_flops_per_sample.0, 90.0 + 8.0);
+    }
+
+    fn pytorch_sgd() -> TrainOptions {
+        TrainOptions {
+            runtime: Runtime::Pytorch,
+            ..opts(Optimizer::Sgd)
+        }
+    }
+
+    /// `x * sigmoid(x)` is PyTorch's SiLU: x kept once, the sigmoid not at all; a
+    /// sigmoid whose product is of another tensor (a squeeze-excitation gate) keeps its
+    /// output.
+    #[test]
+    fn silu_keeps_its_input_alone() {
+        let mut g = GraphBuilder::new("silu");
+        g.input("x", Shape::fixed(&[8])).unwrap();
+        g.linear("fc1", "x", 6).unwrap();
+        g.push("sig", batchfit_graph::Op::Sigmoid, &["fc1"])
+            .unwrap();
+        g.push("silu", batchfit_graph::Op::Mul, &["fc1", "sig"])
+            .unwrap();
+        g.linear("fc2", "silu", 6).unwrap();
+        g.push("gate", batchfit_graph::Op::Sigmoid, &["x"]).unwrap();
+        g.linear("fc3", "gate", 6).unwrap();
+        g.push("se", batchfit_graph::Op::Mul, &["fc2", "fc3"])
+            .unwrap();
+        let g = g.finish(LossKind::Mse, "se").unwrap();
+        let p = plan(&g, &pytorch_sgd());
+        let saved: Vec<(&str, u64)> = p
+            .layers
+            .iter()
+            .map(|l| (l.name.as_str(), l.saved_bytes_per_sample.0))
+            .collect();
+        assert_eq!(
+            saved,
+            vec![
+                ("fc1", 0),
+                ("sig", 0),
+                ("silu", 24),
+                ("fc2", 24),
+                ("gate", 32),
+                ("fc3", 0),
+                ("se", 48)
+            ]
+        );
+    }
+
+    /// Attention as the exporter writes `F.scaled_dot_product_attention` without dropout:
+    /// PyTorch's fused kernel keeps q, k, v, its output and a log-sum-exp per query, and
+    /// no `T x T` score or probability.
+    #[test]
+    fn fused_attention_keeps_no_scores() {
+        use batchfit_graph::Op;
+        let attention = |dropout: Option<f32>| {
+            let mut g = GraphBuilder::new("attention");
+            g.input("x", Shape::fixed(&[16, 8])).unwrap();
+            for name in ["q", "k", "v"] {
+                g.linear(name, "x", 8).unwrap();
+            }
+            g.push("kt", Op::Transpose { perm: vec![1, 0] }, &["k"])
+                .unwrap();
+            g.push("qs", Op::Scale { factor: 0.5 }, &["q"]).unwrap();
+            g.push("ks", Op::Scale { factor: 0.5 }, &["kt"]).unwrap();
+            g.push("scores", Op::MatMul, &["qs", "ks"]).unwrap();
+            g.push("probs", Op::Softmax { axis: -1 }, &["scores"])
+                .unwrap();
+            let mut last = "probs";
+            if let Some(p) = dropout {
+                g.push("drop", Op::Dropout { p }, &["probs"]).unwrap();
+                last = "drop";
+            }
+            g.push("out", Op::MatMul, &[last, "v"]).unwrap();
+            g.linear("fc", "out", 2).unwrap();
+            let g = g.finish(LossKind::Mse, "fc").unwrap();
+            plan(&g, &pytorch_sgd())
+        };
+        let saved = |p: &Plan, name: &str| {
+            p.layers
+                .iter()
+                .find(|l| l.name == name)
+                .unwrap()
+                .saved_bytes_per_sample
+                .0
+        };
+        let fused = attention(None);
+        for inner in ["qs", "ks", "scores", "probs"] {
+            assert_eq!(saved(&fused, inner), 0, "{inner}");
+        }
+        // q, k (the transpose views it), v: 128 floats each; the output, 128; 16
+        // log-sum-exps.
+        assert_eq!(saved(&fused, "out"), (3 * 128 + 128 + 16) * 4);
+        assert_eq!(saved(&fused, "fc"), 0);
+        // With a dropout, PyTorch on a CPU runs the composition: the probabilities are kept.
+        let composed = attention(Some(0.1));
+        assert_eq!(saved(&composed, "probs"), 16 * 16 * 4);
+        assert!(composed.bytes_at(64) > fused.bytes_at(64));
+    }
+
+    /// A layer keeping a slice of a tensor keeps the whole tensor under PyTorch's rules
+    /// (`y[:, -1]` is a view of `y`), counted once.
+    #[test]
+    fn a_slice_keeps_its_whole_input() {
+        let mut g = GraphBuilder::new("last");
+        g.input("x", Shape::fixed(&[10, 4])).unwrap();
+        g.linear("fc1", "x", 6).unwrap();
+        let last = batchfit_graph::Op::Slice {
+            axis: 1,
+            start: 9,
+            end: 10,
+        };
+        g.push("last", last, &["fc1"]).unwrap();
+        g.push("flat", batchfit_graph::Op::Flatten, &["last"])
+            .unwrap();
+        g.linear("fc2", "flat", 2).unwrap();
+        let g = g.finish(LossKind::Mse, "fc2").unwrap();
+        let p = plan(&g, &pytorch_sgd());
+        let fc2 = p.layers.iter().find(|l| l.name == "fc2").unwrap();
+        assert_eq!(fc2.saved_bytes_per_sample, Bytes(10 * 6 * 4));
     }
 
     /// The tiny MLP under burn's rules, on a 2-thread CPU with 512 KiB of L2: by hand.

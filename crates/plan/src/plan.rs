@@ -6,11 +6,12 @@
 pub use crate::host::{CpuHost, GemmKernel};
 pub use crate::rules::pytorch::{PYTORCH_BLOCK, PYTORCH_CUDA_CONTEXT, PYTORCH_SMALL_SEGMENT};
 
+use crate::accuracy::{self, MeasuredError};
 use crate::options::{Runtime, TrainOptions};
 use crate::pages::{DevicePages, PageMoment, WGPU_OUTSIDE_POOLS};
 use crate::rules::{self, RuntimeRules, Sizes};
 use crate::units::{Bytes, Flops};
-use batchfit_graph::{Graph, Op};
+use batchfit_graph::{Graph, InputKind, Op};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 
@@ -153,6 +154,9 @@ pub struct Plan {
     /// Forward + backward: about 3x the forward FLOPs (backward computes two
     /// products per forward product: input and weight gradients).
     pub train_flops_per_sample: Flops,
+    /// How far this runtime's plan has been from the runtime's own count on bench/'s
+    /// corpus; `None` where it has not been measured.
+    pub measured_error: Option<MeasuredError>,
 }
 
 impl Plan {
@@ -236,6 +240,99 @@ fn pieces(bytes: u64, largest: u64) -> Vec<u64> {
     v
 }
 
+/// A node's part in ops the runtime runs as one kernel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Fused<'g> {
+    /// An op inside the kernel: no tensor of its own is made or kept (a SiLU's sigmoid;
+    /// an attention's scores, their softmax).
+    Inner,
+    /// The attention's last product: the kernel reads (and keeps) the unscaled queries,
+    /// keys and values, and keeps its output and one log-sum-exp per query and head.
+    Attention { reads: [&'g str; 3], lse_elems: u64 },
+}
+
+/// The nodes of `graph` that PyTorch runs as one kernel:
+///
+/// - `x * sigmoid(x)`, how ONNX before opset 22 writes `nn.SiLU`: `silu` keeps x alone
+///   (derivatives.yaml `silu_backward(grad, self)`). The product keeps x as a `mul`
+///   would; the sigmoid is inner.
+/// - `softmax((q * sqrt(s)) (k * sqrt(s))^T) v` with no dropout, how the exporter writes
+///   `F.scaled_dot_product_attention` (its symbolic scales both operands): PyTorch runs
+///   the fused kernel (flash attention on a CPU and on a GPU), which makes no
+///   `T x T` tensor. With a dropout the CPU takes the composed path, kept as written.
+fn fused_parts(graph: &Graph, seq: usize) -> HashMap<&str, Fused<'_>> {
+    let mut readers: HashMap<&str, usize> = HashMap::new();
+    for node in &graph.nodes {
+        for input in &node.inputs {
+            *readers.entry(input.as_str()).or_default() += 1;
+        }
+    }
+    *readers.entry(graph.loss.input.as_str()).or_default() += 1;
+    let by_name: HashMap<&str, &batchfit_graph::Node> =
+        graph.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+    // The node named `name` if it is read once and `is` its op.
+    let sole = |name: &str, is: fn(&Op) -> bool| {
+        by_name
+            .get(name)
+            .copied()
+            .filter(|n| readers.get(name) == Some(&1) && is(&n.op))
+    };
+    let mut parts = HashMap::new();
+    for node in graph.nodes.iter() {
+        match node.op {
+            Op::Mul => {
+                let [a, b] = [node.inputs[0].as_str(), node.inputs[1].as_str()];
+                for (sig, x) in [(a, b), (b, a)] {
+                    if sole(sig, |op| matches!(op, Op::Sigmoid)).is_some_and(|n| n.inputs[0] == x) {
+                        parts.insert(sig, Fused::Inner);
+                        break;
+                    }
+                }
+            }
+            Op::MatMul => {
+                let no_dropout = |op: &Op| matches!(op, Op::Dropout { p } if *p <= 0.0);
+                let probs = node.inputs[0].as_str();
+                let dropout = sole(probs, no_dropout);
+                let softmax_name = dropout.map_or(probs, |d| d.inputs[0].as_str());
+                let Some(softmax) = sole(softmax_name, |op| matches!(op, Op::Softmax { .. }))
+                else {
+                    continue;
+                };
+                let Some(scores) = sole(&softmax.inputs[0], |op| matches!(op, Op::MatMul)) else {
+                    continue;
+                };
+                let scaled =
+                    |i: usize| sole(&scores.inputs[i], |op| matches!(op, Op::Scale { .. }));
+                let (Some(q), Some(k)) = (scaled(0), scaled(1)) else {
+                    continue;
+                };
+                let keys = scores
+                    .shape
+                    .resolve(seq)
+                    .last()
+                    .copied()
+                    .unwrap_or(1)
+                    .max(1) as u64;
+                for inner in [q, k, softmax, scores].iter().map(|n| n.name.as_str()) {
+                    parts.insert(inner, Fused::Inner);
+                }
+                if let Some(d) = dropout {
+                    parts.insert(d.name.as_str(), Fused::Inner);
+                }
+                parts.insert(
+                    node.name.as_str(),
+                    Fused::Attention {
+                        reads: [&q.inputs[0], &k.inputs[0], &node.inputs[1]],
+                        lse_elems: scores.shape.elements(seq) / keys,
+                    },
+                );
+            }
+            _ => {}
+        }
+    }
+    parts
+}
+
 /// The most tensors [`pieces`] splits a moment into.
 const MAX_PIECES: u64 = 64;
 
@@ -264,6 +361,11 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
     let elems =
         |tensor: &str| -> u64 { graph.shape_of(tensor).map(|s| s.elements(seq)).unwrap_or(0) };
 
+    let fused = if rules.fuses_silu_and_attention() {
+        fused_parts(graph, seq)
+    } else {
+        HashMap::new()
+    };
     // Forward pass: what each node saves, counting each tensor once (at its first saver,
     // whose backward comes last and frees it).
     let mut kept: HashSet<&str> = HashSet::new();
@@ -317,33 +419,57 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
             in_dims: &in_dims,
             input_tracked: in_tracked.first().copied().unwrap_or(true),
         };
-        // A view (flatten, reshape) sharing its input's buffer: a layer keeping the view
-        // keeps that buffer, counted under the input's name.
-        if rules.views_share_buffers() && matches!(node.op, Op::Flatten | Op::Reshape { .. }) {
+        // A view (flatten, reshape; a slice or transpose where the runtime's are views) sharing
+        // its input's buffer: a layer keeping the view keeps that whole buffer, counted
+        // under the input's name.
+        let view = matches!(node.op, Op::Flatten | Op::Reshape { .. })
+            || (rules.strided_views_share_buffers()
+                && matches!(node.op, Op::Slice { .. } | Op::Transpose { .. }));
+        if rules.views_share_buffers() && view {
             let base_name = alias.get(node.inputs[0].as_str()).copied();
             alias.insert(
                 node.name.as_str(),
                 base_name.unwrap_or(node.inputs[0].as_str()),
             );
         }
-        let rule = rules.saved(&node.op, &sizes);
+        // Ops the runtime runs as one kernel (a SiLU, an attention): what that kernel reads
+        // and keeps.
+        let part = fused.get(node.name.as_str());
+        let rule = match part {
+            Some(Fused::Inner) => rules::Saved::default(),
+            Some(Fused::Attention { lse_elems, .. }) => rules::Saved {
+                inputs: true,
+                output: true,
+                extra_elems: *lse_elems,
+                ..rules::Saved::default()
+            },
+            None => rules.saved(&node.op, &sizes),
+        };
+        let reads: Vec<&'g str> = match part {
+            Some(Fused::Attention { reads, .. }) => reads.to_vec(),
+            _ => node
+                .inputs
+                .iter()
+                .map(String::as_str)
+                .filter(|i| fused.get(i) != Some(&Fused::Inner))
+                .collect(),
+        };
         let extra = rule.extra_elems * act + rule.extra_bytes;
         // Inputs alive at this node's forward that no earlier node keeps.
         let storage = |name: &'g str| -> &'g str { alias.get(name).copied().unwrap_or(name) };
-        let loose: u64 = node
-            .inputs
+        let loose: u64 = reads
             .iter()
-            .zip(&in_elems)
-            .filter(|(name, _)| !kept.contains(storage(name.as_str())))
-            .map(|(_, e)| e * act)
+            .filter(|name| !kept.contains(storage(name)))
+            .map(|name| elems(name) * act)
             .sum();
         let mut bytes = extra;
         let mut kept_tensors = vec![extra];
         if rule.inputs {
-            for (name, e) in node.inputs.iter().zip(&in_elems) {
-                if kept.insert(storage(name.as_str())) {
-                    bytes += e * act;
-                    kept_tensors.push(e * act);
+            for &name in &reads {
+                let base = storage(name);
+                if kept.insert(base) {
+                    bytes += elems(base) * act;
+                    kept_tensors.push(elems(base) * act);
                 }
             }
         }
@@ -361,9 +487,27 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
             node.name.as_str(),
             node.op.param_count() > 0 || in_tracked.iter().any(|&t| t),
         );
-        moments.push(rules.backward(&node.op, &sizes, &in_tracked, act));
+        match part {
+            // Nothing of an inner op exists as a tensor of its own.
+            Some(Fused::Inner) => {
+                moments.push(Vec::new());
+                forward_live.push(0);
+            }
+            // The fused attention's backward: its output's gradient and each input's.
+            Some(Fused::Attention { .. }) => {
+                let read: u64 = reads.iter().map(|name| elems(name)).sum();
+                moments.push(vec![rules::BackwardMoment {
+                    bytes: (out + read) * act,
+                    ..rules::BackwardMoment::default()
+                }]);
+                forward_live.push(out * act + loose + extra);
+            }
+            None => {
+                moments.push(rules.backward(&node.op, &sizes, &in_tracked, act));
+                forward_live.push(rules.forward_live(&node.op, &sizes, act, loose, extra));
+            }
+        }
         extras.push(extra);
-        forward_live.push(rules.forward_live(&node.op, &sizes, act, loose, extra));
         forward_ws.push(rules.forward_workspace(&node.op, &sizes, act));
         workspace_max = workspace_max.max(rules.workspace(&node.op, &sizes, act));
         if let Some(b) = rules.gemm_slab_from(&node.op, &sizes) {
@@ -404,12 +548,18 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         (0, None)
     };
 
-    // Bytes of one sample of the batch: the inputs (fp32; burn converts token ids to its
-    // device's i32, `Tensor::from_data`) and the target.
+    // Bytes of one sample of the batch: the inputs (fp32; token ids as the runtime holds
+    // them: burn converts them to its device's i32, `Tensor::from_data`) and the target.
     let data = graph
         .inputs
         .iter()
-        .map(|i| i.shape.elements(seq) * 4)
+        .map(|i| {
+            i.shape.elements(seq)
+                * match i.kind {
+                    InputKind::Float => 4,
+                    InputKind::Tokens { .. } => rules.token_bytes(),
+                }
+        })
         .sum::<u64>()
         + rules.target_bytes(graph.loss.kind, logits, seq);
     let params = graph.param_count();
@@ -447,7 +597,7 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
     // the runtime holds every gradient all step, this is every moment's fixed memory.
     let at_update = FixedMemory {
         gradients: Bytes(params * 4),
-        optimizer_transient: rules.optimizer_transient(largest_param, opts.optimizer),
+        optimizer_transient: rules.optimizer_transient(largest_param, params, opts.optimizer),
         ..base.clone()
     };
     let held = rules.gradients_held_all_step();
@@ -555,6 +705,7 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         total: Bytes(p),
     };
     let device_pages = (opts.gpu && opts.runtime == Runtime::Burn).then(|| {
+        let transient = rules.optimizer_transient(largest_param, params, opts.optimizer);
         let params: Vec<u64> = graph
             .nodes
             .iter()
@@ -583,7 +734,7 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
                 fixed_tensors.extend(params.iter().map(|p| p / 2));
             }
             if line == lines.len() - 1 {
-                fixed_tensors.push(rules.optimizer_transient(largest_param, opts.optimizer).0);
+                fixed_tensors.push(transient.0);
             }
             let kept = node_kept[..alive].iter().enumerate().flat_map(|(i, t)| {
                 let freed = extras_freed && i + 1 == alive;
@@ -649,6 +800,7 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         peak_at,
         forward_flops_per_sample: Flops(flops),
         train_flops_per_sample: Flops(3.0 * flops),
+        measured_error: accuracy::measured_error(opts.runtime, opts.gpu),
     }
 }
 

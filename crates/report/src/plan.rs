@@ -1,6 +1,7 @@
 //! The `plan` report.
 
 use crate::{align_numbers, table, thousands};
+use batchfit_plan::accuracy::MeasuredError;
 use batchfit_plan::{Bytes, Plan};
 use serde::Serialize;
 
@@ -15,6 +16,9 @@ pub struct BudgetFit {
     pub max_batch: Option<u64>,
     /// Planned peak at `max_batch`.
     pub peak_bytes: Option<Bytes>,
+    /// How far this device's plan has been from the runtime's own count (null: never
+    /// measured).
+    pub measured_error: Option<MeasuredError>,
 }
 
 impl BudgetFit {
@@ -26,6 +30,7 @@ impl BudgetFit {
             budget_bytes: budget,
             max_batch,
             peak_bytes: max_batch.map(|b| plan.bytes_at(b)),
+            measured_error: plan.measured_error,
         }
     }
 }
@@ -157,15 +162,11 @@ pub fn render(plan: &Plan, budgets: &[BudgetFit]) -> String {
     align_numbers(&mut t, 1);
     out.push_str(&t.to_string());
     out.push_str(&format!(
-        "\nmemory(B) = {} + {} x B   (peak during {}){}\ncompute: {} forward, {} per training sample\n",
+        "\nmemory(B) = {} + {} x B   (peak during {})\n(gradients are made during backward, so only those alive at that moment are counted; at\n small batches another moment can peak higher, which max batch and planned peak use)\n{}\ncompute: {} forward, {} per training sample\n",
         plan.memory.fixed_bytes,
         plan.memory.per_sample_bytes,
         plan.peak_at,
-        if plan.options.runtime == batchfit_plan::Runtime::Burn {
-            "\n(burn frees and creates gradients during backward, so only what is alive at that moment is\n counted; at small batches another moment can peak higher, which max batch and planned peak use)"
-        } else {
-            ""
-        },
+        batchfit_plan::accuracy::describe(plan.options.runtime, plan.options.gpu),
         plan.forward_flops_per_sample,
         plan.train_flops_per_sample,
     ));

@@ -153,6 +153,12 @@ pub fn run(args: PlanArgs) -> CliResult {
         emit_json(&doc)
     } else {
         let mut text = render(&base, &budgets);
+        if devices.iter().any(|d| d.gpu) {
+            text.push_str(&format!(
+                "GPU presets' rows: {}\n",
+                batchfit_plan::accuracy::describe(base.options.runtime, true)
+            ));
+        }
         if let Some(d) = &distributed {
             text.push_str(&scale::render(d));
         }

@@ -283,7 +283,12 @@ fn device_memory_swaps_the_model_states() {
         one.bytes_at(&p, 10).0 as i128 - p.bytes_at(10).0 as i128,
         one.delta()
     );
-    assert_eq!(one.delta(), 0);
+    // One DDP device holds every gradient at its peak; the plan's peak moment (a backward
+    // moment: `zero_grad(set_to_none)` frees them each step) holds those made by then.
+    assert_eq!(
+        one.delta(),
+        (p.parameters * 4) as i128 - p.fixed.gradients.0 as i128
+    );
     assert!(z3.bytes_at(&p, 10) < one.bytes_at(&p, 10));
     let budget = Bytes(600 * Bytes::MIB);
     let m = z3.max_micro_batch(&p, budget).unwrap();

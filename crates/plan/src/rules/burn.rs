@@ -823,7 +823,7 @@ impl RuntimeRules for Burn {
     /// burn-optim `AdaptiveMomentum::transform` and `Momentum::transform` clone the gradient
     /// or a moment into a new tensor; plain SGD updates in place, and so do Adam and AdamW
     /// on the CPU, where the engine runs its own update (engine `adam_cpu`).
-    fn optimizer_transient(&self, largest_param: u64, optimizer: Optimizer) -> Bytes {
+    fn optimizer_transient(&self, largest_param: u64, _params: u64, optimizer: Optimizer) -> Bytes {
         let in_place = match optimizer {
             Optimizer::Sgd => true,
             Optimizer::Momentum => false,

@@ -88,6 +88,12 @@ pub trait RuntimeRules {
     /// Whether a view (flatten, reshape) is counted as its input's buffer when kept.
     fn views_share_buffers(&self) -> bool;
 
+    /// Whether a slice or a transpose is, like a view, its input's buffer (a layer keeping
+    /// one then keeps the whole input).
+    fn strided_views_share_buffers(&self) -> bool {
+        false
+    }
+
     /// Per-sample bytes live during `op`'s forward pass besides what earlier nodes keep.
     /// `loose`: bytes of its inputs that no earlier node keeps; `extra`: the bytes it keeps
     /// besides its inputs and output.
@@ -116,6 +122,17 @@ pub trait RuntimeRules {
     /// Per-sample elements the loss's backward holds besides the tensors the loss keeps.
     fn loss_backward_elems(&self, kind: LossKind, logits: u64) -> u64;
 
+    /// Whether `x * sigmoid(x)` runs as one SiLU keeping only x, and an attention without
+    /// dropout as one kernel (see `plan::fused_parts`).
+    fn fuses_silu_and_attention(&self) -> bool {
+        false
+    }
+
+    /// Bytes of one token id of a batch input (float inputs are fp32).
+    fn token_bytes(&self) -> u64 {
+        4
+    }
+
     /// Bytes of one sample's target, given the logits' elements and the sequence length.
     fn target_bytes(&self, kind: LossKind, logits: u64, seq: usize) -> u64;
 
@@ -123,9 +140,9 @@ pub trait RuntimeRules {
     /// memory is then the optimizer's), rather than made and freed during backward.
     fn gradients_held_all_step(&self) -> bool;
 
-    /// The optimizer's temporaries while `optimizer` updates the largest parameter tensor
-    /// (`largest_param` elements).
-    fn optimizer_transient(&self, largest_param: u64, optimizer: Optimizer) -> Bytes;
+    /// The optimizer's temporaries during its update: `largest_param` elements in the
+    /// largest parameter tensor, `params` in all of them.
+    fn optimizer_transient(&self, largest_param: u64, params: u64, optimizer: Optimizer) -> Bytes;
 
     /// The gradient accumulation buffer for `params` parameters.
     fn accumulation(&self, micro_batch: Option<u64>, params: u64) -> Bytes;
