@@ -22,6 +22,7 @@
 pub mod accuracy;
 pub mod devices;
 pub mod distributed;
+mod fused;
 pub mod host;
 pub mod options;
 pub mod pages;
