@@ -52,6 +52,43 @@ impl TrainFlags {
     }
 }
 
+/// Variable-length sequences: the lengths of the user's data instead of one --seq-len.
+#[derive(Args, Clone, Debug)]
+pub struct LengthFlags {
+    /// Sequence lengths of the training data, in the model's sequence steps (frames,
+    /// tokens): a text file with one per line, FILE.csv:COLUMN, FILE.npy, or FILE.npz:KEY
+    /// (lengths, or a padding mask). Plans the batch that survives the longest sequence,
+    /// a bucket table and a frame budget (docs/lengths.md).
+    #[arg(long, value_name = "FILE[:KEY]")]
+    pub lengths: Option<String>,
+    /// Length buckets (of about equal counts) for --lengths.
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = positive_usize)]
+    pub buckets: usize,
+    /// Sequence steps per second (e.g. 100 for 10 ms frames): lengths are shown in seconds
+    /// too; the lengths themselves are always in steps.
+    #[arg(long, value_name = "FPS", value_parser = positive_f64, requires = "lengths")]
+    pub frames_per_second: Option<f64>,
+}
+
+impl LengthFlags {
+    /// The request, when --lengths is given.
+    pub fn request(&self) -> Option<batchfit_pipeline::lengths::LengthsRequest> {
+        self.lengths
+            .as_ref()
+            .map(|source| batchfit_pipeline::lengths::LengthsRequest {
+                source: source.clone(),
+                buckets: self.buckets,
+                measure_epochs: 0,
+            })
+    }
+
+    pub fn units(&self) -> batchfit_report::lengths::LengthUnits {
+        batchfit_report::lengths::LengthUnits {
+            frames_per_second: self.frames_per_second,
+        }
+    }
+}
+
 /// Flags of every command that measures training steps.
 #[derive(Args, Clone, Debug)]
 pub struct MeasureFlags {

@@ -6,6 +6,7 @@
 //! batching with a seed ([`Batcher`]); and the UCI optical digits set shipped
 //! as the built-in default ([`digits`]).
 
+pub mod lengths;
 pub mod read;
 
 use batchfit_graph::{Graph, InputKind, LossKind};

@@ -20,6 +20,7 @@
 
 pub mod advise;
 pub mod error;
+pub mod lengths;
 pub mod noise;
 pub mod output;
 pub mod probe;

@@ -59,24 +59,33 @@ pub struct Target<'a> {
 }
 
 impl MeasureConfig {
-    /// The plan for `device`; on the CPU for the threads the worker will use.
-    fn plan_for(&self, graph: &Graph, device: DeviceSpec) -> Plan {
-        let opts = TrainOptions {
+    /// The training options the worker's steps run under on `device`.
+    pub(crate) fn train_options(&self, device: DeviceSpec) -> TrainOptions {
+        TrainOptions {
             optimizer: self.optimizer,
             seq_len: self.seq_len,
             gpu: device.is_gpu(),
             ..TrainOptions::default()
-        };
+        }
+    }
+
+    /// The CPU the plan is made for: the threads the worker will use (`None`: all).
+    pub(crate) fn host(&self, device: DeviceSpec) -> Option<CpuHost> {
         match self.threads {
-            Some(threads) if !device.is_gpu() => plan_on(
-                graph,
-                &opts,
-                CpuHost {
-                    threads: threads as u64,
-                    ..CpuHost::detect()
-                },
-            ),
-            _ => plan(graph, &opts),
+            Some(threads) if !device.is_gpu() => Some(CpuHost {
+                threads: threads as u64,
+                ..CpuHost::detect()
+            }),
+            _ => None,
+        }
+    }
+
+    /// The plan for `device`; on the CPU for the threads the worker will use.
+    fn plan_for(&self, graph: &Graph, device: DeviceSpec) -> Plan {
+        let opts = self.train_options(device);
+        match self.host(device) {
+            Some(host) => plan_on(graph, &opts, host),
+            None => plan(graph, &opts),
         }
     }
 
@@ -107,7 +116,13 @@ impl MeasureConfig {
         }
     }
 
-    fn run(&self, t: &Target, device: DeviceSpec, batch: u64, short: bool) -> WorkerResult {
+    pub(crate) fn run(
+        &self,
+        t: &Target,
+        device: DeviceSpec,
+        batch: u64,
+        short: bool,
+    ) -> WorkerResult {
         run_child(
             &self.worker,
             &self.request(t, device, batch, short),
@@ -326,7 +341,7 @@ fn point(b: u64, planned: Option<Bytes>, r: WorkerResult, cfg: &MeasureConfig) -
 /// The largest batch under `limit`: the plan's line, calibrated with two
 /// measured peaks, confirmed at the predicted limit, bisected in the gap.
 /// A crash or time-out stops the search (`stopped_at`); it is not out of memory.
-fn search_max_batch(
+pub(crate) fn search_max_batch(
     cfg: &MeasureConfig,
     t: &Target,
     device: DeviceSpec,

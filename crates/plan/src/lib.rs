@@ -24,6 +24,7 @@ pub mod devices;
 pub mod distributed;
 mod fused;
 pub mod host;
+pub mod lengths;
 pub mod options;
 pub mod pages;
 pub mod plan;

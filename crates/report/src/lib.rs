@@ -1,6 +1,7 @@
 //! Reports: terminal tables and JSON documents (schema in `docs/json.md`).
 
 pub mod advise;
+pub mod lengths;
 pub mod noise;
 pub mod plan;
 pub mod plots;

@@ -54,6 +54,9 @@ pub struct PlanDocument<'a> {
     /// `--gpus`: memory per device, batches and communication per (world size, strategy).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub distributed: Option<&'a crate::scale::Distributed>,
+    /// `--lengths`: per budget, the bucket table and the batching schemes over the lengths.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lengths: Option<&'a [crate::lengths::NamedLengthPlan]>,
 }
 
 impl<'a> PlanDocument<'a> {
@@ -66,6 +69,7 @@ impl<'a> PlanDocument<'a> {
             max_batch: budgets.first().and_then(|b| b.max_batch),
             budgets,
             distributed: None,
+            lengths: None,
             notes: Vec::new(),
         }
     }

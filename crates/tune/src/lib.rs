@@ -16,12 +16,16 @@
 //!   the recommendation held;
 //! - [`advice`]: the recommendation for one device from its measurements;
 //! - [`diagnose`]: findings from the measured curves.
+//! - [`buckets`] and [`lengths`]: batches for variable-length sequences (a fixed
+//!   padded batch, buckets by length, a frame budget) planned over the lengths;
 //! - [`sweep`]: records of real training runs, the fit of steps to target
 //!   against the batch, and whether batch size changes final quality.
 
 pub mod advice;
+pub mod buckets;
 pub mod diagnose;
 pub mod knee;
+pub mod lengths;
 pub mod lr;
 pub mod noise;
 pub mod schedule;

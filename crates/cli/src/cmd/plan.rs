@@ -2,10 +2,12 @@
 
 use crate::error::{CliError, CliResult};
 use crate::options::{
-    DEFAULT_MODEL, TrainFlags, emit_json, parse_bytes, parse_seconds, positive_f64, positive_u64,
+    DEFAULT_MODEL, LengthFlags, TrainFlags, emit_json, parse_bytes, parse_seconds, positive_f64, positive_u64,
     print,
 };
 use batchfit_pipeline::Error;
+use batchfit_pipeline::lengths::NamedBudget;
+use batchfit_report::lengths::BucketsDocument;
 use batchfit_plan::distributed::{
     self, Compute, Link, LinkPreset, ScaleRequest, StateBytes, Strategy,
 };
@@ -30,6 +32,8 @@ pub struct PlanArgs {
     /// Print the plan as JSON (schema: docs/json.md).
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub lengths: LengthFlags,
     #[command(flatten)]
     pub scale: ScaleFlags,
 }
@@ -78,6 +82,8 @@ pub enum Emit {
     Deepspeed,
     /// The torchrun command line.
     Torchrun,
+    /// With --lengths: the bucket table as JSON, for a sampler to read (docs/lengths.md).
+    Buckets,
 }
 
 fn bad(message: impl Into<String>) -> CliError {
@@ -96,6 +102,7 @@ pub fn run(args: PlanArgs) -> CliResult {
     for name in &args.device_presets {
         devices.push(preset(name).map_err(batchfit_pipeline::Error::from)?);
     }
+    let emit_buckets = matches!(args.scale.emit, Some(Emit::Buckets));
     let distributed = if args.scale.gpus.is_empty() {
         args.scale.check_unused()?;
         None
@@ -113,6 +120,43 @@ pub fn run(args: PlanArgs) -> CliResult {
             opts.precision,
         ))
     };
+    let lengths = match args.lengths.request() {
+        Some(req) => {
+            let mut named = Vec::new();
+            if let Some(m) = args.memory {
+                named.push(NamedBudget {
+                    name: "memory".into(),
+                    bytes: m,
+                    gpu: false,
+                });
+            }
+            named.extend(devices.iter().map(|d| NamedBudget {
+                name: d.name.to_string(),
+                bytes: d.memory,
+                gpu: d.gpu,
+            }));
+            let (_, plans) = batchfit_pipeline::lengths::plan_over(
+                &graph,
+                &args.train.options(false),
+                &req,
+                &named,
+            )?;
+            Some(plans)
+        }
+        None if emit_buckets => return Err(bad("--emit buckets needs --lengths FILE")),
+        None => None,
+    };
+    if emit_buckets {
+        let plans = lengths.as_deref().unwrap_or_default();
+        let [first, ..] = plans else {
+            return Err(bad("--emit buckets needs a budget: --memory or --device-preset"));
+        };
+        return emit_json(&BucketsDocument::new(
+            &graph.name,
+            first,
+            args.lengths.units(),
+        ));
+    }
     if let Some(emit) = args.scale.emit {
         let Some((d, precision)) = &distributed else {
             return Err(bad("--emit needs --gpus N and --strategy S"));
@@ -130,6 +174,7 @@ pub fn run(args: PlanArgs) -> CliResult {
                 "{}\n",
                 scale::torchrun_line(row).map_err(|e| bad(e.to_string()))?
             )),
+            Emit::Buckets => unreachable!("answered above"),
         };
     }
     if args.memory.is_none() && devices.is_empty() {
@@ -150,6 +195,7 @@ pub fn run(args: PlanArgs) -> CliResult {
         let mut doc = PlanDocument::new(&base, &budgets);
         doc.distributed = distributed.as_ref();
         doc.notes = notes;
+        doc.lengths = lengths.as_deref();
         emit_json(&doc)
     } else {
         let mut text = render(&base, &budgets);
@@ -158,6 +204,9 @@ pub fn run(args: PlanArgs) -> CliResult {
                 "GPU presets' rows: {}\n",
                 batchfit_plan::accuracy::describe(base.options.runtime, true)
             ));
+        }
+        if let Some(plans) = &lengths {
+            text.push_str(&batchfit_report::lengths::render(plans, args.lengths.units()));
         }
         if let Some(d) = &distributed {
             text.push_str(&scale::render(d));
@@ -181,7 +230,10 @@ impl ScaleFlags {
             (self.intra_link.is_some(), "--intra-link"),
             (self.step_time.is_some(), "--step-time"),
             (self.device_tflops.is_some(), "--device-tflops"),
-            (self.emit.is_some(), "--emit"),
+            (
+                self.emit.is_some_and(|e| !matches!(e, Emit::Buckets)),
+                "--emit",
+            ),
         ];
         match given.iter().find(|(g, _)| *g) {
             Some((_, flag)) => Err(bad(format!("{flag} needs --gpus N"))),

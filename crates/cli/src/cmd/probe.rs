@@ -1,8 +1,10 @@
 //! `batchfit probe`: real timed training steps across batch sizes on each device.
 
 use crate::error::CliResult;
-use crate::options::{DEFAULT_MODEL, MeasureFlags, emit, progress};
+use crate::options::{DEFAULT_MODEL, LengthFlags, MeasureFlags, emit, emit_json, print, progress};
+use batchfit_pipeline::lengths::probe_lengths;
 use batchfit_pipeline::probe::{parse_devices, probe};
+use batchfit_report::lengths::{self, LengthProbeDocument};
 use batchfit_report::probe::{ProbeDocument, render};
 use clap::Args;
 
@@ -12,6 +14,12 @@ pub struct ProbeArgs {
     pub model: Option<String>,
     #[command(flatten)]
     pub measure: MeasureFlags,
+    #[command(flatten)]
+    pub lengths: LengthFlags,
+    /// With --lengths: time up to N batches of each scheme's epoch (every k-th by shape;
+    /// all when the epoch has at most N) beside the predicted epoch.
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "lengths")]
+    pub measure_epochs: usize,
     /// Print the measurements as JSON (schema: docs/json.md).
     #[arg(long)]
     pub json: bool,
@@ -21,6 +29,46 @@ pub fn run(args: ProbeArgs) -> CliResult {
     let source = args.model.as_deref().unwrap_or(DEFAULT_MODEL);
     let devices = parse_devices(&args.measure.device)?;
     let bar = progress(args.json);
+    if let Some(mut req) = args.lengths.request() {
+        req.measure_epochs = args.measure_epochs;
+        let cfg = args.measure.config()?;
+        let units = args.lengths.units();
+        let mut text = String::new();
+        let mut docs = Vec::new();
+        for &d in &devices {
+            let (graph, p) = probe_lengths(&cfg, source, &req, d, &bar)?;
+            if args.json {
+                docs.push(serde_json::to_value(LengthProbeDocument {
+                    schema_version: batchfit_report::SCHEMA_VERSION,
+                    kind: "probe_lengths",
+                    model: &graph.name,
+                    device: d.to_string(),
+                    plan: &p.plan,
+                    buckets: &p.buckets,
+                    timed_steps: &p.timed_steps,
+                    step_model: p.step_model,
+                    epochs: &p.epochs,
+                    seconds: p.seconds,
+                })
+                .expect("a document serialises"));
+            } else {
+                text.push_str(&lengths::render(std::slice::from_ref(&p.plan), units));
+                text.push_str(&lengths::render_measured(
+                    &d.to_string(),
+                    &p.buckets,
+                    p.step_model.as_ref(),
+                    units,
+                ));
+                text.push_str(&lengths::render_epochs(&p.epochs));
+            }
+        }
+        drop(bar);
+        return match docs.len() {
+            0 => print(&text),
+            1 => emit_json(&docs[0]),
+            _ => emit_json(&docs),
+        };
+    }
     let out = probe(&args.measure.config()?, source, &devices, &bar)?;
     drop(bar);
     let doc = ProbeDocument {
