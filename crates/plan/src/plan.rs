@@ -440,7 +440,7 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
     // The loss keeps its own tensors (fp32 even under mixed precision) until backward starts.
     let logits = graph.output().shape.elements(seq);
     let steps = if graph.has_seq() { seq as u64 } else { 1 };
-    let loss_bytes = rules::loss_saved_elems(graph.loss.kind, logits, steps) * 4;
+    let loss_bytes = rules.loss_saved_bytes(graph.loss.kind, logits, steps);
     flops += 4.0 * logits as f64;
 
     // Checkpointing: keep only segment outputs, recompute one segment at a time.

@@ -1,7 +1,7 @@
 //! Shape inference: how each op maps one sample's input shapes to its output
 //! shape, with the symbolic batch left out and a sequence length kept symbolic.
 
-use super::Op;
+use super::{Op, Window};
 use crate::shape::{Dim, Shape};
 
 /// Why input shapes do not fit an op or a window; the message reads after the op's name.
@@ -51,7 +51,7 @@ impl Op {
                 groups,
                 ..
             } => {
-                let spatial = spatial_dims(x, window.spatial(), "conv")?;
+                let spatial = window_output(x, window, "conv")?;
                 expect_dim(x, 0, *in_channels, "input channels")?;
                 if *groups == 0 || in_channels % groups != 0 || out_channels % groups != 0 {
                     return Err(ShapeError(format!(
@@ -59,7 +59,7 @@ impl Op {
                     )));
                 }
                 let mut out = vec![Dim::Fixed(*out_channels)];
-                out.extend(window.output(&spatial)?.into_iter().map(Dim::Fixed));
+                out.extend(spatial);
                 Ok(Shape(out))
             }
             Op::BatchNorm { features } => {
@@ -183,9 +183,8 @@ impl Op {
                 Ok(x.clone())
             }
             Op::Pool { window, .. } => {
-                let spatial = spatial_dims(x, window.spatial(), "pool")?;
                 let mut out = vec![x.0[0]];
-                out.extend(window.output(&spatial)?.into_iter().map(Dim::Fixed));
+                out.extend(window_output(x, window, "pool")?);
                 Ok(Shape(out))
             }
             Op::GlobalPool { .. } => {
@@ -285,24 +284,43 @@ fn with_last(x: &Shape, n: usize) -> Shape {
     Shape(out)
 }
 
-/// The spatial sizes of `[C, spatial...]`, checking the rank.
-fn spatial_dims(x: &Shape, spatial: usize, what: &str) -> Result<Vec<usize>, ShapeError> {
+/// The output's spatial dimensions of a window over `[C, spatial...]`, checking the
+/// rank. A fixed size maps as the window says; the symbolic length T only where the
+/// window keeps every length (stride 1, padding (kernel - 1) x dilation in total: a
+/// "same" convolution over time), so the output's length is T again.
+fn window_output(x: &Shape, window: &Window, what: &str) -> Result<Vec<Dim>, ShapeError> {
+    let spatial = window.spatial();
     if x.rank() != spatial + 1 {
         return Err(ShapeError(format!(
             "{what} over {spatial} spatial dimension(s) needs an input of rank {} per sample ([B, C, ...]), got {x}",
             spatial + 1
         )));
     }
-    x.0[1..]
-        .iter()
-        .map(|d| {
-            d.fixed().ok_or_else(|| {
-                ShapeError(format!(
-                    "{what} over a symbolic sequence length is not supported"
-                ))
-            })
-        })
-        .collect()
+    let mut out = Vec::with_capacity(spatial);
+    for (d, dim) in x.0[1..].iter().enumerate() {
+        let one = Window {
+            kernel: vec![window.kernel[d]],
+            stride: vec![window.stride[d]],
+            dilation: vec![window.dilation[d]],
+            padding: vec![window.padding[d]],
+        };
+        out.push(match dim {
+            Dim::Fixed(i) => Dim::Fixed(one.output(&[*i])?[0]),
+            Dim::Seq => {
+                let keeps = window.stride[d] == 1
+                    && window.padding[d][0] + window.padding[d][1]
+                        == window.dilation[d] * (window.kernel[d] - 1);
+                if !keeps {
+                    return Err(ShapeError(format!(
+                        "{what} over the symbolic sequence length T must keep its length (stride 1, padding (kernel - 1) x dilation in total); kernel {}, stride {}, padding {:?}",
+                        window.kernel[d], window.stride[d], window.padding[d]
+                    )));
+                }
+                Dim::Seq
+            }
+        });
+    }
+    Ok(out)
 }
 
 /// Converts a full-tensor axis (batch = 0, negatives from the end) to a sample axis.

@@ -805,6 +805,25 @@ impl RuntimeRules for Burn {
         }
     }
 
+    /// CTC on a CPU: burn-flex has no CTC kernel, so burn-autodiff runs burn-backend's
+    /// `ctc_loss_default` (`ops/modules/ctc.rs`) as tensor ops and keeps what each needs.
+    /// Over the label with blanks, S = 2L + 1 (the engine's labels: L = T / 4, `data.rs`):
+    /// for the whole loss alpha `[T, S]`, the log-probabilities gathered at the labels
+    /// `[T, S]` and the gather's int64 indices `[T, S]` (16 bytes per entry); then per
+    /// frame after the first, two `log_sum_exp`, each keeping `abs`'s input and `exp`'s
+    /// output (f32 `[S]`) and four bool masks `[S]` (24 bytes per entry in all). The log-
+    /// softmax's kept input comes first. On a GPU burn-cubecl's kernel keeps the
+    /// log-probabilities only, as PyTorch's does (the shared rule).
+    fn loss_saved_bytes(&self, kind: LossKind, logits: u64, steps: u64) -> u64 {
+        match kind {
+            LossKind::Ctc { .. } if !self.gpu => {
+                let s = 2 * (steps / 4).max(1) + 1;
+                4 * logits + 16 * steps * s + 24 * steps.saturating_sub(1) * s
+            }
+            _ => super::loss_saved_elems(kind, logits, steps) * 4,
+        }
+    }
+
     /// The input's shape for MSE; the engine feeds cross-entropy one-hot fp32 rows
     /// (`data::one_hot`): the logits' size; CTC a label sequence of up to T int64.
     fn target_bytes(&self, kind: LossKind, logits: u64, seq: usize) -> u64 {

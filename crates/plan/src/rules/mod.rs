@@ -122,6 +122,11 @@ pub trait RuntimeRules {
     /// Per-sample elements the loss's backward holds besides the tensors the loss keeps.
     fn loss_backward_elems(&self, kind: LossKind, logits: u64) -> u64;
 
+    /// Per-sample bytes the loss keeps from its forward to its backward, over `steps` frames.
+    fn loss_saved_bytes(&self, kind: LossKind, logits: u64, steps: u64) -> u64 {
+        loss_saved_elems(kind, logits, steps) * 4
+    }
+
     /// Whether `x * sigmoid(x)` runs as one SiLU keeping only x, and an attention without
     /// dropout as one kernel (see `plan::fused_parts`).
     fn fuses_silu_and_attention(&self) -> bool {
