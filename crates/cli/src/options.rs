@@ -8,9 +8,11 @@ use batchfit_pipeline::probe::MeasureConfig;
 use batchfit_plan::{Bytes, Optimizer, Precision, Runtime, TrainOptions};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::Path;
+use std::sync::Mutex;
 use std::time::Duration;
+use std::time::Instant;
 
 pub use batchfit_pipeline::DEFAULT_MODEL;
 pub use batchfit_pipeline::output::check_output_folder;
@@ -157,6 +159,7 @@ impl MeasureFlags {
             seed: self.seed,
             timeout: Duration::from_secs_f64(self.timeout),
             worker,
+            budget_s: None,
         })
     }
 }
@@ -228,10 +231,21 @@ pub fn parse_seconds(s: &str) -> Result<f64, String> {
     }
 }
 
-/// A progress bar on stderr (hidden when asked, e.g. for JSON output).
+/// A progress bar on stderr (hidden when asked, e.g. for JSON output). When stderr is
+/// not a terminal (a log file, CI, `nohup`), where a bar draws nothing, each new
+/// message is printed as a plain line with the time since the start instead.
 pub fn progress(hidden: bool) -> Bar {
     if hidden {
-        return Bar(ProgressBar::hidden());
+        return Bar(ProgressBar::hidden(), None);
+    }
+    if !std::io::stderr().is_terminal() {
+        return Bar(
+            ProgressBar::hidden(),
+            Some(Lines {
+                start: Instant::now(),
+                last: Mutex::default(),
+            }),
+        );
     }
     let bar = ProgressBar::new(0);
     bar.set_style(
@@ -239,14 +253,38 @@ pub fn progress(hidden: bool) -> Bar {
             .expect("valid template"),
     );
     bar.enable_steady_tick(Duration::from_millis(120));
-    Bar(bar)
+    Bar(bar, None)
 }
 
-/// The terminal's view of a pipeline's progress.
-pub struct Bar(pub ProgressBar);
+/// The terminal's view of a pipeline's progress: a bar, or plain lines off a terminal.
+pub struct Bar(pub ProgressBar, Option<Lines>);
+
+/// Plain progress lines: the last message printed, so each is printed once.
+pub struct Lines {
+    start: Instant,
+    last: Mutex<String>,
+}
 
 impl Progress for Bar {
     fn message(&self, msg: String) {
+        if let Some(lines) = &self.1 {
+            let mut last = lines.last.lock().unwrap_or_else(|e| e.into_inner());
+            if *last != msg {
+                let t = lines.start.elapsed().as_secs();
+                let done = match self.0.length() {
+                    Some(len) if len > 0 => format!(" {}/{len}", self.0.position()),
+                    _ => String::new(),
+                };
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "[{:02}:{:02}:{:02}]{done} {msg}",
+                    t / 3600,
+                    t / 60 % 60,
+                    t % 60
+                );
+                last.clone_from(&msg);
+            }
+        }
         self.0.set_message(msg);
     }
     fn set_length(&self, len: u64) {

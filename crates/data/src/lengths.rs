@@ -19,30 +19,35 @@ pub fn read_lengths(spec: &str) -> Result<Vec<u64>, DataError> {
         path: path.to_string(),
         source: why,
     };
+    let bytes = std::fs::read(p).map_err(|e| fail(FormatError::because("cannot read", e)))?;
     let name = p.file_name().and_then(|n| n.to_str()).unwrap_or(path);
+    lengths_bytes(name, key, &bytes).map_err(fail)
+}
+
+/// The lengths in a file's `bytes`, its format told by its `name` (see [`read_lengths`]).
+pub fn lengths_bytes(name: &str, key: Option<&str>, bytes: &[u8]) -> Result<Vec<u64>, FormatError> {
     let lengths = if name.ends_with(".npz") {
-        let arrays = read::npz(p)?;
-        let (key, array) = npz_entry(&arrays, key).map_err(fail)?;
-        from_array(array).map_err(|e| fail(FormatError::because(format!("key `{key}`"), e)))?
+        let arrays = read::npz_bytes(bytes)?;
+        let (key, array) = npz_entry(&arrays, key)?;
+        from_array(array).map_err(|e| FormatError::because(format!("key `{key}`"), e))?
     } else if name.ends_with(".npy") {
-        from_array(&read::npy(p)?).map_err(fail)?
+        from_array(&read::npy_bytes(bytes)?)?
     } else {
-        let bytes = std::fs::read(p).map_err(|e| fail(FormatError::because("cannot read", e)))?;
-        let text = String::from_utf8(bytes)
-            .map_err(|e| fail(FormatError::because("not a text file", e)))?;
+        let text =
+            std::str::from_utf8(bytes).map_err(|e| FormatError::because("not a text file", e))?;
         if name.ends_with(".csv") || name.ends_with(".tsv") {
-            from_csv(&text, key, name.ends_with(".tsv")).map_err(fail)?
+            from_csv(text, key, name.ends_with(".tsv"))?
         } else if key.is_some() {
-            return Err(fail(
+            return Err(
                 "`:KEY` names a CSV column or an .npz key; a text file holds one length per line"
                     .into(),
-            ));
+            );
         } else {
-            from_lines(&text).map_err(fail)?
+            from_lines(text)?
         }
     };
     if lengths.is_empty() {
-        return Err(fail("holds no lengths".into()));
+        return Err("holds no lengths".into());
     }
     Ok(lengths)
 }
@@ -51,9 +56,7 @@ pub fn read_lengths(spec: &str) -> Result<Vec<u64>, DataError> {
 /// (so `C:\clips.txt` and `./a:b/lengths.txt` stay whole).
 fn split_key(spec: &str) -> (&str, Option<&str>) {
     match spec.rsplit_once(':') {
-        Some((path, key))
-            if !path.is_empty() && !key.is_empty() && !key.contains(['/', '\\']) =>
-        {
+        Some((path, key)) if !path.is_empty() && !key.is_empty() && !key.contains(['/', '\\']) => {
             (path, Some(key))
         }
         _ => (spec, None),
@@ -97,7 +100,9 @@ fn from_array(a: &Array) -> Result<Vec<u64>, FormatError> {
             .values
             .iter()
             .enumerate()
-            .map(|(i, &v)| whole(f64::from(v)).map_err(|why| format!("row {}: {why}", i + 1).into()))
+            .map(|(i, &v)| {
+                whole(f64::from(v)).map_err(|why| format!("row {}: {why}", i + 1).into())
+            })
             .collect(),
         [_, frames] if *frames > 0 => from_mask(&a.values, *frames),
         shape => Err(format!(
@@ -235,13 +240,21 @@ mod tests {
         let e = from_lines("120\n7.5\n").unwrap_err().to_string();
         assert!(e.contains("line 2") && e.contains("7.5"), "{e}");
         assert!(from_lines("0\n").is_err());
-        assert!(from_lines("abc\n").unwrap_err().to_string().contains("line 1"));
+        assert!(
+            from_lines("abc\n")
+                .unwrap_err()
+                .to_string()
+                .contains("line 1")
+        );
     }
 
     #[test]
     fn csv_by_header_or_index() {
         let text = "path,frames\na.wav,100\nb.wav,250\n";
-        assert_eq!(from_csv(text, Some("frames"), false).unwrap(), vec![100, 250]);
+        assert_eq!(
+            from_csv(text, Some("frames"), false).unwrap(),
+            vec![100, 250]
+        );
         assert_eq!(from_csv(text, Some("1"), false).unwrap(), vec![100, 250]);
         let e = from_csv(text, None, false).unwrap_err().to_string();
         assert!(e.contains("FILE:COLUMN"), "{e}");
@@ -260,11 +273,19 @@ mod tests {
         let padding = array(&[2, 4], &[0., 0., 1., 1., 0., 0., 0., 1.]);
         assert_eq!(from_array(&padding).unwrap(), vec![2, 3]);
         let mixed = array(&[2, 3], &[1., 0., 0., 0., 0., 1.]);
-        assert!(from_array(&mixed).unwrap_err().to_string().contains("neither"));
+        assert!(
+            from_array(&mixed)
+                .unwrap_err()
+                .to_string()
+                .contains("neither")
+        );
         let empty_row = array(&[1, 3], &[0., 0., 0.]);
         assert!(from_array(&empty_row).is_err());
         assert!(from_array(&array(&[1, 2], &[1., 2.])).is_err());
-        assert_eq!(from_array(&array(&[3], &[4., 5., 6.])).unwrap(), vec![4, 5, 6]);
+        assert_eq!(
+            from_array(&array(&[3], &[4., 5., 6.])).unwrap(),
+            vec![4, 5, 6]
+        );
     }
 
     #[test]

@@ -47,6 +47,11 @@ pub const TARGETS: &[Target] = &[
         check: |b| batchfit_data::read::idx_bytes(b).is_ok(),
     },
     Target {
+        name: "lengths",
+        generate: lengths,
+        check: check_lengths,
+    },
+    Target {
         name: "step_line",
         generate: step_lines,
         check: check_step_lines,
@@ -75,6 +80,42 @@ pub const TARGETS: &[Target] = &[
     },
 ];
 
+/// `--lengths`: the format rides in the first byte (text, CSV with a column, `.npy`,
+/// `.npz`); what is read is then cut into buckets and epochs as `plan --lengths` does.
+fn check_lengths(b: &[u8]) -> bool {
+    let (format, body) = b.split_first().map_or((0, b), |(f, rest)| (*f, rest));
+    let (name, key) = match format % 4 {
+        0 => ("lengths.txt", None),
+        1 => ("lengths.csv", Some("frames")),
+        2 => ("lengths.npy", None),
+        _ => ("lengths.npz", None),
+    };
+    let Ok(lengths) = batchfit_data::lengths::lengths_bytes(name, key, body) else {
+        return false;
+    };
+    use batchfit_tune::buckets::{EpochCost, LengthStats, Scheme, bucket_bounds, epoch};
+    let stats = LengthStats::of(&lengths);
+    let bounds = bucket_bounds(&lengths, 1 + usize::from(format) % 9);
+    let batches: Vec<u64> = (0..bounds.len() as u64).map(|i| 1 + i * 3 % 17).collect();
+    for scheme in [
+        Scheme::Fixed { batch: 7 },
+        Scheme::Buckets { bounds, batches },
+        Scheme::Frames {
+            budget: stats.max * 3,
+        },
+    ] {
+        let e = epoch(&lengths, &scheme, 0);
+        let cost = EpochCost::of(&e);
+        assert_eq!(
+            e.iter().map(|b| b.samples).sum::<u64>(),
+            stats.samples,
+            "every sequence in one batch"
+        );
+        assert!(cost.padding_waste >= 0.0 && cost.padding_waste < 1.0);
+    }
+    true
+}
+
 /// What every command does with a model it loaded: plan it, for each
 /// runtime, on the CPU and a GPU (whose pages the plan packs), at a few
 /// batches. A graph that loads must plan.
@@ -102,6 +143,91 @@ fn plans(graph: &batchfit_graph::Graph) -> bool {
         }
     }
     true
+}
+
+// ---------------------------------------------------------------- lengths
+
+/// A lengths file: text lines, a CSV with a `frames` column, or an `.npy`/`.npz`
+/// array of lengths or of a padding mask; the first byte says which.
+fn lengths(u: &mut Unstructured) -> Result<Vec<u8>> {
+    let format: u8 = u.arbitrary()?;
+    let n = u.int_in_range(0..=40)?;
+    let mut values = Vec::with_capacity(n);
+    for _ in 0..n {
+        values.push(match u.int_in_range(0..=9)? {
+            0 => 0,
+            1 => u.int_in_range(1..=20_000_000)?,
+            _ => u.int_in_range(1..=800)?,
+        });
+    }
+    let body = match format % 4 {
+        0 => values
+            .iter()
+            .map(|v| format!("{v}\n"))
+            .collect::<String>()
+            .into_bytes(),
+        1 => {
+            let mut t = String::from("path,frames\n");
+            for (i, v) in values.iter().enumerate() {
+                t.push_str(&format!("clip{i}.wav,{v}\n"));
+            }
+            t.into_bytes()
+        }
+        2 => npy_array(
+            &[values.len()],
+            &values.iter().map(|&v| v as f32).collect::<Vec<_>>(),
+        ),
+        _ => {
+            // A padding mask: rows of 1s then 0s.
+            let frames = u.int_in_range(1..=12)?;
+            let mut mask = Vec::with_capacity(values.len() * frames);
+            for v in &values {
+                let ones = (*v as usize).min(frames);
+                mask.extend((0..frames).map(|j| if j < ones { 1.0 } else { 0.0 }));
+            }
+            npz_of(&[("lengths", npy_array(&[values.len(), frames], &mask))])
+        }
+    };
+    let mut out = vec![format];
+    out.extend(body);
+    if u.ratio(1, 4)? {
+        mutate::bytes(u, &mut out)?;
+    }
+    Ok(out)
+}
+
+/// A valid little-endian f32 `.npy` file of `shape`.
+fn npy_array(shape: &[usize], values: &[f32]) -> Vec<u8> {
+    let dims: Vec<String> = shape.iter().map(usize::to_string).collect();
+    let shape_text = match dims.as_slice() {
+        [one] => format!("({one},)"),
+        _ => format!("({})", dims.join(", ")),
+    };
+    let mut header =
+        format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape_text}, }}").into_bytes();
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(b' ');
+    }
+    header.push(b'\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend((header.len() as u16).to_le_bytes());
+    out.extend(header);
+    out.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+    out
+}
+
+/// An `.npz` archive holding `entries` (key, `.npy` bytes), stored.
+fn npz_of(entries: &[(&str, Vec<u8>)]) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut zip = zip_writer();
+    for (key, body) in entries {
+        let options =
+            zip::write::FileOptions::default().compression_method(zip::CompressionMethod::Stored);
+        if zip.start_file(format!("{key}.npy"), options).is_ok() {
+            let _ = zip.write_all(body);
+        }
+    }
+    zip.finish().map(|c| c.into_inner()).unwrap_or_default()
 }
 
 // ---------------------------------------------------------------- TOML

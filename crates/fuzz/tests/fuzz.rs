@@ -119,6 +119,11 @@ fn npy() {
 }
 
 #[test]
+fn lengths() {
+    fuzz("lengths")
+}
+
+#[test]
 fn npz() {
     fuzz("npz")
 }

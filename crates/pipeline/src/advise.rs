@@ -50,6 +50,7 @@ pub struct AdviseConfig {
 
 /// Runs the whole advice pipeline.
 pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<AdviseDocument> {
+    let started = std::time::Instant::now();
     let default_model = cfg.model.is_none();
     let source = cfg.model.as_deref().unwrap_or(crate::DEFAULT_MODEL);
     let mut graph = batchfit_graph::load(source)?;
@@ -117,7 +118,14 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<AdviseDocum
         seq_len,
     };
     let mut probes = Vec::new();
-    for &d in &devices {
+    for (i, &d) in devices.iter().enumerate() {
+        // The budget left after the noise run, shared by the devices still to measure.
+        let measure = MeasureConfig {
+            budget_s: cfg.measure.budget_s.map(|b| {
+                (b - started.elapsed().as_secs_f64()).max(0.0) / (devices.len() - i) as f64
+            }),
+            ..cfg.measure.clone()
+        };
         let b_noise = measured.as_ref().map(|m| m.curve.b_noise).or_else(|| {
             noise.as_ref().and_then(|n| {
                 prediction_basis(n, rule, reference)
@@ -125,13 +133,7 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<AdviseDocum
                     .or(n.b_simple)
             })
         });
-        probes.push(probe_device_for(
-            &cfg.measure,
-            &target,
-            d,
-            b_noise,
-            progress,
-        )?);
+        probes.push(probe_device_for(&measure, &target, d, b_noise, progress)?);
     }
 
     let plan_cpu = plan(
@@ -707,6 +709,7 @@ mod tests {
             search_trials: 0,
             search: None,
             seconds: 0.0,
+            budget: None,
         }
     }
 

@@ -10,7 +10,7 @@ use batchfit_graph::Graph;
 use batchfit_plan::plan::{CpuHost, plan_on};
 use batchfit_plan::{Bytes, Optimizer, Plan, TrainOptions, plan};
 use batchfit_report::probe::curve_with_errors;
-use batchfit_report::probe::{DeviceProbe, MaxBatchSearch, ProbePoint};
+use batchfit_report::probe::{DeviceProbe, MaxBatchSearch, ProbeBudget, ProbePoint};
 use batchfit_tune::knee::{geometric_batches, knee, knee_range, refine_between, smooth_knee};
 use batchfit_tune::search::{Line, SearchOptions, find_max_batch};
 use batchfit_tune::stats::StopRule;
@@ -48,6 +48,9 @@ pub struct MeasureConfig {
     pub timeout: Duration,
     /// The program started as the measuring worker (normally batchfit itself).
     pub worker: PathBuf,
+    /// Wall-clock seconds the whole measurement may take (`advise --budget`): a batch
+    /// whose predicted cost would pass it is not measured, and the report says so.
+    pub budget_s: Option<f64>,
 }
 
 /// A model ready to be measured: what the worker loads, and the plan's inputs.
@@ -91,6 +94,18 @@ impl MeasureConfig {
 
     /// The worker's request; `short` is one untimed-warm-up step (a search trial).
     fn request(&self, t: &Target, device: DeviceSpec, batch: u64, short: bool) -> WorkerRequest {
+        self.request_warm(t, device, batch, short, self.warmup)
+    }
+
+    /// [`MeasureConfig::request`] with `warmup` untimed steps before timing.
+    fn request_warm(
+        &self,
+        t: &Target,
+        device: DeviceSpec,
+        batch: u64,
+        short: bool,
+        warmup: usize,
+    ) -> WorkerRequest {
         let stop = StopRule::default();
         WorkerRequest {
             model: t.source.clone(),
@@ -100,7 +115,7 @@ impl MeasureConfig {
             lr: self.lr,
             seq_len: t.seq_len,
             seed: self.seed,
-            warmup: if short { 1 } else { self.warmup },
+            warmup: if short { 1 } else { warmup },
             min_steps: if short { 1 } else { 5 },
             min_time_s: if short {
                 0.0
@@ -114,6 +129,15 @@ impl MeasureConfig {
             memory_limit: self.memory_limit.map(|b| b.0),
             threads: self.threads,
         }
+    }
+
+    /// A timed run with `warmup` untimed steps.
+    fn run_warm(&self, t: &Target, device: DeviceSpec, batch: u64, warmup: usize) -> WorkerResult {
+        run_child(
+            &self.worker,
+            &self.request_warm(t, device, batch, false, warmup),
+            self.timeout,
+        )
     }
 
     pub(crate) fn run(
@@ -181,9 +205,23 @@ pub fn probe_device_for(
     // The two measurements of a batch also tell how far one process's median
     // strays from another's, which a process's own spread does not show.
     let repeats: RefCell<Vec<f64>> = RefCell::default();
-    let measure = |b: u64, points: &mut Vec<ProbePoint>| {
+    let budget = Budget::new(cfg, started);
+    let skipped: RefCell<Vec<u64>> = RefCell::default();
+    // Measures `b` unless its predicted cost passes the budget; says whether it did.
+    let measure = |b: u64, points: &mut Vec<ProbePoint>| -> bool {
+        let predicted = predicted_step_s(points, b);
+        let Some(warmup) = budget.warmup_for(predicted) else {
+            skipped.borrow_mut().push(b);
+            progress.advance(1);
+            return false;
+        };
         progress.message(format!("{device}: timing batch {b}"));
-        let row = point(b, Some(plan.bytes_at(b)), cfg.run(t, device, b, false), cfg);
+        let row = point(
+            b,
+            Some(plan.bytes_at(b)),
+            cfg.run_warm(t, device, b, warmup),
+            cfg,
+        );
         progress.advance(1);
         let earlier = points.iter_mut().find(|q| q.batch == b);
         if let Some(q) = &earlier
@@ -199,10 +237,15 @@ pub fn probe_device_for(
             Some(_) => {}
             None => points.push(row),
         }
+        true
     };
     progress.add_length(batches.len() as u64);
-    for &b in &batches {
-        measure(b, &mut points);
+    for (i, &b) in batches.iter().enumerate() {
+        if !measure(b, &mut points) {
+            // Larger batches cost more still: none of them is measured either.
+            skipped.borrow_mut().extend(&batches[i + 1..]);
+            break;
+        }
         // Bigger batches will not fit either.
         if !explicit && points.last().is_some_and(|p| !p.ok()) {
             break;
@@ -298,7 +341,18 @@ pub fn probe_device_for(
         range = range_of(&points);
     }
     points.sort_by_key(|p| p.batch);
+    let mut not_measured = skipped.into_inner();
+    not_measured.retain(|b| !points.iter().any(|p| p.batch == *b));
+    not_measured.sort_unstable();
+    not_measured.dedup();
     Ok(DeviceProbe {
+        budget: cfg.budget_s.map(|budget_s| ProbeBudget {
+            budget_s,
+            predicted_step_s: not_measured
+                .first()
+                .and_then(|&b| predicted_step_s(&points, b)),
+            not_measured,
+        }),
         knee_range: range,
         device: device.to_string(),
         threads: (!device.is_gpu()).then(|| cfg.threads.unwrap_or_else(default_threads)),
@@ -310,6 +364,71 @@ pub fn probe_device_for(
         search,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// A batch's step time predicted from the measured batch nearest below it, growing in
+/// proportion to the batch (an upper bound while the device is not yet saturated);
+/// `None` before anything below it ran.
+fn predicted_step_s(points: &[ProbePoint], b: u64) -> Option<f64> {
+    points
+        .iter()
+        .filter(|p| p.ok() && p.batch <= b)
+        .max_by_key(|p| p.batch)
+        .map(|p| p.step_time_s * b as f64 / p.batch as f64)
+}
+
+/// The wall-clock budget of a probe: whether a batch may be measured, and with how
+/// many warm-up steps.
+struct Budget {
+    deadline_s: Option<f64>,
+    started: Instant,
+    warmup: usize,
+    time_cap_s: f64,
+}
+
+/// Seconds of starting a worker, loading the model and building its step, besides
+/// the steps (a generous figure: the engine's compiled step is built per process).
+const WORKER_START_S: f64 = 1.0;
+
+/// The share of a budget the measurements may plan to spend: the rest is for the plan,
+/// the report, and a step slower than predicted (a step's time is predicted from the
+/// batch below it, and a bigger batch can be slower per sample).
+const BUDGET_FOR_STEPS: f64 = 0.9;
+
+/// A step this slow is warm after one step: a longer warm-up only spends the budget.
+const SLOW_STEP_S: f64 = 1.0;
+
+impl Budget {
+    fn new(cfg: &MeasureConfig, started: Instant) -> Budget {
+        Budget {
+            deadline_s: cfg.budget_s,
+            started,
+            warmup: cfg.warmup,
+            time_cap_s: cfg.time_cap_s,
+        }
+    }
+
+    /// The warm-up steps to measure a batch whose step is predicted to take `step_s`
+    /// (`None`: unknown, the first batch), or `None` when its cost passes the budget.
+    fn warmup_for(&self, step_s: Option<f64>) -> Option<usize> {
+        let Some(deadline) = self.deadline_s else {
+            return Some(self.warmup);
+        };
+        let Some(step) = step_s else {
+            return Some(self.warmup);
+        };
+        let warmup = if step >= SLOW_STEP_S { 1 } else { self.warmup };
+        // Warm-up, then timed steps until their sum reaches the cap: one step when a
+        // step alone does, else at most the cap and one step more.
+        let timed = if step >= self.time_cap_s {
+            step
+        } else {
+            self.time_cap_s + step
+        };
+        let cost = WORKER_START_S + warmup as f64 * step + timed;
+        (self.started.elapsed().as_secs_f64() + cost <= BUDGET_FOR_STEPS * deadline)
+            .then_some(warmup)
+    }
 }
 
 /// The relative error of one process's median step time as another process
@@ -441,4 +560,49 @@ pub fn parse_devices(names: &[String]) -> Result<Vec<DeviceSpec>> {
             Ok(spec)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use batchfit_tune::stats::summarize;
+
+    fn ran(batch: u64, step_s: f64) -> ProbePoint {
+        ProbePoint::measured(
+            batch,
+            &summarize(&[step_s, step_s, step_s]),
+            None,
+            None,
+            None,
+        )
+    }
+
+    #[test]
+    fn a_step_is_predicted_from_the_batch_below_it() {
+        let points = vec![
+            ran(4, 0.5),
+            ran(8, 1.0),
+            ProbePoint::failed(16, None, "x".into()),
+        ];
+        assert_eq!(predicted_step_s(&points, 32), Some(4.0));
+        assert_eq!(predicted_step_s(&points, 4), Some(0.5));
+        assert_eq!(predicted_step_s(&points, 2), None);
+    }
+
+    #[test]
+    fn the_budget_leaves_out_what_would_pass_it() {
+        let budget = |deadline_s: Option<f64>| Budget {
+            deadline_s,
+            started: Instant::now(),
+            warmup: 3,
+            time_cap_s: 2.0,
+        };
+        // No budget, or nothing known yet: measured with the usual warm-up.
+        assert_eq!(budget(None).warmup_for(Some(1e6)), Some(3));
+        assert_eq!(budget(Some(1.0)).warmup_for(None), Some(3));
+        // A fast step fits a minute; a slow one is warmed once; one that would pass is left out.
+        assert_eq!(budget(Some(60.0)).warmup_for(Some(0.1)), Some(3));
+        assert_eq!(budget(Some(60.0)).warmup_for(Some(10.0)), Some(1));
+        assert_eq!(budget(Some(60.0)).warmup_for(Some(30.0)), None);
+    }
 }

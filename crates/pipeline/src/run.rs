@@ -57,6 +57,8 @@ pub struct RunConfig {
     /// Run the command through a data-parallel launcher; `{batch}` is then
     /// the per-device micro-batch.
     pub launcher: Option<Launcher>,
+    /// Only the largest batch: no knee refinement (`run --lengths`, per bucket).
+    pub search_only: bool,
 }
 
 /// Runs the trials: the search (or the listed batches), then the knee refinement.
@@ -209,7 +211,7 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunDocument> {
     };
     let mut knee_batch = knee_of(&trials);
     for _ in 0..3 {
-        let Some(k) = knee_batch.filter(|_| cfg.batches.is_empty()) else {
+        let Some(k) = knee_batch.filter(|_| cfg.batches.is_empty() && !cfg.search_only) else {
             break;
         };
         let below = curve(&trials).iter().map(|p| p.0).filter(|&b| b < k).max();
@@ -331,6 +333,7 @@ fn device_probe(
         search_trials: trials.len(),
         search: None,
         seconds: started.elapsed().as_secs_f64(),
+        budget: None,
     }
 }
 

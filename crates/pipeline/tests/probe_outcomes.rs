@@ -37,6 +37,7 @@ fn config(worker: PathBuf, limit: Option<Bytes>) -> MeasureConfig {
         seed: 0,
         timeout: Duration::from_secs(20),
         worker,
+        budget_s: None,
     }
 }
 

@@ -95,10 +95,9 @@ impl<'g> LengthPlanner<'g> {
         let line = |t: u64| {
             self.at(t, |p| {
                 let m = p.memory.moments.iter().find(|m| m.moment == peak_at);
-                m.map_or(
-                    (p.memory.fixed_bytes.0, p.memory.per_sample_bytes.0),
-                    |m| (m.fixed_bytes.0, m.per_sample_bytes.0),
-                )
+                m.map_or((p.memory.fixed_bytes.0, p.memory.per_sample_bytes.0), |m| {
+                    (m.fixed_bytes.0, m.per_sample_bytes.0)
+                })
             })
         };
         let ts = [t_max / 3, 2 * t_max / 3, t_max].map(|t| t.max(1));
@@ -163,7 +162,12 @@ mod tests {
         assert!(m.per_frame_squared_bytes.abs() * 750.0 < 1e-6 * m.per_frame_bytes);
         // The form reproduces the plan's own line at a fourth length.
         let planned = lp.at(100, |p| {
-            let l = p.memory.moments.iter().find(|l| l.moment == m.moment).unwrap();
+            let l = p
+                .memory
+                .moments
+                .iter()
+                .find(|l| l.moment == m.moment)
+                .unwrap();
             (l.fixed_bytes + l.per_sample_bytes * 8).as_f64()
         });
         assert!((m.bytes(8, 100) - planned).abs() / planned < 1e-9);
@@ -195,7 +199,8 @@ mod tests {
         g.push("kt", Op::Transpose { perm: vec![1, 0] }, &["k"])
             .unwrap();
         g.push("scores", Op::MatMul, &["q", "kt"]).unwrap();
-        g.push("attn", Op::Softmax { axis: -1 }, &["scores"]).unwrap();
+        g.push("attn", Op::Softmax { axis: -1 }, &["scores"])
+            .unwrap();
         g.push("v", Op::MatMul, &["attn", "x"]).unwrap();
         let mean = Op::Reduce {
             reduce: ReduceKind::Mean,

@@ -103,6 +103,10 @@ pub fn render(d: &AdviseDocument) -> String {
         }
         out.push('\n');
         out.push_str(&format!("    why: {}\n", r.reason));
+        let budget = d.devices.iter().find(|p| p.device == r.device);
+        if let Some(note) = budget.and_then(|p| p.budget.as_ref()?.describe()) {
+            out.push_str(&format!("    budget: {note}\n"));
+        }
         out.push_str(&format!(
             "    largest batch that fits: {} ({}); smallest efficient batch (knee): {}\n",
             r.max_batch

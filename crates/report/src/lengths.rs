@@ -2,9 +2,9 @@
 //! for `plan --lengths` and `probe --lengths`.
 
 use crate::{align_numbers, duration, table, thousands};
+use batchfit_tune::buckets::{EpochCost, LengthStats};
 use batchfit_tune::lengths::{
-    BatchSource, BucketMeasurement, EpochCheck, LengthPlan, MeasuredStep, SchemeKind,
-    StepTimeModel,
+    BatchSource, BucketMeasurement, EpochCheck, LengthPlan, MeasuredStep, SchemeKind, StepTimeModel,
 };
 use serde::Serialize;
 
@@ -194,7 +194,11 @@ fn render_one(named: &NamedLengthPlan, units: LengthUnits) -> String {
             thousands(s.steps),
             format!("{:.0} %", 100.0 * s.padding_waste),
             format!("{:.1}", s.train_flops / 1e12),
-            if s.batches_over_budget > 0 {
+            // Measured batches are the limit itself: the plan's peak of them may pass the
+            // budget by the plan's error; only a scheme sized at the median is over.
+            if s.batches_over_budget > 0
+                && (s.kind == SchemeKind::MedianBenchmark || p.batches_from == BatchSource::Planned)
+            {
                 format!("{} (over)", s.planned_peak)
             } else {
                 s.planned_peak.to_string()
@@ -287,7 +291,10 @@ pub fn render_measured(
             errors.len()
         ));
     }
-    let sharp = buckets.iter().filter(|b| b.limit_within_10_percent()).count();
+    let sharp = buckets
+        .iter()
+        .filter(|b| b.limit_within_10_percent())
+        .count();
     out.push_str(&format!(
         "{sharp} of {} buckets: a batch at most 10 % above the largest that ran ran out of memory.\n",
         buckets.len()
@@ -329,7 +336,10 @@ pub fn render_epochs(epochs: &[EpochCheck]) -> String {
             e.kind.label().to_string(),
             thousands(e.steps),
             thousands(e.timed),
-            duration(e.measured_epoch_s),
+            match &e.failed {
+                Some(why) => format!("did not run: {why}"),
+                None => duration(e.measured_epoch_s),
+            },
             e.predicted_epoch_s.map_or("-".into(), duration),
             e.predicted_epoch_s.map_or("-".into(), |p| {
                 format!("{:+.1} %", 100.0 * (p / e.measured_epoch_s - 1.0))
@@ -340,8 +350,13 @@ pub fn render_epochs(epochs: &[EpochCheck]) -> String {
     let mut out = format!(
         "\nEpochs timed (each batch in its own run; a sample of every k-th batch by shape when `timed` < `steps`, scaled to the epoch):\n{t}\n"
     );
-    let fixed = epochs.iter().find(|e| e.kind == SchemeKind::Fixed);
-    for e in epochs.iter().filter(|e| e.kind != SchemeKind::Fixed) {
+    let fixed = epochs
+        .iter()
+        .find(|e| e.kind == SchemeKind::Fixed && e.failed.is_none());
+    for e in epochs
+        .iter()
+        .filter(|e| e.kind != SchemeKind::Fixed && e.failed.is_none())
+    {
         let Some(f) = fixed else { break };
         let measured = f.measured_epoch_s / e.measured_epoch_s;
         let predicted = match (f.predicted_epoch_s, e.predicted_epoch_s) {
@@ -357,5 +372,88 @@ pub fn render_epochs(epochs: &[EpochCheck]) -> String {
             e.kind.label()
         ));
     }
+    out
+}
+
+/// One bucket of `run --lengths`: the user's command at the bucket's longest length.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunBucket {
+    pub shortest: u64,
+    pub longest: u64,
+    pub samples: u64,
+    /// The largest batch that ran and the smallest that ran out of memory (measured).
+    pub max_batch: Option<u64>,
+    pub smallest_failure: Option<u64>,
+    /// The batch whose crash or time-out stopped the search (never out of memory).
+    pub stopped_at: Option<u64>,
+    pub trials: usize,
+    pub seconds: f64,
+}
+
+/// The JSON document of `run --lengths --json`.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunLengthsDocument {
+    pub schema_version: u32,
+    /// Always `run_lengths`.
+    pub kind: &'static str,
+    /// The command, `{batch}` and `{len}` unreplaced.
+    pub command: String,
+    pub memory_limit_bytes: Option<batchfit_plan::Bytes>,
+    pub lengths: LengthStats,
+    /// Ascending; searched longest first.
+    pub buckets: Vec<RunBucket>,
+    /// One simulated epoch at the longest bucket's batch for every batch, and with
+    /// each bucket's own batch (when every bucket's batch ran).
+    pub fixed_epoch: Option<EpochCost>,
+    pub bucket_epoch: Option<EpochCost>,
+    pub seconds: f64,
+}
+
+/// The buckets as the user's command ran them.
+pub fn render_run(d: &RunLengthsDocument, units: LengthUnits) -> String {
+    let opt = |v: Option<u64>| v.map_or("-".into(), thousands);
+    let mut t = table(&[
+        "bucket",
+        "lengths",
+        "samples",
+        "largest that ran",
+        "smallest out of memory",
+        "trials",
+    ]);
+    for (i, b) in d.buckets.iter().enumerate() {
+        t.add_row(vec![
+            (i + 1).to_string(),
+            format!("{} – {}", units.len(b.shortest), units.len(b.longest)),
+            thousands(b.samples),
+            opt(b.max_batch),
+            opt(b.smallest_failure),
+            b.trials.to_string(),
+        ]);
+    }
+    align_numbers(&mut t, 2);
+    let mut out = format!(
+        "Command: {}\nLengths: {} sequences of {} to {} steps; each bucket searched at its longest length, longest first (measured):\n{t}\n",
+        d.command,
+        thousands(d.lengths.samples),
+        units.len(d.lengths.min),
+        units.len(d.lengths.max),
+    );
+    for b in d.buckets.iter().filter(|b| b.stopped_at.is_some()) {
+        out.push_str(&format!(
+            "Bucket up to {}: the search stopped at batch {} (a crash or time-out, not out of memory).\n",
+            units.len(b.longest),
+            opt(b.stopped_at)
+        ));
+    }
+    if let (Some(f), Some(b)) = (&d.fixed_epoch, &d.bucket_epoch) {
+        out.push_str(&format!(
+            "One epoch (simulated): the longest bucket's batch for all, {} steps with {:.0} % padding; each bucket's own batch, {} steps with {:.0} % padding.\n",
+            thousands(f.steps),
+            100.0 * f.padding_waste,
+            thousands(b.steps),
+            100.0 * b.padding_waste
+        ));
+    }
+    out.push_str(&format!("Searched in {}.\n", crate::duration(d.seconds)));
     out
 }

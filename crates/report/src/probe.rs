@@ -132,6 +132,44 @@ pub struct DeviceProbe {
     pub search_trials: usize,
     pub search: Option<MaxBatchSearch>,
     pub seconds: f64,
+    /// Under a time budget (`advise --budget`): what it left unmeasured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget: Option<ProbeBudget>,
+}
+
+/// What a time budget left unmeasured.
+#[derive(Clone, Debug, Serialize)]
+pub struct ProbeBudget {
+    pub budget_s: f64,
+    /// Batches the sampling would have measured but whose predicted cost passed the budget.
+    pub not_measured: Vec<u64>,
+    /// The first of them: its step predicted from the measured batch below it (a prediction).
+    pub predicted_step_s: Option<f64>,
+}
+
+impl ProbeBudget {
+    /// One sentence on what was left out, or `None` when nothing was.
+    pub fn describe(&self) -> Option<String> {
+        let (first, last) = (self.not_measured.first()?, self.not_measured.last()?);
+        let batches = if first == last {
+            format!("batch {}", crate::thousands(*first))
+        } else {
+            format!(
+                "batches {} to {}",
+                crate::thousands(*first),
+                crate::thousands(*last)
+            )
+        };
+        Some(format!(
+            "within the {} budget (--budget) {batches} were not measured{}; the knee and the advice come from the batches measured, and a larger batch may run faster: raise --budget or give --batches to measure it",
+            crate::duration(self.budget_s),
+            self.predicted_step_s.map_or(String::new(), |s| format!(
+                " (batch {}'s step predicted at {} from the batch below it)",
+                crate::thousands(*first),
+                crate::duration(s)
+            ))
+        ))
+    }
 }
 
 /// The JSON document of `batchfit probe --json`.
@@ -254,6 +292,9 @@ pub fn render(model: &str, devices: &[DeviceProbe]) -> String {
                     s.stop_reason.as_deref().unwrap_or("unknown"),
                 ));
             }
+        }
+        if let Some(note) = d.budget.as_ref().and_then(ProbeBudget::describe) {
+            out.push_str(&format!("budget: {note}\n"));
         }
         if let Some(k) = d.knee_batch {
             out.push_str(&format!(

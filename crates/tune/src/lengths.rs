@@ -139,12 +139,13 @@ pub fn plan_lengths(
 ) -> Result<LengthPlan, LengthPlanError> {
     let sized_for = Bytes((budget.as_f64() * (1.0 - margin.clamp(0.0, 0.9))) as u64);
     let stats = LengthStats::of(lengths);
-    let fixed = planner
-        .max_batch(stats.max, sized_for)
-        .ok_or(LengthPlanError::LongestDoesNotFit {
-            longest: stats.max,
-            budget: sized_for,
-        })?;
+    let fixed =
+        planner
+            .max_batch(stats.max, sized_for)
+            .ok_or(LengthPlanError::LongestDoesNotFit {
+                longest: stats.max,
+                budget: sized_for,
+            })?;
     let mut sorted = lengths.to_vec();
     sorted.sort_unstable();
     let bounds = bucket_bounds(&sorted, buckets);
@@ -173,11 +174,15 @@ impl LengthPlan {
     /// This plan with each bucket's batch replaced by its measured limit (`measured`:
     /// one per bucket, in order). The fixed batch becomes the longest bucket's, and
     /// the frame budget is capped by every measured bucket's.
+    /// `under_count` is the most the plan fell short of a measured peak at those limits
+    /// (0.02 = 2 %): the frame budget, planned at lengths between the buckets' too, is
+    /// planned for the budget less that share.
     pub fn with_measured_batches(
         &self,
         planner: &LengthPlanner,
         lengths: &[u64],
         measured: &[u64],
+        under_count: f64,
     ) -> LengthPlan {
         let bounds: Vec<u64> = self.buckets.iter().map(|b| b.longest).collect();
         let measured_frames = bounds
@@ -191,7 +196,18 @@ impl LengthPlan {
             median: self.median_batch,
             bucket_batches: measured.iter().map(|&b| b.max(1)).collect(),
             bounds,
-            frame_budget: self.frame_budget.min(measured_frames),
+            frame_budget: {
+                let mut sorted = lengths.to_vec();
+                sorted.sort_unstable();
+                let sized = Bytes(
+                    (self.budget_bytes.as_f64() * (1.0 - under_count.clamp(0.0, 0.9))) as u64,
+                );
+                planner
+                    .frame_budget(&frame_budget_lengths(&sorted), sized)
+                    .unwrap_or(self.frame_budget)
+                    .min(self.frame_budget)
+                    .min(measured_frames)
+            },
         };
         assemble(
             planner,
@@ -413,7 +429,12 @@ fn weighted_least_squares(rows: &[([f64; 3], f64, f64)], cols: &[usize]) -> Opti
     // Normal equations, each column scaled to unit size so FLOPs (1e12) and 1 mix.
     let scale: Vec<f64> = cols
         .iter()
-        .map(|&j| rows.iter().map(|r| r.0[j].abs()).fold(0.0, f64::max).max(1e-300))
+        .map(|&j| {
+            rows.iter()
+                .map(|r| r.0[j].abs())
+                .fold(0.0, f64::max)
+                .max(1e-300)
+        })
         .collect();
     let mut a = vec![vec![0.0; k + 1]; k];
     for (x, y, w) in rows {
@@ -433,12 +454,11 @@ fn weighted_least_squares(rows: &[([f64; 3], f64, f64)], cols: &[usize]) -> Opti
         if diag.abs() < 1e-12 * a.iter().map(|r| r[c].abs()).fold(0.0, f64::max).max(1e-300) {
             return None;
         }
-        for r in 0..k {
-            if r != c {
-                let f = a[r][c] / diag;
-                for j in c..=k {
-                    a[r][j] -= f * a[c][j];
-                }
+        let pivot = a[c].clone();
+        for (_, row) in a.iter_mut().enumerate().filter(|(r, _)| *r != c) {
+            let f = row[c] / diag;
+            for (x, p) in row.iter_mut().zip(&pivot).skip(c) {
+                *x -= f * p;
             }
         }
     }
@@ -451,11 +471,21 @@ fn weighted_least_squares(rows: &[([f64; 3], f64, f64)], cols: &[usize]) -> Opti
 
 impl LengthPlan {
     /// Fills each scheme's predicted epoch time from `model`.
-    pub fn predict_epochs(&mut self, planner: &LengthPlanner, lengths: &[u64], model: &StepTimeModel) {
+    pub fn predict_epochs(
+        &mut self,
+        planner: &LengthPlanner,
+        lengths: &[u64],
+        model: &StepTimeModel,
+    ) {
         for s in &mut self.schemes {
             let seconds = epoch(lengths, &s.scheme, EPOCH_SEED)
                 .iter()
-                .map(|b| model.step_s(b.padded_to, b.samples as f64 * planner.train_flops(b.padded_to)))
+                .map(|b| {
+                    model.step_s(
+                        b.padded_to,
+                        b.samples as f64 * planner.train_flops(b.padded_to),
+                    )
+                })
                 .sum();
             s.predicted_epoch_s = Some(seconds);
         }
@@ -516,6 +546,8 @@ pub struct EpochCheck {
     pub measured_epoch_s: f64,
     /// The step-time model's epoch (a prediction).
     pub predicted_epoch_s: Option<f64>,
+    /// A timed batch that did not run, and how it ended (the epoch is then not timed).
+    pub failed: Option<String>,
 }
 
 /// Indices of `n` of `len` items, evenly spread over them (all when `n >= len`).
@@ -593,7 +625,7 @@ mod tests {
         }
         assert!((safe.margin - 0.1).abs() < 1e-6);
         let measured: Vec<u64> = exact.buckets.iter().map(|b| b.batch / 2).collect();
-        let m = exact.with_measured_batches(&planner, &lengths, &measured);
+        let m = exact.with_measured_batches(&planner, &lengths, &measured, 0.0);
         assert_eq!(m.batches_from, BatchSource::Measured);
         assert_eq!(m.fixed_batch, *measured.last().unwrap());
         assert!(m.frame_budget < exact.frame_budget);

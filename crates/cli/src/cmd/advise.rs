@@ -51,9 +51,34 @@ pub struct AdviseArgs {
     /// Write a self-contained HTML report with plots here.
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
+    /// Wall-clock time the measurements may take: batches whose predicted cost would pass
+    /// it are not measured (the report says which); 0 for no limit.
+    #[arg(long, value_name = "DURATION", default_value = "3min", value_parser = parse_budget)]
+    pub budget: f64,
     /// Print everything as JSON (schema: docs/json.md).
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--budget`: seconds (`90`, `90s`), minutes (`3min`, `3m`) or hours (`1h`); 0 is no limit.
+fn parse_budget(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let (number, unit) = match t.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => t.split_at(i),
+        None => (t, "s"),
+    };
+    let scale = match unit {
+        "s" => 1.0,
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        other => return Err(format!("unknown unit `{other}`: use s, min or h")),
+    };
+    match number.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v * scale),
+        _ => Err(format!(
+            "`{s}` is not a duration (e.g. 90s, 3min, 1h; 0 for no limit)"
+        )),
+    }
 }
 
 /// `batchfit schedule`: the advice's measurements, its batch-size ramp only.
@@ -87,9 +112,11 @@ fn config(args: &AdviseArgs) -> CliResult<AdviseConfig> {
     } else {
         parse_devices(&args.measure.device)?
     };
+    let mut measure = args.measure.config()?;
+    measure.budget_s = (args.budget > 0.0).then_some(args.budget);
     Ok(AdviseConfig {
         model: args.model.clone(),
-        measure: args.measure.config()?,
+        measure,
         data: args.data.source(),
         devices,
         noise_steps: args.noise_steps,

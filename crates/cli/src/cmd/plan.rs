@@ -2,16 +2,16 @@
 
 use crate::error::{CliError, CliResult};
 use crate::options::{
-    DEFAULT_MODEL, LengthFlags, TrainFlags, emit_json, parse_bytes, parse_seconds, positive_f64, positive_u64,
-    print,
+    DEFAULT_MODEL, LengthFlags, TrainFlags, emit_json, parse_bytes, parse_seconds, positive_f64,
+    positive_u64, print,
 };
 use batchfit_pipeline::Error;
 use batchfit_pipeline::lengths::NamedBudget;
-use batchfit_report::lengths::BucketsDocument;
 use batchfit_plan::distributed::{
     self, Compute, Link, LinkPreset, ScaleRequest, StateBytes, Strategy,
 };
 use batchfit_plan::{Bytes, PRESETS, plan, preset};
+use batchfit_report::lengths::BucketsDocument;
 use batchfit_report::plan::{BudgetFit, PlanDocument, render};
 use batchfit_report::scale::{self, Distributed};
 use clap::{Args, ValueEnum};
@@ -149,7 +149,9 @@ pub fn run(args: PlanArgs) -> CliResult {
     if emit_buckets {
         let plans = lengths.as_deref().unwrap_or_default();
         let [first, ..] = plans else {
-            return Err(bad("--emit buckets needs a budget: --memory or --device-preset"));
+            return Err(bad(
+                "--emit buckets needs a budget: --memory or --device-preset",
+            ));
         };
         return emit_json(&BucketsDocument::new(
             &graph.name,
@@ -206,7 +208,10 @@ pub fn run(args: PlanArgs) -> CliResult {
             ));
         }
         if let Some(plans) = &lengths {
-            text.push_str(&batchfit_report::lengths::render(plans, args.lengths.units()));
+            text.push_str(&batchfit_report::lengths::render(
+                plans,
+                args.lengths.units(),
+            ));
         }
         if let Some(d) = &distributed {
             text.push_str(&scale::render(d));

@@ -38,19 +38,21 @@ pub fn run(args: ProbeArgs) -> CliResult {
         for &d in &devices {
             let (graph, p) = probe_lengths(&cfg, source, &req, d, &bar)?;
             if args.json {
-                docs.push(serde_json::to_value(LengthProbeDocument {
-                    schema_version: batchfit_report::SCHEMA_VERSION,
-                    kind: "probe_lengths",
-                    model: &graph.name,
-                    device: d.to_string(),
-                    plan: &p.plan,
-                    buckets: &p.buckets,
-                    timed_steps: &p.timed_steps,
-                    step_model: p.step_model,
-                    epochs: &p.epochs,
-                    seconds: p.seconds,
-                })
-                .expect("a document serialises"));
+                docs.push(
+                    serde_json::to_value(LengthProbeDocument {
+                        schema_version: batchfit_report::SCHEMA_VERSION,
+                        kind: "probe_lengths",
+                        model: &graph.name,
+                        device: d.to_string(),
+                        plan: &p.plan,
+                        buckets: &p.buckets,
+                        timed_steps: &p.timed_steps,
+                        step_model: p.step_model,
+                        epochs: &p.epochs,
+                        seconds: p.seconds,
+                    })
+                    .expect("a document serialises"),
+                );
             } else {
                 text.push_str(&lengths::render(std::slice::from_ref(&p.plan), units));
                 text.push_str(&lengths::render_measured(

@@ -4,10 +4,13 @@
 
 use crate::error::CliResult;
 use crate::options::{
-    emit_with_html, parse_bytes, parse_seconds, parse_share, positive_u64, progress,
+    LengthFlags, emit_json, emit_with_html, parse_bytes, parse_seconds, parse_share, positive_u64,
+    print, progress,
 };
+use batchfit_pipeline::lengths::run_lengths;
 use batchfit_pipeline::run::{Launcher, LauncherKind, RunConfig, run as run_trials};
 use batchfit_plan::{Bytes, Optimizer};
+use batchfit_report::lengths;
 use batchfit_report::run::{html, render};
 use batchfit_tune::lr::LrRule;
 use clap::Args;
@@ -93,6 +96,8 @@ pub struct RunArgs {
     /// The launcher program to run instead of torchrun / deepspeed from PATH.
     #[arg(long, value_name = "PATH", requires = "launcher")]
     pub launcher_cmd: Option<PathBuf>,
+    #[command(flatten)]
+    pub lengths: LengthFlags,
     /// The training command, after `--`, with {batch} where the batch size goes.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -128,7 +133,19 @@ pub fn run(args: RunArgs) -> CliResult {
                 ..base
             }
         }),
+        search_only: false,
     };
+    if let Some(req) = args.lengths.request() {
+        let bar = progress(args.json || args.show_output);
+        let doc = run_lengths(&cfg, &req, &bar)?;
+        drop(bar);
+        let units = args.lengths.units();
+        return if args.json {
+            emit_json(&doc)
+        } else {
+            print(&lengths::render_run(&doc, units))
+        };
+    }
     let bar = progress(args.json || args.show_output);
     let doc = run_trials(&cfg, &bar)?;
     drop(bar);

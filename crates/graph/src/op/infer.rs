@@ -183,8 +183,9 @@ impl Op {
                 Ok(x.clone())
             }
             Op::Pool { window, .. } => {
+                let spatial = window_output(x, window, "pool")?;
                 let mut out = vec![x.0[0]];
-                out.extend(window_output(x, window, "pool")?);
+                out.extend(spatial);
                 Ok(Shape(out))
             }
             Op::GlobalPool { .. } => {
@@ -307,9 +308,11 @@ fn window_output(x: &Shape, window: &Window, what: &str) -> Result<Vec<Dim>, Sha
         out.push(match dim {
             Dim::Fixed(i) => Dim::Fixed(one.output(&[*i])?[0]),
             Dim::Seq => {
-                let keeps = window.stride[d] == 1
-                    && window.padding[d][0] + window.padding[d][1]
-                        == window.dilation[d] * (window.kernel[d] - 1);
+                let span = window.kernel[d]
+                    .checked_sub(1)
+                    .and_then(|k| k.checked_mul(window.dilation[d]));
+                let padding = window.padding[d][0].checked_add(window.padding[d][1]);
+                let keeps = window.stride[d] == 1 && span.is_some() && span == padding;
                 if !keeps {
                     return Err(ShapeError(format!(
                         "{what} over the symbolic sequence length T must keep its length (stride 1, padding (kernel - 1) x dilation in total); kernel {}, stride {}, padding {:?}",
