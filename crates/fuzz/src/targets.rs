@@ -203,8 +203,16 @@ fn npy_array(shape: &[usize], values: &[f32]) -> Vec<u8> {
         [one] => format!("({one},)"),
         _ => format!("({})", dims.join(", ")),
     };
-    let mut header =
-        format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape_text}, }}").into_bytes();
+    let mut out = npy_header(format!(
+        "{{'descr': '<f4', 'fortran_order': False, 'shape': {shape_text}, }}"
+    ));
+    out.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+    out
+}
+
+/// An `.npy` file's magic, version and header `dict`, padded as numpy pads it.
+fn npy_header(dict: String) -> Vec<u8> {
+    let mut header = dict.into_bytes();
     while (10 + header.len() + 1) % 64 != 0 {
         header.push(b' ');
     }
@@ -212,7 +220,6 @@ fn npy_array(shape: &[usize], values: &[f32]) -> Vec<u8> {
     let mut out = b"\x93NUMPY\x01\x00".to_vec();
     out.extend((header.len() as u16).to_le_bytes());
     out.extend(header);
-    out.extend(values.iter().flat_map(|v| v.to_le_bytes()));
     out
 }
 
@@ -377,14 +384,7 @@ fn npy_file(u: &mut Unstructured) -> Result<Vec<u8>> {
         "{{'descr': '{descr}', 'fortran_order': {}, 'shape': {shape_text}, }}",
         if fortran { "True" } else { "False" }
     );
-    let mut header = dict.into_bytes();
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(b' ');
-    }
-    header.push(b'\n');
-    let mut out = b"\x93NUMPY\x01\x00".to_vec();
-    out.extend((header.len() as u16).to_le_bytes());
-    out.extend(header);
+    let mut out = npy_header(dict);
     let item: u64 = descr[descr.len() - 1..].parse().unwrap_or(1);
     let elements = shape
         .iter()

@@ -127,13 +127,15 @@ pub fn probe_lengths(
     // Measured limits replace the plan's, so the plan is sized without a margin.
     let planned = plan_lengths(&planner, &lengths, limit, 0.0, req.buckets)
         .map_err(|e| Error::input_because(format!("--lengths {}", req.source), e))?;
+    // The model padded to length `t`, as one worker loads it.
+    let target_at = |t: u64| Target {
+        source: source.to_string(),
+        graph: &graph,
+        seq_len: t as usize,
+    };
     let mut measured = Vec::new();
     for b in planned.buckets.iter().rev() {
-        let target = Target {
-            source: source.to_string(),
-            graph: &graph,
-            seq_len: b.longest as usize,
-        };
+        let target = target_at(b.longest);
         let plan_t = planner.at(b.longest, Plan::clone);
         let search = search_max_batch(cfg, &target, device, &plan_t, limit, progress);
         // The search's trials are two steps; a timed run takes more, and a batch at the
@@ -214,11 +216,7 @@ pub fn probe_lengths(
         {
             continue;
         }
-        let target = Target {
-            source: source.to_string(),
-            graph: &graph,
-            seq_len: m.longest as usize,
-        };
+        let target = target_at(m.longest);
         progress.message(format!(
             "{device}: timing batch {half} at length {}",
             m.longest
@@ -242,11 +240,7 @@ pub fn probe_lengths(
             let mut failed = None;
             for &i in &picks {
                 let b = batches[i];
-                let target = Target {
-                    source: source.to_string(),
-                    graph: &graph,
-                    seq_len: b.padded_to as usize,
-                };
+                let target = target_at(b.padded_to);
                 progress.message(format!(
                     "{device}: {}: timing batch {} at length {}",
                     kind.label(),
