@@ -213,7 +213,7 @@ fn npy_array(shape: &[usize], values: &[f32]) -> Vec<u8> {
 /// An `.npy` file's magic, version and header `dict`, padded as numpy pads it.
 fn npy_header(dict: String) -> Vec<u8> {
     let mut header = dict.into_bytes();
-    while (10 + header.len() + 1) % 64 != 0 {
+    while !(10 + header.len() + 1).is_multiple_of(64) {
         header.push(b' ');
     }
     header.push(b'\n');
