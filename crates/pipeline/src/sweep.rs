@@ -615,7 +615,7 @@ fn measure_noise(
 /// Target, steps to it, fits and the quality verdicts.
 /// The steps, fits and quality are the first device's runs' (`first`); seconds to
 /// target are compared across every device.
-fn document(
+pub fn document(
     settings: SweepSettings,
     mut runs: Vec<SweepRun>,
     noise: Option<(f64, f64, f64)>,
