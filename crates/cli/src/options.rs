@@ -330,26 +330,32 @@ pub fn emit_json<T: serde::Serialize>(doc: &T) -> CliResult {
     ))
 }
 
-/// A command's result on stdout: JSON or the terminal text.
-pub fn emit<T: serde::Serialize>(doc: &T, json: bool, text: fn(&T) -> String) -> CliResult {
-    emit_with_html(doc, json, text, None, |_| String::new())
+/// A command's result on stdout: its JSON document `doc`, or `value` as terminal text.
+pub fn emit<T, D: serde::Serialize>(
+    value: &T,
+    doc: &D,
+    json: bool,
+    text: fn(&T) -> String,
+) -> CliResult {
+    emit_with_html(value, doc, json, text, None, |_| String::new())
 }
 
 /// As [`emit`], after writing the HTML page to `html` when one is asked for.
-pub fn emit_with_html<T: serde::Serialize>(
-    doc: &T,
+pub fn emit_with_html<T, D: serde::Serialize>(
+    value: &T,
+    doc: &D,
     json: bool,
     text: fn(&T) -> String,
     html: Option<&Path>,
     page: fn(&T) -> String,
 ) -> CliResult {
     if let Some(path) = html {
-        batchfit_pipeline::output::write_atomically("--html", path, &page(doc))?;
+        batchfit_pipeline::output::write_atomically("--html", path, &page(value))?;
     }
     if json {
         emit_json(doc)
     } else {
-        print(&text(doc))?;
+        print(&text(value))?;
         match html {
             Some(path) => print(&format!("report written to {}\n", path.display())),
             None => Ok(()),

@@ -1,16 +1,14 @@
 //! Which device a step runs on: `cpu`, `cuda:N`, `wgpu:N`.
 
 use burn::tensor::Device;
-use serde::{Deserialize, Serialize};
-use std::fmt;
+
+pub use batchfit_tune::device::{DeviceNameError, DeviceSpec};
 
 /// A device name that cannot be used here.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DeviceError {
-    #[error("`{0}`: the device index must be a number, as in cuda:0")]
-    BadIndex(String),
-    #[error("unknown device `{0}`; use cpu, cuda:N or wgpu:N")]
-    Unknown(String),
+    #[error(transparent)]
+    Name(#[from] DeviceNameError),
     /// A GPU this build was compiled without.
     #[error(
         "device `{device}` needs a GPU build: rebuild with `--features {feature}` (see docs/gpu.md)"
@@ -19,48 +17,33 @@ pub enum DeviceError {
         device: DeviceSpec,
         feature: &'static str,
     },
+    /// `host` names a user's command's machine in `run`, not a device to train on.
+    #[error("`host` is not a device batchfit trains on; use cpu, cuda:N or wgpu:N")]
+    Host,
 }
 
-/// A device named on the command line.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum DeviceSpec {
-    Cpu,
-    Cuda(usize),
-    Wgpu(usize),
-}
-
-impl DeviceSpec {
-    /// Parses `cpu`, `cuda`, `cuda:1`, `wgpu:0`.
-    pub fn parse(s: &str) -> Result<DeviceSpec, DeviceError> {
-        let (kind, index) = match s.split_once(':') {
-            Some((k, i)) => (
-                k,
-                i.parse::<usize>()
-                    .map_err(|_| DeviceError::BadIndex(s.to_string()))?,
-            ),
-            None => (s, 0),
-        };
-        match kind {
-            "cpu" => Ok(DeviceSpec::Cpu),
-            "cuda" | "gpu" => Ok(DeviceSpec::Cuda(index)),
-            "wgpu" | "vulkan" => Ok(DeviceSpec::Wgpu(index)),
-            _ => Err(DeviceError::Unknown(s.to_string())),
-        }
-    }
-
-    /// Whether this is a GPU.
-    pub fn is_gpu(self) -> bool {
-        !matches!(self, DeviceSpec::Cpu)
-    }
-
+/// The burn device behind a [`DeviceSpec`]: the engine's side of the device
+/// type, which `batchfit_tune` keeps free of any framework.
+pub trait BurnDevice {
     /// The burn device with autodiff, or why this build cannot use it.
-    pub fn autodiff_device(self) -> Result<Device, DeviceError> {
+    fn autodiff_device(self) -> Result<Device, DeviceError>;
+    /// The plain burn device.
+    fn device(self) -> Result<Device, DeviceError>;
+}
+
+/// Parses a device named on the command line (`cpu`, `cuda:1`, `wgpu:0`).
+pub fn parse(s: &str) -> Result<DeviceSpec, DeviceError> {
+    Ok(DeviceSpec::parse(s)?)
+}
+
+impl BurnDevice for DeviceSpec {
+    fn autodiff_device(self) -> Result<Device, DeviceError> {
         Ok(self.device()?.autodiff())
     }
 
-    /// The plain burn device.
-    pub fn device(self) -> Result<Device, DeviceError> {
+    fn device(self) -> Result<Device, DeviceError> {
         match self {
+            DeviceSpec::Host => Err(DeviceError::Host),
             DeviceSpec::Cpu => Ok(Device::flex()),
             #[cfg(feature = "cuda")]
             DeviceSpec::Cuda(i) => Ok(Device::cuda(i)),
@@ -83,45 +66,45 @@ impl DeviceSpec {
             }),
         }
     }
-
-    /// Devices this build can use and this machine has, and a line for each
-    /// kind it cannot use, saying why.
-    pub fn survey() -> Survey {
-        #[allow(unused_mut)] // GPU builds push more
-        let mut survey = Survey {
-            found: vec![DeviceSpec::Cpu],
-            missing: Vec::new(),
-        };
-        #[cfg(feature = "cuda")]
-        if std::path::Path::new("/dev/nvidia0").exists() {
-            survey.found.push(DeviceSpec::Cuda(0));
-        } else {
-            survey
-                .missing
-                .push("cuda: no NVIDIA device (/dev/nvidia0 is absent)".into());
-        }
-        #[cfg(not(feature = "cuda"))]
-        survey
-            .missing
-            .push("cuda: not in this build (rebuild with --features cuda)".into());
-        #[cfg(feature = "wgpu")]
-        match wgpu_adapters().as_slice() {
-            [] => survey.missing.push(
-                "wgpu: no adapter (no Vulkan, Metal or DX12 driver; on Linux without a GPU, \
-                 Mesa's lavapipe provides one)"
-                    .into(),
-            ),
-            _ => survey.found.push(DeviceSpec::Wgpu(0)),
-        }
-        #[cfg(not(feature = "wgpu"))]
-        survey
-            .missing
-            .push("wgpu: not in this build (rebuild with --features wgpu)".into());
-        survey
-    }
 }
 
-/// What [`DeviceSpec::survey`] found.
+/// Devices this build can use and this machine has, and a line for each
+/// kind it cannot use, saying why.
+pub fn survey() -> Survey {
+    #[allow(unused_mut)] // GPU builds push more
+    let mut survey = Survey {
+        found: vec![DeviceSpec::Cpu],
+        missing: Vec::new(),
+    };
+    #[cfg(feature = "cuda")]
+    if std::path::Path::new("/dev/nvidia0").exists() {
+        survey.found.push(DeviceSpec::Cuda(0));
+    } else {
+        survey
+            .missing
+            .push("cuda: no NVIDIA device (/dev/nvidia0 is absent)".into());
+    }
+    #[cfg(not(feature = "cuda"))]
+    survey
+        .missing
+        .push("cuda: not in this build (rebuild with --features cuda)".into());
+    #[cfg(feature = "wgpu")]
+    match wgpu_adapters().as_slice() {
+        [] => survey.missing.push(
+            "wgpu: no adapter (no Vulkan, Metal or DX12 driver; on Linux without a GPU, \
+                 Mesa's lavapipe provides one)"
+                .into(),
+        ),
+        _ => survey.found.push(DeviceSpec::Wgpu(0)),
+    }
+    #[cfg(not(feature = "wgpu"))]
+    survey
+        .missing
+        .push("wgpu: not in this build (rebuild with --features wgpu)".into());
+    survey
+}
+
+/// What [`survey`] found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Survey {
     /// Usable devices, the CPU first.
@@ -160,26 +143,13 @@ fn ready<F: std::future::Future>(f: F) -> F::Output {
     }
 }
 
-impl fmt::Display for DeviceSpec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            DeviceSpec::Cpu => write!(f, "cpu"),
-            DeviceSpec::Cuda(i) => write!(f, "cuda:{i}"),
-            DeviceSpec::Wgpu(i) => write!(f, "wgpu:{i}"),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn parses_devices() {
-        assert_eq!(DeviceSpec::parse("cpu").unwrap(), DeviceSpec::Cpu);
-        assert_eq!(DeviceSpec::parse("cuda:1").unwrap(), DeviceSpec::Cuda(1));
-        assert!(DeviceSpec::parse("tpu").is_err());
-        assert!(DeviceSpec::parse("cuda:x").is_err());
+    fn host_is_no_device_to_train_on() {
+        assert_eq!(DeviceSpec::Host.device().unwrap_err(), DeviceError::Host);
     }
 
     #[cfg(not(feature = "cuda"))]

@@ -1,7 +1,7 @@
 //! A training step: forward, loss, backward, optimizer.
 
 use crate::adam_cpu::{AdamRule, CpuAdam};
-use crate::device::DeviceSpec;
+use crate::device::{BurnDevice, DeviceSpec};
 use crate::model::{Batch, Init, Params, Program, Unsupported};
 use batchfit_graph::Graph;
 use batchfit_plan::Optimizer;

@@ -221,7 +221,7 @@ fn linear_from_onnx_computes_its_weights() {
         "random init gave the file's output {random:?}"
     );
     // And Program::new says the same without a trainer.
-    let device = DeviceSpec::Cpu.device().unwrap();
+    let device = batchfit_engine::device::BurnDevice::device(DeviceSpec::Cpu).unwrap();
     let (program, params) = Program::new(&g, 1, Init::FromGraph, &device).unwrap();
     let out = program
         .forward(&params, &batch(&x, 2, 2, &device), false)

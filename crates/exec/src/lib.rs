@@ -24,18 +24,17 @@ pub mod process;
 pub mod protocol;
 #[cfg(unix)]
 pub mod reaper;
-pub mod result;
 pub mod template;
 #[cfg(unix)]
 pub mod trial;
 
+pub use batchfit_tune::trial::{Outcome, RankResult, RunTrial, TrialResult};
 pub use error::{ExecError, StepLineError};
 pub use launcher::{Launcher, LauncherKind};
 pub use oom::looks_like_oom;
 #[cfg(unix)]
 pub use process::{ExitInfo, Finished, LineHandler, ProcessOptions, run_process};
 pub use protocol::{NoiseReport, StepReader, StepReport, StepStats};
-pub use result::{Outcome, RankResult, TrialResult};
 pub use template::CommandTemplate;
 #[cfg(unix)]
 pub use trial::{TrialOptions, run_trial};

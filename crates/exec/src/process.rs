@@ -7,7 +7,7 @@
 use crate::interrupt;
 use crate::monitor::{ProcInfo, groups_still_ours, process_tree};
 use crate::oom::looks_like_oom;
-use crate::result::Outcome;
+use batchfit_tune::trial::Outcome;
 use std::collections::HashSet;
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read};

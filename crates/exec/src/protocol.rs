@@ -14,53 +14,12 @@
 //! `samples_per_s` and optionally `samples` and `rank`.
 
 use crate::error::{ExecError, StepLineError};
-use batchfit_tune::stats::{Summary, summarize};
+use batchfit_tune::stats::summarize;
+pub use batchfit_tune::trial::{NoiseReport, StepReport, StepStats};
 use regex::Regex;
-use serde::{Deserialize, Serialize};
 
 /// Prefix of a protocol line.
 pub const PREFIX: &str = "BATCHFIT ";
-
-/// One training step as the command reported it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct StepReport {
-    pub step: Option<u64>,
-    pub samples: Option<u64>,
-    pub seconds: f64,
-    /// The step's mean training loss, when the command reports it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub loss: Option<f64>,
-    /// Gradient norms at two batch sizes, on the steps the helper measures.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub noise: Option<NoiseReport>,
-    /// The rank that ran the step (every rank of a launched trial prints its own lines).
-    #[serde(default)]
-    pub rank: Option<u32>,
-}
-
-/// Squared gradient norms of one step at two batch sizes, as the Python helper
-/// (`python/`) measures them: the step's batch of `b_big` samples split into
-/// micro-batches of `b_small`; `g_small_sq` is the mean of their gradients'
-/// squared norms, `g_big_sq` the squared norm of the whole batch's gradient.
-/// batchfit turns them into the noise scale with `batchfit_tune::noise`.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct NoiseReport {
-    pub b_small: f64,
-    pub g_small_sq: f64,
-    pub b_big: f64,
-    pub g_big_sq: f64,
-}
-
-impl NoiseReport {
-    /// Usable by the two-batch estimator: finite, non-negative, `b_big > b_small > 0`.
-    pub fn is_valid(&self) -> bool {
-        [self.b_small, self.g_small_sq, self.b_big, self.g_big_sq]
-            .iter()
-            .all(|x| x.is_finite() && *x >= 0.0)
-            && self.b_big > self.b_small
-            && self.b_small > 0.0
-    }
-}
 
 /// Reads step reports out of a command's output lines.
 #[derive(Clone, Debug)]
@@ -125,17 +84,6 @@ impl StepReader {
             }
         }
     }
-}
-
-/// Step-time statistics of one trial, warm-up steps left out.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct StepStats {
-    pub steps_reported: usize,
-    /// Steps the statistics use (after the warm-up ones).
-    pub steps_used: usize,
-    pub step_time: Summary,
-    /// Samples of the used steps / their seconds.
-    pub samples_per_s: f64,
 }
 
 /// Statistics of `steps`, skipping the first `warmup` (all are used when

@@ -5,8 +5,8 @@ use crate::launcher::{Launcher, RANK_VARS};
 use crate::monitor::{ProcInfo, env_rank, gpu_reading, vm_peak};
 use crate::process::{LineHandler, ProcessOptions, run_process};
 use crate::protocol::{StepReader, StepReport, combine_ranks, step_stats};
-use crate::result::{RankResult, TrialResult};
 use crate::template::{BATCH_ENV, CommandTemplate};
+use batchfit_tune::trial::{RankResult, TrialResult};
 use std::collections::{BTreeMap, HashMap};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -269,7 +269,7 @@ fn limit_address_space(command: &mut Command, bytes: u64) {
 mod tests {
     use super::*;
     use crate::launcher::LauncherKind;
-    use crate::result::Outcome;
+    use batchfit_tune::trial::Outcome;
     use std::path::PathBuf;
 
     fn fixture(name: &str) -> String {

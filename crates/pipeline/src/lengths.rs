@@ -1,7 +1,7 @@
 //! `--lengths`: plan (and with `probe`, measure) a sequence model over the
 //! lengths of the user's data instead of one `--seq-len`.
 
-use crate::probe::{MeasureConfig, Target, search_max_batch};
+use crate::probe::{MeasureConfig, Target, TrialLength, search_max_batch};
 use crate::run::RunConfig;
 use crate::{Error, Progress, Result};
 use batchfit_engine::DeviceSpec;
@@ -152,7 +152,7 @@ pub fn probe_lengths(
                 "{device}: timing batch {m} at length {}",
                 b.longest
             ));
-            let r = cfg.run(&target, device, m, false);
+            let r = cfg.run(&target, device, m, TrialLength::Timed(cfg.warmup));
             let out_of_memory = matches!(r.outcome, Outcome::OutOfMemory(_));
             timed = Some(r);
             if !out_of_memory {
@@ -221,7 +221,7 @@ pub fn probe_lengths(
             "{device}: timing batch {half} at length {}",
             m.longest
         ));
-        let r = cfg.run(&target, device, half, false);
+        let r = cfg.run(&target, device, half, TrialLength::Timed(cfg.warmup));
         if let Some(p) = &r.point {
             steps.push(step(half, m.longest, p.summary().median));
         }
@@ -247,7 +247,7 @@ pub fn probe_lengths(
                     b.samples,
                     b.padded_to
                 ));
-                let r = cfg.run(&target, device, b.samples, false);
+                let r = cfg.run(&target, device, b.samples, TrialLength::Timed(cfg.warmup));
                 match r.point {
                     Some(p) => total += p.summary().median,
                     None => {

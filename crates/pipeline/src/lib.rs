@@ -27,9 +27,8 @@ pub mod probe;
 pub mod progress;
 #[cfg(unix)]
 pub mod run;
-#[cfg(unix)]
-pub mod run_advice;
 pub mod sweep;
+mod sweep_out;
 pub mod verify;
 
 pub use error::{Error, Result};

@@ -8,9 +8,7 @@ use batchfit_engine::noise::{NoiseConfig, measure_noise};
 use batchfit_engine::{DeviceSpec, TrainConfig, Trainer};
 use batchfit_graph::{Graph, LossKind};
 use batchfit_plan::Optimizer;
-use batchfit_report::noise::{LrAdvice, NoiseDocument};
-use batchfit_tune::lr::{LrRule, scale};
-use batchfit_tune::noise::{NoiseRecord, critical_batch, predict};
+use batchfit_tune::noise::{NoiseRecord, NoiseRun, NoiseRunSetup};
 
 /// A loss that replaces the model's own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -138,21 +136,20 @@ pub fn load_data(
     Ok(data)
 }
 
-/// Result of a noise measurement.
-pub struct NoiseOutcome {
-    pub history: Vec<NoiseRecord>,
-    /// B_simple with its 90 % band (low, high; high may be infinite).
-    pub b_simple: Option<(f64, f64, f64)>,
-}
-
-/// Runs the measurement on `data`; `progress` sees every record.
+/// Runs the measurement on `data` and concludes it; `progress` sees every record.
 pub fn run_noise(
     settings: &NoiseSettings,
     graph: &Graph,
     data: &Dataset,
     seq_len: usize,
     mut progress: impl FnMut(&NoiseRecord),
-) -> Result<NoiseOutcome> {
+) -> Result<NoiseRun> {
+    if settings.k < 2 {
+        return Err(Error::input(format!(
+            "k = {}: the estimator needs B_big = k x B_small above B_small (k of at least 2)",
+            settings.k
+        )));
+    }
     if let Some(n) = settings.threads {
         // Fails only if already set in this process, which is harmless.
         let _ = batchfit_engine::set_threads(n);
@@ -182,61 +179,22 @@ pub fn run_noise(
         seed: settings.seed,
     };
     let (history, est) = measure_noise(&mut trainer, graph, data, &cfg, &mut progress)?;
-    Ok(NoiseOutcome {
+    Ok(NoiseRun::conclude(
+        NoiseRunSetup {
+            model: graph.name.clone(),
+            data: data.source.clone(),
+            rows: data.rows,
+            b_small: settings.b_small,
+            k: settings.k,
+            lr: settings.lr,
+            optimizer: settings.optimizer,
+            steps: settings.steps,
+            batches: settings.batches.clone(),
+            reference: settings.reference,
+        },
         history,
-        b_simple: est.estimate().map(|e| (e.b_simple, e.low, e.high)),
-    })
-}
-
-/// The report of a measurement: B_simple with its band, predictions per batch,
-/// learning rates per batch when a reference was given.
-pub fn document(
-    settings: &NoiseSettings,
-    graph: &Graph,
-    data: &Dataset,
-    outcome: NoiseOutcome,
-) -> NoiseDocument {
-    let batches: Vec<u64> = if settings.batches.is_empty() {
-        std::iter::successors(Some(1u64), |b| Some(b * 2))
-            .take_while(|&b| b <= data.rows as u64)
-            .collect()
-    } else {
-        settings.batches.clone()
-    };
-    let (b_simple, low, high) = match outcome.b_simple {
-        Some((b, l, h)) => (Some(b), Some(l), h.is_finite().then_some(h)),
-        None => (None, None, None),
-    };
-    let rule = LrRule::for_optimizer(settings.optimizer.is_adaptive());
-    let lr_advice = settings.reference.map(|(rb, rl)| LrAdvice {
-        rule,
-        source: rule.source().to_string(),
-        ref_batch: rb,
-        ref_lr: rl,
-        per_batch: batches
-            .iter()
-            .map(|&b| (b, scale(rule, rb, rl, b)))
-            .collect(),
-    });
-    NoiseDocument {
-        schema_version: batchfit_report::SCHEMA_VERSION,
-        kind: "noise",
-        model: graph.name.clone(),
-        data: data.source.clone(),
-        rows: data.rows,
-        b_small: settings.b_small,
-        b_big: settings.b_small * settings.k,
-        lr: settings.lr,
-        optimizer: settings.optimizer.name().to_string(),
-        steps: settings.steps,
-        b_simple,
-        b_simple_low: low,
-        b_simple_high: high,
-        critical_batch: b_simple.map(critical_batch),
-        history: outcome.history,
-        predictions: b_simple.map(|b| predict(b, &batches)).unwrap_or_default(),
-        lr_advice,
-    }
+        est.estimate(),
+    ))
 }
 
 /// `noise` end to end: load the model (the default when `model` is `None`)
@@ -246,12 +204,11 @@ pub fn noise(
     data: &DataSource,
     settings: &NoiseSettings,
     progress: impl FnMut(&NoiseRecord),
-) -> Result<NoiseDocument> {
+) -> Result<NoiseRun> {
     let default_model = model.is_none();
     let mut graph = batchfit_graph::load(model.unwrap_or(crate::DEFAULT_MODEL))?;
     apply_loss(&mut graph, data.loss)?;
     let seq_len = graph.default_seq_len.unwrap_or(1);
     let dataset = load_data(data, &graph, seq_len, default_model)?;
-    let outcome = run_noise(settings, &graph, &dataset, seq_len, progress)?;
-    Ok(document(settings, &graph, &dataset, outcome))
+    run_noise(settings, &graph, &dataset, seq_len, progress)
 }

@@ -1,22 +1,25 @@
 //! `run`: the user's own training command, once per batch size, each in a
-//! fresh process tree through the one runner of `batchfit_exec`: the largest
-//! batch that runs (exactly), the throughput curve and its knee.
+//! fresh process tree through the one runner of `batchfit_exec`
+//! ([`CommandTrials`]). The searches, the measuring loop and the advice are
+//! `batchfit_tune`'s.
 
 use crate::output::check_output_folder;
 use crate::{Error, Progress, Result};
 use batchfit_exec::{CommandTemplate, Outcome, StepReader, TrialOptions, TrialResult, run_trial};
 use batchfit_plan::Bytes;
-use batchfit_report::probe::curve_with_errors;
-use batchfit_report::probe::{DeviceProbe, ProbePoint};
-use batchfit_report::run::{RunDocument, RunTrial};
-use batchfit_tune::diagnose::StepPoint;
-use batchfit_tune::knee::{knee, knee_range, refine_between, smooth_knee};
+use batchfit_tune::device::DeviceSpec;
+use batchfit_tune::knee::knee_range;
 use batchfit_tune::lr::LrRule;
-use batchfit_tune::search::{
-    LadderResult, Line, PredictOptions, Verdict, each_listed, ladder_then_bisect,
-    predict_then_bracket,
+use batchfit_tune::measure::{
+    CurvePlan, Measurement, REFINE_ROUNDS, Trials, Warmup, measure_curve,
 };
-use std::cell::RefCell;
+use batchfit_tune::probe::{DeviceProbe, ProbePoint, curve_with_errors};
+use batchfit_tune::run::{RunSummary, advise_run, batch_with_margin, noise_of, trial_point};
+use batchfit_tune::search::{
+    LadderResult, PredictOptions, TrialReason, Verdict, each_listed, ladder_then_bisect,
+    predict_then_bracket, predicting,
+};
+use batchfit_tune::trial::RunTrial;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -61,8 +64,83 @@ pub struct RunConfig {
     pub search_only: bool,
 }
 
+/// The user's command as the measuring loop's runner: every trial a fresh
+/// process tree, logged in order with why it ran.
+pub struct CommandTrials<'a> {
+    template: &'a CommandTemplate,
+    opts: &'a TrialOptions,
+    progress: &'a dyn Progress,
+    started: Instant,
+    /// Every trial in the order it ran.
+    pub log: Vec<RunTrial>,
+    /// Set when the program cannot start at all: bad input, not a result.
+    pub not_started: Option<String>,
+}
+
+impl CommandTrials<'_> {
+    /// Runs `batch`; the trial's verdict reads the peak the search holds
+    /// against its budget: the process's (`--memory-limit`) or the GPU's.
+    fn trial(&mut self, batch: u64, reason: TrialReason, gpu: bool) -> Measurement {
+        if self.not_started.is_some() {
+            let point = ProbePoint::ended(batch, None, &Outcome::NotStarted(String::new()));
+            return Measurement {
+                point,
+                verdict: Verdict::Broken,
+            };
+        }
+        let progress = self.progress;
+        let label = reason.label();
+        progress.add_length(1);
+        progress.message(format!("batch {batch} ({label})"));
+        let result = run_trial(self.template, batch, self.opts, &mut |steps| {
+            progress.message(format!("batch {batch} ({label}): {steps} steps"));
+        });
+        progress.advance(1);
+        if let Outcome::NotStarted(why) = &result.outcome {
+            self.not_started = Some(why.clone());
+        }
+        let peak = if gpu {
+            result.peak_gpu_bytes
+        } else {
+            result.peak_vm_bytes.or(result.peak_host_bytes)
+        };
+        let measurement = Measurement {
+            point: trial_point(&result),
+            verdict: result.outcome.verdict(peak.map(Bytes)),
+        };
+        self.log.push(RunTrial { reason, result });
+        measurement
+    }
+
+    /// The last trial's result.
+    fn last(&self) -> Option<&TrialResult> {
+        self.log.last().map(|t| &t.result)
+    }
+
+    /// One point per batch: its last trial.
+    fn points(&self) -> Vec<ProbePoint> {
+        let mut points: Vec<ProbePoint> = Vec::new();
+        for t in &self.log {
+            points.retain(|p| p.batch != t.result.batch);
+            points.push(trial_point(&t.result));
+        }
+        points.sort_by_key(|p| p.batch);
+        points
+    }
+}
+
+impl Trials for CommandTrials<'_> {
+    fn measure(&mut self, batch: u64, reason: TrialReason, _: Warmup) -> Measurement {
+        self.trial(batch, reason, false)
+    }
+
+    fn elapsed_s(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+}
+
 /// Runs the trials: the search (or the listed batches), then the knee refinement.
-pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunDocument> {
+pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunSummary> {
     // Everything the user can get wrong is checked before the first trial.
     let template = CommandTemplate::new(cfg.command.clone())?;
     let reader = match &cfg.throughput_regex {
@@ -85,7 +163,6 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunDocument> {
     batchfit_exec::interrupt::set_message(
         "the running trial's process tree was ended; no report was written",
     );
-
     let opts = TrialOptions {
         timeout: cfg.timeout,
         reader,
@@ -95,82 +172,17 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunDocument> {
         launcher: cfg.launcher.clone(),
     };
     let started = Instant::now();
-    let mut trials: Vec<RunTrial> = Vec::new();
-    // Set when the program cannot start at all: bad input, not a result.
-    let not_started: RefCell<Option<String>> = RefCell::new(None);
-    let trial = |b: u64, reason: &'static str, trials: &mut Vec<RunTrial>| -> Verdict {
-        if not_started.borrow().is_some() {
-            return Verdict::Broken;
-        }
-        progress.add_length(1);
-        progress.message(format!("batch {b} ({reason})"));
-        let result = run_trial(&template, b, &opts, &mut |steps| {
-            progress.message(format!("batch {b} ({reason}): {steps} steps"));
-        });
-        progress.advance(1);
-        if let Outcome::NotStarted(why) = &result.outcome {
-            *not_started.borrow_mut() = Some(why.clone());
-        }
-        // Under a limit the search reads the measured peak the limit holds.
-        let peak = result.peak_vm_bytes.or(result.peak_host_bytes).map(Bytes);
-        let v = result.outcome.verdict(peak);
-        trials.push(RunTrial { reason, result });
-        v
+    let mut trials = CommandTrials {
+        template: &template,
+        opts: &opts,
+        progress,
+        started,
+        log: Vec::new(),
+        not_started: None,
     };
-
-    let search: LadderResult = if !cfg.batches.is_empty() {
-        each_listed(&cfg.batches, |b, why| trial(b, why, &mut trials))
-    } else if let Some(budget) = cfg.memory_limit {
-        let opts = PredictOptions {
-            start: cfg.start,
-            cap: cfg.max_batch,
-            budget,
-            tolerance: cfg.tolerance,
-            max_trials: 40,
-        };
-        predict_then_bracket(&opts, |b, why| trial(b, why, &mut trials))
-    } else {
-        // The first trial tells where the command runs: on an NVIDIA GPU (NVML
-        // saw it) the budget is the device's memory and the measure NVML's use,
-        // so the search can predict; elsewhere nothing bounds memory but the
-        // machine, and the ladder doubles to the first out-of-memory.
-        let first = trial(cfg.start.clamp(1, cfg.max_batch), "start", &mut trials);
-        let gpu = trials.last().and_then(|t| {
-            let r = &t.result;
-            r.gpu_device
-                .and_then(batchfit_exec::monitor::gpu_total_bytes)
-                .filter(|_| r.peak_gpu_bytes.is_some())
-        });
-        match gpu {
-            Some(total) => {
-                let opts = PredictOptions {
-                    start: cfg.start,
-                    cap: cfg.max_batch,
-                    budget: Bytes(total),
-                    tolerance: cfg.tolerance,
-                    max_trials: 40,
-                };
-                let mut done_first = Some(first);
-                predict_then_bracket(&opts, |b, why| match done_first.take() {
-                    // The start trial already ran: its verdict, now read as GPU memory.
-                    Some(_) => gpu_verdict(trials.last().map(|t| &t.result)),
-                    None => {
-                        trial(b, why, &mut trials);
-                        gpu_verdict(trials.last().map(|t| &t.result))
-                    }
-                })
-            }
-            None => {
-                let mut done_first = Some(first);
-                ladder_then_bisect(cfg.start, cfg.max_batch, |b, why| match done_first.take() {
-                    Some(v) => v,
-                    None => trial(b, why, &mut trials),
-                })
-            }
-        }
-    };
-    let search_trials = trials.len();
-    if let Some(why) = not_started.take() {
+    let search = search(cfg, &mut trials);
+    let search_trials = trials.log.len();
+    if let Some(why) = trials.not_started.take() {
         let check = if cfg.launcher.is_some() {
             "check --launcher / --launcher-cmd"
         } else {
@@ -178,94 +190,107 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunDocument> {
         };
         return Err(Error::input(format!("{why}; {check}")));
     }
-
-    // The knee, refined between it and the sampled batch below it.
-    let curve = |trials: &[RunTrial]| -> Vec<(u64, f64)> {
-        trials
-            .iter()
-            .filter(|t| t.result.outcome == Outcome::Ran)
-            .filter_map(|t| {
-                t.result
-                    .steps
-                    .as_ref()
-                    .map(|s| (t.result.batch, s.samples_per_s))
-            })
-            .collect()
+    // The search's trials are the curve's samples; the knee is refined between them.
+    let curve_plan = CurvePlan {
+        batches: Vec::new(),
+        listed: !cfg.batches.is_empty(),
+        refine_rounds: if cfg.search_only { 0 } else { REFINE_ROUNDS },
+        settle_rounds: 0,
+        efficiency: cfg.efficiency,
+        b_noise: None,
+        budget: None,
     };
-    // A predicting search samples the curve sparsely: refine until the batch
-    // below the knee is within a factor 2 of it (three rounds at most).
-    // The step-time line's knee where the line explains the points, else the medians'.
-    let knee_of = |trials: &[RunTrial]| {
-        let steps: Vec<StepPoint> = trials
-            .iter()
-            .filter(|t| t.result.outcome == Outcome::Ran)
-            .filter_map(|t| {
-                t.result.steps.as_ref().map(|s| StepPoint {
-                    batch: t.result.batch,
-                    step_s: s.step_time.median,
-                    rel_err: s.step_time.rel_std_err,
-                })
-            })
-            .collect();
-        smooth_knee(&steps, cfg.efficiency).or_else(|| knee(&curve(trials), cfg.efficiency))
+    let seeded = trials.points();
+    let curve = measure_curve(&mut trials, &curve_plan, seeded);
+    let log = trials.log;
+    let gpu = log.iter().find_map(|t| t.result.gpu_device);
+    let points = curve.points;
+    let device = DeviceProbe {
+        knee_range: knee_range(&curve_with_errors(&points), cfg.efficiency),
+        device: gpu.map_or(DeviceSpec::Host, |d| DeviceSpec::Cuda(d as usize)),
+        threads: None,
+        points,
+        max_batch: search.max_batch,
+        knee_batch: curve.knee_batch,
+        efficiency: cfg.efficiency,
+        search_trials: log.len(),
+        search: None,
+        seconds: started.elapsed().as_secs_f64(),
+        budget: None,
     };
-    let mut knee_batch = knee_of(&trials);
-    for _ in 0..3 {
-        let Some(k) = knee_batch.filter(|_| cfg.batches.is_empty() && !cfg.search_only) else {
-            break;
-        };
-        let below = curve(&trials).iter().map(|p| p.0).filter(|&b| b < k).max();
-        let Some(below) = below.filter(|&b| b * 2 < k || !refined_once(&trials)) else {
-            break;
-        };
-        let extra = refine_between(below, k, 2);
-        if extra.is_empty() {
-            break;
-        }
-        for b in extra {
-            trial(b, "knee refinement", &mut trials);
-        }
-        knee_batch = knee_of(&trials);
-    }
-
-    let with_margin = cfg
-        .margin
-        .zip(search.max_batch)
-        .map(|(m, max)| batch_with_margin(&trials, cfg.memory_limit, max, m));
-    let device = device_probe(
-        &trials,
-        search.max_batch,
-        knee_batch,
-        cfg.efficiency,
-        started,
-    );
-    let (noise, target_loss) = crate::run_advice::noise_of(&trials);
-    let advice = crate::run_advice::advise_run(&device, &trials, noise.as_ref(), cfg.lr_rule);
-    Ok(RunDocument {
-        schema_version: batchfit_report::SCHEMA_VERSION,
-        kind: "run",
+    let (noise, target_loss) = noise_of(&log);
+    let advice = advise_run(&device, &log, noise.as_ref(), cfg.lr_rule);
+    Ok(RunSummary {
         command: template.display(),
         launch_command: cfg
             .launcher
             .as_ref()
             .map(|l| CommandTemplate::display_argv(&l.wrap(template.argv()))),
         world_size: cfg.launcher.as_ref().map_or(1, Launcher::world_size),
-        devices: vec![device],
+        batch_with_margin: cfg
+            .margin
+            .zip(search.max_batch)
+            .map(|(m, max)| batch_with_margin(&log, cfg.memory_limit, max, m)),
+        device,
         noise,
-        recommendation: advice.recommendation,
-        time_to_target: advice.time_to_target,
+        advice,
         target_loss,
-        findings: advice.findings,
-        trials,
+        trials: log,
         max_batch: search.max_batch,
         smallest_failure: search.smallest_failure,
         stopped_at: search.stopped_at,
         capped: search.capped,
         search_trials,
         memory_limit_bytes: cfg.memory_limit,
-        batch_with_margin: with_margin,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// The largest batch that runs: the listed batches; under `--memory-limit`
+/// the predicting search; else one trial tells where the command runs: on an
+/// NVIDIA GPU (NVML saw it) the budget is the device's memory and the measure
+/// NVML's use, so the search can predict; elsewhere nothing bounds memory but
+/// the machine, and the ladder doubles to the first out-of-memory.
+fn search(cfg: &RunConfig, trials: &mut CommandTrials) -> LadderResult {
+    let predicting = |budget: Bytes| PredictOptions {
+        start: cfg.start,
+        cap: cfg.max_batch,
+        budget,
+        tolerance: cfg.tolerance,
+        max_trials: predicting::MAX_TRIALS,
+    };
+    if !cfg.batches.is_empty() {
+        return each_listed(&cfg.batches, |b, why| trials.trial(b, why, false).verdict);
+    }
+    if let Some(budget) = cfg.memory_limit {
+        return predict_then_bracket(&predicting(budget), |b, why| {
+            trials.trial(b, why, false).verdict
+        });
+    }
+    let start = cfg.start.clamp(1, cfg.max_batch);
+    let first = trials.trial(start, TrialReason::Start, false).verdict;
+    let gpu_total = trials.last().and_then(|r| {
+        r.gpu_device
+            .and_then(batchfit_exec::monitor::gpu_total_bytes)
+            .filter(|_| r.peak_gpu_bytes.is_some())
+    });
+    match gpu_total {
+        Some(total) => {
+            let mut first = Some(());
+            predict_then_bracket(&predicting(Bytes(total)), |b, why| match first.take() {
+                // The start trial already ran: its verdict, now read as GPU memory.
+                Some(()) => gpu_verdict(trials.last()),
+                None => trials.trial(b, why, true).verdict,
+            })
+        }
+        None => {
+            let mut first = Some(first);
+            ladder_then_bisect(cfg.start, cfg.max_batch, |b, why| match first.take() {
+                Some(v) => v,
+                None => trials.trial(b, why, false).verdict,
+            })
+        }
+    }
 }
 
 /// A trial's verdict with its peak GPU memory (NVML) as the measured peak.
@@ -273,95 +298,5 @@ fn gpu_verdict(r: Option<&TrialResult>) -> Verdict {
     match r {
         Some(r) => r.outcome.verdict(r.peak_gpu_bytes.map(Bytes)),
         None => Verdict::Broken,
-    }
-}
-
-/// Whether a knee refinement already ran.
-fn refined_once(trials: &[RunTrial]) -> bool {
-    trials.iter().any(|t| t.reason == "knee refinement")
-}
-
-/// The largest batch that leaves `margin` of the memory free: on the line
-/// through the measured peaks of the two largest batches that ran when a limit
-/// was given, else `max_batch` shrunk by the margin.
-fn batch_with_margin(trials: &[RunTrial], limit: Option<Bytes>, max: u64, margin: f64) -> u64 {
-    let mut peaks: Vec<(u64, f64)> = trials
-        .iter()
-        .filter(|t| t.result.outcome == Outcome::Ran)
-        .filter_map(|t| {
-            let r = &t.result;
-            r.peak_vm_bytes
-                .or(r.peak_host_bytes)
-                .map(|p| (r.batch, p as f64))
-        })
-        .collect();
-    peaks.sort_by_key(|p| p.0);
-    peaks.dedup_by_key(|p| p.0);
-    let fitted = match (limit, peaks.as_slice()) {
-        (Some(l), [.., a, b]) => Line::through(*a, *b)
-            .map(|line| line.max_batch(Bytes((l.as_f64() * (1.0 - margin)) as u64))),
-        _ => None,
-    };
-    fitted
-        .unwrap_or(((max as f64) * (1.0 - margin)).floor() as u64)
-        .clamp(1, max)
-}
-
-/// The trials in `probe`'s shape, one point per batch (its last trial).
-fn device_probe(
-    trials: &[RunTrial],
-    max_batch: Option<u64>,
-    knee_batch: Option<u64>,
-    efficiency: f64,
-    started: Instant,
-) -> DeviceProbe {
-    let mut points: Vec<ProbePoint> = Vec::new();
-    for t in trials {
-        points.retain(|p| p.batch != t.result.batch);
-        points.push(point(&t.result));
-    }
-    points.sort_by_key(|p| p.batch);
-    let gpu = trials.iter().find_map(|t| t.result.gpu_device);
-    DeviceProbe {
-        knee_range: knee_range(&curve_with_errors(&points), efficiency),
-        device: gpu.map_or_else(|| "host".to_string(), |d| format!("cuda:{d}")),
-        threads: None,
-        points,
-        max_batch,
-        knee_batch,
-        efficiency,
-        search_trials: trials.len(),
-        search: None,
-        seconds: started.elapsed().as_secs_f64(),
-        budget: None,
-    }
-}
-
-fn point(r: &TrialResult) -> ProbePoint {
-    match (&r.outcome, &r.steps) {
-        (Outcome::Ran, Some(s)) => {
-            let mut p = ProbePoint::measured(
-                r.batch,
-                &s.step_time,
-                r.peak_gpu_bytes.or(r.peak_host_bytes),
-                r.peak_host_bytes,
-                None,
-            );
-            // Commands report samples per step; they may differ from the batch.
-            p.samples_per_s = s.samples_per_s;
-            p
-        }
-        (Outcome::Ran, None) => {
-            let mut p = ProbePoint::failed(r.batch, None, String::new());
-            p.failure = None;
-            p.samples_per_s = f64::NAN;
-            p.peak_bytes = r
-                .peak_gpu_bytes
-                .or(r.peak_host_bytes)
-                .map(batchfit_plan::Bytes);
-            p.peak_rss_bytes = r.peak_host_bytes.map(batchfit_plan::Bytes);
-            p
-        }
-        (outcome, _) => ProbePoint::failed(r.batch, None, outcome.to_string()),
     }
 }

@@ -1,86 +1,86 @@
 //! The `advise` report: the recommendation first, then the evidence, as a
 //! terminal summary, JSON, and a self-contained HTML page with SVG figures.
 
+use crate::json::{BasisJson, DeviceScheduleJson, FindingJson, RecommendationJson};
 use crate::noise::NoiseDocument;
 use crate::plots::{Figure, Series, SeriesKind};
-use crate::probe::DeviceProbe;
-use crate::{align_numbers, esc, table, thousands};
+use crate::{align_numbers, esc, prose, table, thousands};
 use batchfit_plan::{Bytes, Plan};
-use batchfit_tune::diagnose::Finding;
-use batchfit_tune::target::{PredictionBasis, TimeToTarget};
-use serde::{Deserialize, Serialize};
+use batchfit_tune::basis::PredictionBasis;
+use batchfit_tune::decide::{Advice, AdviceInputs};
+use batchfit_tune::device::DeviceSpec;
+use batchfit_tune::probe::DeviceProbe;
+use batchfit_tune::schedule::{DeviceSchedule, Schedule, Stage};
+use batchfit_tune::target::TimeToTarget;
+use batchfit_tune::world::WorldSizes;
+use serde::Serialize;
 
-pub use batchfit_tune::advice::{Accumulation, MaxBatchSource, Recommendation};
-
-/// The JSON document of `batchfit advise --json`, also rendered to HTML.
-#[derive(Clone, Debug, Serialize)]
-pub struct AdviseDocument {
+/// The JSON document of `batchfit advise --json`.
+#[derive(Serialize)]
+pub struct AdviseDocument<'a> {
     pub schema_version: u32,
     pub kind: &'static str,
-    pub model: String,
+    pub model: &'a str,
     pub parameters: u64,
-    pub command: String,
+    pub command: &'a str,
     /// The model and data as given, so `sweep --verify` trains the same.
-    pub inputs: AdviceInputs,
-    pub machine: String,
-    pub data: Option<String>,
-    pub plan: Plan,
-    pub devices: Vec<DeviceProbe>,
-    pub noise: Option<NoiseDocument>,
-    pub recommendations: Vec<Recommendation>,
+    pub inputs: &'a AdviceInputs,
+    pub machine: &'a str,
+    pub data: Option<&'a str>,
+    pub plan: &'a Plan,
+    pub devices: &'a [DeviceProbe],
+    pub noise: Option<NoiseDocument<'a>>,
+    pub recommendations: Vec<RecommendationJson<'a>>,
     /// Every (device, batch, accumulation) option ranked by predicted time to target.
-    pub time_to_target: Vec<TimeToTarget>,
+    pub time_to_target: &'a [TimeToTarget],
     /// The loss the noise run reached; time to target is predicted for it.
     pub target_loss: Option<f64>,
-    /// What the predicted time to target rests on: the learning-rate rule, the
-    /// run's updates to the target, S(B) drawn from it.
-    pub prediction: Option<PredictionBasis>,
-    /// A batch-size ramp on each device from the noise scale along the run
-    /// (predicted; empty without a noise run's stretches).
-    pub schedules: Vec<batchfit_tune::schedule::DeviceSchedule>,
-    pub findings: Vec<Finding>,
+    /// What the predicted time to target rests on.
+    pub prediction: Option<BasisJson<'a>>,
+    /// A batch-size ramp on each device (predicted).
+    pub schedules: Vec<DeviceScheduleJson<'a>>,
+    pub findings: Vec<FindingJson>,
     /// Memory budget per device, for the memory figure: (device, bytes).
-    pub budgets: Vec<(String, Bytes)>,
+    pub budgets: &'a [(DeviceSpec, Bytes)],
     /// `--gpus`: time to target across data-parallel world sizes (predicted).
-    pub world_sizes: Option<WorldSizes>,
-    /// With no `--device`: the kinds of device this build or machine could
-    /// not use, each with the reason.
-    pub devices_not_used: Vec<String>,
+    pub world_sizes: Option<&'a WorldSizes>,
+    pub devices_not_used: &'a [String],
 }
 
-/// What `advise` was given: the model (null: the default model with the
-/// shipped digits), the data options and the optimizer.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct AdviceInputs {
-    pub model: Option<String>,
-    pub data: Option<String>,
-    pub labels: Option<String>,
-    pub label_col: Option<isize>,
-    /// `mse` or `ce` when the model's loss was replaced.
-    pub loss: Option<String>,
-    pub optimizer: String,
-}
-
-/// Time to target across data-parallel world sizes of one measured device.
-#[derive(Clone, Debug, Serialize)]
-pub struct WorldSizes {
-    /// The measured device the world is made of.
-    pub device: String,
-    /// How the model states are sharded.
-    pub strategy: String,
-    /// The ring's bandwidth, Gb/s.
-    pub link_gbps: f64,
-    pub b_noise: f64,
-    /// One row per world size: the micro-batch per device with the lowest predicted time.
-    pub table: Vec<batchfit_tune::target::ScaleTime>,
-    /// Where extra devices stop paying.
-    pub limit: Option<batchfit_tune::target::ScalingLimit>,
-    /// The largest world size whose global batch stays within B_noise.
-    pub within_b_noise: Option<u64>,
+impl<'a> AdviseDocument<'a> {
+    pub fn new(a: &'a Advice) -> Self {
+        let d = &a.decision;
+        AdviseDocument {
+            schema_version: crate::SCHEMA_VERSION,
+            kind: "advise",
+            model: &a.model,
+            parameters: a.parameters,
+            command: &a.command,
+            inputs: &a.inputs,
+            machine: &a.machine,
+            data: a.data.as_deref(),
+            plan: &a.plan,
+            devices: &a.devices,
+            noise: a.noise.as_ref().map(NoiseDocument::new),
+            recommendations: d
+                .recommendations
+                .iter()
+                .map(RecommendationJson::new)
+                .collect(),
+            time_to_target: &d.time_to_target,
+            target_loss: d.target_loss,
+            prediction: d.basis.as_ref().map(BasisJson::new),
+            schedules: DeviceScheduleJson::all(&d.schedules),
+            findings: FindingJson::all(&d.findings),
+            budgets: &a.budgets,
+            world_sizes: a.world_sizes.as_ref(),
+            devices_not_used: &a.devices_not_used,
+        }
+    }
 }
 
 /// The terminal summary: recommendation first.
-pub fn render(d: &AdviseDocument) -> String {
+pub fn render(d: &Advice) -> String {
     let mut out = format!(
         "batchfit advice for {} ({} parameters){}\n\n",
         d.model,
@@ -91,7 +91,7 @@ pub fn render(d: &AdviseDocument) -> String {
             .unwrap_or_default()
     );
     out.push_str("RECOMMENDATION\n");
-    for r in &d.recommendations {
+    for r in &d.decision.recommendations {
         let batch = r
             .recommended_batch
             .map(thousands)
@@ -99,12 +99,12 @@ pub fn render(d: &AdviseDocument) -> String {
         out.push_str(&format!("  {}: train with batch {batch}", r.device));
         match r.learning_rate {
             Some(lr) => out.push_str(&format!(" at learning rate {lr:.3e}")),
-            None => out.push_str(&format!(" ({})", r.learning_rate_rule)),
+            None => out.push_str(&format!(" ({})", prose::learning_rate_rule(r))),
         }
         out.push('\n');
-        out.push_str(&format!("    why: {}\n", r.reason));
+        out.push_str(&format!("    why: {}\n", prose::reason(&r.reason)));
         let budget = d.devices.iter().find(|p| p.device == r.device);
-        if let Some(note) = budget.and_then(|p| p.budget.as_ref()?.describe()) {
+        if let Some(note) = budget.and_then(|p| crate::probe::budget_note(p.budget.as_ref()?)) {
             out.push_str(&format!("    budget: {note}\n"));
         }
         out.push_str(&format!(
@@ -112,7 +112,7 @@ pub fn render(d: &AdviseDocument) -> String {
             r.max_batch
                 .map(thousands)
                 .unwrap_or_else(|| "unknown".into()),
-            r.max_batch_source.describe(),
+            r.max_batch_source.label(),
             r.knee_batch.map(thousands).unwrap_or_else(|| "-".into()),
         ));
         if let Some(a) = &r.accumulation {
@@ -125,12 +125,12 @@ pub fn render(d: &AdviseDocument) -> String {
             ));
         }
     }
-    if let Some(p) = &d.prediction {
+    if let Some(p) = &d.decision.basis {
         out.push_str(&format!(
             "  critical batch ≈ {} for training to loss {:.4} ({})\n",
             thousands(p.curve.b_noise.round() as u64),
             p.target_loss,
-            if p.measured {
+            if p.measured() {
                 "B_noise fitted to the steps to target of real trainings"
             } else {
                 "the noise scale of the steps along the measured run, each stretch weighted by the updates it needs"
@@ -149,7 +149,7 @@ pub fn render(d: &AdviseDocument) -> String {
                 .map(|x| format!("{x:.0}"))
                 .unwrap_or_else(|| "∞".into()),
         );
-        out.push_str(&if d.prediction.is_some() {
+        out.push_str(&if d.decision.basis.is_some() {
             format!(
                 "  the raw gradient's B_simple at the end of the noise run: {} ({band})\n",
                 thousands(c)
@@ -162,28 +162,23 @@ pub fn render(d: &AdviseDocument) -> String {
         });
     }
     out.push_str(&time_to_target_table(
-        &d.time_to_target,
-        d.target_loss,
-        match &d.prediction {
-            Some(p) if p.measured => "steps measured by a sweep x measured step time",
+        &d.decision.time_to_target,
+        d.decision.target_loss,
+        match &d.decision.basis {
+            Some(p) if p.measured() => "steps measured by a sweep x measured step time",
             _ => "steps from the noise scale x measured step time",
         },
     ));
-    if let Some(p) = &d.prediction {
+    if let Some(p) = &d.decision.basis {
         out.push_str(&prediction_basis(p));
     }
-    for sch in &d.schedules {
+    for sch in &d.decision.schedules {
         out.push_str(&schedule_table(sch));
     }
     if let Some(w) = &d.world_sizes {
         out.push_str(&world_size_table(w));
     }
-    if !d.findings.is_empty() {
-        out.push_str("\nDIAGNOSIS (from the measurements)\n");
-        for f in &d.findings {
-            out.push_str(&format!("  - {}\n", f.message));
-        }
-    }
+    out.push_str(&diagnosis(&d.decision.findings));
     if !d.devices_not_used.is_empty() {
         out.push_str("\nDEVICES NOT MEASURED\n");
         for why in &d.devices_not_used {
@@ -195,8 +190,20 @@ pub fn render(d: &AdviseDocument) -> String {
     out
 }
 
+/// The DIAGNOSIS section `advise` and `run` print (empty without findings).
+pub fn diagnosis(findings: &[batchfit_tune::diagnose::Finding]) -> String {
+    let mut out = String::new();
+    if !findings.is_empty() {
+        out.push_str("\nDIAGNOSIS (from the measurements)\n");
+        for f in findings {
+            out.push_str(&format!("  - {}\n", prose::finding(f)));
+        }
+    }
+    out
+}
+
 /// The figures of the report, each with a caption that says measured or predicted.
-pub fn figures(d: &AdviseDocument) -> Vec<(Figure, String)> {
+pub fn figures(d: &Advice) -> Vec<(Figure, String)> {
     let mut figs = Vec::new();
 
     // 1. Throughput vs batch, per device, knee and max marked.
@@ -289,10 +296,11 @@ pub fn figures(d: &AdviseDocument) -> Vec<(Figure, String)> {
     }
 
     // 4. Predicted time to target vs batch, per device.
-    if !d.time_to_target.is_empty() {
+    if !d.decision.time_to_target.is_empty() {
         let mut series = Vec::new();
         for (i, dev) in d.devices.iter().enumerate() {
             let mut pts: Vec<(f64, f64)> = d
+                .decision
                 .time_to_target
                 .iter()
                 .filter(|o| o.option.device == dev.device && o.option.accumulation == 1)
@@ -315,7 +323,7 @@ pub fn figures(d: &AdviseDocument) -> Vec<(Figure, String)> {
 }
 
 /// The self-contained HTML page: inline SVG, no scripts, no external fonts.
-pub fn html(d: &AdviseDocument) -> String {
+pub fn html(d: &Advice) -> String {
     let mut body = String::new();
     body.push_str(&format!(
         "<h1>batchfit: {}</h1>\n<p class=\"meta\">{} parameters · data: {} · machine: {}<br>command: <code>{}</code></p>\n",
@@ -370,7 +378,7 @@ pub fn time_to_target_table(
         ]);
         for o in rows.iter().take(14) {
             t.add_row(vec![
-                o.option.device.clone(),
+                o.option.device.to_string(),
                 thousands(o.option.micro_batch),
                 format!("x{}", o.option.accumulation),
                 thousands(o.option.effective_batch()),
@@ -399,12 +407,13 @@ pub fn time_to_target_table(
 
 /// The lines under the time-to-target table that say what it assumes.
 pub fn prediction_basis(p: &PredictionBasis) -> String {
-    let run = match (p.run_batch, p.run_lr) {
-        (Some(b), Some(lr)) => format!(
-            "; the noise run trained at batch {} with lr {lr:.2e}",
-            thousands(b)
+    let run = match p.run() {
+        Some(r) => format!(
+            "; the noise run trained at batch {} with lr {:.2e}",
+            thousands(r.batch),
+            r.lr
         ),
-        _ => String::new(),
+        None => String::new(),
     };
     let held = if p.lr.cap_batch.is_some() {
         "; held past B_noise, where the best rate stops growing"
@@ -418,67 +427,68 @@ pub fn prediction_basis(p: &PredictionBasis) -> String {
     };
     format!(
         "  assumes: learning rate lr(B) = {} ({}{held}) at every batch, {warmup}{run};\n  updates: {} (S_min {:.0}, B_noise {:.0}{}); one update = {}.\n",
-        p.lr.formula(),
+        prose::formula(&p.lr),
         p.lr.rule.source(),
-        p.method,
+        prose::basis_method(p),
         p.curve.s_min,
         p.curve.b_noise,
-        p.b_simple_end
+        p.b_simple_end()
             .map(|b| format!("; B_simple {b:.0} at the run's end"))
             .unwrap_or_default(),
-        p.step_time
+        prose::STEP_TIME
     )
 }
 
 /// The JSON document of `batchfit schedule --json`: the ramp to export (the
 /// first device's) and every device's plan, with what they rest on.
-#[derive(Clone, Debug, Serialize)]
-pub struct ScheduleDocument {
+#[derive(Serialize)]
+pub struct ScheduleDocument<'a> {
     pub schema_version: u32,
     pub kind: &'static str,
-    pub model: String,
-    pub data: Option<String>,
-    pub command: String,
-    pub inputs: AdviceInputs,
+    pub model: &'a str,
+    pub data: Option<&'a str>,
+    pub command: &'a str,
+    pub inputs: &'a AdviceInputs,
     pub target_loss: Option<f64>,
     /// The stages to train with: `sweep --schedule FILE` reads this key.
-    pub schedule: batchfit_tune::schedule::Schedule,
+    pub schedule: Schedule,
     /// Per device: stages as micro-batch x accumulation, predicted updates and time beside the best fixed batch.
-    pub devices: Vec<batchfit_tune::schedule::DeviceSchedule>,
-    pub prediction: Option<PredictionBasis>,
+    pub devices: Vec<DeviceScheduleJson<'a>>,
+    pub prediction: Option<BasisJson<'a>>,
 }
 
-impl ScheduleDocument {
+impl<'a> ScheduleDocument<'a> {
     /// The schedule part of an advice; `None` when it has none (no noise run).
-    pub fn of(d: &AdviseDocument) -> Option<ScheduleDocument> {
-        let first = d.schedules.first()?;
+    pub fn of(d: &'a Advice) -> Option<ScheduleDocument<'a>> {
+        let first = d.decision.schedules.first()?;
         Some(ScheduleDocument {
-            schema_version: d.schema_version,
+            schema_version: crate::SCHEMA_VERSION,
             kind: "schedule",
-            model: d.model.clone(),
-            data: d.data.clone(),
-            command: d.command.clone(),
-            inputs: d.inputs.clone(),
-            target_loss: d.target_loss,
-            schedule: batchfit_tune::schedule::Schedule {
+            model: &d.model,
+            data: d.data.as_deref(),
+            command: &d.command,
+            inputs: &d.inputs,
+            target_loss: d.decision.target_loss,
+            schedule: Schedule {
                 stages: first
                     .stages
                     .iter()
-                    .map(|s| batchfit_tune::schedule::Stage {
+                    .map(|s| Stage {
                         from_samples: s.from_samples,
                         batch: s.batch,
                         lr: s.lr,
                     })
                     .collect(),
             },
-            devices: d.schedules.clone(),
-            prediction: d.prediction.clone(),
+            devices: DeviceScheduleJson::all(&d.decision.schedules),
+            prediction: d.decision.basis.as_ref().map(BasisJson::new),
         })
     }
 }
 
 /// The terminal report of `batchfit schedule`.
 pub fn render_schedule(d: &ScheduleDocument) -> String {
+    let (devices, prediction) = (&d.devices, &d.prediction);
     let mut out = format!(
         "batch-size schedule for {}{}, to training loss {}\n",
         d.model,
@@ -488,18 +498,18 @@ pub fn render_schedule(d: &ScheduleDocument) -> String {
             .unwrap_or_default(),
         d.target_loss.map_or("-".into(), |t| format!("{t:.4}"))
     );
-    for s in &d.devices {
-        out.push_str(&schedule_table(s));
+    for s in devices {
+        out.push_str(&schedule_table(s.schedule));
     }
-    if let Some(p) = &d.prediction {
-        out.push_str(&prediction_basis(p));
+    if let Some(p) = prediction {
+        out.push_str(&prediction_basis(p.basis));
     }
     out.push_str("\nExport: --json writes the stages (`schedule.stages`: from_samples, batch, lr); docs/schedule.md has a PyTorch loop and a Lightning callback that follow them. Check it: `batchfit sweep --schedule FILE` trains it beside fixed batches.\n");
     out
 }
 
 /// A device's batch-size ramp: its stages and how it compares (predicted).
-pub fn schedule_table(s: &batchfit_tune::schedule::DeviceSchedule) -> String {
+pub fn schedule_table(s: &DeviceSchedule) -> String {
     let mut out = format!(
         "\nBATCH-SIZE SCHEDULE ON {} (predicted: the batch doubles as the noise scale grows; `batchfit sweep --schedule ramp` trains it)\n",
         s.device
@@ -529,7 +539,7 @@ pub fn schedule_table(s: &batchfit_tune::schedule::DeviceSchedule) -> String {
     align_numbers(&mut t, 0);
     out.push_str(&t.to_string());
     out.push('\n');
-    out.push_str(&format!("  {}\n", s.statement));
+    out.push_str(&format!("  {}\n", prose::schedule_statement(s)));
     out
 }
 
@@ -539,7 +549,7 @@ pub fn world_size_table(w: &WorldSizes) -> String {
         "\nPREDICTED TIME TO TARGET ACROSS WORLD SIZES ({} devices like {}, {}, {:.0} Gb/s ring; measured step + ring communication)\n",
         w.table.len(),
         w.device,
-        w.strategy,
+        w.strategy.name(),
         w.link_gbps
     );
     let mut t = table(&[

@@ -1,11 +1,15 @@
-//! Reports: terminal tables and JSON documents (schema in `docs/json.md`).
+//! Reports: the evidence and decisions of `batchfit_tune` rendered as terminal
+//! tables, JSON documents (schema in `docs/json.md`) and HTML pages. Nothing is
+//! decided here; every sentence about a decision is ([`prose`]).
 
 pub mod advise;
+pub mod json;
 pub mod lengths;
 pub mod noise;
 pub mod plan;
 pub mod plots;
 pub mod probe;
+pub mod prose;
 pub mod run;
 pub mod scale;
 pub mod sweep;

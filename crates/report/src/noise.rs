@@ -1,46 +1,26 @@
 //! The `noise` report: gradient noise scale, critical batch, predictions, learning rates.
 
 use crate::{align_numbers, table, thousands};
-use batchfit_tune::lr::LrRule;
-use batchfit_tune::noise::{BatchPrediction, NoiseRecord};
+use batchfit_tune::noise::{NoiseRecord, NoiseRun};
 use serde::Serialize;
 
-/// Learning rates scaled from a tuned reference.
-#[derive(Clone, Debug, Serialize)]
-pub struct LrAdvice {
-    pub rule: LrRule,
-    pub source: String,
-    pub ref_batch: u64,
-    pub ref_lr: f64,
-    /// (batch, learning rate)
-    pub per_batch: Vec<(u64, f64)>,
-}
-
-/// The JSON document of `batchfit noise --json`.
-#[derive(Clone, Debug, Serialize)]
-pub struct NoiseDocument {
+/// The JSON document of `batchfit noise --json` (and `advise`'s `noise`).
+#[derive(Serialize)]
+pub struct NoiseDocument<'a> {
     pub schema_version: u32,
     pub kind: &'static str,
-    pub model: String,
-    pub data: String,
-    pub rows: usize,
-    pub b_small: usize,
-    pub b_big: usize,
-    pub lr: f64,
-    pub optimizer: String,
-    pub steps: usize,
-    /// B_simple = tr(Sigma) / |G|^2 at the end of the run (measured).
-    pub b_simple: Option<f64>,
-    /// 90 % band of B_simple.
-    pub b_simple_low: Option<f64>,
-    pub b_simple_high: Option<f64>,
-    /// Critical batch, taken as B_simple (McCandlish et al.) (predicted).
-    pub critical_batch: Option<u64>,
-    /// One record per measurement step.
-    pub history: Vec<NoiseRecord>,
-    /// Steps and samples relative to their minimum, per batch (predicted).
-    pub predictions: Vec<BatchPrediction>,
-    pub lr_advice: Option<LrAdvice>,
+    #[serde(flatten)]
+    pub run: &'a NoiseRun,
+}
+
+impl<'a> NoiseDocument<'a> {
+    pub fn new(run: &'a NoiseRun) -> NoiseDocument<'a> {
+        NoiseDocument {
+            schema_version: crate::SCHEMA_VERSION,
+            kind: "noise",
+            run,
+        }
+    }
 }
 
 fn band(r: &NoiseRecord) -> String {
@@ -52,14 +32,14 @@ fn band(r: &NoiseRecord) -> String {
 }
 
 /// The table a person reads.
-pub fn render(d: &NoiseDocument) -> String {
+pub fn render(d: &NoiseRun) -> String {
     let mut out = format!(
         "Gradient noise scale of {} on {} ({} rows): {} steps of {} at lr {}, B_small {}, B_big {} (measured)\n",
         d.model,
         d.data,
         thousands(d.rows as u64),
         d.steps,
-        d.optimizer,
+        d.optimizer.name(),
         d.lr,
         d.b_small,
         d.b_big

@@ -2,174 +2,30 @@
 
 use crate::plots::{Figure, Marker, Series, SeriesKind};
 use crate::{align_numbers, table, thousands};
-use batchfit_plan::Bytes;
-use batchfit_tune::search::TrialRecord;
-use batchfit_tune::stats::Summary;
+use batchfit_tune::probe::{DeviceProbe, ProbeBudget, ProbePoint};
 use serde::Serialize;
 
-/// One measured batch size.
-#[derive(Clone, Debug, Serialize)]
-pub struct ProbePoint {
-    pub batch: u64,
-    /// Median seconds per training step (measured).
-    pub step_time_s: f64,
-    pub step_time_p10_s: f64,
-    pub step_time_p90_s: f64,
-    /// Mean seconds per step (measured): what a training's total time grows
-    /// by per step, slow steps included; null where not measured.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub step_time_mean_s: Option<f64>,
-    /// Standard error of the median step time, relative to it (measured spread).
-    pub step_time_rel_err: f64,
-    pub steps_timed: usize,
-    /// batch / median step time (measured).
-    pub samples_per_s: f64,
-    /// Counting-allocator high-water mark (measured); null where not measurable.
-    pub peak_bytes: Option<Bytes>,
-    /// Peak RSS of the measuring process (measured).
-    pub peak_rss_bytes: Option<Bytes>,
-    /// The plan's peak at this batch (predicted); null where nothing was planned (`run`).
-    pub planned_bytes: Option<Bytes>,
-    /// (planned - measured) / measured, percent.
-    pub plan_error_pct: Option<f64>,
-    /// Whether the spread of the timings is wide (outliers, p10-p90 over 25 % of the median).
-    pub noisy: bool,
-    /// Out of memory, crashed or timed out instead of measured.
-    pub failure: Option<String>,
-}
-
-impl ProbePoint {
-    /// A measured point from its timing summary.
-    pub fn measured(
-        batch: u64,
-        s: &Summary,
-        peak: Option<u64>,
-        rss: Option<u64>,
-        planned: Option<Bytes>,
-    ) -> ProbePoint {
-        ProbePoint {
-            batch,
-            step_time_s: s.median,
-            step_time_p10_s: s.p10,
-            step_time_p90_s: s.p90,
-            step_time_mean_s: Some(s.mean),
-            step_time_rel_err: s.rel_std_err,
-            steps_timed: s.n,
-            samples_per_s: batch as f64 / s.median,
-            peak_bytes: peak.map(Bytes),
-            peak_rss_bytes: rss.map(Bytes),
-            planned_bytes: planned,
-            plan_error_pct: peak
-                .filter(|&p| p > 0)
-                .zip(planned)
-                .map(|(p, planned)| 100.0 * (planned.as_f64() - p as f64) / p as f64),
-            noisy: s.noisy(),
-            failure: None,
-        }
-    }
-
-    /// A batch that did not run.
-    pub fn failed(batch: u64, planned: Option<Bytes>, why: String) -> ProbePoint {
-        ProbePoint {
-            batch,
-            step_time_s: f64::NAN,
-            step_time_p10_s: f64::NAN,
-            step_time_p90_s: f64::NAN,
-            step_time_mean_s: None,
-            step_time_rel_err: f64::NAN,
-            steps_timed: 0,
-            samples_per_s: 0.0,
-            peak_bytes: None,
-            peak_rss_bytes: None,
-            planned_bytes: planned,
-            plan_error_pct: None,
-            noisy: false,
-            failure: Some(why),
-        }
-    }
-
-    pub fn ok(&self) -> bool {
-        self.failure.is_none()
-    }
-}
-
-/// The search for the largest batch that fits.
-#[derive(Clone, Debug, Serialize)]
-pub struct MaxBatchSearch {
-    pub budget_bytes: Bytes,
-    /// Largest batch that ran (measured).
-    pub max_batch: Option<u64>,
-    /// Smallest batch that ran out of memory (measured).
-    pub smallest_failure: Option<u64>,
-    /// The plan's limit before calibration (predicted).
-    pub planned_limit: Option<u64>,
-    /// The limit from the calibrated line (predicted, then confirmed).
-    pub predicted_limit: u64,
-    /// The batch whose crash or time-out stopped the search (not out of memory).
-    pub stopped_at: Option<u64>,
-    /// How that trial ended.
-    pub stop_reason: Option<String>,
-    pub trials: Vec<TrialRecord>,
-    pub seconds: f64,
-}
-
-/// Everything measured on one device.
-#[derive(Clone, Debug, Serialize)]
-pub struct DeviceProbe {
-    pub device: String,
-    /// CPU threads, for the CPU.
-    pub threads: Option<usize>,
-    pub points: Vec<ProbePoint>,
-    /// Largest batch that fits (measured by the search), else null.
-    pub max_batch: Option<u64>,
-    /// Smallest batch within `efficiency` of the best throughput (measured).
-    pub knee_batch: Option<u64>,
-    /// Where the knee lies given the timings' errors, and from which batch the
-    /// throughput is flat within them.
-    pub knee_range: Option<batchfit_tune::knee::KneeRange>,
-    pub efficiency: f64,
-    /// Trial steps the max-batch search took (0 when it did not run).
-    pub search_trials: usize,
-    pub search: Option<MaxBatchSearch>,
-    pub seconds: f64,
-    /// Under a time budget (`advise --budget`): what it left unmeasured.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub budget: Option<ProbeBudget>,
-}
-
-/// What a time budget left unmeasured.
-#[derive(Clone, Debug, Serialize)]
-pub struct ProbeBudget {
-    pub budget_s: f64,
-    /// Batches the sampling would have measured but whose predicted cost passed the budget.
-    pub not_measured: Vec<u64>,
-    /// The first of them: its step predicted from the measured batch below it (a prediction).
-    pub predicted_step_s: Option<f64>,
-}
-
-impl ProbeBudget {
-    /// One sentence on what was left out, or `None` when nothing was.
-    pub fn describe(&self) -> Option<String> {
-        let (first, last) = (self.not_measured.first()?, self.not_measured.last()?);
-        let batches = if first == last {
-            format!("batch {}", crate::thousands(*first))
-        } else {
-            format!(
-                "batches {} to {}",
-                crate::thousands(*first),
-                crate::thousands(*last)
-            )
-        };
-        Some(format!(
-            "within the {} budget (--budget) {batches} were not measured{}; the knee and the advice come from the batches measured, and a larger batch may run faster: raise --budget or give --batches to measure it",
-            crate::duration(self.budget_s),
-            self.predicted_step_s.map_or(String::new(), |s| format!(
-                " (batch {}'s step predicted at {} from the batch below it)",
-                crate::thousands(*first),
-                crate::duration(s)
-            ))
+/// One sentence on what a time budget left out, or `None` when nothing was.
+pub fn budget_note(b: &ProbeBudget) -> Option<String> {
+    let (first, last) = (b.not_measured.first()?, b.not_measured.last()?);
+    let batches = if first == last {
+        format!("batch {}", crate::thousands(*first))
+    } else {
+        format!(
+            "batches {} to {}",
+            crate::thousands(*first),
+            crate::thousands(*last)
+        )
+    };
+    Some(format!(
+        "within the {} budget (--budget) {batches} were not measured{}; the knee and the advice come from the batches measured, and a larger batch may run faster: raise --budget or give --batches to measure it",
+        crate::duration(b.budget_s),
+        b.predicted_step_s.map_or(String::new(), |s| format!(
+            " (batch {}'s step predicted at {} from the batch below it)",
+            crate::thousands(*first),
+            crate::duration(s)
         ))
-    }
+    ))
 }
 
 /// The JSON document of `batchfit probe --json`.
@@ -293,7 +149,7 @@ pub fn render(model: &str, devices: &[DeviceProbe]) -> String {
                 ));
             }
         }
-        if let Some(note) = d.budget.as_ref().and_then(ProbeBudget::describe) {
+        if let Some(note) = d.budget.as_ref().and_then(budget_note) {
             out.push_str(&format!("budget: {note}\n"));
         }
         if let Some(k) = d.knee_batch {
@@ -353,8 +209,7 @@ fn side_by_side(devices: &[DeviceProbe]) -> String {
                     );
                 }
                 Some(p) => {
-                    let why = p.failure.as_deref().unwrap_or("failed");
-                    let short = if why.contains("out of memory") {
+                    let short = if p.out_of_memory() {
                         "out of memory"
                     } else {
                         "failed"
@@ -380,13 +235,9 @@ fn side_by_side(devices: &[DeviceProbe]) -> String {
     align_numbers(&mut memory, 0);
     let mut summary = table(&["device", "max batch", "knee", "best samples/s", "at batch"]);
     for d in devices {
-        let best = d
-            .points
-            .iter()
-            .filter(|p| p.ok())
-            .max_by(|a, b| a.samples_per_s.total_cmp(&b.samples_per_s));
+        let best = d.fastest();
         summary.add_row(vec![
-            d.device.clone(),
+            d.device.to_string(),
             d.max_batch.map(thousands).unwrap_or_else(|| "-".into()),
             d.knee_batch.map(thousands).unwrap_or_else(|| "-".into()),
             best.map(|p| rate(p.samples_per_s)).unwrap_or_default(),
@@ -444,13 +295,4 @@ pub fn throughput_figure(devices: &[DeviceProbe]) -> (Figure, String) {
         },
         "Measured: median of timed training steps (forward, backward, optimizer) after warm-up, per device. Triangles mark the knee (smallest batch within the efficiency share of the best) and the largest batch that fits.".into(),
     )
-}
-
-/// The probe's points as `(batch, samples/s, relative error)` for the knee's range.
-pub fn curve_with_errors(points: &[ProbePoint]) -> Vec<(u64, f64, f64)> {
-    points
-        .iter()
-        .filter(|p| p.ok() && p.samples_per_s.is_finite())
-        .map(|p| (p.batch, p.samples_per_s, p.step_time_rel_err))
-        .collect()
 }

@@ -1,85 +1,75 @@
 //! The `run` report: every trial of the user's own training command, the
 //! largest batch that runs and the knee, as a table, JSON and an HTML page.
 
+use crate::json::{FindingJson, RecommendationJson};
 use crate::plots::{Figure, Series, SeriesKind};
-use crate::probe::DeviceProbe;
-use crate::{align_numbers, esc, table, thousands};
-use batchfit_exec::TrialResult;
+use crate::{align_numbers, esc, prose, table, thousands};
 use batchfit_plan::Bytes;
-use batchfit_tune::advice::Recommendation;
-use batchfit_tune::diagnose::Finding;
+use batchfit_tune::probe::DeviceProbe;
+use batchfit_tune::run::{RunNoise, RunSummary};
 use batchfit_tune::target::TimeToTarget;
+use batchfit_tune::trial::{Outcome, RunTrial};
 use serde::Serialize;
 
-/// One trial and why it was run.
-#[derive(Clone, Debug, Serialize)]
-pub struct RunTrial {
-    /// doubling, bisection, knee refinement or listed (--batches).
-    pub reason: &'static str,
-    #[serde(flatten)]
-    pub result: TrialResult,
-}
-
 /// The JSON document of `batchfit run --json`.
-#[derive(Clone, Debug, Serialize)]
-pub struct RunDocument {
+#[derive(Serialize)]
+pub struct RunDocument<'a> {
     pub schema_version: u32,
     pub kind: &'static str,
     /// The command as given, with its `{batch}` placeholder.
-    pub command: String,
+    pub command: &'a str,
     /// What was run under `--launcher`: the launcher around the command.
-    pub launch_command: Option<String>,
+    pub launch_command: Option<&'a str>,
     /// Data-parallel workers (1 without a launcher); `batch` is per worker.
     pub world_size: u32,
     /// The same shape as `probe`'s devices (one entry: where the command ran).
-    pub devices: Vec<DeviceProbe>,
+    pub devices: [&'a DeviceProbe; 1],
     /// Every trial in the order it ran.
-    pub trials: Vec<RunTrial>,
-    /// Largest batch that ran (measured), exact when `smallest_failure` = it + 1.
+    pub trials: &'a [RunTrial],
     pub max_batch: Option<u64>,
-    /// Smallest batch that ran out of memory (measured).
     pub smallest_failure: Option<u64>,
-    /// A crash or time-out that stopped the search, if one did.
     pub stopped_at: Option<u64>,
-    /// The search reached --max-batch still running.
     pub capped: bool,
-    /// Trials the max-batch search took (knee refinements not counted).
     pub search_trials: usize,
-    /// `--memory-limit`: each process of a trial could map at most this (RLIMIT_AS).
     pub memory_limit_bytes: Option<Bytes>,
-    /// `--margin`: the largest batch leaving that share of the limit free (predicted).
     pub batch_with_margin: Option<u64>,
     pub seconds: f64,
-    /// The gradient noise scale of the command's own training, when it
-    /// reported noise measurements (the Python helper, docs/run.md).
-    pub noise: Option<RunNoise>,
-    /// What to train with, from the measured curve (and the noise scale when known).
-    pub recommendation: Option<Recommendation>,
-    /// Every (batch, accumulation) option ranked by predicted time to target
-    /// (empty without a noise scale).
-    pub time_to_target: Vec<TimeToTarget>,
-    /// The loss the noise trial reached; seconds are predicted for it.
+    pub noise: Option<&'a RunNoise>,
+    pub recommendation: Option<RecommendationJson<'a>>,
+    pub time_to_target: &'a [TimeToTarget],
     pub target_loss: Option<f64>,
-    pub findings: Vec<Finding>,
+    pub findings: Vec<FindingJson>,
 }
 
-/// The noise scale measured in one trial of the user's command.
-#[derive(Clone, Debug, Serialize)]
-pub struct RunNoise {
-    /// The trial it comes from (the one with the most noise measurements).
-    pub batch: u64,
-    /// B_simple at the end of that trial, with its 90 % band (measured).
-    pub b_simple: f64,
-    pub b_simple_low: f64,
-    /// `None`: unbounded.
-    pub b_simple_high: Option<f64>,
-    /// Noise measurements and optimizer steps in that trial.
-    pub measurements: usize,
-    pub steps: usize,
-    /// S_min of S(B) = S_min (1 + B_noise/B) through that trial's steps to its final loss (predicted).
-    pub s_min: Option<f64>,
-    /// B_simple of every trial that reported noise: (batch, B_simple).
-    pub per_trial: Vec<(u64, f64)>,
+impl<'a> RunDocument<'a> {
+    pub fn new(d: &'a RunSummary) -> Self {
+        RunDocument {
+            schema_version: crate::SCHEMA_VERSION,
+            kind: "run",
+            command: &d.command,
+            launch_command: d.launch_command.as_deref(),
+            world_size: d.world_size,
+            devices: [&d.device],
+            trials: &d.trials,
+            max_batch: d.max_batch,
+            smallest_failure: d.smallest_failure,
+            stopped_at: d.stopped_at,
+            capped: d.capped,
+            search_trials: d.search_trials,
+            memory_limit_bytes: d.memory_limit_bytes,
+            batch_with_margin: d.batch_with_margin,
+            seconds: d.seconds,
+            noise: d.noise.as_ref(),
+            recommendation: d
+                .advice
+                .recommendation
+                .as_ref()
+                .map(RecommendationJson::new),
+            time_to_target: &d.advice.time_to_target,
+            target_loss: d.target_loss,
+            findings: FindingJson::all(&d.advice.findings),
+        }
+    }
 }
 
 fn bytes(b: Option<u64>) -> String {
@@ -88,7 +78,7 @@ fn bytes(b: Option<u64>) -> String {
 }
 
 /// The trial log, then what it found.
-pub fn render(d: &RunDocument) -> String {
+pub fn render(d: &RunSummary) -> String {
     let mut out = format!(
         "\n{} (measured: each trial a fresh process tree)\n",
         d.launch_command.as_deref().unwrap_or(&d.command)
@@ -120,14 +110,14 @@ pub fn render(d: &RunDocument) -> String {
     }
     header.extend(["GPU util", ""]);
     let mut t = table(&header);
-    let dev = d.devices.first();
+    let dev = Some(&d.device);
     for (i, tr) in d.trials.iter().enumerate() {
         let r = &tr.result;
         let mut mark = Vec::new();
-        if dev.and_then(|d| d.knee_batch) == Some(r.batch) && r.outcome.label() == "ran" {
+        if dev.and_then(|d| d.knee_batch) == Some(r.batch) && r.outcome.ran() {
             mark.push("knee");
         }
-        if d.max_batch == Some(r.batch) && r.outcome.label() == "ran" {
+        if d.max_batch == Some(r.batch) && r.outcome.ran() {
             mark.push("max");
         }
         if r.steps.as_ref().is_some_and(|s| s.step_time.noisy()) {
@@ -136,7 +126,7 @@ pub fn render(d: &RunDocument) -> String {
         let mut row = vec![
             (i + 1).to_string(),
             thousands(r.batch),
-            tr.reason.to_string(),
+            tr.reason.label().to_string(),
             r.outcome.label().to_string(),
             crate::duration(r.wall_s),
             r.steps
@@ -220,7 +210,7 @@ pub fn render(d: &RunDocument) -> String {
                 dev.efficiency * 100.0,
                 crate::knee_noise(dev.knee_range.as_ref())
             )),
-            None if d.trials.iter().any(|t| t.result.outcome.label() == "ran") => out.push_str(
+            None if d.trials.iter().any(|t| t.result.outcome.ran()) => out.push_str(
                 "no throughput: the command reported no step times; print `BATCHFIT {\"seconds\": ...}` per step or pass --throughput-regex (see examples/)\n",
             ),
             None => {}
@@ -239,14 +229,14 @@ pub fn render(d: &RunDocument) -> String {
             n.steps,
         ));
     }
-    if let Some(r) = &d.recommendation
+    if let Some(r) = &d.advice.recommendation
         && let Some(b) = r.recommended_batch
     {
         out.push_str(&format!(
             "\nRECOMMENDATION\n  train with batch {} ({})\n    why: {}\n",
             thousands(b),
-            r.learning_rate_rule,
-            r.reason
+            prose::learning_rate_rule(r),
+            prose::reason(&r.reason)
         ));
         if let Some(a) = &r.accumulation {
             out.push_str(&format!(
@@ -258,16 +248,11 @@ pub fn render(d: &RunDocument) -> String {
         }
     }
     out.push_str(&crate::advise::time_to_target_table(
-        &d.time_to_target,
+        &d.advice.time_to_target,
         d.target_loss,
         "steps from the noise scale x measured step time",
     ));
-    if !d.findings.is_empty() {
-        out.push_str("\nDIAGNOSIS (from the measurements)\n");
-        for f in &d.findings {
-            out.push_str(&format!("  - {}\n", f.message));
-        }
-    }
+    out.push_str(&crate::advise::diagnosis(&d.advice.findings));
     for tr in &d.trials {
         let r = &tr.result;
         // Under a launcher, ranks without step lines: their lines lacked "rank".
@@ -291,7 +276,7 @@ pub fn render(d: &RunDocument) -> String {
                 r.bad_step_lines
             ));
         }
-        if r.outcome.label() != "out of memory"
+        if !matches!(r.outcome, Outcome::OutOfMemory(_))
             && let Some(detail) = r.outcome.detail()
         {
             out.push_str(&format!(
@@ -306,14 +291,12 @@ pub fn render(d: &RunDocument) -> String {
 }
 
 /// Figures: throughput (as `probe`), and peak memory per batch.
-pub fn figures(d: &RunDocument) -> Vec<(Figure, String)> {
-    let mut figs = vec![crate::probe::throughput_figure(&d.devices)];
+pub fn figures(d: &RunSummary) -> Vec<(Figure, String)> {
+    let mut figs = vec![crate::probe::throughput_figure(std::slice::from_ref(
+        &d.device,
+    ))];
     let mib = |b: u64| b as f64 / Bytes::MIB as f64;
-    let ran = || {
-        d.trials
-            .iter()
-            .filter(|t| t.result.outcome.label() == "ran")
-    };
+    let ran = || d.trials.iter().filter(|t| t.result.outcome.ran());
     let host: Vec<(f64, f64)> = ran()
         .filter_map(|t| {
             t.result
@@ -360,7 +343,7 @@ pub fn figures(d: &RunDocument) -> Vec<(Figure, String)> {
 }
 
 /// The HTML page: findings, figures, the trial log.
-pub fn html(d: &RunDocument) -> String {
+pub fn html(d: &RunSummary) -> String {
     let mut body = format!(
         "<h1>batchfit run</h1>\n<p class=\"meta\">command: <code>{}</code></p>\n",
         esc(&d.command)

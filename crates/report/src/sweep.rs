@@ -1,186 +1,88 @@
 //! The `sweep` report: real trainings per batch and seed, measured steps to
 //! target beside the noise-scale prediction, and the quality question.
 
+use crate::json::{ScheduleSummaryJson, VerifyJson};
 use crate::plots::{Figure, Marker, Series, SeriesKind};
-use crate::{align_numbers, esc, table, thousands};
-use batchfit_tune::sweep::{QualityVerdict, RunRecord, RunStatus, StepsFit};
-use serde::{Deserialize, Serialize};
-
-/// What a sweep was asked to do; stored as `sweep.json` in `--out` so a
-/// `--resume` can check it continues the same experiment.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct SweepSettings {
-    pub model: String,
-    pub data: String,
-    /// The devices every run trained on, comma-separated, in the order trained.
-    #[serde(default = "cpu")]
-    pub device: String,
-    pub train_rows: usize,
-    pub val_rows: usize,
-    pub val_split: f64,
-    pub split_seed: u64,
-    pub batches: Vec<u64>,
-    pub seeds: Vec<u64>,
-    pub optimizer: String,
-    pub lr_rule: String,
-    pub ref_batch: u64,
-    pub ref_lr: f64,
-    /// Batches above this train at its learning rate (null: no cap).
-    #[serde(default)]
-    pub lr_cap: Option<u64>,
-    /// `--schedule`: `ramp` or the schedule file (null: fixed batches only).
-    #[serde(default)]
-    pub schedule: Option<String>,
-    pub warmup_epochs: f64,
-    pub target_loss: Option<f64>,
-    pub max_epochs: u32,
-}
-
-fn cpu() -> String {
-    "cpu".into()
-}
-
-/// One run as the report shows it.
-#[derive(Clone, Debug, Serialize)]
-pub struct SweepRun {
-    /// The device it trained on.
-    pub device: String,
-    /// Read back from `--out` instead of trained in this invocation.
-    pub resumed: bool,
-    /// Steps, seconds and samples to the sweep's target (interpolated; measured).
-    pub steps_to_target: Option<f64>,
-    pub seconds_to_target: Option<f64>,
-    pub samples_to_target: Option<f64>,
-    pub record: RunRecord,
-}
-
-/// Per batch, over seeds.
-#[derive(Clone, Debug, Serialize)]
-pub struct BatchSummary {
-    pub batch: u64,
-    pub lr: f64,
-    pub runs: usize,
-    pub reached: usize,
-    pub diverged: usize,
-    /// Mean and standard deviation over the runs that reached the target (measured).
-    pub steps_mean: Option<f64>,
-    pub steps_std: Option<f64>,
-    pub seconds_mean: Option<f64>,
-    pub epochs_mean: Option<f64>,
-    /// S(B) from the fitted S_min and B_noise, and its error vs measured, percent.
-    pub steps_fitted: Option<f64>,
-    pub fitted_error_pct: Option<f64>,
-    /// S(B) from `noise`'s B_simple (S_min scaled to the runs), and its error.
-    pub steps_from_noise: Option<f64>,
-    pub noise_error_pct: Option<f64>,
-    /// Final validation figures, mean and spread over seeds (measured).
-    pub val_loss_mean: Option<f64>,
-    pub val_loss_std: Option<f64>,
-    pub val_accuracy_mean: Option<f64>,
-    pub val_accuracy_std: Option<f64>,
-}
-
-/// Seconds to target per batch on one device (measured).
-#[derive(Clone, Debug, Serialize)]
-pub struct DeviceTimes {
-    pub device: String,
-    pub per_batch: Vec<DeviceBatchTimes>,
-    /// The batch with the fewest mean seconds to target among those every seed reached.
-    pub fastest: Option<u64>,
-}
-
-/// One batch on one device, over seeds (measured).
-#[derive(Clone, Debug, Serialize)]
-pub struct DeviceBatchTimes {
-    pub batch: u64,
-    pub runs: usize,
-    pub reached: usize,
-    pub steps_mean: Option<f64>,
-    pub seconds_mean: Option<f64>,
-    pub seconds_std: Option<f64>,
-}
-
-/// The noise scale measured on the training split, for comparison.
-#[derive(Clone, Debug, Serialize)]
-pub struct MeasuredNoise {
-    pub b_simple: f64,
-    pub low: f64,
-    pub high: Option<f64>,
-    /// S_min that best scales (1 + B_simple/B) to the measured steps.
-    pub s_min: Option<f64>,
-}
+use crate::{align_numbers, esc, prose, table, thousands};
+use batchfit_tune::sweep::{
+    BatchSummary, DeviceTimes, MeasuredNoise, QualityVerdict, RunStatus, ScheduleSummary, StepsFit,
+    SweepRun, SweepSettings, SweepSummary,
+};
+use batchfit_tune::verify::VerifyReport;
+use serde::Serialize;
 
 /// The JSON document of `batchfit sweep --json`.
-#[derive(Clone, Debug, Serialize)]
-pub struct SweepDocument {
+#[derive(Serialize)]
+pub struct SweepDocument<'a> {
     pub schema_version: u32,
     pub kind: &'static str,
-    pub settings: SweepSettings,
+    pub settings: &'a SweepSettings,
     /// The target every comparison uses, and where it came from.
     pub target_loss: Option<f64>,
     pub target_source: String,
-    pub runs: Vec<SweepRun>,
+    pub target_source_code: &'static str,
+    pub runs: &'a [SweepRun],
     /// Per batch over seeds, on the first device.
-    pub per_batch: Vec<BatchSummary>,
+    pub per_batch: &'a [BatchSummary],
     /// Steps and seconds to target on each device.
-    pub by_device: Vec<DeviceTimes>,
+    pub by_device: &'a [DeviceTimes],
     /// S_min and B_noise fitted to the measured steps to target.
     pub fit: Option<StepsFit>,
-    pub noise: Option<MeasuredNoise>,
-    pub quality_loss: Option<QualityVerdict>,
-    pub quality_accuracy: Option<QualityVerdict>,
-    /// The quality answer in words.
+    pub noise: Option<&'a MeasuredNoise>,
+    pub quality_loss: Option<&'a QualityVerdict>,
+    pub quality_accuracy: Option<&'a QualityVerdict>,
+    /// The quality answer in words, and as a code.
     pub quality_statement: String,
+    pub quality_code: &'static str,
     /// `--verify`: the advice's prediction beside these trainings.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub verify: Option<VerifyReport>,
+    pub verify: Option<VerifyJson<'a>>,
     /// `--schedule`: the batch-size schedule trained beside the fixed batches.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub schedule: Option<ScheduleSummary>,
+    pub schedule: Option<ScheduleSummaryJson<'a>>,
     pub seconds: f64,
 }
 
-/// The schedule's runs (first device) beside the fastest fixed batch.
-#[derive(Clone, Debug, Serialize)]
-pub struct ScheduleSummary {
-    /// Where the schedule came from, in words.
-    pub source: String,
-    pub schedule: batchfit_tune::schedule::Schedule,
-    /// Updates and samples to the target (predicted from the noise run's
-    /// stretches; null when that run did not reach the target).
-    pub predicted_steps: Option<f64>,
-    pub predicted_samples: Option<f64>,
-    /// The noise run's prediction for the fastest fixed batch, for scale.
-    pub predicted_steps_best_fixed: Option<f64>,
-    pub runs: usize,
-    pub reached: usize,
-    pub steps_mean: Option<f64>,
-    pub steps_std: Option<f64>,
-    pub samples_mean: Option<f64>,
-    pub seconds_mean: Option<f64>,
-    pub seconds_std: Option<f64>,
-    /// (predicted - measured) / measured steps, percent.
-    pub steps_error_pct: Option<f64>,
-    pub val_loss_mean: Option<f64>,
-    pub val_accuracy_mean: Option<f64>,
-    pub val_accuracy_std: Option<f64>,
-    /// The fixed batch with the fewest mean seconds to target (every run reached it).
-    pub best_fixed: Option<u64>,
-    /// Schedule over that batch: mean seconds and steps, with z = difference
-    /// over its standard error (seed to seed).
-    pub seconds_ratio: Option<f64>,
-    pub seconds_z: Option<f64>,
-    pub steps_ratio: Option<f64>,
-    pub steps_z: Option<f64>,
-    /// Faster than the best fixed batch by more than two standard errors.
-    pub beats_best_fixed: bool,
-    /// The answer in words.
-    pub statement: String,
+impl<'a> SweepDocument<'a> {
+    pub fn new(d: &'a SweepSummary) -> Self {
+        SweepDocument {
+            schema_version: crate::SCHEMA_VERSION,
+            kind: "sweep",
+            settings: &d.settings,
+            target_loss: d.target_loss,
+            target_source: prose::target_source(d.target_source),
+            target_source_code: d.target_source.code(),
+            runs: &d.runs,
+            per_batch: &d.per_batch,
+            by_device: &d.by_device,
+            fit: d.fit,
+            noise: d.noise.as_ref(),
+            quality_loss: d.quality_loss.as_ref(),
+            quality_accuracy: d.quality_accuracy.as_ref(),
+            quality_statement: quality(d),
+            quality_code: prose::quality_code(d.quality_loss.as_ref(), d.quality_accuracy.as_ref()),
+            verify: d.verify.as_ref().map(VerifyJson::new),
+            schedule: d.schedule.as_ref().map(ScheduleSummaryJson::new),
+            seconds: d.seconds,
+        }
+    }
+}
+
+/// The quality answer of a sweep.
+fn quality(d: &SweepSummary) -> String {
+    prose::quality_statement(
+        d.quality_loss.as_ref(),
+        d.quality_accuracy.as_ref(),
+        d.settings.seeds.len(),
+    )
 }
 
 /// The schedule section of the terminal report.
 pub fn schedule_table(s: &ScheduleSummary) -> String {
-    let mut out = format!("\nBATCH-SIZE SCHEDULE ({})\n", s.source);
+    let mut out = format!(
+        "\nBATCH-SIZE SCHEDULE ({})\n",
+        prose::schedule_source(&s.source)
+    );
     let mut t = table(&["from samples", "batch", "lr"]);
     for st in &s.schedule.stages {
         t.add_row(vec![
@@ -220,22 +122,9 @@ pub fn schedule_table(s: &ScheduleSummary) -> String {
     align_numbers(&mut t, 1);
     out.push_str(&t.to_string());
     out.push('\n');
-    out.push_str(&s.statement);
+    out.push_str(&prose::schedule_summary_statement(s));
     out.push('\n');
     out
-}
-
-/// `sweep --verify ADVICE.json`: predicted beside measured, and the verdict.
-#[derive(Clone, Debug, Serialize)]
-pub struct VerifyReport {
-    /// The advice file.
-    pub advice: String,
-    /// The device whose recommendation is checked (the runs train on it).
-    pub device: String,
-    /// What the prediction assumed; the runs trained with it.
-    pub basis: batchfit_tune::target::PredictionBasis,
-    pub rows: Vec<batchfit_tune::verify::VerifyRow>,
-    pub verdict: batchfit_tune::verify::Verdict,
 }
 
 /// The `--verify` table and its verdict.
@@ -244,7 +133,7 @@ pub fn verify_table(v: &VerifyReport) -> String {
         "\nPREDICTED (advice {}) BESIDE MEASURED (mean ± sd over seeds), to loss {:.4}, lr(B) = {}\n",
         v.advice,
         v.basis.target_loss,
-        v.basis.lr.formula()
+        prose::formula(&v.basis.lr)
     );
     let mut t = table(&[
         "batch",
@@ -298,7 +187,10 @@ pub fn verify_table(v: &VerifyReport) -> String {
         worst(v.verdict.worst_relative),
         worst(v.verdict.worst_absolute)
     ));
-    out.push_str(&v.verdict.line);
+    out.push_str(&prose::verdict_line(
+        v.verdict.recommended,
+        v.verdict.outcome,
+    ));
     out.push('\n');
     out
 }
@@ -316,13 +208,17 @@ fn pm(mean: Option<f64>, std: Option<f64>, digits: usize) -> String {
 }
 
 /// Terminal report.
-pub fn render(d: &SweepDocument) -> String {
+pub fn render(d: &SweepSummary) -> String {
     let s = &d.settings;
     let mut out = format!(
         "\nsweep of {} on {}, trained on {} ({} training rows, {} validation), {} x {} seeds, {} with {} lr (reference {} at batch {}), warm-up {} epoch(s)\n",
         s.model,
         s.data,
-        s.device,
+        s.devices
+            .iter()
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join(","),
         thousands(s.train_rows as u64),
         thousands(s.val_rows as u64),
         s.batches
@@ -331,8 +227,8 @@ pub fn render(d: &SweepDocument) -> String {
             .collect::<Vec<_>>()
             .join("/"),
         s.seeds.len(),
-        s.optimizer,
-        s.lr_rule,
+        s.optimizer.name(),
+        s.lr_rule.name(),
         s.ref_lr,
         s.ref_batch,
         s.warmup_epochs,
@@ -340,7 +236,7 @@ pub fn render(d: &SweepDocument) -> String {
     out.push_str(&format!(
         "target training loss: {} ({})\n\n",
         opt(d.target_loss, |t| format!("{t:.4}")),
-        d.target_source
+        prose::target_source(d.target_source)
     ));
     out.push_str("STEPS TO TARGET (measured, mean ± sd over seeds) AND S(B) = S_min (1 + B_noise/B) (predicted)\n");
     let mut t = table(&[
@@ -422,7 +318,7 @@ pub fn render(d: &SweepDocument) -> String {
     align_numbers(&mut t, 0);
     out.push_str(&t.to_string());
     out.push('\n');
-    out.push_str(&d.quality_statement);
+    out.push_str(&quality(d));
     out.push('\n');
 
     for r in &d.runs {
@@ -455,12 +351,12 @@ pub fn render(d: &SweepDocument) -> String {
 }
 
 /// Seconds to target per batch with a column per device, and each device's fastest.
-fn by_device_table(d: &SweepDocument) -> String {
+fn by_device_table(d: &SweepSummary) -> String {
     let mut out = String::from(
         "\nSECONDS TO TARGET BY DEVICE (measured, mean ± sd over seeds; steps are the first device's above)\n",
     );
     let mut head = vec!["batch".to_string()];
-    head.extend(d.by_device.iter().map(|dev| dev.device.clone()));
+    head.extend(d.by_device.iter().map(|dev| dev.device.to_string()));
     let head: Vec<&str> = head.iter().map(String::as_str).collect();
     let mut t = table(&head);
     for (i, &b) in d.settings.batches.iter().enumerate() {
@@ -499,45 +395,8 @@ fn by_device_table(d: &SweepDocument) -> String {
     out
 }
 
-/// The quality answer in words, from the verdicts.
-pub fn quality_statement(
-    loss: Option<&QualityVerdict>,
-    accuracy: Option<&QualityVerdict>,
-    seeds: usize,
-) -> String {
-    let Some(main) = accuracy.or(loss) else {
-        return "quality: not compared (needs two batches with at least two finished seeds each)"
-            .into();
-    };
-    let what = if accuracy.is_some() {
-        "validation accuracy"
-    } else {
-        "validation loss"
-    };
-    let (diff, se) = if accuracy.is_some() {
-        (
-            format!("{:.2} points", main.difference * 100.0),
-            format!("{:.2}", main.std_err * 100.0),
-        )
-    } else {
-        (
-            format!("{:.4}", main.difference),
-            format!("{:.4}", main.std_err),
-        )
-    };
-    let verdict = if main.exceeds_seed_noise {
-        "exceeds the seed-to-seed noise: on this data and budget the batch size changes the result"
-    } else {
-        "is within the seed-to-seed noise: these runs show no quality cost of either batch size"
-    };
-    format!(
-        "quality: best {what} at batch {}, worst at batch {}; the difference ({diff}, {:.1} standard errors of {se}) {verdict} ({} seeds per batch; with few seeds only large differences show)",
-        main.best_batch, main.worst_batch, main.z, seeds
-    )
-}
-
 /// Learning curves, validation per epoch, and measured vs predicted steps.
-pub fn figures(d: &SweepDocument) -> Vec<(Figure, String)> {
+pub fn figures(d: &SweepSummary) -> Vec<(Figure, String)> {
     let mut figs = Vec::new();
     let color = |batch: u64| {
         d.settings
@@ -711,7 +570,7 @@ pub fn figures(d: &SweepDocument) -> Vec<(Figure, String)> {
 }
 
 /// The HTML page.
-pub fn html(d: &SweepDocument) -> String {
+pub fn html(d: &SweepSummary) -> String {
     let mut body = format!(
         "<h1>batchfit sweep: {}</h1>\n<p class=\"meta\">data: {}</p>\n<h2>Results</h2>\n<pre>",
         esc(&d.settings.model),
@@ -726,8 +585,9 @@ pub fn html(d: &SweepDocument) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use batchfit_tune::basis::{BasisSource, NoiseRunAt, PredictionBasis};
     use batchfit_tune::lr::{LrRule, LrScaling};
-    use batchfit_tune::target::{PredictionBasis, StepsCurve};
+    use batchfit_tune::target::StepsCurve;
     use batchfit_tune::verify::{Measured, Predicted, verify};
 
     /// The verify table has a row per batch and ends with the verdict line.
@@ -762,7 +622,7 @@ mod tests {
         let (rows, verdict) = verify(&predicted, &measured, 256);
         let report = VerifyReport {
             advice: "advice.json".into(),
-            device: "cpu".into(),
+            device: batchfit_tune::device::DeviceSpec::Cpu,
             basis: PredictionBasis {
                 lr: LrScaling {
                     rule: LrRule::Sqrt,
@@ -771,19 +631,19 @@ mod tests {
                     cap_batch: Some(400),
                 },
                 warmup_epochs: 0.0,
-                measured: false,
-                run_batch: Some(128),
-                run_lr: Some(2.83e-3),
                 target_loss: 0.07,
-                updates_to_target: Some(150.0),
                 curve: StepsCurve {
                     s_min: 50.0,
                     b_noise: 400.0,
                 },
-                b_simple_end: None,
-                segments: Vec::new(),
-                method: String::new(),
-                step_time: String::new(),
+                source: BasisSource::EndValue {
+                    run: NoiseRunAt {
+                        batch: 128,
+                        lr: 2.83e-3,
+                    },
+                    updates: 150.0,
+                    b_simple_end: 400.0,
+                },
             },
             rows,
             verdict,

@@ -3,51 +3,121 @@
 //! rate, and with gradient accumulation where memory caps the batch below the
 //! critical batch. Pure: it takes measurements, never runs anything.
 
+use crate::device::DeviceSpec;
 use crate::diagnose::StepPoint;
 use crate::lr::{LrRule, scale};
 use crate::target::{TrainingOption, updates_vs_min};
 use serde::Serialize;
+use serde::ser::{SerializeMap, Serializer};
 
-/// Where a device's largest batch comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+/// Where a device's largest batch comes from. JSON writes it as
+/// `max_batch_source` (the label reports print) and `max_batch_source_code`,
+/// flattened into its recommendation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MaxBatchSource {
     /// Measured by the max-batch search under `--memory-limit`.
-    #[serde(rename = "measured")]
     Measured,
     /// The plan's limit for this machine's RAM (CPU).
-    #[serde(rename = "predicted for this machine's RAM")]
     PredictedForRam,
     /// Unknown: nothing bounded it.
-    #[serde(rename = "not searched: give --memory-limit")]
     NotSearched,
 }
 
 impl MaxBatchSource {
-    /// How reports say it.
-    pub fn describe(self) -> &'static str {
+    /// How reports (and earlier JSON documents) say it.
+    pub fn label(self) -> &'static str {
         match self {
             MaxBatchSource::Measured => "measured",
             MaxBatchSource::PredictedForRam => "predicted for this machine's RAM",
             MaxBatchSource::NotSearched => "not searched: give --memory-limit",
         }
     }
+
+    /// The machine-readable code.
+    pub fn code(self) -> &'static str {
+        match self {
+            MaxBatchSource::Measured => "measured",
+            MaxBatchSource::PredictedForRam => "predicted_for_ram",
+            MaxBatchSource::NotSearched => "not_searched",
+        }
+    }
+}
+
+impl Serialize for MaxBatchSource {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(2))?;
+        m.serialize_entry("max_batch_source", self.label())?;
+        m.serialize_entry("max_batch_source_code", self.code())?;
+        m.end()
+    }
+}
+
+/// Why a batch is recommended (the report says it in words).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Reason {
+    /// The lowest predicted time to target, (1 + B_noise/B) x step time, within
+    /// the measurement's noise.
+    TimeToTarget {
+        /// The batches that cannot be told apart, ascending.
+        tied: Vec<u64>,
+        band: NoiseBand,
+        /// The fastest point estimate: its batch and measured step.
+        fastest_batch: u64,
+        fastest_step_s: f64,
+        /// The optimum of the fitted curve the tie was broken by; `None`: the smallest.
+        optimum: Option<f64>,
+    },
+    /// Without a noise scale: the knee, the smallest batch reaching `efficiency`
+    /// of the best measured throughput.
+    Knee { efficiency: f64, hint: NoiseHint },
+    /// No batch size could be measured.
+    NothingMeasured,
+}
+
+impl Reason {
+    /// The machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Reason::TimeToTarget { .. } => "time_to_target",
+            Reason::Knee { .. } => "knee",
+            Reason::NothingMeasured => "nothing_measured",
+        }
+    }
+}
+
+impl Serialize for Reason {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.code())
+    }
+}
+
+/// How the user gets the noise scale, said when there is none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoiseHint {
+    /// `advise` without `--data`.
+    GiveData,
+    /// `run` of a command that reported none.
+    PythonHelper,
 }
 
 /// What to do on one device.
 #[derive(Clone, Debug, Serialize)]
 pub struct Recommendation {
-    pub device: String,
+    pub device: DeviceSpec,
     /// Largest batch that fits, and whether it was measured or predicted by the plan.
     pub max_batch: Option<u64>,
+    #[serde(flatten)]
     pub max_batch_source: MaxBatchSource,
     pub knee_batch: Option<u64>,
     pub recommended_batch: Option<u64>,
-    /// Why this batch.
-    pub reason: String,
+    /// Why this batch (`reason` in words is the report's).
+    #[serde(rename = "reason_code")]
+    pub reason: Reason,
     /// Learning rate for the recommended batch, when a reference was given.
     pub learning_rate: Option<f64>,
-    /// How to state the learning rate without a reference.
-    pub learning_rate_rule: String,
+    /// The rule the rate follows (`learning_rate_rule` in words is the report's).
+    #[serde(rename = "learning_rate_rule_code")]
+    pub lr_rule: LrRule,
     /// Gradient accumulation when memory caps the batch below the critical batch.
     pub accumulation: Option<Accumulation>,
     /// The batches whose predicted time to target cannot be told apart from the
@@ -77,7 +147,7 @@ pub struct Accumulation {
 /// What is known of one device.
 #[derive(Clone, Debug)]
 pub struct DeviceEvidence<'a> {
-    pub device: &'a str,
+    pub device: DeviceSpec,
     /// Measured (batch, median step seconds) of the batches that ran.
     pub points: &'a [StepPoint],
     pub knee_batch: Option<u64>,
@@ -86,11 +156,11 @@ pub struct DeviceEvidence<'a> {
     pub max_batch: Option<u64>,
     pub max_batch_source: MaxBatchSource,
     /// How the user gets the noise scale, said when there is none.
-    pub noise_hint: &'static str,
+    pub noise_hint: NoiseHint,
 }
 
 /// The noise scale with its 90 % band.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct NoiseBand {
     pub b_noise: f64,
     pub low: f64,
@@ -272,7 +342,7 @@ pub fn recommend(
         .iter()
         .filter(|q| fits(q.batch))
         .map(|q| TrainingOption {
-            device: e.device.to_string(),
+            device: e.device,
             micro_batch: q.batch,
             accumulation: 1,
             micro_step_s: q.step_s,
@@ -305,43 +375,33 @@ pub fn recommend(
                 tied.retain(|&b| b != near);
                 tied.insert(0, near);
             }
-            let tie_break = match optimum {
-                Some(opt) => format!("the nearest to the fitted curve's optimum B* ≈ {opt:.0}"),
-                None => "the smallest".to_string(),
-            };
             let time =
                 |o: &TrainingOption| updates_vs_min(bn, o.micro_batch as f64) * o.micro_step_s;
             let fastest = options.iter().min_by(|a, b| time(a).total_cmp(&time(b)));
             match (tied.first(), fastest) {
                 (Some(&b), Some(f)) => (
                     Some(b),
-                    format!(
-                        "lowest predicted time to target, (1 + B_noise/B) x step time, within the measurement's noise: batches {} cannot be told apart (B_noise ≈ {:.0}, band {:.0}–{}; fastest point estimate B = {}, step {:.2} ms measured); of those, {tie_break}",
-                        {
+                    Reason::TimeToTarget {
+                        tied: {
                             let mut all = tied.clone();
                             all.sort_unstable();
-                            all.iter()
-                                .map(|b| b.to_string())
-                                .collect::<Vec<_>>()
-                                .join(", ")
+                            all
                         },
-                        bn,
-                        band.low,
-                        band.high.map_or("∞".to_string(), |h| format!("{h:.0}")),
-                        f.micro_batch,
-                        f.micro_step_s * 1e3
-                    ),
+                        band,
+                        fastest_batch: f.micro_batch,
+                        fastest_step_s: f.micro_step_s,
+                        optimum,
+                    },
                 ),
-                _ => (None, "no batch size could be measured".into()),
+                _ => (None, Reason::NothingMeasured),
             }
         }
         None => (
             e.knee_batch,
-            format!(
-                "the smallest batch reaching {:.0} % of the best measured throughput (the noise scale is unknown, so steps needed are not weighed: {})",
-                e.efficiency * 100.0,
-                e.noise_hint
-            ),
+            Reason::Knee {
+                efficiency: e.efficiency,
+                hint: e.noise_hint,
+            },
         ),
     };
     // Accumulation where memory caps the batch below the critical batch.
@@ -354,7 +414,7 @@ pub fn recommend(
             .map(|q| {
                 let steps = (bn / q.batch as f64).ceil().max(2.0) as u64;
                 options.push(TrainingOption {
-                    device: e.device.to_string(),
+                    device: e.device,
                     micro_batch: q.batch,
                     accumulation: steps,
                     micro_step_s: q.step_s,
@@ -372,24 +432,16 @@ pub fn recommend(
         (Some((rb, rl)), Some(b)) => Some(scale(lr.rule, rb, rl, b)),
         _ => None,
     };
-    let rule_text = match lr.rule {
-        LrRule::Sqrt => {
-            "learning rate: your tuned lr x sqrt(B / your batch), square-root rule for Adam (Malladi et al. 2022); give --ref-batch/--ref-lr for a number"
-        }
-        _ => {
-            "learning rate: your tuned lr x B / your batch, linear rule with warm-up for SGD (Goyal et al. 2017); give --ref-batch/--ref-lr for a number"
-        }
-    };
     (
         Recommendation {
-            device: e.device.to_string(),
+            device: e.device,
             max_batch: e.max_batch,
             max_batch_source: e.max_batch_source,
             knee_batch: e.knee_batch,
             recommended_batch: recommended,
             reason,
             learning_rate,
-            learning_rate_rule: rule_text.to_string(),
+            lr_rule: lr.rule,
             accumulation,
             tied_batches: tied,
         },
@@ -414,7 +466,7 @@ mod tests {
 
     fn evidence<'a>(points: &'a [StepPoint], max: Option<u64>) -> DeviceEvidence<'a> {
         DeviceEvidence {
-            device: "cpu",
+            device: DeviceSpec::Cpu,
             points,
             knee_batch: Some(64),
             efficiency: 0.9,
@@ -424,7 +476,7 @@ mod tests {
             } else {
                 MaxBatchSource::NotSearched
             },
-            noise_hint: "add --data",
+            noise_hint: NoiseHint::GiveData,
         }
     }
 
@@ -461,7 +513,11 @@ mod tests {
         let p = pts(&[(16, 1e-3), (64, 2e-3)]);
         let (rec, _) = recommend(&evidence(&p, None), None, ADAM);
         assert_eq!(rec.recommended_batch, Some(64));
-        assert!(rec.reason.contains("90 %"), "{}", rec.reason);
+        assert!(
+            matches!(rec.reason, Reason::Knee { efficiency, .. } if efficiency == 0.9),
+            "{:?}",
+            rec.reason
+        );
     }
 
     #[test]
@@ -496,8 +552,9 @@ mod tests {
 
     #[test]
     fn the_source_serialises_as_before() {
-        let s = serde_json::to_string(&MaxBatchSource::PredictedForRam).unwrap();
-        assert_eq!(s, "\"predicted for this machine's RAM\"");
+        let v = serde_json::to_value(MaxBatchSource::PredictedForRam).unwrap();
+        assert_eq!(v["max_batch_source"], "predicted for this machine's RAM");
+        assert_eq!(v["max_batch_source_code"], "predicted_for_ram");
     }
 
     /// Step times with 10 % errors: batches within the noise of the fastest

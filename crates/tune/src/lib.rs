@@ -22,16 +22,24 @@
 //!   against the batch, and whether batch size changes final quality.
 
 pub mod advice;
+pub mod basis;
 pub mod buckets;
+pub mod decide;
+pub mod device;
 pub mod diagnose;
 pub mod knee;
 pub mod lengths;
 pub mod lr;
+pub mod measure;
 pub mod noise;
+pub mod probe;
+pub mod run;
 pub mod schedule;
 pub mod search;
 pub mod stats;
 pub mod sweep;
 pub mod target;
 pub mod trajectory;
+pub mod trial;
 pub mod verify;
+pub mod world;

@@ -18,6 +18,15 @@ pub enum LrRule {
 }
 
 impl LrRule {
+    /// The name `--lr-rule` takes and JSON writes.
+    pub fn name(self) -> &'static str {
+        match self {
+            LrRule::Linear => "linear",
+            LrRule::Sqrt => "sqrt",
+            LrRule::Fixed => "fixed",
+        }
+    }
+
     /// The rule that suits an optimizer.
     pub fn for_optimizer(adaptive: bool) -> LrRule {
         if adaptive {
@@ -34,15 +43,6 @@ impl LrRule {
             LrRule::Sqrt => "square-root scaling (Malladi et al. 2022)",
             LrRule::Fixed => "fixed learning rate",
         }
-    }
-
-    pub fn parse(s: &str) -> Option<LrRule> {
-        Some(match s {
-            "linear" => LrRule::Linear,
-            "sqrt" => LrRule::Sqrt,
-            "fixed" => LrRule::Fixed,
-            _ => return None,
-        })
     }
 }
 
@@ -77,19 +77,6 @@ impl LrScaling {
     pub fn at(&self, batch: u64) -> f64 {
         let b = self.cap_batch.map_or(batch, |c| batch.min(c));
         scale(self.rule, self.ref_batch, self.ref_lr, b)
-    }
-
-    /// "1.00e-3 x sqrt(B / 16), held from B = 163".
-    pub fn formula(&self) -> String {
-        let f = match self.rule {
-            LrRule::Linear => format!("{:.2e} x B / {}", self.ref_lr, self.ref_batch),
-            LrRule::Sqrt => format!("{:.2e} x sqrt(B / {})", self.ref_lr, self.ref_batch),
-            LrRule::Fixed => format!("{:.2e}", self.ref_lr),
-        };
-        match self.cap_batch {
-            Some(c) if self.rule != LrRule::Fixed => format!("{f}, held from B = {c}"),
-            _ => f,
-        }
     }
 }
 
@@ -128,6 +115,5 @@ mod tests {
         assert!((s.at(32) - 1e-3 * 2f64.sqrt()).abs() < 1e-15);
         assert_eq!(s.at(64), s.at(1024));
         assert!((s.at(64) - 2e-3).abs() < 1e-15);
-        assert_eq!(s.formula(), "1.00e-3 x sqrt(B / 16), held from B = 64");
     }
 }

@@ -2,6 +2,8 @@
 //! Large-Batch Training", appendix A: unbiased estimates of |G|^2 and tr(Sigma)
 //! from gradient norms at two batch sizes, smoothed, and their ratio B_simple.
 
+use crate::lr::{LrRule, scale};
+use batchfit_plan::Optimizer;
 use serde::Serialize;
 
 /// The two raw estimates from one measurement.
@@ -208,6 +210,131 @@ pub fn predict(b_noise: f64, batches: &[u64]) -> Vec<BatchPrediction> {
 /// `B_crit ~ B_noise` (McCandlish et al. use B_simple as its estimate).
 pub fn critical_batch(b_noise: f64) -> u64 {
     b_noise.round().max(1.0) as u64
+}
+
+/// The noise run's measurements by default (`noise --steps`, `advise --noise-steps`,
+/// and a sweep's runs): 200 resolve the growth of the noise scale over a short
+/// run on the shipped examples in seconds.
+pub const DEFAULT_STEPS: usize = 200;
+
+/// The estimator's small batch by default: 16 samples, the batch a per-sample
+/// gradient's noise is seen through at small batches.
+pub const DEFAULT_B_SMALL: usize = 16;
+
+/// Small batches per measurement by default (B_big = 8 x 16 = 128): B_big far
+/// enough above B_small that the two norms differ by more than their noise.
+pub const DEFAULT_K: usize = 8;
+
+/// Learning rates scaled from a tuned reference.
+#[derive(Clone, Debug, Serialize)]
+pub struct LrAdvice {
+    pub rule: LrRule,
+    /// The rule's name and source ([`LrRule::source`]).
+    pub source: &'static str,
+    pub ref_batch: u64,
+    pub ref_lr: f64,
+    /// (batch, learning rate)
+    pub per_batch: Vec<(u64, f64)>,
+}
+
+/// A noise run on the user's data: what was trained and measured, step by step,
+/// and what it concludes (B_simple with its band, the critical batch, steps and
+/// samples per batch, learning rates per batch).
+#[derive(Clone, Debug, Serialize)]
+pub struct NoiseRun {
+    pub model: String,
+    pub data: String,
+    pub rows: usize,
+    pub b_small: usize,
+    pub b_big: usize,
+    pub lr: f64,
+    pub optimizer: Optimizer,
+    pub steps: usize,
+    /// B_simple = tr(Sigma) / |G|^2 at the end of the run (measured).
+    pub b_simple: Option<f64>,
+    /// 90 % band of B_simple.
+    pub b_simple_low: Option<f64>,
+    pub b_simple_high: Option<f64>,
+    /// Critical batch, taken as B_simple (McCandlish et al.) (predicted).
+    pub critical_batch: Option<u64>,
+    /// One record per measurement step.
+    pub history: Vec<NoiseRecord>,
+    /// Steps and samples relative to their minimum, per batch (predicted).
+    pub predictions: Vec<BatchPrediction>,
+    pub lr_advice: Option<LrAdvice>,
+}
+
+/// What was trained in a noise run, before its conclusions.
+#[derive(Clone, Debug)]
+pub struct NoiseRunSetup {
+    pub model: String,
+    pub data: String,
+    pub rows: usize,
+    pub b_small: usize,
+    /// B_big = k x B_small.
+    pub k: usize,
+    pub lr: f64,
+    pub optimizer: Optimizer,
+    pub steps: usize,
+    /// Batches to predict steps and epochs for (empty: powers of two up to the rows).
+    pub batches: Vec<u64>,
+    /// The user's tuned (batch, learning rate), for the learning-rate table.
+    pub reference: Option<(u64, f64)>,
+}
+
+impl NoiseRun {
+    /// The run's conclusions from its history and final estimate: B_simple with
+    /// its band, predictions per batch, learning rates per batch when a
+    /// reference was given.
+    pub fn conclude(
+        setup: NoiseRunSetup,
+        history: Vec<NoiseRecord>,
+        estimate: Option<NoiseScale>,
+    ) -> NoiseRun {
+        let batches: Vec<u64> = if setup.batches.is_empty() {
+            std::iter::successors(Some(1u64), |b| Some(b * 2))
+                .take_while(|&b| b <= setup.rows as u64)
+                .collect()
+        } else {
+            setup.batches.clone()
+        };
+        let (b_simple, low, high) = match estimate {
+            Some(e) => (
+                Some(e.b_simple),
+                Some(e.low),
+                e.high.is_finite().then_some(e.high),
+            ),
+            None => (None, None, None),
+        };
+        let rule = LrRule::for_optimizer(setup.optimizer.is_adaptive());
+        let lr_advice = setup.reference.map(|(rb, rl)| LrAdvice {
+            rule,
+            source: rule.source(),
+            ref_batch: rb,
+            ref_lr: rl,
+            per_batch: batches
+                .iter()
+                .map(|&b| (b, scale(rule, rb, rl, b)))
+                .collect(),
+        });
+        NoiseRun {
+            model: setup.model,
+            data: setup.data,
+            rows: setup.rows,
+            b_small: setup.b_small,
+            b_big: setup.b_small * setup.k,
+            lr: setup.lr,
+            optimizer: setup.optimizer,
+            steps: setup.steps,
+            b_simple,
+            b_simple_low: low,
+            b_simple_high: high,
+            critical_batch: b_simple.map(critical_batch),
+            history,
+            predictions: b_simple.map(|b| predict(b, &batches)).unwrap_or_default(),
+            lr_advice,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -85,8 +85,6 @@ pub struct Ramp {
     pub stage_samples: Vec<f64>,
     pub steps: f64,
     pub samples: f64,
-    /// How the batches were chosen, in words.
-    pub rule: String,
 }
 
 /// The noise scale of training so far at each stretch: the ΔS_min-weighted
@@ -156,7 +154,6 @@ pub fn ramp(segments: &[Segment], batches: &[u64], lr: &LrScaling) -> Option<Ram
         schedule: Schedule { stages },
         stage_steps,
         stage_samples,
-        rule: "each stretch of the run at the largest batch (a power of two in the range) not above the noise scale of training so far, never smaller than before: the batch doubles once that passes twice it".into(),
     })
 }
 
@@ -193,7 +190,7 @@ pub struct StagePlan {
 /// A ramp planned on one device, beside its best fixed batch.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DeviceSchedule {
-    pub device: String,
+    pub device: crate::device::DeviceSpec,
     pub stages: Vec<StagePlan>,
     /// Predicted in all: updates, samples, seconds (when every stage's update was measured).
     pub steps: f64,
@@ -201,8 +198,14 @@ pub struct DeviceSchedule {
     pub seconds: Option<f64>,
     /// The fixed batch with the lowest predicted time on this device: (batch, updates, seconds).
     pub best_fixed: Option<(u64, f64, f64)>,
-    /// The comparison in words.
-    pub statement: String,
+}
+
+/// Powers of two times `lo` from `lo` up to `hi` (the batches a ramp over a
+/// sweep's range may use).
+pub fn powers_of_two(lo: u64, hi: u64) -> Vec<u64> {
+    std::iter::successors(Some(lo.max(1)), |b| Some(b * 2))
+        .take_while(|&b| b <= hi)
+        .collect()
 }
 
 /// Powers of two from `smallest` until one reaches `at_least`.
@@ -219,7 +222,7 @@ pub fn doubling(smallest: u64, at_least: f64) -> Vec<u64> {
 /// seconds; ascending) and whose largest batch is `max_batch`: a stage above
 /// it runs as the largest measured batch that fits x accumulation.
 pub fn on_device(
-    device: &str,
+    device: crate::device::DeviceSpec,
     ramp: &Ramp,
     update_s: &[(u64, f64)],
     max_batch: Option<u64>,
@@ -259,39 +262,13 @@ pub fn on_device(
         .iter()
         .map(|s| s.update_s.map(|t| t * s.steps))
         .sum::<Option<f64>>();
-    let statement = match (seconds, best_fixed) {
-        (Some(t), Some((b, steps, tb))) => format!(
-            "predicted: the ramp takes {:.0} updates and {} to the target, the best fixed batch ({b}) {:.0} updates and {}: the ramp is {:.0} % {} and needs {:.0} % {} updates",
-            ramp.steps,
-            seconds_text(t),
-            steps,
-            seconds_text(tb),
-            100.0 * (t / tb - 1.0).abs(),
-            if t <= tb { "faster" } else { "slower" },
-            100.0 * (ramp.steps / steps - 1.0).abs(),
-            if ramp.steps <= steps { "fewer" } else { "more" }
-        ),
-        _ => format!(
-            "predicted: the ramp takes {:.0} updates to the target (a stage's update time was not measured)",
-            ramp.steps
-        ),
-    };
     DeviceSchedule {
-        device: device.to_string(),
+        device,
         stages,
         steps: ramp.steps,
         samples: ramp.samples,
         seconds,
         best_fixed,
-        statement,
-    }
-}
-
-fn seconds_text(s: f64) -> String {
-    if s < 1.0 {
-        format!("{:.0} ms", s * 1e3)
-    } else {
-        format!("{s:.2} s")
     }
 }
 
@@ -373,7 +350,8 @@ mod tests {
         let b: Vec<u64> = r.schedule.stages.iter().map(|s| s.batch).collect();
         assert_eq!(b, [32, 512]);
         let times = [(32, 0.001), (64, 0.0015), (128, 0.0025)];
-        let d = on_device("cpu", &r, &times, Some(128), Some((128, 200.0, 0.5)));
+        let cpu = crate::device::DeviceSpec::Cpu;
+        let d = on_device(cpu, &r, &times, Some(128), Some((128, 200.0, 0.5)));
         assert_eq!(
             (d.stages[1].micro_batch, d.stages[1].accumulation),
             (128, 4)
@@ -381,11 +359,7 @@ mod tests {
         assert!((d.stages[1].update_s.unwrap() - 0.01).abs() < 1e-12);
         let want = r.stage_steps[0] * 0.001 + r.stage_steps[1] * 0.01;
         assert!((d.seconds.unwrap() - want).abs() < 1e-12);
-        assert!(
-            d.statement.contains("best fixed batch (128)"),
-            "{}",
-            d.statement
-        );
+        assert_eq!(d.best_fixed, Some((128, 200.0, 0.5)));
     }
 
     #[test]

@@ -41,7 +41,7 @@ impl StepsCurve {
 /// One way to train: a device, a micro-batch, and how many micro-batches are accumulated.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct TrainingOption {
-    pub device: String,
+    pub device: crate::device::DeviceSpec,
     pub micro_batch: u64,
     pub accumulation: u64,
     /// Measured seconds of one micro-batch step (forward + backward; the
@@ -106,38 +106,6 @@ pub fn rank(options: &[TrainingOption], b_noise: f64, s_min: Option<f64>) -> Vec
     out
 }
 
-/// What a time-to-target prediction rests on, stated so that it can be
-/// checked: the learning-rate rule every batch is assumed to train with (the
-/// noise run trained with it too), the target, the run's updates to it and
-/// the steps curve drawn from the run.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct PredictionBasis {
-    /// `lr(B) = rule(ref_lr, min(B, cap) / ref_batch)`.
-    pub lr: crate::lr::LrScaling,
-    /// Epochs of linear warm-up to that rate (0: none).
-    pub warmup_epochs: f64,
-    /// The steps were measured by real trainings (a sweep), not predicted.
-    pub measured: bool,
-    /// The batch and learning rate of the measured run (null when the curve
-    /// was fitted to a sweep's runs).
-    pub run_batch: Option<u64>,
-    pub run_lr: Option<f64>,
-    /// The loss the prediction is for.
-    pub target_loss: f64,
-    /// Updates the run took to reach it.
-    pub updates_to_target: Option<f64>,
-    /// S(B) drawn from the run: S_min and the effective B_noise.
-    pub curve: StepsCurve,
-    /// The noise scale at the end of the run, for comparison.
-    pub b_simple_end: Option<f64>,
-    /// The run's stretches (empty when the curve came from one value).
-    pub segments: Vec<crate::trajectory::Segment>,
-    /// How the curve was obtained, in words.
-    pub method: String,
-    /// What one update's time is made of, in words.
-    pub step_time: String,
-}
-
 /// One data-parallel way to train: `world_size` devices, each running `micro_batch` samples
 /// `accumulation` times per update, with one update taking `update_s` seconds (compute plus
 /// exposed communication).
@@ -146,7 +114,7 @@ pub struct ScaleOption {
     /// Devices in the data-parallel group.
     pub world_size: u64,
     /// How the model states are sharded (`ddp`, `zero1`, ...).
-    pub strategy: String,
+    pub strategy: batchfit_plan::distributed::Strategy,
     /// Samples per device per forward and backward.
     pub micro_batch: u64,
     /// Micro-batches per update.
@@ -223,7 +191,7 @@ pub fn updates_elasticity(b_noise: f64, batch: f64) -> f64 {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ScalingLimit {
     /// The strategy.
-    pub strategy: String,
+    pub strategy: batchfit_plan::distributed::Strategy,
     /// Past this world size extra devices stop paying (`None`: every world size given still pays).
     pub stop_after: Option<u64>,
     /// `-d ln T / d ln N` between `stop_after` and the next world size given.
@@ -246,7 +214,7 @@ pub fn scaling_limit(times: &[ScaleTime]) -> Option<ScalingLimit> {
     rows.dedup_by_key(|t| t.option.world_size);
     let fastest = rows.iter().min_by(|a, b| a.vs_best.total_cmp(&b.vs_best))?;
     let mut limit = ScalingLimit {
-        strategy: rows[0].option.strategy.clone(),
+        strategy: rows[0].option.strategy,
         stop_after: None,
         elasticity: None,
         fastest_world_size: fastest.option.world_size,
@@ -270,7 +238,7 @@ mod tests {
 
     fn opt(device: &str, micro: u64, acc: u64, s: f64) -> TrainingOption {
         TrainingOption {
-            device: device.into(),
+            device: device.parse().unwrap(),
             micro_batch: micro,
             accumulation: acc,
             micro_step_s: s,
@@ -310,7 +278,7 @@ mod tests {
     fn scale(world: u64, micro: u64, acc: u64, update_s: f64) -> ScaleOption {
         ScaleOption {
             world_size: world,
-            strategy: "ddp".into(),
+            strategy: batchfit_plan::distributed::Strategy::Ddp,
             micro_batch: micro,
             accumulation: acc,
             update_s,

@@ -2,7 +2,10 @@
 //! trainings of the same batches, with the same learning rates, to the same
 //! target; and whether the recommended batch was, as trained, the fastest.
 
+use crate::basis::PredictionBasis;
+use crate::device::DeviceSpec;
 use crate::sweep::{difference, mean_std};
+use serde::ser::Serializer;
 use serde::{Deserialize, Serialize};
 
 /// The recommended batch counts as right when its measured time to target is
@@ -52,7 +55,7 @@ pub struct VerifyRow {
 }
 
 /// Whether the advice held.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Verdict {
     pub recommended: u64,
     /// The batch with the lowest measured mean time to target (all its runs reached it).
@@ -68,8 +71,56 @@ pub struct Verdict {
     pub worst_relative: Option<(u64, f64)>,
     /// The largest |error| of the predicted seconds, and its batch.
     pub worst_absolute: Option<(u64, f64)>,
-    /// The verdict in one line.
-    pub line: String,
+    /// What the verdict line says (`line` in words is the report's).
+    #[serde(rename = "line_code")]
+    pub outcome: VerdictOutcome,
+}
+
+/// The verdict, with the figures its line states.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum VerdictOutcome {
+    /// The recommended batch reached the target fastest: its mean seconds over `runs`.
+    Fastest { seconds: f64, runs: usize },
+    /// Held: the recommended batch took `seconds`, within the tolerance
+    /// (`by_tolerance`) or the seeds' noise of the fastest.
+    Within {
+        seconds: f64,
+        /// Its mean time over the fastest's.
+        ratio: f64,
+        fastest: u64,
+        fastest_seconds: f64,
+        by_tolerance: bool,
+    },
+    /// Did not hold: slower than the fastest beyond the seeds' noise.
+    NotHeld {
+        seconds: f64,
+        ratio: f64,
+        fastest: u64,
+        fastest_seconds: f64,
+    },
+    /// The recommended batch was not trained.
+    NotTrained,
+    /// It did not reach the target in every run.
+    NotReached,
+}
+
+impl VerdictOutcome {
+    /// The machine-readable code.
+    pub fn code(self) -> &'static str {
+        match self {
+            VerdictOutcome::Fastest { .. } => "fastest",
+            VerdictOutcome::Within { .. } => "within",
+            VerdictOutcome::NotHeld { .. } => "not_held",
+            VerdictOutcome::NotTrained => "not_trained",
+            VerdictOutcome::NotReached => "not_reached",
+        }
+    }
+}
+
+impl Serialize for VerdictOutcome {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.code())
+    }
 }
 
 fn pct(predicted: f64, measured: f64) -> f64 {
@@ -141,39 +192,26 @@ pub fn verify(
     };
     let held = recommended_vs_fastest.is_some_and(|r| r <= 1.0 + RECOMMENDATION_TOLERANCE)
         || within_seed_noise;
-    let line = match (recommended_vs_fastest, fastest) {
-        (Some(_), Some((f, fs))) if f.batch == recommended => format!(
-            "The advice held: batch {recommended} reached the target fastest ({}, mean of {} runs).",
-            seconds(fs.0),
-            f.seconds.len()
-        ),
-        (Some(r), Some((f, fs))) if held => format!(
-            "The advice held: batch {recommended} took {} ({:+.0} % against the fastest, batch {} at {}), {}.",
-            seconds(fs.0 * r),
-            100.0 * (r - 1.0),
-            f.batch,
-            seconds(fs.0),
-            if r <= 1.0 + RECOMMENDATION_TOLERANCE {
-                format!("within {:.0} %", 100.0 * RECOMMENDATION_TOLERANCE)
-            } else {
-                "within the seeds' noise".to_string()
-            }
-        ),
-        (Some(r), Some((f, fs))) => format!(
-            "The advice did not hold: batch {recommended} took {}, {:.0} % more than batch {} ({}), beyond the seeds' noise.",
-            seconds(fs.0 * r),
-            100.0 * (r - 1.0),
-            f.batch,
-            seconds(fs.0)
-        ),
-        _ => format!(
-            "The advice could not be checked: batch {recommended} {}.",
-            if rec.is_none() {
-                "was not trained"
-            } else {
-                "did not reach the target in every run"
-            }
-        ),
+    let outcome = match (recommended_vs_fastest, fastest) {
+        (Some(_), Some((f, fs))) if f.batch == recommended => VerdictOutcome::Fastest {
+            seconds: fs.0,
+            runs: f.seconds.len(),
+        },
+        (Some(r), Some((f, fs))) if held => VerdictOutcome::Within {
+            seconds: fs.0 * r,
+            ratio: r,
+            fastest: f.batch,
+            fastest_seconds: fs.0,
+            by_tolerance: r <= 1.0 + RECOMMENDATION_TOLERANCE,
+        },
+        (Some(r), Some((f, fs))) => VerdictOutcome::NotHeld {
+            seconds: fs.0 * r,
+            ratio: r,
+            fastest: f.batch,
+            fastest_seconds: fs.0,
+        },
+        _ if rec.is_none() => VerdictOutcome::NotTrained,
+        _ => VerdictOutcome::NotReached,
     };
     (
         rows,
@@ -185,19 +223,85 @@ pub fn verify(
             held,
             worst_relative,
             worst_absolute,
-            line,
+            outcome,
         },
     )
 }
 
-/// "0.064 s" / "1.27 s" / "95.3 s".
-fn seconds(s: f64) -> String {
-    if s < 1.0 {
-        format!("{s:.3} s")
-    } else if s < 10.0 {
-        format!("{s:.2} s")
-    } else {
-        format!("{s:.1} s")
+/// An advice under check: what `advise --json` predicted, on which device, for which batch.
+#[derive(Clone, Debug)]
+pub struct CheckedAdvice {
+    /// The advice file, as named.
+    pub path: String,
+    /// The model and data it measured.
+    pub inputs: crate::decide::AdviceInputs,
+    pub basis: PredictionBasis,
+    /// The device of the first recommendation: the one checked.
+    pub device: DeviceSpec,
+    pub recommended: u64,
+    /// Measured seconds per update at each batch of the table on that device
+    /// (no accumulation), ascending by batch.
+    pub update_s: Vec<(u64, f64)>,
+}
+
+impl CheckedAdvice {
+    /// The batches checked by default: the recommended one and its neighbours
+    /// in the advice's table.
+    pub fn default_batches(&self) -> Vec<u64> {
+        let batches: Vec<u64> = self.update_s.iter().map(|p| p.0).collect();
+        match batches.iter().position(|&b| b == self.recommended) {
+            Some(i) => batches[i.saturating_sub(1)..(i + 2).min(batches.len())].to_vec(),
+            None => vec![self.recommended],
+        }
+    }
+
+    /// Predicted steps, and seconds where the advice measured the batch's step.
+    pub fn predicted(&self, batch: u64) -> Predicted {
+        let steps = self.basis.curve.steps(batch as f64);
+        Predicted {
+            batch,
+            steps,
+            seconds: self
+                .update_s
+                .iter()
+                .find(|p| p.0 == batch)
+                .map(|p| p.1 * steps),
+        }
+    }
+
+    /// Epochs enough for three times the predicted steps at `batch` from `rows` rows.
+    pub fn epochs_for(&self, batch: u64, rows: usize) -> u32 {
+        let per_epoch = (rows as u64 / batch.max(1)).max(1) as f64;
+        (3.0 * self.predicted(batch).steps / per_epoch).ceil() as u32
+    }
+}
+
+/// `sweep --verify ADVICE.json`: predicted beside measured, and the verdict.
+#[derive(Clone, Debug, Serialize)]
+pub struct VerifyReport {
+    /// The advice file.
+    pub advice: String,
+    /// The device whose recommendation is checked (the runs train on it).
+    pub device: DeviceSpec,
+    /// What the prediction assumed; the runs trained with it.
+    pub basis: PredictionBasis,
+    pub rows: Vec<VerifyRow>,
+    pub verdict: Verdict,
+}
+
+impl VerifyReport {
+    /// The advice's predictions beside what the runs of each batch measured.
+    pub fn new(advice: &CheckedAdvice, measured: &[Measured]) -> VerifyReport {
+        let predicted: Vec<Predicted> =
+            measured.iter().map(|m| advice.predicted(m.batch)).collect();
+        let (rows, verdict) = verify(&predicted, measured, advice.recommended);
+        VerifyReport {
+            advice: advice.path.clone(),
+            device: advice.device,
+            basis: advice.basis.clone(),
+            rows,
+            verdict,
+        }
     }
 }
 
@@ -233,10 +337,8 @@ mod tests {
         let (rows, v) = verify(&pred, &meas, 128);
         assert!(v.held && v.fastest == Some(128), "{v:?}");
         assert!(
-            v.line
-                .starts_with("The advice held: batch 128 reached the target fastest"),
-            "{}",
-            v.line
+            matches!(v.outcome, VerdictOutcome::Fastest { runs: 3, .. }),
+            "{v:?}"
         );
         // 64: predicted 1.2x the best, measured 0.15/0.11 = 1.364x.
         let e = rows[0].vs_best_error_pct.unwrap();
@@ -262,10 +364,8 @@ mod tests {
         );
         assert!(!v.held && !v.within_seed_noise, "{v:?}");
         assert!(
-            v.line
-                .starts_with("The advice did not hold: batch 128 took"),
-            "{}",
-            v.line
+            matches!(v.outcome, VerdictOutcome::NotHeld { fastest: 256, .. }),
+            "{v:?}"
         );
         // 3 % slower: within the tolerance.
         let (_, v) = verify(
@@ -284,7 +384,16 @@ mod tests {
             128,
         );
         assert!(v.held && v.within_seed_noise, "{v:?}");
-        assert!(v.line.contains("within the seeds' noise"), "{}", v.line);
+        assert!(
+            matches!(
+                v.outcome,
+                VerdictOutcome::Within {
+                    by_tolerance: false,
+                    ..
+                }
+            ),
+            "{v:?}"
+        );
     }
 
     #[test]
@@ -294,10 +403,6 @@ mod tests {
         short.runs = 3;
         let (rows, v) = verify(&pred, &[short, m(256, &[0.1, 0.1, 0.1])], 128);
         assert!(!v.held && rows[0].vs_best.is_none());
-        assert!(
-            v.line.contains("did not reach the target in every run"),
-            "{}",
-            v.line
-        );
+        assert_eq!(v.outcome, VerdictOutcome::NotReached);
     }
 }

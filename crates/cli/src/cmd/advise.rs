@@ -7,7 +7,7 @@ use crate::options::{
 use batchfit_pipeline::advise::{AdviseConfig, advise};
 use batchfit_pipeline::probe::parse_devices;
 use batchfit_plan::distributed::{LinkPreset, Strategy};
-use batchfit_report::advise::{ScheduleDocument, html, render, render_schedule};
+use batchfit_report::advise::{AdviseDocument, ScheduleDocument, html, render, render_schedule};
 use clap::Args;
 use std::path::PathBuf;
 
@@ -103,7 +103,7 @@ pub fn run_schedule(args: AdviseArgs) -> CliResult {
         )
         .into());
     };
-    emit(&schedule, json, render_schedule)
+    emit(&schedule, &schedule, json, render_schedule)
 }
 
 fn config(args: &AdviseArgs) -> CliResult<AdviseConfig> {
@@ -139,5 +139,12 @@ pub fn run(args: AdviseArgs) -> CliResult {
     let bar = progress(args.json);
     let doc = advise(&cfg, &bar)?;
     drop(bar);
-    emit_with_html(&doc, args.json, render, args.html.as_deref(), html)
+    emit_with_html(
+        &doc,
+        &AdviseDocument::new(&doc),
+        args.json,
+        render,
+        args.html.as_deref(),
+        html,
+    )
 }

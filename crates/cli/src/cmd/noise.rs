@@ -5,7 +5,7 @@ use crate::error::CliResult;
 use crate::options::{DataFlags, emit, positive_u64, positive_usize, progress};
 use batchfit_pipeline::noise::{Init, NoiseSettings, noise};
 use batchfit_plan::Optimizer;
-use batchfit_report::noise::render;
+use batchfit_report::noise::{NoiseDocument, render};
 use clap::Args;
 
 #[derive(Args)]
@@ -105,5 +105,5 @@ pub fn run(args: NoiseArgs) -> CliResult {
         },
     )?;
     drop(bar);
-    emit(&doc, args.json, render)
+    emit(&doc, &NoiseDocument::new(&doc), args.json, render)
 }

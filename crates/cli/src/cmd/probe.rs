@@ -87,7 +87,7 @@ pub fn run(args: ProbeArgs) -> CliResult {
             .into_iter()
             .collect(),
     };
-    emit(&doc, args.json, |d| {
+    emit(&doc, &doc, args.json, |d| {
         let mut text = render(d.model, d.devices);
         for n in &d.notes {
             text.push_str(&format!("\nnote: {n}\n"));

@@ -11,7 +11,7 @@ use batchfit_pipeline::lengths::run_lengths;
 use batchfit_pipeline::run::{Launcher, LauncherKind, RunConfig, run as run_trials};
 use batchfit_plan::{Bytes, Optimizer};
 use batchfit_report::lengths;
-use batchfit_report::run::{html, render};
+use batchfit_report::run::{RunDocument, html, render};
 use batchfit_tune::lr::LrRule;
 use clap::Args;
 use std::path::PathBuf;
@@ -149,7 +149,14 @@ pub fn run(args: RunArgs) -> CliResult {
     let bar = progress(args.json || args.show_output);
     let doc = run_trials(&cfg, &bar)?;
     drop(bar);
-    emit_with_html(&doc, args.json, render, args.html.as_deref(), html)
+    emit_with_html(
+        &doc,
+        &RunDocument::new(&doc),
+        args.json,
+        render,
+        args.html.as_deref(),
+        html,
+    )
 }
 
 /// A percentage in [0, 100).

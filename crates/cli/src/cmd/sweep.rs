@@ -8,11 +8,12 @@ use crate::options::{
 };
 use batchfit_pipeline::probe::parse_devices;
 use batchfit_pipeline::sweep::{ScheduleChoice, SweepConfig, sweep};
-use batchfit_pipeline::verify::{Advice, read_advice};
+use batchfit_pipeline::verify::{data_source, read_advice};
 use batchfit_plan::Optimizer;
-use batchfit_report::sweep::{html, render};
+use batchfit_report::sweep::{SweepDocument, html, render};
 use batchfit_tune::lr::LrRule;
 use batchfit_tune::schedule::Schedule;
+use batchfit_tune::verify::CheckedAdvice;
 use clap::Args;
 use std::path::PathBuf;
 
@@ -127,23 +128,23 @@ pub fn run(args: SweepArgs) -> CliResult {
     );
     let doc = sweep(&cfg, &bar)?;
     drop(bar);
-    emit_with_html(&doc, args.json, render, args.html.as_deref(), html)
+    emit_with_html(
+        &doc,
+        &SweepDocument::new(&doc),
+        args.json,
+        render,
+        args.html.as_deref(),
+        html,
+    )
 }
 
 /// The sweep that checks `advice`: its model and data unless given, its
 /// device, rule, reference, cap and target; no warm-up; no second noise run.
-fn verifying(args: &SweepArgs, advice: Advice) -> CliResult<SweepConfig> {
+fn verifying(args: &SweepArgs, advice: CheckedAdvice) -> CliResult<SweepConfig> {
     let lr = advice.basis.lr;
-    let optimizer = Optimizer::parse(&advice.inputs.optimizer).ok_or_else(|| {
-        batchfit_pipeline::Error::input(format!(
-            "--verify {}: unknown optimizer `{}`",
-            advice.path.display(),
-            advice.inputs.optimizer
-        ))
-    })?;
     Ok(SweepConfig {
         model: args.model.clone().or_else(|| advice.inputs.model.clone()),
-        data: advice.data_source(&args.data.source())?,
+        data: data_source(&advice, &args.data.source())?,
         batches: if args.batches.is_empty() {
             advice.default_batches()
         } else {
@@ -153,11 +154,11 @@ fn verifying(args: &SweepArgs, advice: Advice) -> CliResult<SweepConfig> {
         ref_batch: Some(lr.ref_batch),
         ref_lr: lr.ref_lr,
         lr_cap: lr.cap_batch,
-        optimizer,
+        optimizer: advice.inputs.optimizer,
         warmup_epochs: 0.0,
         target_loss: Some(advice.basis.target_loss),
         no_noise: true,
-        devices: parse_devices(std::slice::from_ref(&advice.device))?,
+        devices: vec![advice.device],
         verify: Some(advice),
         ..config(args)?
     })

@@ -1,8 +1,11 @@
-//! How a trial ended ([`Outcome`], the one vocabulary for `run` and `probe`)
-//! and what one trial of the user's command measured.
+//! What one trial measured and how it ended: the evidence every child process
+//! batchfit starts leaves behind (the user's command in `run`, the measuring
+//! worker in `probe`). `batchfit_exec` runs the processes and fills these in;
+//! the decisions read them here, so they need no process to be tested.
 
-use crate::protocol::StepStats;
-use serde::Serialize;
+use crate::search::{TrialReason, Verdict};
+use crate::stats::Summary;
+use serde::{Deserialize, Serialize};
 
 /// How a trial ended: the one outcome type of every child batchfit runs.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -21,6 +24,17 @@ pub enum Outcome {
     TimedOut,
     /// The program could not be started at all.
     NotStarted(String),
+}
+
+/// How a trial that did not run ended, as a code: [`Outcome`] without its detail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureKind {
+    OutOfMemory,
+    Crashed,
+    Failed,
+    TimedOut,
+    NotStarted,
 }
 
 /// Everything measured in one trial.
@@ -50,7 +64,7 @@ pub struct TrialResult {
     /// Every step the command reported, in order (losses and noise
     /// measurements are read from these; not part of the JSON).
     #[serde(skip)]
-    pub reports: Vec<crate::protocol::StepReport>,
+    pub reports: Vec<StepReport>,
     /// Each rank's own figures (one entry, rank 0, without a launcher).
     pub ranks: Vec<RankResult>,
 }
@@ -70,7 +84,8 @@ pub struct RankResult {
 }
 
 impl TrialResult {
-    pub(crate) fn not_started(batch: u64, why: String) -> TrialResult {
+    /// A trial whose program could not be started.
+    pub fn not_started(batch: u64, why: String) -> TrialResult {
         TrialResult {
             batch,
             outcome: Outcome::NotStarted(why),
@@ -93,8 +108,7 @@ impl Outcome {
     /// How a max-batch search reads this outcome; `peak` is the measured
     /// high-water mark of a run. Only out-of-memory is evidence about memory:
     /// a crash, a failed measurement or a time-out stops a search.
-    pub fn verdict(&self, peak: Option<batchfit_plan::Bytes>) -> batchfit_tune::search::Verdict {
-        use batchfit_tune::search::Verdict;
+    pub fn verdict(&self, peak: Option<batchfit_plan::Bytes>) -> Verdict {
         match self {
             Outcome::Ran => Verdict::Runs { peak },
             Outcome::OutOfMemory(_) => Verdict::OutOfMemory,
@@ -103,6 +117,23 @@ impl Outcome {
             | Outcome::TimedOut
             | Outcome::NotStarted(_) => Verdict::Broken,
         }
+    }
+
+    /// The failure, for every outcome but [`Outcome::Ran`].
+    pub fn failure_kind(&self) -> Option<FailureKind> {
+        match self {
+            Outcome::Ran => None,
+            Outcome::OutOfMemory(_) => Some(FailureKind::OutOfMemory),
+            Outcome::Crashed(_) => Some(FailureKind::Crashed),
+            Outcome::Failed(_) => Some(FailureKind::Failed),
+            Outcome::TimedOut => Some(FailureKind::TimedOut),
+            Outcome::NotStarted(_) => Some(FailureKind::NotStarted),
+        }
+    }
+
+    /// Whether the trial ran to its end.
+    pub fn ran(&self) -> bool {
+        *self == Outcome::Ran
     }
 
     /// One line for tables: "ran", "out of memory", ...
@@ -140,4 +171,66 @@ impl std::fmt::Display for Outcome {
             Outcome::TimedOut => write!(f, "timed out"),
         }
     }
+}
+
+/// Step-time statistics of one trial, warm-up steps left out.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StepStats {
+    pub steps_reported: usize,
+    /// Steps the statistics use (after the warm-up ones).
+    pub steps_used: usize,
+    pub step_time: Summary,
+    /// Samples of the used steps / their seconds.
+    pub samples_per_s: f64,
+}
+
+/// One training step as the command reported it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StepReport {
+    pub step: Option<u64>,
+    pub samples: Option<u64>,
+    pub seconds: f64,
+    /// The step's mean training loss, when the command reports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<f64>,
+    /// Gradient norms at two batch sizes, on the steps the helper measures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub noise: Option<NoiseReport>,
+    /// The rank that ran the step (every rank of a launched trial prints its own lines).
+    #[serde(default)]
+    pub rank: Option<u32>,
+}
+
+/// Squared gradient norms of one step at two batch sizes, as the Python helper
+/// (`python/`) measures them: the step's batch of `b_big` samples split into
+/// micro-batches of `b_small`; `g_small_sq` is the mean of their gradients'
+/// squared norms, `g_big_sq` the squared norm of the whole batch's gradient.
+/// batchfit turns them into the noise scale with `batchfit_tune::noise`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NoiseReport {
+    pub b_small: f64,
+    pub g_small_sq: f64,
+    pub b_big: f64,
+    pub g_big_sq: f64,
+}
+
+impl NoiseReport {
+    /// Usable by the two-batch estimator: finite, non-negative, `b_big > b_small > 0`.
+    pub fn is_valid(&self) -> bool {
+        [self.b_small, self.g_small_sq, self.b_big, self.g_big_sq]
+            .iter()
+            .all(|x| x.is_finite() && *x >= 0.0)
+            && self.b_big > self.b_small
+            && self.b_small > 0.0
+    }
+}
+
+/// One trial of a user's command and why it was run.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunTrial {
+    /// Why this batch was tried (the search's step, a knee refinement, listed).
+    #[serde(flatten)]
+    pub reason: TrialReason,
+    #[serde(flatten)]
+    pub result: TrialResult,
 }

@@ -2,6 +2,15 @@
 //! fit of S(B) = S_min (1 + B_noise / B) to the measured steps to target, and
 //! whether final validation figures differ by more than the seeds do.
 
+pub mod schedule;
+pub mod summary;
+
+pub use schedule::{ScheduleSource, ScheduleSummary, schedule_summary};
+pub use summary::{
+    BatchSummary, DeviceBatchTimes, DeviceTimes, MeasuredNoise, MeasuredSteps, MeasuredStepsError,
+    SweepRun, SweepSettings, SweepSummary, TargetSource, measured_steps, summarize,
+};
+
 use serde::{Deserialize, Serialize};
 
 /// How a training run ended.

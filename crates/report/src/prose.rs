@@ -1,0 +1,378 @@
+//! Every sentence a report says about a decision, built from its typed value:
+//! why a batch is recommended, each finding, what a prediction rests on, how a
+//! schedule compares, the verdict of a check. The decisions (`batchfit_tune`)
+//! carry codes and figures; the words are here, once.
+
+use batchfit_tune::advice::{NoiseHint, Reason, Recommendation};
+use batchfit_tune::basis::{BasisSource, PredictionBasis};
+use batchfit_tune::diagnose::{Finding, FindingKind};
+use batchfit_tune::lr::{LrRule, LrScaling};
+use batchfit_tune::schedule::DeviceSchedule;
+use batchfit_tune::sweep::{QualityVerdict, ScheduleSource, ScheduleSummary, TargetSource};
+use batchfit_tune::trajectory::SEGMENT_MEASUREMENTS;
+use batchfit_tune::verify::{RECOMMENDATION_TOLERANCE, VerdictOutcome};
+
+/// Why the batch is recommended.
+pub fn reason(r: &Reason) -> String {
+    match r {
+        Reason::TimeToTarget {
+            tied,
+            band,
+            fastest_batch,
+            fastest_step_s,
+            optimum,
+        } => {
+            let tie_break = match optimum {
+                Some(opt) => format!("the nearest to the fitted curve's optimum B* ≈ {opt:.0}"),
+                None => "the smallest".to_string(),
+            };
+            format!(
+                "lowest predicted time to target, (1 + B_noise/B) x step time, within the measurement's noise: batches {} cannot be told apart (B_noise ≈ {:.0}, band {:.0}–{}; fastest point estimate B = {}, step {:.2} ms measured); of those, {tie_break}",
+                tied.iter()
+                    .map(|b| b.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                band.b_noise,
+                band.low,
+                band.high.map_or("∞".to_string(), |h| format!("{h:.0}")),
+                fastest_batch,
+                fastest_step_s * 1e3
+            )
+        }
+        Reason::Knee { efficiency, hint } => format!(
+            "the smallest batch reaching {:.0} % of the best measured throughput (the noise scale is unknown, so steps needed are not weighed: {})",
+            efficiency * 100.0,
+            match hint {
+                NoiseHint::GiveData => "add --data to measure it on your data",
+                NoiseHint::PythonHelper =>
+                    "report it from your training loop with the Python helper, docs/run.md",
+            }
+        ),
+        Reason::NothingMeasured => "no batch size could be measured".into(),
+    }
+}
+
+/// How to state the learning rate without a reference.
+pub fn learning_rate_rule(r: &Recommendation) -> &'static str {
+    match r.lr_rule {
+        LrRule::Sqrt => {
+            "learning rate: your tuned lr x sqrt(B / your batch), square-root rule for Adam (Malladi et al. 2022); give --ref-batch/--ref-lr for a number"
+        }
+        _ => {
+            "learning rate: your tuned lr x B / your batch, linear rule with warm-up for SGD (Goyal et al. 2017); give --ref-batch/--ref-lr for a number"
+        }
+    }
+}
+
+/// A finding in one sentence, with the figures behind it.
+pub fn finding(f: &Finding) -> String {
+    let device = f.device;
+    match f.kind {
+        FindingKind::FlatThroughput {
+            from_batch,
+            to_batch,
+            gain,
+            from_samples_per_s,
+            to_samples_per_s,
+        } => format!(
+            "{device}: from batch {from_batch} to {to_batch} throughput changes by {:+.0} % ({from_samples_per_s:.0} -> {to_samples_per_s:.0} samples/s) while updates per epoch fall {}x; above batch {from_batch} a bigger batch mostly means fewer, not faster, updates",
+            100.0 * gain,
+            to_batch / from_batch,
+        ),
+        FindingKind::FixedOverhead {
+            fixed_s,
+            per_sample_s,
+            batch,
+            share,
+        } => format!(
+            "{device}: each step costs about {:.2} ms whatever the batch (fit: {:.2} ms + {:.3} ms per sample); at batch {batch} that is {:.0} % of the step, so the device is mostly idle: raise the batch{}",
+            fixed_s * 1e3,
+            fixed_s * 1e3,
+            per_sample_s * 1e3,
+            100.0 * share.min(1.0),
+            if device.is_gpu() {
+                " or train this model on the CPU"
+            } else {
+                ""
+            }
+        ),
+        FindingKind::GpuIdle { util_pct, batch } => format!(
+            "{device}: at batch {batch} the GPU ran kernels {util_pct:.0} % of the time (NVML, measured): the step waits on something else (input pipeline, Python overhead, synchronisation); raise the batch, or prefetch and overlap data loading"
+        ),
+        FindingKind::InputBound {
+            load_s,
+            step_s,
+            batch,
+            share,
+        } => format!(
+            "{device}: at batch {batch} preparing a batch takes {:.2} ms against {:.2} ms of compute ({:.0} % of the time): the input pipeline limits training; prefetch or prepare batches in parallel",
+            load_s * 1e3,
+            step_s * 1e3,
+            100.0 * share
+        ),
+        FindingKind::AboveCritical { batch, critical } => format!(
+            "{device}: batch {batch} is {:.0}x the critical batch ({critical:.0}): it needs about {:.1}x the epochs of a small batch to reach the same loss (E(B) = E_min (1 + B/B_noise))",
+            batch as f64 / critical,
+            1.0 + batch as f64 / critical
+        ),
+        FindingKind::NearMemoryLimit {
+            batch,
+            max_batch,
+            safe,
+        } => format!(
+            "{device}: batch {batch} is within 10 % of the largest that fits ({max_batch}); fragmentation or a longer sequence can still run it out of memory later; {safe} is the safe value"
+        ),
+    }
+}
+
+/// "1.00e-3 x sqrt(B / 16), held from B = 163".
+pub fn formula(lr: &LrScaling) -> String {
+    let f = match lr.rule {
+        LrRule::Linear => format!("{:.2e} x B / {}", lr.ref_lr, lr.ref_batch),
+        LrRule::Sqrt => format!("{:.2e} x sqrt(B / {})", lr.ref_lr, lr.ref_batch),
+        LrRule::Fixed => format!("{:.2e}", lr.ref_lr),
+    };
+    match lr.cap_batch {
+        Some(c) if lr.rule != LrRule::Fixed => format!("{f}, held from B = {c}"),
+        _ => f,
+    }
+}
+
+/// How a prediction's S(B) was obtained.
+pub fn basis_method(b: &PredictionBasis) -> String {
+    match &b.source {
+        BasisSource::Stretches {
+            updates_to_target,
+            preconditioned,
+            ..
+        } => format!(
+            "S(B) = Σ ΔS_min,i (1 + B_i/B) over stretches of {SEGMENT_MEASUREMENTS} updates of the noise run, each with its own noise scale B_i{} (McCandlish et al. 2018, section 2.3); the run reached the target after {:.0} updates",
+            if *preconditioned {
+                " of the step Adam takes, g / (sqrt(v) + ε)"
+            } else {
+                ""
+            },
+            updates_to_target
+        ),
+        BasisSource::EndValue { .. } => "S(B) through the noise run's updates with its final noise scale (its stretches could not be measured)".to_string(),
+        BasisSource::Sweep(s) => format!(
+            "S_min and B_noise fitted to the steps to target of {} runs of the sweep in {} (batches {}, {} data)",
+            s.runs,
+            s.dir,
+            s.batches
+                .iter()
+                .map(|b| b.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            s.data
+        ),
+    }
+}
+
+/// What one update's time is made of.
+pub const STEP_TIME: &str = "the mean of the timed steps plus gathering the batch from the data";
+
+/// The machine-readable code of [`STEP_TIME`].
+pub const STEP_TIME_CODE: &str = "timed_steps_mean_plus_batch_gathering";
+
+/// A device's ramp beside its best fixed batch.
+pub fn schedule_statement(s: &DeviceSchedule) -> String {
+    match (s.seconds, s.best_fixed) {
+        (Some(t), Some((b, steps, tb))) => format!(
+            "predicted: the ramp takes {:.0} updates and {} to the target, the best fixed batch ({b}) {:.0} updates and {}: the ramp is {:.0} % {} and needs {:.0} % {} updates",
+            s.steps,
+            seconds_text(t),
+            steps,
+            seconds_text(tb),
+            100.0 * (t / tb - 1.0).abs(),
+            if t <= tb { "faster" } else { "slower" },
+            100.0 * (s.steps / steps - 1.0).abs(),
+            if s.steps <= steps { "fewer" } else { "more" }
+        ),
+        _ => format!(
+            "predicted: the ramp takes {:.0} updates to the target (a stage's update time was not measured)",
+            s.steps
+        ),
+    }
+}
+
+/// The code of [`schedule_statement`]: `compared`, or `not_timed`.
+pub fn schedule_statement_code(s: &DeviceSchedule) -> &'static str {
+    match (s.seconds, s.best_fixed) {
+        (Some(_), Some(_)) => "compared",
+        _ => "not_timed",
+    }
+}
+
+fn seconds_text(s: f64) -> String {
+    if s < 1.0 {
+        format!("{:.0} ms", s * 1e3)
+    } else {
+        format!("{s:.2} s")
+    }
+}
+
+/// How the batches of a ramp are chosen.
+pub const RAMP_RULE: &str = "each stretch of the run at the largest batch (a power of two in the range) not above the noise scale of training so far, never smaller than before: the batch doubles once that passes twice it";
+
+/// Where a trained schedule came from.
+pub fn schedule_source(s: &ScheduleSource) -> String {
+    match s {
+        ScheduleSource::Ramp => {
+            format!("ramp: {RAMP_RULE}, from a noise run on the training split")
+        }
+        ScheduleSource::File(name) => name.clone(),
+    }
+}
+
+/// A trained schedule beside the fastest fixed batch.
+pub fn schedule_summary_statement(s: &ScheduleSummary) -> String {
+    match (s.seconds_ratio.zip(s.seconds_z), s.best_fixed) {
+        (Some((r, z)), Some(b)) => format!(
+            "the schedule took {:.0} % {} seconds to the target than the fastest fixed batch ({b}), {:.1} standard errors of the seeds: {}; {}",
+            100.0 * (r - 1.0).abs(),
+            if r < 1.0 { "fewer" } else { "more" },
+            z.abs(),
+            if s.beats_best_fixed {
+                "it beats every fixed batch beyond the seeds' noise"
+            } else if z > 2.0 {
+                "the fixed batch is faster beyond the seeds' noise"
+            } else {
+                "within the seeds' noise"
+            },
+            match s.steps_ratio {
+                Some(r) => format!(
+                    "{:.0} % {} steps",
+                    100.0 * (r - 1.0).abs(),
+                    if r < 1.0 { "fewer" } else { "more" }
+                ),
+                None => String::new(),
+            }
+        ),
+        _ => "the schedule cannot be compared: it, or every fixed batch, did not reach the target in every run".to_string(),
+    }
+}
+
+/// The code of [`schedule_summary_statement`].
+pub fn schedule_summary_code(s: &ScheduleSummary) -> &'static str {
+    match (s.seconds_ratio.zip(s.seconds_z), s.best_fixed) {
+        (Some(_), Some(_)) if s.beats_best_fixed => "beats_best_fixed",
+        (Some((_, z)), Some(_)) if z > 2.0 => "fixed_faster",
+        (Some(_), Some(_)) => "within_seed_noise",
+        _ => "not_compared",
+    }
+}
+
+/// Where a sweep's target comes from.
+pub fn target_source(t: TargetSource) -> String {
+    match t {
+        TargetSource::Given => "--target-loss".to_string(),
+        TargetSource::LowestReached { max_epochs } => {
+            format!("the lowest loss every run reached within {max_epochs} epochs")
+        }
+    }
+}
+
+/// "0.064 s" / "1.27 s" / "95.3 s".
+fn seconds(s: f64) -> String {
+    if s < 1.0 {
+        format!("{s:.3} s")
+    } else if s < 10.0 {
+        format!("{s:.2} s")
+    } else {
+        format!("{s:.1} s")
+    }
+}
+
+/// The verdict of a check in one line.
+pub fn verdict_line(recommended: u64, v: VerdictOutcome) -> String {
+    match v {
+        VerdictOutcome::Fastest { seconds: s, runs } => format!(
+            "The advice held: batch {recommended} reached the target fastest ({}, mean of {runs} runs).",
+            seconds(s),
+        ),
+        VerdictOutcome::Within {
+            seconds: s,
+            ratio,
+            fastest,
+            fastest_seconds,
+            by_tolerance,
+        } => format!(
+            "The advice held: batch {recommended} took {} ({:+.0} % against the fastest, batch {fastest} at {}), {}.",
+            seconds(s),
+            100.0 * (ratio - 1.0),
+            seconds(fastest_seconds),
+            if by_tolerance {
+                format!("within {:.0} %", 100.0 * RECOMMENDATION_TOLERANCE)
+            } else {
+                "within the seeds' noise".to_string()
+            }
+        ),
+        VerdictOutcome::NotHeld {
+            seconds: s,
+            ratio,
+            fastest,
+            fastest_seconds,
+        } => format!(
+            "The advice did not hold: batch {recommended} took {}, {:.0} % more than batch {fastest} ({}), beyond the seeds' noise.",
+            seconds(s),
+            100.0 * (ratio - 1.0),
+            seconds(fastest_seconds)
+        ),
+        VerdictOutcome::NotTrained => {
+            format!("The advice could not be checked: batch {recommended} was not trained.")
+        }
+        VerdictOutcome::NotReached => format!(
+            "The advice could not be checked: batch {recommended} did not reach the target in every run."
+        ),
+    }
+}
+
+/// The quality answer in words, from the verdicts.
+pub fn quality_statement(
+    loss: Option<&QualityVerdict>,
+    accuracy: Option<&QualityVerdict>,
+    seeds: usize,
+) -> String {
+    let Some(main) = accuracy.or(loss) else {
+        return "quality: not compared (needs two batches with at least two finished seeds each)"
+            .into();
+    };
+    let what = if accuracy.is_some() {
+        "validation accuracy"
+    } else {
+        "validation loss"
+    };
+    let (diff, se) = if accuracy.is_some() {
+        (
+            format!("{:.2} points", main.difference * 100.0),
+            format!("{:.2}", main.std_err * 100.0),
+        )
+    } else {
+        (
+            format!("{:.4}", main.difference),
+            format!("{:.4}", main.std_err),
+        )
+    };
+    let verdict = if main.exceeds_seed_noise {
+        "exceeds the seed-to-seed noise: on this data and budget the batch size changes the result"
+    } else {
+        "is within the seed-to-seed noise: these runs show no quality cost of either batch size"
+    };
+    format!(
+        "quality: best {what} at batch {}, worst at batch {}; the difference ({diff}, {:.1} standard errors of {se}) {verdict} ({} seeds per batch; with few seeds only large differences show)",
+        main.best_batch, main.worst_batch, main.z, seeds
+    )
+}
+
+/// The code of [`quality_statement`].
+pub fn quality_code(
+    loss: Option<&QualityVerdict>,
+    accuracy: Option<&QualityVerdict>,
+) -> &'static str {
+    match accuracy.or(loss) {
+        None => "not_compared",
+        Some(v) if v.exceeds_seed_noise => "exceeds_seed_noise",
+        Some(_) => "within_seed_noise",
+    }
+}

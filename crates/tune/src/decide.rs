@@ -1,0 +1,422 @@
+//! Where the recommendation is decided: from the evidence of `advise` (each
+//! device's measured curve, the plan, the noise run or a sweep's measured
+//! steps) to a recommendation per device, every (device, batch, accumulation)
+//! option ranked by predicted time to target, the batch-size ramp per device,
+//! and the diagnosis. Pure: it spawns nothing, so it is tested on constructed
+//! evidence. `run` decides with [`crate::run::advise_run`], through the same
+//! per-device rule ([`crate::advice::recommend`]).
+
+use crate::advice::{
+    DeviceEvidence, LrAdviceInput, MaxBatchSource, NoiseBand, NoiseHint, Recommendation, recommend,
+};
+use crate::basis::{PredictionBasis, prediction_basis};
+use crate::diagnose::{self, Finding, StepPoint};
+use crate::lr::{LrRule, LrScaling};
+use crate::noise::NoiseRun;
+use crate::probe::DeviceProbe;
+use crate::schedule::DeviceSchedule;
+use crate::target::{TimeToTarget, rank};
+use batchfit_plan::{Bytes, Plan};
+
+/// What the decision is made from: measurements only.
+pub struct Evidence<'a> {
+    pub probes: &'a [DeviceProbe],
+    /// The CPU plan, for the largest batch this machine's RAM holds.
+    pub plan_cpu: &'a Plan,
+    pub host_memory: Option<Bytes>,
+    pub noise: Option<&'a NoiseRun>,
+    /// S(B) measured by a sweep: used instead of the noise run's prediction.
+    pub measured: Option<&'a PredictionBasis>,
+    /// The learning-rate rule every batch trains with, and the (batch, rate) it scales from.
+    pub rule: LrRule,
+    pub reference: (u64, f64),
+    /// Seconds to gather one batch of `b` rows from the data, when there is data.
+    pub input_seconds: &'a dyn Fn(u64) -> Option<f64>,
+}
+
+/// The recommendations, time-to-target table and findings.
+#[derive(Clone, Debug)]
+pub struct Decision {
+    pub recommendations: Vec<Recommendation>,
+    pub time_to_target: Vec<TimeToTarget>,
+    /// The loss the noise run reached: the target the times are predicted for.
+    pub target_loss: Option<f64>,
+    /// S_min through the noise run (predicted).
+    pub s_min: Option<f64>,
+    /// What the time to target rests on.
+    pub basis: Option<PredictionBasis>,
+    /// The batch-size ramp on each device (predicted), when the basis has stretches.
+    pub schedules: Vec<DeviceSchedule>,
+    pub findings: Vec<Finding>,
+}
+
+/// The noise scale the probes weigh batches with before the decision: a
+/// sweep's measured one, else the noise run's effective one, else its B_simple.
+pub fn b_noise_for_probing(
+    measured: Option<&PredictionBasis>,
+    noise: Option<&NoiseRun>,
+    rule: LrRule,
+    reference: (u64, f64),
+) -> Option<f64> {
+    measured.map(|m| m.curve.b_noise).or_else(|| {
+        noise.and_then(|n| {
+            prediction_basis(n, rule, reference)
+                .map(|b| b.curve.b_noise)
+                .or(n.b_simple)
+        })
+    })
+}
+
+/// What a device's measured curve says, whoever measured it (`advise`, `run`):
+/// throughput flat above some batch, a large fixed cost per step, and the knee
+/// or the largest batch far above the critical batch.
+pub fn curve_findings(p: &DeviceProbe, points: &[StepPoint], b_noise: Option<f64>) -> Vec<Finding> {
+    let mut findings = Vec::new();
+    findings.extend(diagnose::flat_throughput(points, p.device));
+    findings.extend(diagnose::fixed_overhead(points, p.device));
+    if let Some(bn) = b_noise {
+        let largest = points.iter().map(|q| q.batch).max().unwrap_or(0);
+        findings.extend(
+            [p.knee_batch.unwrap_or(0), largest]
+                .into_iter()
+                .find_map(|b| diagnose::above_critical(b, bn, p.device)),
+        );
+    }
+    findings
+}
+
+/// B_noise with its 90 % band, from a sweep's measured curve (exact) or the
+/// noise run's B_simple band carried over to the effective value.
+fn noise_band(e: &Evidence, b_noise: Option<f64>) -> Option<NoiseBand> {
+    if let Some(m) = e.measured {
+        return Some(NoiseBand::exact(m.curve.b_noise));
+    }
+    let (n, bn) = (e.noise?, b_noise?);
+    let b = n.b_simple?;
+    let ratio = bn / b;
+    Some(NoiseBand {
+        b_noise: bn,
+        low: n.b_simple_low.unwrap_or(b) * ratio,
+        high: n.b_simple_high.map(|h| h * ratio),
+    })
+}
+
+/// From the evidence to the advice: per device a recommendation, every option
+/// ranked by predicted time to target, the diagnosis. Spawns nothing.
+pub fn decide(e: &Evidence) -> Decision {
+    let basis = e.measured.cloned().or_else(|| {
+        e.noise
+            .and_then(|n| prediction_basis(n, e.rule, e.reference))
+    });
+    let b_noise = basis
+        .as_ref()
+        .map(|b| b.curve.b_noise)
+        .or(e.noise.and_then(|n| n.b_simple));
+    let band = noise_band(e, b_noise);
+    let mut recommendations = Vec::new();
+    let mut options = Vec::new();
+    let mut findings: Vec<Finding> = Vec::new();
+    for p in e.probes {
+        let points = p.step_points();
+        let updates = p.update_points(e.input_seconds);
+        let (max_batch, max_batch_source) = match p.max_batch {
+            Some(m) => (Some(m), MaxBatchSource::Measured),
+            None if p.device.is_cpu() => (
+                e.host_memory.and_then(|m| e.plan_cpu.max_batch(m)),
+                MaxBatchSource::PredictedForRam,
+            ),
+            None => (None, MaxBatchSource::NotSearched),
+        };
+        let (mut rec, opts) = recommend(
+            &DeviceEvidence {
+                device: p.device,
+                points: &updates,
+                knee_batch: p.knee_batch,
+                efficiency: p.efficiency,
+                max_batch,
+                max_batch_source,
+                noise_hint: NoiseHint::GiveData,
+            },
+            band,
+            LrAdviceInput {
+                rule: e.rule,
+                reference: Some(e.reference),
+            },
+        );
+        findings.extend(curve_findings(p, &points, b_noise));
+        if let (Some(b), Some(m), MaxBatchSource::Measured) =
+            (rec.recommended_batch, rec.max_batch, rec.max_batch_source)
+        {
+            findings.extend(diagnose::near_memory_limit(b, m, p.device));
+        }
+        if let Some(b) = rec.recommended_batch
+            && let Some(step) = points.iter().find(|q| q.batch == b)
+            && let Some(load_s) = (e.input_seconds)(b)
+        {
+            findings.extend(diagnose::input_bound(load_s, step.step_s, b, p.device));
+        }
+        if let (Some(b), Some(basis)) = (rec.recommended_batch, &basis) {
+            rec.learning_rate = Some(basis.lr.at(b));
+        }
+        recommendations.push(rec);
+        options.extend(opts);
+    }
+    let s_min = basis.as_ref().map(|b| b.curve.s_min);
+    let mut time_to_target = b_noise
+        .map(|bn| rank(&options, bn, s_min))
+        .unwrap_or_default();
+    let lr = basis.as_ref().map_or(
+        LrScaling {
+            rule: e.rule,
+            ref_batch: e.reference.0,
+            ref_lr: e.reference.1,
+            cap_batch: None,
+        },
+        |b| b.lr,
+    );
+    for t in &mut time_to_target {
+        t.learning_rate = Some(lr.at(t.option.effective_batch()));
+    }
+    let schedules = basis
+        .as_ref()
+        .map(|b| device_schedules(b, e, &time_to_target))
+        .unwrap_or_default();
+    Decision {
+        recommendations,
+        time_to_target,
+        target_loss: basis.as_ref().map(|b| b.target_loss),
+        s_min,
+        basis,
+        schedules,
+        findings,
+    }
+}
+
+/// The ramp over the basis's stretches on each measured device, beside the
+/// device's fastest fixed option in the time-to-target table.
+fn device_schedules(
+    basis: &PredictionBasis,
+    e: &Evidence,
+    table: &[TimeToTarget],
+) -> Vec<DeviceSchedule> {
+    use crate::schedule::{doubling, noise_so_far, on_device, ramp};
+    let segments = basis.segments();
+    if segments.is_empty() {
+        return Vec::new();
+    }
+    let widest = noise_so_far(segments).into_iter().fold(1.0, f64::max);
+    e.probes
+        .iter()
+        .filter_map(|p| {
+            let times: Vec<(u64, f64)> = p
+                .update_points(e.input_seconds)
+                .iter()
+                .map(|q| (q.batch, q.step_s))
+                .collect();
+            let smallest = times.first()?.0;
+            let r = ramp(segments, &doubling(smallest, widest), &basis.lr)?;
+            let best = table
+                .iter()
+                .filter(|t| t.option.device == p.device)
+                .min_by(|a, b| a.vs_best.total_cmp(&b.vs_best))
+                .and_then(|t| Some((t.option.effective_batch(), t.steps?, t.seconds?)));
+            Some(on_device(p.device, &r, &times, p.max_batch, best))
+        })
+        .collect()
+}
+
+/// What `advise` was given: the model (null: the default model with the
+/// shipped digits), the data options and the optimizer.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AdviceInputs {
+    pub model: Option<String>,
+    pub data: Option<String>,
+    pub labels: Option<String>,
+    pub label_col: Option<isize>,
+    /// `mse` or `ce` when the model's loss was replaced.
+    pub loss: Option<String>,
+    pub optimizer: batchfit_plan::Optimizer,
+}
+
+/// Everything `advise` measured and decided, for the report.
+#[derive(Clone, Debug)]
+pub struct Advice {
+    pub model: String,
+    pub parameters: u64,
+    /// The command line, recorded in the report.
+    pub command: String,
+    /// The model and data as given, so `sweep --verify` trains the same.
+    pub inputs: AdviceInputs,
+    /// "AMD EPYC ... (2 cores), 23.4 GiB RAM".
+    pub machine: String,
+    /// The data the noise run trained on.
+    pub data: Option<String>,
+    pub plan: Plan,
+    pub devices: Vec<DeviceProbe>,
+    pub noise: Option<NoiseRun>,
+    pub decision: Decision,
+    /// Memory budget per device, for the memory figure.
+    pub budgets: Vec<(crate::device::DeviceSpec, Bytes)>,
+    /// `--gpus`: time to target across data-parallel world sizes (predicted).
+    pub world_sizes: Option<crate::world::WorldSizes>,
+    /// With no `--device`: the kinds of device this build or machine could
+    /// not use, each with the reason.
+    pub devices_not_used: Vec<String>,
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::basis::prediction_basis;
+    use crate::device::DeviceSpec;
+    use crate::diagnose::Rule;
+    use crate::noise::NoiseRecord;
+    use crate::probe::ProbePoint;
+    use crate::stats::summarize;
+    use batchfit_plan::{Optimizer, TrainOptions, plan};
+
+    fn probe(device: &str, steps: &[(u64, f64)], max_batch: Option<u64>) -> DeviceProbe {
+        DeviceProbe {
+            device: device.parse().unwrap(),
+            threads: None,
+            points: steps
+                .iter()
+                .map(|&(b, s)| ProbePoint::measured(b, &summarize(&[s, s, s]), None, None, None))
+                .collect(),
+            max_batch,
+            knee_batch: Some(steps[0].0),
+            knee_range: None,
+            efficiency: 0.9,
+            search_trials: 0,
+            search: None,
+            seconds: 0.0,
+            budget: None,
+        }
+    }
+
+    /// The 6 GB card question as measurements: a GPU that fits 25 at 10 ms a
+    /// step, a CPU that takes 250 at 400 ms; B_noise 250. The table ranks GPU
+    /// at 25 first, accumulation on the GPU second, the CPU last.
+    #[test]
+    fn gpu_at_25_beside_cpu_at_250_decided_without_processes() {
+        let graph = batchfit_graph::load("zoo:digits-mlp").unwrap();
+        let plan_cpu = plan(&graph, &TrainOptions::default());
+        let probes = [
+            probe("cuda:0", &[(25, 0.010)], Some(25)),
+            probe("cpu", &[(250, 0.400)], Some(700)),
+        ];
+        let noise_doc = noise_with_b_simple(250.0);
+        let d = decide(&Evidence {
+            probes: &probes,
+            plan_cpu: &plan_cpu,
+            host_memory: None,
+            noise: Some(&noise_doc),
+            measured: None,
+            rule: LrRule::Sqrt,
+            reference: (16, 1e-3),
+            input_seconds: &|_| None,
+        });
+        let order: Vec<(DeviceSpec, u64, u64)> = d
+            .time_to_target
+            .iter()
+            .map(|t| (t.option.device, t.option.micro_batch, t.option.accumulation))
+            .collect();
+        let (gpu, cpu) = (DeviceSpec::Cuda(0), DeviceSpec::Cpu);
+        assert_eq!(order, [(gpu, 25, 1), (gpu, 25, 10), (cpu, 250, 1)]);
+        // (1 + 250/25) x 10 ms = 110 ms; x10 accumulation: 2 x 100 ms = 200 ms; CPU 2 x 400 ms.
+        assert!((d.time_to_target[1].vs_best - 200.0 / 110.0).abs() < 1e-9);
+        assert!((d.time_to_target[2].vs_best - 800.0 / 110.0).abs() < 1e-9);
+        let gpu = &d.recommendations[0];
+        assert_eq!(gpu.recommended_batch, Some(25));
+        assert_eq!(gpu.accumulation.as_ref().map(|a| a.steps), Some(10));
+        assert!(d.findings.iter().all(|f| f.rule() != Rule::AboveCritical));
+    }
+
+    /// A noise run whose stretches all measure B = 200 and whose loss falls
+    /// linearly: the prediction is S(B) through the updates it took to its
+    /// final loss, the rate is held from B_noise, and every row and the
+    /// recommendation state that rate.
+    #[test]
+    fn the_noise_run_sets_the_target_the_curve_and_the_held_rate() {
+        let mut doc = noise_with_b_simple(150.0);
+        doc.lr = 1e-3 * 8f64.sqrt();
+        doc.steps = 100;
+        doc.history = (0..100)
+            .map(|i| NoiseRecord {
+                step: i,
+                loss: 1.0,
+                train_loss: (i % 10 == 0 || i == 99).then_some(2.0 - 0.015 * i as f64),
+                b_simple: Some(150.0),
+                b_simple_low: None,
+                b_simple_high: None,
+                g2: None,
+                trace: None,
+                g2_raw: 1.0,
+                trace_raw: 150.0,
+                g2_raw_preconditioned: Some(2.0),
+                trace_raw_preconditioned: Some(400.0),
+                epoch: 0,
+            })
+            .collect();
+        let basis = prediction_basis(&doc, LrRule::Sqrt, (16, 1e-3)).unwrap();
+        // The target is the mean of the evaluations in the last 10 % (at 90 and 99), reached at 94.5.
+        let target = (2.0 - 0.015 * 90.0 + 2.0 - 0.015 * 99.0) / 2.0;
+        assert!((basis.target_loss - target).abs() < 1e-12);
+        assert!(
+            (basis.updates_to_target().unwrap() - 94.5).abs() < 1e-9,
+            "{basis:?}"
+        );
+        // Adam's preconditioned estimates, not the raw ones, set B_noise.
+        assert!((basis.curve.b_noise - 200.0).abs() < 1e-9);
+        assert!((basis.curve.steps(128.0) - 94.5).abs() < 1e-9);
+        assert_eq!(basis.lr.cap_batch, Some(200));
+
+        let graph = batchfit_graph::load("zoo:digits-mlp").unwrap();
+        let plan_cpu = plan(&graph, &TrainOptions::default());
+        let probes = [probe(
+            "cpu",
+            &[(64, 0.001), (256, 0.002), (1024, 0.006)],
+            None,
+        )];
+        let d = decide(&Evidence {
+            probes: &probes,
+            plan_cpu: &plan_cpu,
+            host_memory: None,
+            noise: Some(&doc),
+            measured: None,
+            rule: LrRule::Sqrt,
+            reference: (16, 1e-3),
+            input_seconds: &|_| None,
+        });
+        for t in &d.time_to_target {
+            let b = t.option.micro_batch.min(200) as f64;
+            assert!((t.learning_rate.unwrap() - 1e-3 * (b / 16.0).sqrt()).abs() < 1e-15);
+            assert!(
+                (t.steps.unwrap() - basis.curve.steps(t.option.micro_batch as f64)).abs() < 1e-9
+            );
+        }
+        let rec = &d.recommendations[0];
+        let b = rec.recommended_batch.unwrap();
+        assert_eq!(rec.learning_rate, Some(basis.lr.at(b)));
+    }
+
+    /// A noise run as the decision reads it: B_simple, no run (lr 0, so no S_min).
+    fn noise_with_b_simple(b_simple: f64) -> NoiseRun {
+        NoiseRun {
+            model: "test".into(),
+            data: "test".into(),
+            rows: 1000,
+            b_small: 16,
+            b_big: 128,
+            lr: 0.0,
+            optimizer: Optimizer::Adam,
+            steps: 0,
+            b_simple: Some(b_simple),
+            b_simple_low: None,
+            b_simple_high: None,
+            critical_batch: None,
+            history: Vec::new(),
+            predictions: Vec::new(),
+            lr_advice: None,
+        }
+    }
+}

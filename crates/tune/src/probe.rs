@@ -1,0 +1,242 @@
+//! What measuring one device found: a point per batch (step times, peak
+//! memory, or how it failed), the max-batch search under a memory budget, the
+//! knee, and what a time budget left out. `probe` fills it in from the
+//! engine's worker and `run` from the user's command; the decisions
+//! ([`crate::decide`]) and the reports read it.
+
+use crate::device::DeviceSpec;
+use crate::diagnose::StepPoint;
+use crate::knee::KneeRange;
+use crate::search::TrialRecord;
+use crate::stats::Summary;
+use crate::trial::{FailureKind, Outcome};
+use batchfit_plan::Bytes;
+use serde::Serialize;
+
+/// One measured batch size.
+#[derive(Clone, Debug, Serialize)]
+pub struct ProbePoint {
+    pub batch: u64,
+    /// Median seconds per training step (measured).
+    pub step_time_s: f64,
+    pub step_time_p10_s: f64,
+    pub step_time_p90_s: f64,
+    /// Mean seconds per step (measured): what a training's total time grows
+    /// by per step, slow steps included; null where not measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_time_mean_s: Option<f64>,
+    /// Standard error of the median step time, relative to it (measured spread).
+    pub step_time_rel_err: f64,
+    pub steps_timed: usize,
+    /// batch / median step time (measured).
+    pub samples_per_s: f64,
+    /// Counting-allocator high-water mark (measured); null where not measurable.
+    pub peak_bytes: Option<Bytes>,
+    /// Peak RSS of the measuring process (measured).
+    pub peak_rss_bytes: Option<Bytes>,
+    /// The plan's peak at this batch (predicted); null where nothing was planned (`run`).
+    pub planned_bytes: Option<Bytes>,
+    /// (planned - measured) / measured, percent.
+    pub plan_error_pct: Option<f64>,
+    /// Whether the spread of the timings is wide (outliers, p10-p90 over 25 % of the median).
+    pub noisy: bool,
+    /// Out of memory, crashed or timed out instead of measured: how it ended, in words.
+    pub failure: Option<String>,
+    /// The same, as a code (`out_of_memory`, `crashed`, `failed`, `timed_out`, `not_started`).
+    pub failure_code: Option<FailureKind>,
+}
+
+impl ProbePoint {
+    /// A measured point from its timing summary.
+    pub fn measured(
+        batch: u64,
+        s: &Summary,
+        peak: Option<u64>,
+        rss: Option<u64>,
+        planned: Option<Bytes>,
+    ) -> ProbePoint {
+        ProbePoint {
+            batch,
+            step_time_s: s.median,
+            step_time_p10_s: s.p10,
+            step_time_p90_s: s.p90,
+            step_time_mean_s: Some(s.mean),
+            step_time_rel_err: s.rel_std_err,
+            steps_timed: s.n,
+            samples_per_s: batch as f64 / s.median,
+            peak_bytes: peak.map(Bytes),
+            peak_rss_bytes: rss.map(Bytes),
+            planned_bytes: planned,
+            plan_error_pct: peak
+                .filter(|&p| p > 0)
+                .zip(planned)
+                .map(|(p, planned)| 100.0 * (planned.as_f64() - p as f64) / p as f64),
+            noisy: s.noisy(),
+            failure: None,
+            failure_code: None,
+        }
+    }
+
+    /// A batch that did not run: how it ended, and that outcome in words.
+    pub fn failed(
+        batch: u64,
+        planned: Option<Bytes>,
+        kind: FailureKind,
+        why: String,
+    ) -> ProbePoint {
+        ProbePoint {
+            batch,
+            step_time_s: f64::NAN,
+            step_time_p10_s: f64::NAN,
+            step_time_p90_s: f64::NAN,
+            step_time_mean_s: None,
+            step_time_rel_err: f64::NAN,
+            steps_timed: 0,
+            samples_per_s: 0.0,
+            peak_bytes: None,
+            peak_rss_bytes: None,
+            planned_bytes: planned,
+            plan_error_pct: None,
+            noisy: false,
+            failure: Some(why),
+            failure_code: Some(kind),
+        }
+    }
+
+    /// A batch whose process ended as `outcome` (not [`Outcome::Ran`]), said as the outcome says itself.
+    pub fn ended(batch: u64, planned: Option<Bytes>, outcome: &Outcome) -> ProbePoint {
+        let kind = outcome.failure_kind().unwrap_or(FailureKind::Failed);
+        ProbePoint::failed(batch, planned, kind, outcome.to_string())
+    }
+
+    /// A batch that ran but reported no step times (a user's command without step lines).
+    pub fn untimed(batch: u64, peak: Option<Bytes>, rss: Option<Bytes>) -> ProbePoint {
+        ProbePoint {
+            samples_per_s: f64::NAN,
+            peak_bytes: peak,
+            peak_rss_bytes: rss,
+            failure: None,
+            failure_code: None,
+            ..ProbePoint::failed(batch, None, FailureKind::Failed, String::new())
+        }
+    }
+
+    /// Whether the batch ran.
+    pub fn ok(&self) -> bool {
+        self.failure_code.is_none()
+    }
+
+    /// Whether it ran out of memory.
+    pub fn out_of_memory(&self) -> bool {
+        self.failure_code == Some(FailureKind::OutOfMemory)
+    }
+}
+
+/// The search for the largest batch that fits.
+#[derive(Clone, Debug, Serialize)]
+pub struct MaxBatchSearch {
+    pub budget_bytes: Bytes,
+    /// Largest batch that ran (measured).
+    pub max_batch: Option<u64>,
+    /// Smallest batch that ran out of memory (measured).
+    pub smallest_failure: Option<u64>,
+    /// The plan's limit before calibration (predicted).
+    pub planned_limit: Option<u64>,
+    /// The limit from the calibrated line (predicted, then confirmed).
+    pub predicted_limit: u64,
+    /// The batch whose crash or time-out stopped the search (not out of memory).
+    pub stopped_at: Option<u64>,
+    /// How that trial ended, in words, and as a code.
+    pub stop_reason: Option<String>,
+    pub stop_code: Option<FailureKind>,
+    pub trials: Vec<TrialRecord>,
+    pub seconds: f64,
+}
+
+/// Everything measured on one device.
+#[derive(Clone, Debug, Serialize)]
+pub struct DeviceProbe {
+    pub device: DeviceSpec,
+    /// CPU threads, for the CPU.
+    pub threads: Option<usize>,
+    pub points: Vec<ProbePoint>,
+    /// Largest batch that fits (measured by the search), else null.
+    pub max_batch: Option<u64>,
+    /// Smallest batch within `efficiency` of the best throughput (measured).
+    pub knee_batch: Option<u64>,
+    /// Where the knee lies given the timings' errors, and from which batch the
+    /// throughput is flat within them.
+    pub knee_range: Option<KneeRange>,
+    pub efficiency: f64,
+    /// Trial steps the max-batch search took (0 when it did not run).
+    pub search_trials: usize,
+    pub search: Option<MaxBatchSearch>,
+    pub seconds: f64,
+    /// Under a time budget (`advise --budget`): what it left unmeasured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget: Option<ProbeBudget>,
+}
+
+impl DeviceProbe {
+    /// The measured (batch, median step time, its error) of the batches that ran.
+    pub fn step_points(&self) -> Vec<StepPoint> {
+        step_points(&self.points)
+    }
+
+    /// The measured time of one update at each batch that ran, as a training
+    /// loop spends it: the mean of the timed steps (slow steps count in a
+    /// total) plus `input_seconds(batch)`, gathering the batch from the data,
+    /// which the probe's synthetic batch leaves out.
+    pub fn update_points(&self, input_seconds: &dyn Fn(u64) -> Option<f64>) -> Vec<StepPoint> {
+        self.points
+            .iter()
+            .filter(|q| q.ok())
+            .map(|q| StepPoint {
+                batch: q.batch,
+                step_s: q.step_time_mean_s.unwrap_or(q.step_time_s)
+                    + input_seconds(q.batch).unwrap_or(0.0),
+                rel_err: q.step_time_rel_err,
+            })
+            .collect()
+    }
+
+    /// The point that ran with the highest throughput.
+    pub fn fastest(&self) -> Option<&ProbePoint> {
+        self.points
+            .iter()
+            .filter(|p| p.ok())
+            .max_by(|a, b| a.samples_per_s.total_cmp(&b.samples_per_s))
+    }
+}
+
+/// The measured (batch, median step time, its error) of the points that ran.
+pub fn step_points(points: &[ProbePoint]) -> Vec<StepPoint> {
+    points
+        .iter()
+        .filter(|q| q.ok())
+        .map(|q| StepPoint {
+            batch: q.batch,
+            step_s: q.step_time_s,
+            rel_err: q.step_time_rel_err,
+        })
+        .collect()
+}
+
+/// The points as `(batch, samples/s, relative error)` for the knee's range.
+pub fn curve_with_errors(points: &[ProbePoint]) -> Vec<(u64, f64, f64)> {
+    points
+        .iter()
+        .filter(|p| p.ok() && p.samples_per_s.is_finite())
+        .map(|p| (p.batch, p.samples_per_s, p.step_time_rel_err))
+        .collect()
+}
+
+/// What a time budget left unmeasured.
+#[derive(Clone, Debug, Serialize)]
+pub struct ProbeBudget {
+    pub budget_s: f64,
+    /// Batches the sampling would have measured but whose predicted cost passed the budget.
+    pub not_measured: Vec<u64>,
+    /// The first of them: its step predicted from the measured batch below it (a prediction).
+    pub predicted_step_s: Option<f64>,
+}

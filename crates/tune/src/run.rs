@@ -1,0 +1,279 @@
+//! What `run` concludes from the trials of the user's own command: the
+//! gradient noise scale of its training (from the noise measurements the
+//! Python helper prints), the recommendation, the time-to-target table and the
+//! diagnosis, with the same rules `advise` uses ([`crate::advice`],
+//! [`crate::target`], [`crate::decide::curve_findings`]).
+
+use crate::advice::{
+    DeviceEvidence, LrAdviceInput, MaxBatchSource, NoiseBand, NoiseHint, Recommendation, recommend,
+};
+use crate::decide::curve_findings;
+use crate::diagnose::{self, Finding};
+use crate::lr::LrRule;
+use crate::noise::{NoiseEstimator, two_batch};
+use crate::probe::DeviceProbe;
+use crate::target::{StepsCurve, TimeToTarget, rank};
+use crate::trial::{RunTrial, StepReport, TrialResult};
+use serde::Serialize;
+
+/// Smoothing of the noise estimates: `noise`'s default for a training run.
+const BETA: f64 = 0.95;
+
+/// The noise scale measured in one trial of the user's command.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunNoise {
+    /// The trial it comes from (the one with the most noise measurements).
+    pub batch: u64,
+    /// B_simple at the end of that trial, with its 90 % band (measured).
+    pub b_simple: f64,
+    pub b_simple_low: f64,
+    /// `None`: unbounded.
+    pub b_simple_high: Option<f64>,
+    /// Noise measurements and optimizer steps in that trial.
+    pub measurements: usize,
+    pub steps: usize,
+    /// S_min of S(B) = S_min (1 + B_noise/B) through that trial's steps to its final loss (predicted).
+    pub s_min: Option<f64>,
+    /// B_simple of every trial that reported noise: (batch, B_simple).
+    pub per_trial: Vec<(u64, f64)>,
+}
+
+/// B_simple of one trial with its 90 % band and the number of measurements.
+#[derive(Clone, Copy)]
+struct TrialNoise {
+    b_simple: f64,
+    low: f64,
+    high: f64,
+    measurements: usize,
+}
+
+/// B_simple of one trial's noise measurements, in the order it made them;
+/// `None` without a usable estimate.
+fn trial_noise(reports: &[StepReport]) -> Option<TrialNoise> {
+    let mut est = NoiseEstimator::new(Some(BETA));
+    let mut n = 0;
+    for r in reports {
+        if let Some(m) = r.noise.filter(|m| m.is_valid()) {
+            est.push(two_batch(m.b_small, m.g_small_sq, m.b_big, m.g_big_sq));
+            n += 1;
+        }
+    }
+    let e = est.estimate()?;
+    Some(TrialNoise {
+        b_simple: e.b_simple,
+        low: e.low,
+        high: e.high,
+        measurements: n,
+    })
+}
+
+/// Optimizer steps a trial reported: the highest `step` (steps count from 1,
+/// as the helper and the examples number them), at least the lines reported.
+fn steps_taken(reports: &[StepReport]) -> usize {
+    let highest = reports.iter().filter_map(|r| r.step).max().unwrap_or(0);
+    (highest as usize).max(reports.len())
+}
+
+/// The noise scale of the trials: each trial that reported noise gets its
+/// B_simple; the one with the most measurements (the larger batch on a tie)
+/// stands for the command. Its final loss (the mean of its last 10 % of
+/// reported losses) is the target, and S_min is S(B) through its steps.
+pub fn noise_of(trials: &[RunTrial]) -> (Option<RunNoise>, Option<f64>) {
+    let per: Vec<(&TrialResult, TrialNoise)> = trials
+        .iter()
+        .map(|t| &t.result)
+        .filter(|r| r.outcome.ran())
+        .filter_map(|r| trial_noise(&r.reports).map(|n| (r, n)))
+        .collect();
+    let Some(&(best, noise)) = per.iter().max_by_key(|(r, n)| (n.measurements, r.batch)) else {
+        return (None, None);
+    };
+    let losses: Vec<f64> = best
+        .reports
+        .iter()
+        .filter_map(|r| r.loss)
+        .filter(|l| l.is_finite())
+        .collect();
+    let target_loss = (!losses.is_empty()).then(|| {
+        let tail = &losses[losses.len() * 9 / 10..];
+        tail.iter().sum::<f64>() / tail.len().max(1) as f64
+    });
+    let steps = steps_taken(&best.reports);
+    let s_min = target_loss
+        .map(|_| StepsCurve::through(steps as f64, best.batch as f64, noise.b_simple).s_min);
+    let mut per_trial: Vec<(u64, f64)> = per.iter().map(|(r, n)| (r.batch, n.b_simple)).collect();
+    per_trial.sort_by_key(|p| p.0);
+    (
+        Some(RunNoise {
+            batch: best.batch,
+            b_simple: noise.b_simple,
+            b_simple_low: noise.low,
+            b_simple_high: noise.high.is_finite().then_some(noise.high),
+            measurements: noise.measurements,
+            steps,
+            s_min,
+            per_trial,
+        }),
+        target_loss,
+    )
+}
+
+/// The advice of a run: as `advise` gives it for one device.
+#[derive(Clone, Debug)]
+pub struct RunAdvice {
+    pub recommendation: Option<Recommendation>,
+    pub time_to_target: Vec<TimeToTarget>,
+    pub findings: Vec<Finding>,
+}
+
+/// The recommendation, the ranked options and the findings for the measured
+/// curve `device` and the noise scale, when there is one.
+pub fn advise_run(
+    device: &DeviceProbe,
+    trials: &[RunTrial],
+    noise: Option<&RunNoise>,
+    rule: LrRule,
+) -> RunAdvice {
+    let points = device.step_points();
+    if points.is_empty() {
+        return RunAdvice {
+            recommendation: None,
+            time_to_target: Vec::new(),
+            findings: Vec::new(),
+        };
+    }
+    let b_noise = noise.map(|n| n.b_simple);
+    let (rec, options) = recommend(
+        &DeviceEvidence {
+            device: device.device,
+            points: &points,
+            knee_batch: device.knee_batch,
+            efficiency: device.efficiency,
+            max_batch: device.max_batch,
+            max_batch_source: if device.max_batch.is_some() {
+                MaxBatchSource::Measured
+            } else {
+                MaxBatchSource::NotSearched
+            },
+            noise_hint: NoiseHint::PythonHelper,
+        },
+        noise.map(|n| NoiseBand {
+            b_noise: n.b_simple,
+            low: n.b_simple_low,
+            high: n.b_simple_high,
+        }),
+        LrAdviceInput {
+            rule,
+            reference: None,
+        },
+    );
+    let mut findings = curve_findings(device, &points, b_noise);
+    if let Some(b) = rec.recommended_batch
+        && let Some(util) = trials
+            .iter()
+            .rev()
+            .find(|t| t.result.batch == b && t.result.outcome.ran())
+            .and_then(|t| t.result.gpu_util_mean_pct)
+    {
+        findings.extend(diagnose::gpu_idle(util, b, device.device));
+    }
+    RunAdvice {
+        time_to_target: b_noise
+            .map(|bn| rank(&options, bn, noise.and_then(|n| n.s_min)))
+            .unwrap_or_default(),
+        recommendation: Some(rec),
+        findings,
+    }
+}
+
+/// Everything `run` measured and concluded.
+#[derive(Clone, Debug)]
+pub struct RunSummary {
+    /// The command as given, with its `{batch}` placeholder.
+    pub command: String,
+    /// What was run under `--launcher`: the launcher around the command.
+    pub launch_command: Option<String>,
+    /// Data-parallel workers (1 without a launcher); `batch` is per worker.
+    pub world_size: u32,
+    /// The same shape as `probe`'s (where the command ran).
+    pub device: DeviceProbe,
+    /// Every trial in the order it ran.
+    pub trials: Vec<RunTrial>,
+    /// Largest batch that ran (measured), exact when `smallest_failure` = it + 1.
+    pub max_batch: Option<u64>,
+    /// Smallest batch that ran out of memory (measured).
+    pub smallest_failure: Option<u64>,
+    /// A crash or time-out that stopped the search, if one did.
+    pub stopped_at: Option<u64>,
+    /// The search reached --max-batch still running.
+    pub capped: bool,
+    /// Trials the max-batch search took (knee refinements not counted).
+    pub search_trials: usize,
+    /// `--memory-limit`: each process of a trial could map at most this (RLIMIT_AS).
+    pub memory_limit_bytes: Option<batchfit_plan::Bytes>,
+    /// `--margin`: the largest batch leaving that share of the limit free (predicted).
+    pub batch_with_margin: Option<u64>,
+    pub seconds: f64,
+    /// The gradient noise scale of the command's own training, when it reported one.
+    pub noise: Option<RunNoise>,
+    pub advice: RunAdvice,
+    /// The loss the noise trial reached; seconds are predicted for it.
+    pub target_loss: Option<f64>,
+}
+
+/// The largest batch that leaves `margin` of the memory free: on the line
+/// through the measured peaks of the two largest batches that ran when a limit
+/// was given, else `max_batch` shrunk by the margin.
+pub fn batch_with_margin(
+    trials: &[RunTrial],
+    limit: Option<batchfit_plan::Bytes>,
+    max: u64,
+    margin: f64,
+) -> u64 {
+    let mut peaks: Vec<(u64, f64)> = trials
+        .iter()
+        .filter(|t| t.result.outcome.ran())
+        .filter_map(|t| {
+            let r = &t.result;
+            r.peak_vm_bytes
+                .or(r.peak_host_bytes)
+                .map(|p| (r.batch, p as f64))
+        })
+        .collect();
+    peaks.sort_by_key(|p| p.0);
+    peaks.dedup_by_key(|p| p.0);
+    let fitted = match (limit, peaks.as_slice()) {
+        (Some(l), [.., a, b]) => crate::search::Line::through(*a, *b)
+            .map(|line| line.max_batch(batchfit_plan::Bytes((l.as_f64() * (1.0 - margin)) as u64))),
+        _ => None,
+    };
+    fitted
+        .unwrap_or(((max as f64) * (1.0 - margin)).floor() as u64)
+        .clamp(1, max)
+}
+
+/// One trial of a user's command as a point of the throughput curve.
+pub fn trial_point(r: &TrialResult) -> crate::probe::ProbePoint {
+    use crate::probe::ProbePoint;
+    use batchfit_plan::Bytes;
+    match &r.steps {
+        Some(s) if r.outcome.ran() => {
+            let mut p = ProbePoint::measured(
+                r.batch,
+                &s.step_time,
+                r.peak_gpu_bytes.or(r.peak_host_bytes),
+                r.peak_host_bytes,
+                None,
+            );
+            // Commands report samples per step; they may differ from the batch.
+            p.samples_per_s = s.samples_per_s;
+            p
+        }
+        None if r.outcome.ran() => ProbePoint::untimed(
+            r.batch,
+            r.peak_gpu_bytes.or(r.peak_host_bytes).map(Bytes),
+            r.peak_host_bytes.map(Bytes),
+        ),
+        _ => ProbePoint::ended(r.batch, None, &r.outcome),
+    }
+}

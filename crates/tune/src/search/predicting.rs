@@ -1,0 +1,291 @@
+//! A user's command whose peak memory is measured at every trial (under
+//! `--memory-limit`, or on a GPU NVML sees): a line through measured peaks
+//! predicts the limit, and a bracket of `tolerance` confirms it.
+
+use super::{LadderResult, Line, TrialReason, Verdict};
+use batchfit_plan::Bytes;
+
+/// The ratio of the predicting search's rungs, and the furthest it extrapolates a
+/// line past the largest batch that ran: two peaks 8x apart resolve the
+/// per-sample slope even where a process's peak grows in glibc's 64 MiB arenas,
+/// and a line is not trusted much further than the span it was measured over.
+const RUNG: u64 = 8;
+
+/// Trials a predicting search of a user's command may take: on linear memory it
+/// needs 4-6 (tests), on coarse or bending memory up to about 12; 40 leaves room
+/// for a curve that defeats every prediction to be bisected down to 2 % from
+/// 2^20 (about 20 rungs and halvings) before it gives up.
+pub const MAX_TRIALS: usize = 40;
+
+/// How [`predict_then_bracket`] searches.
+#[derive(Clone, Copy, Debug)]
+pub struct PredictOptions {
+    /// First batch tried.
+    pub start: u64,
+    /// Never try above this.
+    pub cap: u64,
+    /// The memory the measured peaks are held against.
+    pub budget: Bytes,
+    /// Done when the largest batch that ran, x (1 + tolerance), ran out of memory.
+    pub tolerance: f64,
+    /// Give up after this many trials.
+    pub max_trials: usize,
+}
+
+/// Largest batch that runs, to within `tolerance`, for a command whose peak
+/// memory is measured at every trial: two rungs (`start`, then 8 x `start`)
+/// give a line `fixed + per_sample x B` through the measured peaks; one trial
+/// just under the line's batch at the budget, one `tolerance` above it to
+/// confirm the bracket. Where memory is linear in the batch that is four
+/// trials. The line is refitted after each success, through the largest batch
+/// that ran and the largest at most half of it (memory may bend; peaks are
+/// coarse). A prediction more than one rung past
+/// the largest batch that ran is approached halfway (in log space) first. Once a
+/// trial ran out of memory, a prediction is tried only in the lower half of the
+/// bracket, else the gap is bisected geometrically. A crash or time-out stops the search, as
+/// in [`super::ladder_then_bisect`].
+pub fn predict_then_bracket(
+    opts: &PredictOptions,
+    mut trial: impl FnMut(u64, TrialReason) -> Verdict,
+) -> LadderResult {
+    let mut r = LadderResult::default();
+    let cap = opts.cap.max(1);
+    let tol = opts.tolerance.max(1e-6);
+    let mut lo = 0u64;
+    let mut hi: Option<u64> = None;
+    let mut peaks: Vec<(u64, f64)> = Vec::new();
+    let mut run = |b: u64, why: TrialReason, r: &mut LadderResult| {
+        let v = trial(b, why);
+        r.trials.push((b, why, v));
+        v
+    };
+    let done = |lo: u64, hi: Option<u64>| {
+        hi.is_some_and(|h| h <= lo + 1 || (lo as f64 * (1.0 + tol)).ceil() as u64 >= h)
+    };
+    // The next batch: the line's prediction just under the budget, else a
+    // step of `tolerance` above the largest run, else geometric bisection.
+    // A prediction further than one rung (`RUNG` x the largest run) is not
+    // trusted: a line through small batches is mostly the allocator's fixed
+    // part and its granularity (PyTorch's VmPeak grows by glibc's 64 MiB
+    // arenas), so the next trial goes halfway there in log space and the line
+    // is refitted from it. Inside a bracket a prediction is used only below
+    // the bracket's (geometric) midpoint; else the bracket is bisected.
+    // `ran_up`: confirmations in a row that ran (the line keeps saying the
+    // budget is just above): each doubles the next step, an exponential search.
+    // `down`: trials in a row that ran out of memory, the first a prediction:
+    // the largest batch is likely just under it, so the next trial backs off
+    // from it by `tolerance`, doubling with each further failure, never below
+    // the bracket's midpoint (the same exponential search, downward).
+    let next = |lo: u64,
+                hi: Option<u64>,
+                peaks: &[(u64, f64)],
+                ran_up: i32,
+                down: Option<i32>|
+     -> (u64, TrialReason) {
+        let top = hi.map_or(cap, |h| h - 1).min(cap);
+        let mid = |lo: u64, h: u64| {
+            ((lo.max(1) as f64 * h as f64).sqrt().round() as u64).clamp(lo + 1, h - 1)
+        };
+        if lo == 0 {
+            return match hi {
+                Some(h) => (h / 2, TrialReason::Bisection),
+                None => (opts.start.clamp(1, cap), TrialReason::Start),
+            };
+        }
+        if peaks.len() < 2 {
+            return match hi {
+                Some(h) => (mid(lo, h), TrialReason::Bisection),
+                None => ((lo.saturating_mul(RUNG)).min(top), TrialReason::Rung),
+            };
+        }
+        // The largest run and, as a base, the largest run at most half its batch
+        // (else the one below it): near enough that a bend in memory shows, wide
+        // enough that the peaks' granularity does not set the slope.
+        let mut sorted: Vec<(u64, f64)> = peaks.to_vec();
+        sorted.sort_by_key(|p| p.0);
+        let last = sorted[sorted.len() - 1];
+        let base = sorted
+            .iter()
+            .rev()
+            .find(|p| p.0 * 2 <= last.0)
+            .copied()
+            .unwrap_or(sorted[sorted.len() - 2]);
+        let line = Line::through(base, last);
+        let step_up = ((lo as f64 * (1.0 + tol * 2f64.powi(ran_up))).ceil() as u64)
+            .max(lo + 1)
+            .min(top);
+        // No growth between the two largest runs: memory is not resolved yet.
+        let Some(p) = line.map(|l| l.max_batch(opts.budget)) else {
+            return match hi {
+                Some(h) => (mid(lo, h), TrialReason::Bisection),
+                None => ((lo.saturating_mul(RUNG)).min(top), TrialReason::Rung),
+            };
+        };
+        let under = (p as f64 * (1.0 - tol / 2.0)).floor() as u64;
+        if let (Some(h), Some(k)) = (hi, down) {
+            let back = (h as f64 * (1.0 - tol * 2f64.powi(k))).floor() as u64;
+            if back > lo {
+                return (back.max(mid(lo, h)), TrialReason::BackOff);
+            }
+        }
+        match hi {
+            // Inside a bracket a prediction past the midpoint is what missed before.
+            Some(h) if under > lo && under < mid(lo, h) => (under, TrialReason::Prediction),
+            Some(h) if under <= lo && step_up < h => {
+                (step_up.min(mid(lo, h)), TrialReason::Confirmation)
+            }
+            Some(h) => (mid(lo, h), TrialReason::Bisection),
+            None if under <= lo => (step_up, TrialReason::Confirmation),
+            None if under > lo.saturating_mul(RUNG) => {
+                let toward = (lo as f64 * p as f64).sqrt().round() as u64;
+                (toward.clamp(lo + 1, top), TrialReason::Rung)
+            }
+            None => (under.min(top), TrialReason::Prediction),
+        }
+    };
+    let mut ran_up = 0;
+    let mut down: Option<i32> = None;
+    while !done(lo, hi) && r.trials.len() < opts.max_trials {
+        if lo >= cap {
+            r.capped = true;
+            break;
+        }
+        let (b, why) = next(lo, hi, &peaks, ran_up, down);
+        if b == 0 || b <= lo || hi.is_some_and(|h| b >= h) {
+            break;
+        }
+        match run(b, why, &mut r) {
+            Verdict::Runs { peak } => {
+                lo = b;
+                ran_up = if why == TrialReason::Confirmation {
+                    ran_up + 1
+                } else {
+                    0
+                };
+                down = None;
+                if let Some(p) = peak {
+                    peaks.push((b, p.as_f64()));
+                }
+            }
+            Verdict::OutOfMemory => {
+                hi = Some(hi.map_or(b, |h| h.min(b)));
+                down = match (why, down) {
+                    (TrialReason::Prediction, _) => Some(0),
+                    (TrialReason::BackOff, Some(k)) => Some(k + 1),
+                    _ => None,
+                };
+            }
+            Verdict::Broken => {
+                r.stopped_at = Some(b);
+                break;
+            }
+        }
+    }
+    r.max_batch = (lo > 0).then_some(lo);
+    r.smallest_failure = hi;
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A command whose memory is `fixed + per x B` with a budget: at most 6
+    /// trials to within 2 %, across starts, slopes and budgets.
+    #[test]
+    fn predicting_search_brackets_linear_memory_in_few_trials() {
+        let cases: [(f64, f64, f64, u64); 4] = [
+            (500e6, 2.0e5, 4.0e9, 64),
+            (300e6, 1.0e6, 6.0e9, 1),
+            (2.0e9, 3.3e4, 4.0e9, 64),
+            (100e6, 5.0e7, 24.0e9, 8),
+        ];
+        for (fixed, per, budget, start) in cases {
+            let r = search_peaks(start, budget, |b| fixed + per * b as f64);
+            assert!(
+                r.trials.len() <= 6,
+                "{} trials: {:?}",
+                r.trials.len(),
+                r.trials
+            );
+        }
+    }
+
+    /// The predicting search from `start` under `budget` for a command whose
+    /// peak at batch b is `peak(b)`, checked to land within 2 % under the true
+    /// largest batch.
+    fn search_peaks(start: u64, budget: f64, peak: impl Fn(u64) -> f64) -> LadderResult {
+        let truth = (1..1_000_000u64)
+            .take_while(|&b| peak(b) <= budget)
+            .last()
+            .unwrap();
+        let r = predict_then_bracket(
+            &PredictOptions {
+                start,
+                cap: 1 << 30,
+                budget: Bytes(budget as u64),
+                tolerance: 0.02,
+                max_trials: 40,
+            },
+            |b, _| {
+                if peak(b) <= budget {
+                    Verdict::fits(Bytes(peak(b) as u64))
+                } else {
+                    Verdict::OutOfMemory
+                }
+            },
+        );
+        let m = r.max_batch.unwrap();
+        assert!(
+            m <= truth && m as f64 >= truth as f64 / 1.02,
+            "{m} vs {truth}: {r:?}"
+        );
+        r
+    }
+
+    /// Memory measured in coarse steps, as a process's VmPeak grows by glibc's
+    /// 64 MiB arenas: a line through two small batches is mostly the steps, so
+    /// the search approaches its prediction instead of jumping to it.
+    #[test]
+    fn predicting_search_survives_coarse_memory_steps() {
+        const STEP: f64 = 64.0 * 1024.0 * 1024.0;
+        for (fixed, per) in [(3.65e9, 42.5e3), (3.0e9, 1.0e5), (1.0e9, 3.0e5)] {
+            let r = search_peaks(64, 4.096e9, |b| {
+                ((fixed + per * b as f64) / STEP).ceil() * STEP
+            });
+            assert!(r.trials.len() <= 10, "{:?}", r.trials);
+        }
+    }
+
+    /// Memory that bends upward: the prediction misses, bisection finishes.
+    #[test]
+    fn predicting_search_falls_back_to_bisection() {
+        let r = search_peaks(16, 8.0e9, |b| {
+            1e8 + 1e5 * b as f64 + 2.0 * (b as f64).powi(2)
+        });
+        assert!(r.trials.len() <= 12, "{:?}", r.trials);
+    }
+
+    #[test]
+    fn predicting_search_stops_at_a_crash() {
+        let r = predict_then_bracket(
+            &PredictOptions {
+                start: 8,
+                cap: 1 << 20,
+                budget: Bytes(1 << 30),
+                tolerance: 0.02,
+                max_trials: 24,
+            },
+            |b, _| {
+                if b > 8 {
+                    Verdict::Broken
+                } else {
+                    Verdict::fits(Bytes(1000 * b))
+                }
+            },
+        );
+        assert_eq!(r.max_batch, Some(8));
+        assert_eq!(r.stopped_at, Some(64));
+        assert_eq!(r.smallest_failure, None);
+    }
+}

@@ -1,0 +1,150 @@
+//! A batch-size schedule trained beside a sweep's fixed batches: its runs on
+//! the first device against the fastest fixed batch, and its predicted steps.
+
+use super::mean_std;
+use super::summary::{SweepRun, SweepSummary};
+use crate::schedule::{Schedule, predict};
+use crate::trajectory::Segment;
+use serde::Serialize;
+
+/// Where a trained schedule came from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ScheduleSource {
+    /// The ramp from the noise scale along a noise run on the training split.
+    Ramp,
+    /// A schedule file, as named.
+    File(String),
+}
+
+impl ScheduleSource {
+    /// The machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ScheduleSource::Ramp => "ramp",
+            ScheduleSource::File(_) => "file",
+        }
+    }
+}
+
+impl Serialize for ScheduleSource {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.code())
+    }
+}
+
+/// The schedule's runs (first device) beside the fastest fixed batch.
+#[derive(Clone, Debug, Serialize)]
+pub struct ScheduleSummary {
+    /// Where the schedule came from (`source` in words is the report's).
+    #[serde(rename = "source_code")]
+    pub source: ScheduleSource,
+    pub schedule: Schedule,
+    /// Updates and samples to the target (predicted from the noise run's
+    /// stretches; null when that run did not reach the target).
+    pub predicted_steps: Option<f64>,
+    pub predicted_samples: Option<f64>,
+    /// The noise run's prediction for the fastest fixed batch, for scale.
+    pub predicted_steps_best_fixed: Option<f64>,
+    pub runs: usize,
+    pub reached: usize,
+    pub steps_mean: Option<f64>,
+    pub steps_std: Option<f64>,
+    pub samples_mean: Option<f64>,
+    pub seconds_mean: Option<f64>,
+    pub seconds_std: Option<f64>,
+    /// (predicted - measured) / measured steps, percent.
+    pub steps_error_pct: Option<f64>,
+    pub val_loss_mean: Option<f64>,
+    pub val_accuracy_mean: Option<f64>,
+    pub val_accuracy_std: Option<f64>,
+    /// The fixed batch with the fewest mean seconds to target (every run reached it).
+    pub best_fixed: Option<u64>,
+    /// Schedule over that batch: mean seconds and steps, with z = difference
+    /// over its standard error (seed to seed).
+    pub seconds_ratio: Option<f64>,
+    pub seconds_z: Option<f64>,
+    pub steps_ratio: Option<f64>,
+    pub steps_z: Option<f64>,
+    /// Faster than the best fixed batch by more than two standard errors.
+    pub beats_best_fixed: bool,
+}
+
+/// The schedule's runs on the first device beside the fastest fixed batch,
+/// and its predicted steps over the noise run's stretches to the sweep's
+/// target (`segments`; `None` when that run did not reach it).
+pub fn schedule_summary(
+    source: ScheduleSource,
+    schedule: Schedule,
+    segments: Option<&[Segment]>,
+    sweep: &SweepSummary,
+) -> ScheduleSummary {
+    let first = sweep.settings.first_device();
+    let of: Vec<&SweepRun> = sweep
+        .runs
+        .iter()
+        .filter(|r| r.device == first && r.record.schedule.is_some())
+        .collect();
+    let predicted = segments.map(|s| predict(&schedule, s));
+    let stat = |v: Vec<f64>| (!v.is_empty()).then(|| mean_std(&v));
+    let steps: Vec<f64> = of.iter().filter_map(|r| r.steps_to_target).collect();
+    let seconds: Vec<f64> = of.iter().filter_map(|r| r.seconds_to_target).collect();
+    let st = stat(steps.clone());
+    let sec = stat(seconds.clone());
+    let acc = stat(
+        of.iter()
+            .filter_map(|r| r.record.final_val_accuracy)
+            .collect(),
+    );
+    let best = sweep
+        .per_batch
+        .iter()
+        .filter(|b| b.runs > 0 && b.reached == b.runs)
+        .filter_map(|b| b.seconds_mean.map(|s| (b.batch, s)))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(b, _)| b);
+    let fixed_of = |f: fn(&SweepRun) -> Option<f64>| -> Vec<f64> {
+        sweep
+            .runs
+            .iter()
+            .filter(|r| {
+                r.device == first && r.record.schedule.is_none() && Some(r.record.batch) == best
+            })
+            .filter_map(f)
+            .collect()
+    };
+    // Ratio of means and z of their difference (schedule minus fixed).
+    let compare = |a: &[f64], b: &[f64]| {
+        super::difference(a, b)
+            .map(|(ratio, diff, se)| (ratio, if se > 0.0 { diff / se } else { 0.0 }))
+    };
+    let complete = !of.is_empty() && seconds.len() == of.len();
+    let secs = compare(&seconds, &fixed_of(|r| r.seconds_to_target)).filter(|_| complete);
+    let steps_cmp = compare(&steps, &fixed_of(|r| r.steps_to_target)).filter(|_| complete);
+    ScheduleSummary {
+        source,
+        predicted_steps: predicted.map(|p| p.0),
+        predicted_samples: predicted.map(|p| p.1),
+        predicted_steps_best_fixed: segments
+            .zip(best)
+            .map(|(s, b)| predict(&Schedule::fixed(b, 1.0), s).0),
+        schedule,
+        runs: of.len(),
+        reached: steps.len(),
+        steps_mean: st.map(|s| s.0),
+        steps_std: st.map(|s| s.1),
+        samples_mean: stat(of.iter().filter_map(|r| r.samples_to_target).collect()).map(|s| s.0),
+        seconds_mean: sec.map(|s| s.0),
+        seconds_std: sec.map(|s| s.1),
+        steps_error_pct: predicted.zip(st).map(|(p, m)| 100.0 * (p.0 - m.0) / m.0),
+        val_loss_mean: stat(of.iter().filter_map(|r| r.record.final_val_loss).collect())
+            .map(|s| s.0),
+        val_accuracy_mean: acc.map(|s| s.0),
+        val_accuracy_std: acc.map(|s| s.1),
+        best_fixed: best,
+        seconds_ratio: secs.map(|s| s.0),
+        seconds_z: secs.map(|s| s.1),
+        steps_ratio: steps_cmp.map(|s| s.0),
+        steps_z: steps_cmp.map(|s| s.1),
+        beats_best_fixed: secs.is_some_and(|(_, z)| z < -2.0),
+    }
+}
