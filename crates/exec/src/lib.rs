@@ -14,6 +14,8 @@
 
 pub mod error;
 #[cfg(unix)]
+pub mod groups;
+#[cfg(unix)]
 pub mod interrupt;
 pub mod launcher;
 #[cfg(unix)]

@@ -4,9 +4,9 @@
 //! reading, ending with batchfit however it ends, and the same reading of how
 //! it ended ([`Outcome`]).
 
-use crate::interrupt;
 use crate::monitor::{ProcInfo, groups_still_ours, process_tree};
 use crate::oom::looks_like_oom;
+use crate::{groups, interrupt};
 use batchfit_tune::trial::Outcome;
 use std::collections::HashSet;
 use std::collections::VecDeque;
@@ -250,11 +250,11 @@ pub fn run_process(
     // Workers the command left behind must not hold memory into the next trial.
     let ours = groups_still_ours(&groups, &seen);
     for &g in ours.iter().chain([&pid]) {
-        interrupt::kill_group(g);
+        groups::kill_group(g);
     }
     // SIGKILL lands asynchronously: wait (briefly) until nothing is left.
     for &g in ours.iter().chain([&pid]) {
-        interrupt::wait_group_gone(g, Duration::from_secs(2));
+        groups::wait_group_gone(g, Duration::from_secs(2));
     }
     for &g in groups.iter().chain([&pid]) {
         interrupt::unregister_group(g);
@@ -323,14 +323,14 @@ fn end_tree(pid: i32, groups: &[i32]) -> ExitInfo {
     let grace = Instant::now();
     while grace.elapsed() < Duration::from_secs(2) {
         if let Some(exit) = try_reap(pid) {
-            groups.iter().for_each(|&g| interrupt::kill_group(g));
-            interrupt::kill_group(pid);
+            groups.iter().for_each(|&g| groups::kill_group(g));
+            groups::kill_group(pid);
             return exit;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    groups.iter().for_each(|&g| interrupt::kill_group(g));
-    interrupt::kill_group(pid);
+    groups.iter().for_each(|&g| groups::kill_group(g));
+    groups::kill_group(pid);
     loop {
         if let Some(exit) = try_reap(pid) {
             return exit;

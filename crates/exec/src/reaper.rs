@@ -4,7 +4,7 @@
 //! groups its trials run in (`+PGID`, `-PGID`, a line each). When the pipe
 //! closes, batchfit is gone, whatever ended it (SIGKILL and the OOM killer
 //! included, which run no handler), and the reaper ends every group it still
-//! holds (SIGTERM, SIGKILL after [`crate::interrupt::GRACE`]), then exits.
+//! holds (SIGTERM, SIGKILL after [`crate::groups::GRACE`]), then exits.
 //!
 //! Hand-written: the kernel's own tools (`PR_SET_PDEATHSIG`) reach a trial's
 //! first process only, and cgroups are not ours to create on every machine.
@@ -90,7 +90,7 @@ pub fn serve(input: impl BufRead) {
     }
     let groups = follow(input);
     let groups: Vec<i32> = groups.into_iter().collect();
-    crate::interrupt::terminate_groups(&groups, crate::interrupt::GRACE);
+    crate::groups::terminate_groups(&groups, crate::groups::GRACE);
 }
 
 /// The groups still listed when `input` ends.

@@ -1,34 +1,14 @@
 //! The graph compiled onto a device: one kernel per node, reading its inputs
 //! from numbered slots and its parameters from [`Params`].
 
-use super::params::{Init, P, Params, compile_params};
+use super::kernel::Kernel;
+use super::params::{Init, Params, compile_params};
 use super::pool::avg_pool_matrix;
 use super::prod;
+pub use super::unsupported::Unsupported;
 use batchfit_graph::{Graph, LossKind, Op, PoolKind};
 use burn::tensor::{Device, Tensor, TensorData};
 use std::collections::HashMap;
-
-/// One node, compiled: where its inputs and parameters are.
-#[derive(Clone, Debug)]
-pub(super) struct Kernel {
-    pub(super) op: Op,
-    /// Slots of the inputs.
-    pub(super) inputs: Vec<usize>,
-    pub(super) params: Vec<P>,
-    /// Sample shape of each input, resolved.
-    pub(super) in_dims: Vec<Vec<usize>>,
-    /// Sample shape of the output, resolved.
-    pub(super) out_dims: Vec<usize>,
-    /// An average pool's window as a matrix (see [`avg_pool_matrix`]).
-    pub(super) pool_matrix: Option<Tensor<2>>,
-}
-
-impl Kernel {
-    /// Elements of one output sample.
-    pub(super) fn out_elems(&self) -> usize {
-        prod(&self.out_dims)
-    }
-}
 
 /// The graph compiled onto a device.
 #[derive(Clone, Debug)]
@@ -42,16 +22,6 @@ pub struct Program {
     pub seq_len: usize,
     /// Sample shape of the model output, resolved.
     pub out_dims: Vec<usize>,
-}
-
-/// Why a graph cannot be turned into a program.
-#[derive(Debug, thiserror::Error)]
-#[error("node `{node}`: the engine cannot train {what} yet")]
-pub struct Unsupported {
-    /// The node's name.
-    pub node: String,
-    /// What about it the engine lacks.
-    pub what: String,
 }
 
 impl Program {

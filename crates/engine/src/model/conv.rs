@@ -1,12 +1,12 @@
 //! Convolutions: on the CPU, the engine's own op for a tracked input
-//! ([`crate::conv_cpu`]) and the chunked im2col product ([`crate::im2col`]) for a
+//! ([`crate::cpu::conv`]) and the chunked im2col product ([`crate::cpu::im2col`]) for a
 //! batch input; burn's for dilations and other devices.
 
 use super::ConvRows;
-use super::compile::Kernel;
+use super::kernel::Kernel;
 use super::params::Params;
-use crate::conv_cpu::{channel_bias_cpu, conv2d_cpu};
-use crate::im2col::{conv_product_cpu, im2col_views};
+use crate::cpu::conv::{channel_bias_cpu, conv2d_cpu};
+use crate::cpu::im2col::{conv_product_cpu, im2col_views};
 use batchfit_graph::Window;
 use batchfit_plan::rules::im2col_chunks;
 use burn::tensor::Tensor;
@@ -64,7 +64,7 @@ pub(super) fn conv(
 }
 
 /// A 2-d convolution without dilation or groups as matrix products of the
-/// im2col matrix `[B·OH·OW, kh·kw·C]` ([`crate::im2col`]) and the weight,
+/// im2col matrix `[B·OH·OW, kh·kw·C]` ([`crate::cpu::im2col`]) and the weight,
 /// returning the output as [`ConvRows`]. burn-flex has no native conv weight
 /// gradient (burn's fallback transposes and repacks serially, then runs skinny
 /// GEMMs). Here the rows go in [`im2col_chunks`] (the plan's rule) chunks of
@@ -96,7 +96,7 @@ fn conv_im2col(
     let spatial = oh * ow;
     if let Some(bias) = bias {
         // Not through a clone: the CPU op adds in place when nothing else holds y.
-        y = if crate::cpu::available(&y) {
+        y = if crate::cpu::tensor::available(&y) {
             channel_bias_cpu(y, bias).expect("a CPU tensor")
         } else {
             y + bias.reshape([1, co, 1])
@@ -176,7 +176,7 @@ pub(super) fn pads2(w: &Window) -> [(usize, usize); 2] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::im2col::im2col_host;
+    use crate::cpu::im2col::im2col_host;
     use crate::model::tests::max_rel_err;
     use burn::tensor::{Device, Distribution};
 

@@ -1,10 +1,10 @@
 //! Matrix products: dense (linear) layers, products of two activations, and
 //! embedding lookups.
 
-use super::compile::Kernel;
+use super::kernel::Kernel;
 use super::params::Params;
 use super::{Value, prod};
-use crate::dense_cpu::{linear_cpu, matmul_cpu};
+use crate::cpu::dense::{linear_cpu, matmul_cpu};
 use burn::tensor::Tensor;
 use burn::tensor::module::embedding;
 

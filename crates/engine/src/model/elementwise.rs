@@ -1,12 +1,12 @@
 //! Element-wise ops: activations, softmax, dropout, and sums and products with
 //! broadcasting.
 
-use super::compile::Kernel;
+use super::kernel::Kernel;
 use super::params::Params;
 use super::prod;
 use super::reshape::axis_index;
-use crate::act_cpu::{clamp_cpu, gelu_cpu, relu_cpu, softmax_rows_cpu};
-use crate::cpu::available;
+use crate::cpu::act::{clamp_cpu, gelu_cpu, relu_cpu, softmax_rows_cpu};
+use crate::cpu::tensor::available;
 use batchfit_graph::Op;
 use burn::tensor::activation::{gelu, hard_sigmoid, hard_swish, relu, sigmoid, softmax, tanh};
 use burn::tensor::{Distribution, Tensor, TensorData};

@@ -1,6 +1,7 @@
 //! The forward pass: each kernel in graph order, dispatched to its op family.
 
-use super::compile::{Kernel, Program};
+use super::compile::Program;
+use super::kernel::Kernel;
 use super::params::Params;
 use super::{Batch, Value, conv, dense, elementwise, float, norm, pool, prod, recurrent, reshape};
 use batchfit_graph::Op;

@@ -2,7 +2,7 @@
 
 use super::Target;
 use super::compile::Program;
-use crate::act_cpu::cross_entropy_cpu;
+use crate::cpu::act::cross_entropy_cpu;
 use batchfit_graph::LossKind;
 use burn::nn::loss::{CTCLossConfig, Reduction};
 use burn::tensor::activation::log_softmax;

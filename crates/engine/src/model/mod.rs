@@ -8,7 +8,7 @@
 //! work on any shape, and the batch stays the leading dimension throughout. The
 //! one exception is a convolution of a batch input, whose output stays in the
 //! layout its matrix product makes ([`Value::ConvRows`]) through element-wise
-//! ops and pooling. On the CPU, LSTMs run as one fused op ([`crate::lstm`]).
+//! ops and pooling. On the CPU, LSTMs run as one fused op ([`crate::cpu::recurrent::lstm`]).
 //!
 //! Parameters start from the graph's trained values when its nodes carry them
 //! ([`Node::weights`](batchfit_graph::Node::weights), read from an ONNX file)
@@ -27,12 +27,14 @@ mod conv;
 mod dense;
 mod elementwise;
 mod forward;
+mod kernel;
 mod loss;
 mod norm;
 mod params;
 mod pool;
 mod recurrent;
 mod reshape;
+mod unsupported;
 
 pub use compile::{Program, Unsupported, check_trainable};
 pub use params::{Init, Params};
@@ -76,10 +78,10 @@ impl ConvRows {
     fn canonical(self) -> Tensor<2> {
         let spatial = self.rows.dims()[1];
         let (c, per) = (self.channels, self.per_chunk);
-        if crate::cpu::available(&self.rows) {
+        if crate::cpu::tensor::available(&self.rows) {
             // The same swap as one parallel copy each way (burn's: a serial one).
             let chunked = self.rows.reshape([self.chunks, c * per * spatial]);
-            return crate::view_cpu::permute_cpu(chunked, &[c, per, spatial], &[1, 0, 2])
+            return crate::cpu::view::permute_cpu(chunked, &[c, per, spatial], &[1, 0, 2])
                 .expect("a CPU tensor")
                 .reshape([self.chunks * per, c * spatial]);
         }

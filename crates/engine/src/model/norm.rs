@@ -1,10 +1,10 @@
 //! Normalisation: batch norm over the channel axis, layer norm over the last,
 //! local response normalisation across channels.
 
-use super::compile::Kernel;
+use super::kernel::Kernel;
 use super::params::Params;
 use super::prod;
-use crate::norm_cpu::{batch_norm_cpu, layer_norm_cpu};
+use crate::cpu::norm::{batch_norm_cpu, layer_norm_cpu};
 use burn::tensor::Tensor;
 
 /// Batch normalisation with the batch's own statistics (training mode), per channel.

@@ -1,7 +1,7 @@
 //! The model's trainable tensors: their shapes from [`Op::params`], their
 //! starting values from the graph or drawn at random.
 
-use super::compile::Unsupported;
+use super::unsupported::Unsupported;
 use batchfit_graph::{Node, Op};
 use burn::module::{Module, Param};
 use burn::tensor::{Device, Distribution, Tensor, TensorData};

@@ -1,10 +1,10 @@
 //! Pooling: windowed max and average (an average as one product with a window
 //! matrix where it fits), and global pooling.
 
-use super::compile::Kernel;
 use super::conv::pads2;
+use super::kernel::Kernel;
 use super::prod;
-use crate::pool_cpu::max_pool2d_cpu;
+use crate::cpu::pool::max_pool2d_cpu;
 use batchfit_graph::{PoolKind, Window};
 use batchfit_plan::rules::POOL_MATRIX_MAX;
 use burn::tensor::Tensor;

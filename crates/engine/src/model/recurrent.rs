@@ -1,8 +1,8 @@
 //! Recurrent layers: LSTM and GRU, one or both directions. Every step's input
 //! projection is one matrix product up front; the steps then run fused on the
-//! CPU ([`crate::lstm`], [`crate::gru`]), or composed of burn ops elsewhere.
+//! CPU ([`crate::cpu::recurrent::lstm`], [`crate::cpu::recurrent::gru`]), or composed of burn ops elsewhere.
 
-use super::compile::Kernel;
+use super::kernel::Kernel;
 use super::params::{P, Params};
 use batchfit_graph::{Cell, Op, RnnBias};
 use burn::tensor::Tensor;
@@ -31,7 +31,7 @@ pub(super) fn rnn(k: &Kernel, p: &Params, x: Tensor<2>, b: usize) -> Tensor<2> {
         .map(|dir| &k.params[dir * per_dir..(dir + 1) * per_dir])
         .collect();
     let projections: Vec<Tensor<3>> = qs.iter().map(|q| rnn_projection(x.clone(), p, q)).collect();
-    if cell == Cell::Lstm && crate::cpu::available(&x) {
+    if cell == Cell::Lstm && crate::cpu::tensor::available(&x) {
         // Both biases go into the projection; the fused op adds h W_hh per step.
         let with_biases = projections
             .into_iter()
@@ -42,11 +42,11 @@ pub(super) fn rnn(k: &Kernel, p: &Params, x: Tensor<2>, b: usize) -> Tensor<2> {
             })
             .collect::<Vec<_>>();
         let w_hh: Vec<Tensor<2>> = qs.iter().map(|q| p.t2(q[1])).collect();
-        let y =
-            crate::lstm::lstm_layer(&with_biases, &w_hh).expect("available() checked the device");
+        let y = crate::cpu::recurrent::lstm::lstm_layer(&with_biases, &w_hh)
+            .expect("available() checked the device");
         return y.reshape([b, out_elems]);
     }
-    if cell == Cell::Gru && crate::cpu::available(&x) {
+    if cell == Cell::Gru && crate::cpu::tensor::available(&x) {
         // b_hn sits inside the reset gate's product, so the recurrent bias is the fused
         // op's own input (zeros, untracked, for a layer with a single bias).
         let g = cell.gates() * hidden;
@@ -58,7 +58,7 @@ pub(super) fn rnn(k: &Kernel, p: &Params, x: Tensor<2>, b: usize) -> Tensor<2> {
                 None => Tensor::zeros([g], &x.device()),
             })
             .collect();
-        let y = crate::gru::gru_layer(&projections, &w_hh, &b_hh)
+        let y = crate::cpu::recurrent::gru::gru_layer(&projections, &w_hh, &b_hh)
             .expect("available() checked the device");
         return y.reshape([b, out_elems]);
     }

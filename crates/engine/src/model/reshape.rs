@@ -2,11 +2,11 @@
 //! and axis arithmetic. Flatten
 //! and reshape need no code: values are `[B, elements]` whatever their shape.
 
-use super::compile::Kernel;
+use super::kernel::Kernel;
 use super::params::Params;
 use super::{Value, float, prod};
-use crate::cpu::available;
-use crate::view_cpu::{permute_cpu, slice_cpu};
+use crate::cpu::tensor::available;
+use crate::cpu::view::{permute_cpu, slice_cpu};
 use batchfit_graph::ReduceKind;
 use burn::tensor::Tensor;
 

@@ -13,7 +13,7 @@
 use super::decode::{Attrs, positive, tensor_f32, tensor_ints};
 use super::import::{Importer, label};
 use super::proto::{DataType, NodeProto, TensorProto};
-use super::shapes::Sym;
+use super::sym::Sym;
 use super::view::Val;
 use crate::error::GraphError;
 use std::rc::Rc;

@@ -3,7 +3,6 @@
 
 use super::decode::{constant_value, tensor_f32, tensor_floats, tensor_ints};
 use super::not_onnx;
-use super::ops::unsupported;
 use super::proto::{self, GraphProto, NodeProto, TensorProto};
 use super::view::{Lay, Val, View};
 use crate::error::GraphError;
@@ -666,5 +665,14 @@ pub(super) fn auto_loss(shape: &Shape) -> LossKind {
         1 if classes > 1 => LossKind::CrossEntropy,
         2 if classes > 1 => LossKind::CrossEntropyPerFrame,
         _ => LossKind::Mse,
+    }
+}
+
+/// The error of an op type the importer does not know, naming the node.
+pub(super) fn unsupported(n: &NodeProto, op_type: String) -> GraphError {
+    GraphError::Unsupported {
+        node: label(n),
+        op_type,
+        supported: super::SUPPORTED_ONNX_OPS,
     }
 }

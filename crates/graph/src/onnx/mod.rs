@@ -92,6 +92,7 @@ mod import;
 mod inputs;
 mod ops;
 mod shapes;
+mod sym;
 mod view;
 
 use crate::error::GraphError;

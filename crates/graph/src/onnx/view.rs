@@ -11,7 +11,7 @@
 //! out ([`Align`]), and its output is seen through the same layout again.
 
 use super::proto::TensorProto;
-use super::shapes::Sym;
+use super::sym::Sym;
 use crate::shape::{Dim, Shape};
 use std::rc::Rc;
 

@@ -5,10 +5,11 @@
 pub mod schedule;
 pub mod summary;
 
-pub use schedule::{ScheduleSource, ScheduleSummary, schedule_summary};
+pub use schedule::schedule_summary;
 pub use summary::{
     BatchSummary, DeviceBatchTimes, DeviceTimes, MeasuredNoise, MeasuredSteps, MeasuredStepsError,
-    SweepRun, SweepSettings, SweepSummary, TargetSource, measured_steps, summarize,
+    ScheduleSource, ScheduleSummary, SweepRun, SweepSettings, SweepSummary, TargetSource,
+    measured_steps, summarize,
 };
 
 use serde::{Deserialize, Serialize};

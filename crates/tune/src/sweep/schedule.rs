@@ -2,72 +2,9 @@
 //! the first device against the fastest fixed batch, and its predicted steps.
 
 use super::mean_std;
-use super::summary::{SweepRun, SweepSummary};
+use super::summary::{ScheduleSource, ScheduleSummary, SweepRun, SweepSummary};
 use crate::schedule::{Schedule, predict};
 use crate::trajectory::Segment;
-use serde::Serialize;
-
-/// Where a trained schedule came from.
-#[derive(Clone, Debug, PartialEq)]
-pub enum ScheduleSource {
-    /// The ramp from the noise scale along a noise run on the training split.
-    Ramp,
-    /// A schedule file, as named.
-    File(String),
-}
-
-impl ScheduleSource {
-    /// The machine-readable code.
-    pub fn code(&self) -> &'static str {
-        match self {
-            ScheduleSource::Ramp => "ramp",
-            ScheduleSource::File(_) => "file",
-        }
-    }
-}
-
-impl Serialize for ScheduleSource {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.code())
-    }
-}
-
-/// The schedule's runs (first device) beside the fastest fixed batch.
-#[derive(Clone, Debug, Serialize)]
-pub struct ScheduleSummary {
-    /// Where the schedule came from (`source` in words is the report's).
-    #[serde(rename = "source_code")]
-    pub source: ScheduleSource,
-    pub schedule: Schedule,
-    /// Updates and samples to the target (predicted from the noise run's
-    /// stretches; null when that run did not reach the target).
-    pub predicted_steps: Option<f64>,
-    pub predicted_samples: Option<f64>,
-    /// The noise run's prediction for the fastest fixed batch, for scale.
-    pub predicted_steps_best_fixed: Option<f64>,
-    pub runs: usize,
-    pub reached: usize,
-    pub steps_mean: Option<f64>,
-    pub steps_std: Option<f64>,
-    pub samples_mean: Option<f64>,
-    pub seconds_mean: Option<f64>,
-    pub seconds_std: Option<f64>,
-    /// (predicted - measured) / measured steps, percent.
-    pub steps_error_pct: Option<f64>,
-    pub val_loss_mean: Option<f64>,
-    pub val_accuracy_mean: Option<f64>,
-    pub val_accuracy_std: Option<f64>,
-    /// The fixed batch with the fewest mean seconds to target (every run reached it).
-    pub best_fixed: Option<u64>,
-    /// Schedule over that batch: mean seconds and steps, with z = difference
-    /// over its standard error (seed to seed).
-    pub seconds_ratio: Option<f64>,
-    pub seconds_z: Option<f64>,
-    pub steps_ratio: Option<f64>,
-    pub steps_z: Option<f64>,
-    /// Faster than the best fixed batch by more than two standard errors.
-    pub beats_best_fixed: bool,
-}
 
 /// The schedule's runs on the first device beside the fastest fixed batch,
 /// and its predicted steps over the noise run's stretches to the sweep's

@@ -5,7 +5,7 @@ use crate::error::GraphError;
 use crate::onnx::decode::Attrs;
 use crate::onnx::import::{Importer, label};
 use crate::onnx::proto::NodeProto;
-use crate::onnx::shapes::Sym;
+use crate::onnx::sym::Sym;
 use crate::onnx::view::{Val, View};
 use crate::op::{Op, ReduceKind, sample_axis};
 use crate::shape::Dim;

@@ -11,7 +11,7 @@ mod recurrent;
 mod reshape;
 
 use super::decode::Attrs;
-use super::import::{Importer, label};
+use super::import::{Importer, unsupported};
 use super::proto::NodeProto;
 use super::view::Val;
 use crate::error::GraphError;
@@ -97,13 +97,6 @@ pub(super) const NAMES: [&str; OPS.len()] = {
 };
 
 /// The error for an op type the IR does not know (`op_type` may carry a domain).
-pub(super) fn unsupported(n: &NodeProto, op_type: String) -> GraphError {
-    GraphError::Unsupported {
-        node: label(n),
-        op_type,
-        supported: super::SUPPORTED_ONNX_OPS,
-    }
-}
 
 impl Importer {
     /// Imports node `i`: shape arithmetic first (it may take any op type that

@@ -9,7 +9,7 @@ use crate::error::GraphError;
 use crate::onnx::decode::{Attrs, is_int_type, tensor_floats, tensor_ints};
 use crate::onnx::import::{Importer, label};
 use crate::onnx::proto::{DataType, NodeProto, TensorProto};
-use crate::onnx::shapes::Sym;
+use crate::onnx::sym::Sym;
 use crate::onnx::view::{Mask, Val};
 use crate::op::Op;
 use crate::shape::Dim;

@@ -4,7 +4,7 @@ use crate::error::GraphError;
 use crate::onnx::decode::{Attrs, positive};
 use crate::onnx::import::{Importer, label};
 use crate::onnx::proto::NodeProto;
-use crate::onnx::shapes::Sym;
+use crate::onnx::sym::Sym;
 use crate::onnx::view::{Val, View};
 use crate::op::{Cell, Op, RnnBias};
 use crate::shape::Dim;
