@@ -77,3 +77,58 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    /// A flag that several commands take is one definition: the same help, default,
+    /// value names and possible values wherever it appears (they are flattened from
+    /// the groups in `options.rs`).
+    #[test]
+    fn a_flag_means_the_same_in_every_command() {
+        let cli = Cli::command();
+        let mut seen: BTreeMap<String, (String, String)> = BTreeMap::new();
+        let mut shared = 0;
+        for sub in cli.get_subcommands() {
+            for arg in sub.get_arguments() {
+                let Some(long) = arg.get_long() else { continue };
+                let definition = format!(
+                    "help {:?}; defaults {:?}; names {:?}; values {:?}; delimiter {:?}; action {:?}",
+                    arg.get_help().map(|h| h.to_string()),
+                    arg.get_default_values(),
+                    arg.get_value_names(),
+                    arg.get_possible_values()
+                        .iter()
+                        .map(|v| v.get_name().to_string())
+                        .collect::<Vec<_>>(),
+                    arg.get_value_delimiter(),
+                    arg.get_action(),
+                );
+                match seen.get(long) {
+                    Some((first, earlier)) => {
+                        shared += 1;
+                        assert_eq!(
+                            earlier,
+                            &definition,
+                            "--{long} differs between `{first}` and `{}`",
+                            sub.get_name()
+                        );
+                    }
+                    None => {
+                        seen.insert(long.to_string(), (sub.get_name().to_string(), definition));
+                    }
+                }
+            }
+        }
+        // --optimizer, --threads, --ref-batch, --json, ... are shared: the check checks something.
+        assert!(shared > 20, "{shared} shared flags");
+    }
+}

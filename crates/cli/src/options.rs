@@ -5,11 +5,13 @@ use crate::error::{CliError, CliResult};
 use batchfit_pipeline::Progress;
 use batchfit_pipeline::noise::{DataSource, LossChoice};
 use batchfit_pipeline::probe::MeasureConfig;
+use batchfit_plan::distributed::{LinkPreset, Strategy};
 use batchfit_plan::{Bytes, Optimizer, Precision, Runtime, TrainOptions};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::{IsTerminal, Write};
 use std::path::Path;
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 use std::time::Instant;
@@ -17,12 +19,185 @@ use std::time::Instant;
 pub use batchfit_pipeline::DEFAULT_MODEL;
 pub use batchfit_pipeline::output::check_output_folder;
 
+// Every flag that more than one command takes is defined once, here, as a
+// group the commands flatten: one help text, one default, one validation
+// (`tests::a_flag_means_the_same_in_every_command` holds them to it).
+
+/// `--optimizer`.
+#[derive(Args, Clone, Debug)]
+pub struct OptimizerFlag {
+    /// Optimizer of the training steps (run: the command's, for the learning-rate rule of
+    /// the advice: square root for Adam-family, linear for SGD).
+    #[arg(long, value_enum, default_value = "adam")]
+    pub optimizer: Optimizer,
+}
+
+/// `--threads`.
+#[derive(Args, Clone, Debug)]
+pub struct ThreadsFlag {
+    /// CPU threads for the training steps [default: all cores].
+    #[arg(long, value_parser = positive_usize)]
+    pub threads: Option<usize>,
+}
+
+/// `--seq-len`.
+#[derive(Args, Clone, Debug)]
+pub struct SeqLenFlag {
+    /// Sequence length T for recurrent models [default: the model's].
+    #[arg(long, value_name = "T", value_parser = positive_usize)]
+    pub seq_len: Option<usize>,
+}
+
+/// `--lr`.
+#[derive(Args, Clone, Debug)]
+pub struct LrFlag {
+    /// Learning rate of the training steps (noise: 0 measures the noise scale at fixed weights).
+    #[arg(long, default_value_t = 1e-3, value_parser = non_negative_f64)]
+    pub lr: f64,
+}
+
+/// `--seed`.
+#[derive(Args, Clone, Debug)]
+pub struct SeedFlag {
+    /// Seed of the data (synthetic inputs, or the shuffling) and of random initial weights.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+/// `--ref-batch`, `--ref-lr`: the user's tuned learning rate.
+#[derive(Args, Clone, Debug)]
+pub struct ReferenceFlags {
+    /// The batch size your learning rate was tuned at [default: the smallest batch the
+    /// command trains: --b-small for advise and noise, the smallest of --batches for sweep].
+    #[arg(long, value_parser = positive_u64)]
+    pub ref_batch: Option<u64>,
+    /// The learning rate tuned at --ref-batch [default: --lr for advise and noise, 0.001 for sweep].
+    #[arg(long, value_parser = positive_f64)]
+    pub ref_lr: Option<f64>,
+}
+
+impl ReferenceFlags {
+    /// The tuned (batch, rate), when either was given; the other from the defaults.
+    pub fn pair(&self, batch: u64, lr: f64) -> Option<(u64, f64)> {
+        (self.ref_batch.is_some() || self.ref_lr.is_some())
+            .then(|| (self.ref_batch.unwrap_or(batch), self.ref_lr.unwrap_or(lr)))
+    }
+}
+
+/// `--b-small`, `--k`: the two-batch noise estimator.
+#[derive(Args, Clone, Debug)]
+pub struct EstimatorFlags {
+    /// Samples in each small batch of the noise-scale estimator.
+    #[arg(long, default_value_t = batchfit_tune::noise::DEFAULT_B_SMALL, value_parser = positive_usize)]
+    pub b_small: usize,
+    /// Small batches per noise measurement: B_big = k x B_small.
+    #[arg(long, default_value_t = batchfit_tune::noise::DEFAULT_K, value_parser = parse_k)]
+    pub k: usize,
+}
+
+/// `--device`.
+#[derive(Args, Clone, Debug)]
+pub struct DeviceFlag {
+    /// Devices, comma-separated: cpu, cuda:0, wgpu:0 (a GPU needs a GPU build) [probe and sweep:
+    /// cpu; advise: every device present]. sweep trains every run on each.
+    #[arg(long, value_delimiter = ',')]
+    pub device: Vec<String>,
+}
+
+/// `--batches`.
+#[derive(Args, Clone, Debug)]
+pub struct BatchesFlag {
+    /// Batch sizes, comma-separated: exactly these instead of a search or a sample (probe,
+    /// advise, run), the batches trained (sweep) [16,64,256; with --verify the recommended
+    /// batch and its neighbours in the advice's table], or predicted for (noise) [powers of two
+    /// up to the data size].
+    #[arg(long, value_delimiter = ',', value_parser = positive_u64)]
+    pub batches: Vec<u64>,
+}
+
+/// `--memory-limit`.
+#[derive(Args, Clone, Debug)]
+pub struct MemoryLimitFlag {
+    /// Memory budget of each trial, e.g. 6GiB; with it the largest batch that fits is searched
+    /// for. probe and advise: the engine's memory (on the CPU batchfit's allocator holds it to the
+    /// budget, on a GPU the runtime's pools); run: each process's address space (RLIMIT_AS, as
+    /// `ulimit -v`), the search then predicts from the measured peaks instead of doubling.
+    #[arg(long, value_parser = parse_bytes)]
+    pub memory_limit: Option<Bytes>,
+}
+
+/// `--efficiency`.
+#[derive(Args, Clone, Debug)]
+pub struct EfficiencyFlag {
+    /// The knee is the smallest batch reaching this share of the best throughput.
+    #[arg(long, default_value_t = 0.9, value_parser = parse_share)]
+    pub efficiency: f64,
+}
+
+/// `--timeout`.
+#[derive(Args, Clone, Debug)]
+pub struct TimeoutFlag {
+    /// A trial (one process per batch) still running after this long is ended and reported,
+    /// e.g. 120s.
+    #[arg(long, default_value = "600s", value_parser = parse_seconds)]
+    pub timeout: f64,
+}
+
+/// `--json`.
+#[derive(Args, Clone, Debug)]
+pub struct JsonFlag {
+    /// Print the result as JSON (schema: docs/json.md).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `--html`.
+#[derive(Args, Clone, Debug)]
+pub struct HtmlFlag {
+    /// Also write a self-contained HTML report with plots to this file.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+}
+
+/// `--gpus`, `--strategy`, `--link`: data parallelism over several GPUs (docs/scale.md).
+#[derive(Args, Clone, Debug)]
+pub struct ParallelFlags {
+    /// Data-parallel GPUs, comma-separated for several: plan: GPUs per node (x --nodes), memory
+    /// per device, micro-batch, accumulation and communication; advise: world sizes of devices
+    /// like the first one measured, with their time to target.
+    #[arg(long, value_name = "N", value_delimiter = ',', value_parser = positive_u64)]
+    pub gpus: Vec<u64>,
+    /// How model states are sharded, comma-separated (fsdp is FULL_SHARD) [plan: all; advise,
+    /// which takes one: ddp].
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub strategy: Vec<Strategy>,
+    /// The link of the ring: between GPUs on one node; between nodes with --nodes > 1
+    /// [default: pcie4 on one node, ib100 between nodes].
+    #[arg(long, value_enum)]
+    pub link: Option<LinkPreset>,
+}
+
+impl ParallelFlags {
+    /// Without --gpus, neither --strategy nor --link may be given.
+    pub fn check(&self) -> CliResult {
+        let given = [
+            (!self.strategy.is_empty(), "--strategy"),
+            (self.link.is_some(), "--link"),
+        ];
+        match given.iter().find(|(g, _)| *g) {
+            Some((_, flag)) if self.gpus.is_empty() => Err(CliError::Pipeline(
+                batchfit_pipeline::Error::input(format!("{flag} needs --gpus N")),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// How a step trains: the flags that change its memory.
 #[derive(Args, Clone, Debug)]
 pub struct TrainFlags {
-    /// Optimizer.
-    #[arg(long, value_enum, default_value = "adam")]
-    pub optimizer: Optimizer,
+    #[command(flatten)]
+    pub optimizer: OptimizerFlag,
     /// Precision of weights and activations.
     #[arg(long, value_enum, default_value = "fp32")]
     pub precision: Precision,
@@ -35,20 +210,19 @@ pub struct TrainFlags {
     /// Whose allocator and autograd to model: burn (batchfit's engine) or pytorch.
     #[arg(long, value_enum, default_value = "burn")]
     pub runtime: Runtime,
-    /// Sequence length T for recurrent models (default: the model's).
-    #[arg(long, value_name = "T", value_parser = positive_usize)]
-    pub seq_len: Option<usize>,
+    #[command(flatten)]
+    pub seq_len: SeqLenFlag,
 }
 
 impl TrainFlags {
     pub fn options(&self, gpu: bool) -> TrainOptions {
         TrainOptions {
-            optimizer: self.optimizer,
+            optimizer: self.optimizer.optimizer,
             precision: self.precision,
             checkpointing: self.checkpointing,
             micro_batch: self.micro_batch,
             runtime: self.runtime,
-            seq_len: self.seq_len,
+            seq_len: self.seq_len.seq_len,
             gpu,
         }
     }
@@ -91,25 +265,19 @@ impl LengthFlags {
     }
 }
 
-/// Flags of every command that measures training steps.
+/// Flags of every command that measures training steps on the engine.
 #[derive(Args, Clone, Debug)]
 pub struct MeasureFlags {
-    /// Devices to measure, comma-separated: cpu, cuda:0, wgpu:0 [probe: cpu; advise: every device present].
-    #[arg(long, value_delimiter = ',')]
-    pub device: Vec<String>,
-    /// Measure exactly these batch sizes (comma-separated) instead of sampling.
-    #[arg(long, value_delimiter = ',', value_parser = positive_u64)]
-    pub batches: Vec<u64>,
-    /// Memory budget per device (CPU: enforced by batchfit's allocator), e.g. 6GiB.
-    /// With it, the largest batch that fits is searched for.
-    #[arg(long, value_parser = parse_bytes)]
-    pub memory_limit: Option<Bytes>,
-    /// The knee is the smallest batch reaching this share of the best throughput.
-    #[arg(long, default_value_t = 0.9, value_parser = parse_share)]
-    pub efficiency: f64,
-    /// CPU threads for the training steps (default: all cores).
-    #[arg(long, value_parser = positive_usize)]
-    pub threads: Option<usize>,
+    #[command(flatten)]
+    pub device: DeviceFlag,
+    #[command(flatten)]
+    pub batches: BatchesFlag,
+    #[command(flatten)]
+    pub memory_limit: MemoryLimitFlag,
+    #[command(flatten)]
+    pub efficiency: EfficiencyFlag,
+    #[command(flatten)]
+    pub threads: ThreadsFlag,
     /// Untimed steps before timing each batch size.
     #[arg(long, default_value_t = 3)]
     pub warmup: usize,
@@ -119,21 +287,16 @@ pub struct MeasureFlags {
     /// Largest batch sampled when no --memory-limit bounds it.
     #[arg(long, default_value_t = 1024, value_parser = positive_u64)]
     pub up_to: u64,
-    /// Optimizer of the measured steps.
-    #[arg(long, value_enum, default_value = "adam")]
-    pub optimizer: Optimizer,
-    /// Learning rate of the measured steps.
-    #[arg(long, default_value_t = 1e-3)]
-    pub lr: f64,
-    /// Sequence length T for recurrent models.
-    #[arg(long, value_parser = positive_usize)]
-    pub seq_len: Option<usize>,
-    /// Seed of the synthetic inputs and initial weights.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Seconds after which one measuring process is stopped.
-    #[arg(long, default_value_t = 600.0, value_parser = parse_seconds)]
-    pub timeout: f64,
+    #[command(flatten)]
+    pub optimizer: OptimizerFlag,
+    #[command(flatten)]
+    pub lr: LrFlag,
+    #[command(flatten)]
+    pub seq_len: SeqLenFlag,
+    #[command(flatten)]
+    pub seed: SeedFlag,
+    #[command(flatten)]
+    pub timeout: TimeoutFlag,
 }
 
 impl MeasureFlags {
@@ -146,18 +309,18 @@ impl MeasureFlags {
             ))
         })?;
         Ok(MeasureConfig {
-            batches: self.batches.clone(),
-            memory_limit: self.memory_limit,
-            efficiency: self.efficiency,
-            threads: self.threads,
+            batches: self.batches.batches.clone(),
+            memory_limit: self.memory_limit.memory_limit,
+            efficiency: self.efficiency.efficiency,
+            threads: self.threads.threads,
             warmup: self.warmup,
             time_cap_s: self.time_cap,
             up_to: self.up_to,
-            optimizer: self.optimizer,
-            lr: self.lr,
-            seq_len: self.seq_len,
-            seed: self.seed,
-            timeout: Duration::from_secs_f64(self.timeout),
+            optimizer: self.optimizer.optimizer,
+            lr: self.lr.lr,
+            seq_len: self.seq_len.seq_len,
+            seed: self.seed.seed,
+            timeout: Duration::from_secs_f64(self.timeout.timeout),
             worker,
             budget_s: None,
         })
@@ -213,6 +376,21 @@ pub fn positive_f64(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(x) if x > 0.0 && x.is_finite() => Ok(x),
         _ => Err(format!("`{s}` must be a positive number")),
+    }
+}
+
+pub fn non_negative_f64(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x >= 0.0 && x.is_finite() => Ok(x),
+        _ => Err(format!("`{s}` must be a number of at least 0")),
+    }
+}
+
+/// Small batches per noise measurement: at least 2, so B_big exceeds B_small.
+pub fn parse_k(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(k) if k >= 2 => Ok(k),
+        _ => Err(format!("`{s}` must be an integer of at least 2")),
     }
 }
 

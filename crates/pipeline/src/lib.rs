@@ -1,19 +1,22 @@
-//! The pipelines behind batchfit's commands, as a library.
+//! The pipelines behind batchfit's commands, as a library. They load, spawn,
+//! read and write; every decision is `batchfit_tune`'s, every word of a report
+//! `batchfit_report`'s.
 //!
 //! Each command of the `batchfit` binary maps its flags to a typed
-//! configuration, calls one function here, and emits the document it returns
+//! configuration, calls one function here, and renders what it returns
 //! (ripgrep's split: the binary wires flags, the libraries decide):
 //!
 //! - [`probe`]: timed training steps across batch sizes on one device, each in
-//!   a fresh worker process, the max-batch search under a memory budget, the knee;
+//!   a fresh worker process ([`probe::WorkerTrials`] under `batchfit_tune`'s
+//!   measuring loop), the max-batch search under a memory budget;
 //! - [`noise`]: the gradient noise scale of a real run on the user's data;
-//! - [`advise`]: plan, probe on every device, noise, then the recommendation and
-//!   the time-to-target table (the decisions themselves are pure functions in
-//!   `batchfit_tune::advice` and `batchfit_tune::target`);
-//! - [`sweep`]: real short trainings per batch and seed, fitted against S(B);
-//! - [`verify`]: an advice file's prediction for `sweep --verify` to check;
-//! - [`run`]: the user's own training command per batch, through the one runner
-//!   of `batchfit_exec`.
+//! - [`advise`]: plan, noise run, probe on every device, then
+//!   `batchfit_tune::decide` on the evidence;
+//! - [`sweep`]: real short trainings per batch and seed, kept in `--out`;
+//! - [`verify`]: an advice file read back for `sweep --verify` to check;
+//! - [`run`]: the user's own training command per batch
+//!   ([`run::CommandTrials`] under the same measuring loop);
+//! - [`lengths`]: the same over a distribution of sequence lengths.
 //!
 //! Progress goes through the [`Progress`] trait, so the pipelines know nothing
 //! of terminals; errors say whether the input was at fault ([`Error::is_input`]).

@@ -86,6 +86,48 @@ pub struct NoiseSettings {
     pub threads: Option<usize>,
 }
 
+impl NoiseSettings {
+    /// `noise`'s defaults (measurements, B_small, B_big; random initial
+    /// weights, seed 0) for `optimizer` at learning rate `lr`.
+    pub fn defaults(optimizer: Optimizer, lr: f64, threads: Option<usize>) -> NoiseSettings {
+        NoiseSettings {
+            lr,
+            optimizer,
+            steps: batchfit_tune::noise::DEFAULT_STEPS,
+            b_small: batchfit_tune::noise::DEFAULT_B_SMALL,
+            k: batchfit_tune::noise::DEFAULT_K,
+            beta: None,
+            batches: Vec::new(),
+            reference: None,
+            init: Init::Random,
+            seed: 0,
+            threads,
+        }
+    }
+}
+
+/// B_simple with its band (high infinite when unbounded) of a run with
+/// `settings` on `data`; `None` when the data has fewer rows than B_big or the
+/// run measured none.
+pub fn b_simple_on(
+    settings: &NoiseSettings,
+    graph: &Graph,
+    data: &Dataset,
+    seq_len: usize,
+) -> Result<Option<(f64, f64, f64)>> {
+    if settings.b_small * settings.k > data.rows {
+        return Ok(None);
+    }
+    let run = run_noise(settings, graph, data, seq_len, |_| {})?;
+    Ok(run.b_simple.map(|b| {
+        (
+            b,
+            run.b_simple_low.unwrap_or(0.0),
+            run.b_simple_high.unwrap_or(f64::INFINITY),
+        )
+    }))
+}
+
 /// Applies a loss choice, checking the model's output fits it.
 pub fn apply_loss(graph: &mut Graph, loss: Option<LossChoice>) -> Result {
     let Some(loss) = loss else { return Ok(()) };

@@ -3,7 +3,7 @@
 //! this batch size hurt quality?". This module trains the runs and keeps their
 //! records ([`crate::sweep_out`]); what they conclude is `batchfit_tune::sweep`'s.
 
-use crate::noise::{DataSource, Init, NoiseSettings, apply_loss, load_data, run_noise};
+use crate::noise::{DataSource, NoiseSettings, apply_loss, load_data, run_noise};
 use crate::output::check_output_folder;
 use crate::sweep_out::{prepare_out, read_record, run_file, write_record};
 use crate::{Error, Progress, Result};
@@ -13,7 +13,7 @@ use batchfit_engine::{DeviceSpec, TrainConfig};
 use batchfit_plan::Optimizer;
 use batchfit_tune::basis::{prediction_basis, prediction_basis_to};
 use batchfit_tune::lr::{LrRule, LrScaling};
-use batchfit_tune::noise::{DEFAULT_B_SMALL, DEFAULT_K, DEFAULT_STEPS, NoiseRun};
+use batchfit_tune::noise::{DEFAULT_B_SMALL, DEFAULT_K, NoiseRun};
 use batchfit_tune::schedule::{Schedule, powers_of_two, ramp};
 use batchfit_tune::sweep::summary::{measured_for_verify, run_order, warmup_steps};
 use batchfit_tune::sweep::{
@@ -288,7 +288,12 @@ pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepSummary>
     let noise = if cfg.no_noise {
         None
     } else {
-        measure_noise(cfg, &graph, &train, seq_len)?
+        crate::noise::b_simple_on(
+            &NoiseSettings::defaults(cfg.optimizer, cfg.ref_lr, cfg.threads),
+            &graph,
+            &train,
+            seq_len,
+        )?
     };
     let mut summary = summarize(settings, runs, noise, started.elapsed().as_secs_f64());
     if let Some(p) = planned {
@@ -341,7 +346,7 @@ fn plan_schedule(
             train.source, train.rows
         )));
     }
-    let settings = noise_settings(cfg, scaling.at(big as u64));
+    let settings = NoiseSettings::defaults(cfg.optimizer, scaling.at(big as u64), cfg.threads);
     progress.message("noise scale along a run, for the schedule".into());
     let noise = run_noise(&settings, graph, train, seq_len, |_| {})?;
     let reference = (scaling.ref_batch, scaling.ref_lr);
@@ -378,43 +383,4 @@ fn plan_schedule(
         noise,
         reference,
     })
-}
-
-/// `noise`'s defaults (measurements, B_small, B_big, random initial weights)
-/// at learning rate `lr`.
-fn noise_settings(cfg: &SweepConfig, lr: f64) -> NoiseSettings {
-    NoiseSettings {
-        lr,
-        optimizer: cfg.optimizer,
-        steps: DEFAULT_STEPS,
-        b_small: DEFAULT_B_SMALL,
-        k: DEFAULT_K,
-        beta: None,
-        batches: Vec::new(),
-        reference: None,
-        init: Init::Random,
-        seed: 0,
-        threads: cfg.threads,
-    }
-}
-
-/// B_simple on the training split, with `noise`'s defaults at the reference learning rate.
-fn measure_noise(
-    cfg: &SweepConfig,
-    graph: &batchfit_graph::Graph,
-    train: &Dataset,
-    seq_len: usize,
-) -> Result<Option<(f64, f64, f64)>> {
-    let flags = noise_settings(cfg, cfg.ref_lr);
-    if flags.b_small * flags.k > train.rows {
-        return Ok(None);
-    }
-    let run = run_noise(&flags, graph, train, seq_len, |_| {})?;
-    Ok(run.b_simple.map(|b| {
-        (
-            b,
-            run.b_simple_low.unwrap_or(0.0),
-            run.b_simple_high.unwrap_or(f64::INFINITY),
-        )
-    }))
 }

@@ -2,8 +2,10 @@
 
 use crate::error::CliResult;
 use crate::options::{
-    DataFlags, MeasureFlags, emit, emit_with_html, positive_u64, positive_usize, progress,
+    DataFlags, EstimatorFlags, HtmlFlag, JsonFlag, MeasureFlags, ParallelFlags, ReferenceFlags,
+    emit, emit_with_html, progress,
 };
+use batchfit_pipeline::Error;
 use batchfit_pipeline::advise::{AdviseConfig, advise};
 use batchfit_pipeline::probe::parse_devices;
 use batchfit_plan::distributed::{LinkPreset, Strategy};
@@ -20,44 +22,26 @@ pub struct AdviseArgs {
     #[command(flatten)]
     pub data: DataFlags,
     /// Steps of the noise-scale run (0 skips it).
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = batchfit_tune::noise::DEFAULT_STEPS)]
     pub noise_steps: usize,
-    /// Small batch of the noise-scale estimator.
-    #[arg(long, default_value_t = 16, value_parser = positive_usize)]
-    pub b_small: usize,
-    /// Small batches per noise measurement (B_big = k x B_small).
-    #[arg(long, default_value_t = 8)]
-    pub k: usize,
-    /// The batch size your learning rate was tuned at.
-    #[arg(long, value_parser = positive_u64, requires = "ref_lr")]
-    pub ref_batch: Option<u64>,
-    /// The learning rate tuned at --ref-batch.
-    #[arg(long, requires = "ref_batch")]
-    pub ref_lr: Option<f64>,
-    /// Also predict time to target on this many data-parallel devices like the
-    /// first one measured (comma-separated world sizes, e.g. 1,2,4,8).
-    #[arg(long, value_delimiter = ',', value_parser = positive_u64)]
-    pub gpus: Vec<u64>,
-    /// With --gpus: how the model states are sharded (docs/scale.md).
-    #[arg(long, value_enum, default_value = "ddp", requires = "gpus")]
-    pub strategy: Strategy,
-    /// With --gpus: the link of the ring between the devices.
-    #[arg(long, value_enum, default_value = "pcie4", requires = "gpus")]
-    pub link: LinkPreset,
+    #[command(flatten)]
+    pub estimator: EstimatorFlags,
+    #[command(flatten)]
+    pub reference: ReferenceFlags,
+    #[command(flatten)]
+    pub parallel: ParallelFlags,
     /// A finished sweep's --out folder: its measured steps to target (S_min and B_noise
     /// fitted to them) replace the noise run's prediction, with its learning-rate rule.
     #[arg(long, value_name = "DIR")]
     pub from_sweep: Option<PathBuf>,
-    /// Write a self-contained HTML report with plots here.
-    #[arg(long, value_name = "FILE")]
-    pub html: Option<PathBuf>,
+    #[command(flatten)]
+    pub html: HtmlFlag,
     /// Wall-clock time the measurements may take: batches whose predicted cost would pass
     /// it are not measured (the report says which); 0 for no limit.
     #[arg(long, value_name = "DURATION", default_value = "3min", value_parser = parse_budget)]
     pub budget: f64,
-    /// Print everything as JSON (schema: docs/json.md).
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub json: JsonFlag,
 }
 
 /// `--budget`: seconds (`90`, `90s`), minutes (`3min`, `3m`) or hours (`1h`); 0 is no limit.
@@ -83,8 +67,8 @@ fn parse_budget(s: &str) -> Result<f64, String> {
 
 /// `batchfit schedule`: the advice's measurements, its batch-size ramp only.
 pub fn run_schedule(args: AdviseArgs) -> CliResult {
-    let json = args.json;
-    if args.html.is_some() || !args.gpus.is_empty() || args.from_sweep.is_some() {
+    let json = args.json.json;
+    if args.html.html.is_some() || !args.parallel.gpus.is_empty() || args.from_sweep.is_some() {
         return Err(batchfit_pipeline::Error::input(
             "--html, --gpus and --from-sweep are advise's; `batchfit schedule` prints the schedule (--json for the file)",
         )
@@ -107,44 +91,57 @@ pub fn run_schedule(args: AdviseArgs) -> CliResult {
 }
 
 fn config(args: &AdviseArgs) -> CliResult<AdviseConfig> {
-    let devices = if args.measure.device.is_empty() {
+    let devices = if args.measure.device.device.is_empty() {
         Vec::new()
     } else {
-        parse_devices(&args.measure.device)?
+        parse_devices(&args.measure.device.device)?
+    };
+    args.parallel.check()?;
+    let strategy = match args.parallel.strategy.as_slice() {
+        [] => Strategy::Ddp,
+        [s] => *s,
+        _ => {
+            return Err(Error::input(
+                "advise --strategy takes one strategy (`batchfit plan --gpus N` compares several)",
+            )
+            .into());
+        }
     };
     let mut measure = args.measure.config()?;
     measure.budget_s = (args.budget > 0.0).then_some(args.budget);
     Ok(AdviseConfig {
         model: args.model.clone(),
+        reference: args
+            .reference
+            .pair(args.estimator.b_small as u64, measure.lr),
         measure,
         data: args.data.source(),
         devices,
         noise_steps: args.noise_steps,
-        b_small: args.b_small,
-        k: args.k,
-        reference: args.ref_batch.zip(args.ref_lr),
+        b_small: args.estimator.b_small,
+        k: args.estimator.k,
         command: std::env::args().collect::<Vec<_>>().join(" "),
-        gpus: args.gpus.clone(),
-        strategy: args.strategy,
-        link: args.link.link(),
+        gpus: args.parallel.gpus.clone(),
+        strategy,
+        link: args.parallel.link.unwrap_or(LinkPreset::Pcie4).link(),
         from_sweep: args.from_sweep.clone(),
     })
 }
 
 pub fn run(args: AdviseArgs) -> CliResult {
-    if let Some(path) = &args.html {
+    if let Some(path) = &args.html.html {
         crate::options::check_output_folder("--html", path)?;
     }
     let cfg = config(&args)?;
-    let bar = progress(args.json);
+    let bar = progress(args.json.json);
     let doc = advise(&cfg, &bar)?;
     drop(bar);
     emit_with_html(
         &doc,
         &AdviseDocument::new(&doc),
-        args.json,
+        args.json.json,
         render,
-        args.html.as_deref(),
+        args.html.html.as_deref(),
         html,
     )
 }

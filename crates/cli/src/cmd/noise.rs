@@ -2,9 +2,11 @@
 //! batch, steps and epochs per batch size, and learning-rate scaling.
 
 use crate::error::CliResult;
-use crate::options::{DataFlags, emit, positive_u64, positive_usize, progress};
+use crate::options::{
+    BatchesFlag, DataFlags, EstimatorFlags, JsonFlag, LrFlag, OptimizerFlag, ReferenceFlags,
+    SeedFlag, ThreadsFlag, emit, positive_usize, progress,
+};
 use batchfit_pipeline::noise::{Init, NoiseSettings, noise};
-use batchfit_plan::Optimizer;
 use batchfit_report::noise::{NoiseDocument, render};
 use clap::Args;
 
@@ -16,78 +18,59 @@ pub struct NoiseArgs {
     pub data: DataFlags,
     #[command(flatten)]
     pub noise: NoiseFlags,
-    /// Print the result as JSON (schema: docs/json.md).
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub json: JsonFlag,
 }
 
 #[derive(Args, Clone, Debug)]
 pub struct NoiseFlags {
-    /// Learning rate of the run; 0 measures at fixed weights.
-    #[arg(long, default_value_t = 1e-3)]
-    pub lr: f64,
-    /// Optimizer of the run.
-    #[arg(long, value_enum, default_value = "adam")]
-    pub optimizer: Optimizer,
+    #[command(flatten)]
+    pub lr: LrFlag,
+    #[command(flatten)]
+    pub optimizer: OptimizerFlag,
     /// Measurements (and optimizer steps) in the run.
-    #[arg(long, default_value_t = 200, value_parser = positive_usize)]
+    #[arg(long, default_value_t = batchfit_tune::noise::DEFAULT_STEPS, value_parser = positive_usize)]
     pub steps: usize,
-    /// Samples in each small batch of the estimator.
-    #[arg(long, default_value_t = 16, value_parser = positive_usize)]
-    pub b_small: usize,
-    /// Small batches per measurement: B_big = k x B_small.
-    #[arg(long, default_value_t = 8, value_parser = parse_k)]
-    pub k: usize,
+    #[command(flatten)]
+    pub estimator: EstimatorFlags,
     /// Smoothing factor of the moving averages (0 = none; default 0.95, or a plain mean at --lr 0).
     #[arg(long)]
     pub beta: Option<f64>,
-    /// Batch sizes to predict steps and epochs for (default: powers of two up to the data size).
-    #[arg(long, value_delimiter = ',', value_parser = positive_u64)]
-    pub batches: Vec<u64>,
-    /// The batch size your learning rate was tuned at.
-    #[arg(long, value_parser = positive_u64, requires = "ref_lr")]
-    pub ref_batch: Option<u64>,
-    /// The learning rate tuned at --ref-batch.
-    #[arg(long, requires = "ref_batch")]
-    pub ref_lr: Option<f64>,
+    #[command(flatten)]
+    pub batches: BatchesFlag,
+    #[command(flatten)]
+    pub reference: ReferenceFlags,
     /// For ONNX models: start from the file's weights (checkpoint) or random ones.
     #[arg(long, value_enum, default_value = "checkpoint")]
     pub init: Init,
-    /// Seed of the shuffling and of random initial weights.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// CPU threads.
-    #[arg(long, value_parser = positive_usize)]
-    pub threads: Option<usize>,
-}
-
-fn parse_k(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(k) if k >= 2 => Ok(k),
-        _ => Err(format!("`{s}` must be an integer of at least 2")),
-    }
+    #[command(flatten)]
+    pub seed: SeedFlag,
+    #[command(flatten)]
+    pub threads: ThreadsFlag,
 }
 
 impl NoiseFlags {
     fn settings(&self) -> NoiseSettings {
         NoiseSettings {
-            lr: self.lr,
-            optimizer: self.optimizer,
+            lr: self.lr.lr,
+            optimizer: self.optimizer.optimizer,
             steps: self.steps,
-            b_small: self.b_small,
-            k: self.k,
+            b_small: self.estimator.b_small,
+            k: self.estimator.k,
             beta: self.beta,
-            batches: self.batches.clone(),
-            reference: self.ref_batch.zip(self.ref_lr),
+            batches: self.batches.batches.clone(),
+            reference: self
+                .reference
+                .pair(self.estimator.b_small as u64, self.lr.lr),
             init: self.init,
-            seed: self.seed,
-            threads: self.threads,
+            seed: self.seed.seed,
+            threads: self.threads.threads,
         }
     }
 }
 
 pub fn run(args: NoiseArgs) -> CliResult {
-    let bar = progress(args.json);
+    let bar = progress(args.json.json);
     bar.0.set_length(args.noise.steps as u64);
     let doc = noise(
         args.model.as_deref(),
@@ -105,5 +88,5 @@ pub fn run(args: NoiseArgs) -> CliResult {
         },
     )?;
     drop(bar);
-    emit(&doc, &NoiseDocument::new(&doc), args.json, render)
+    emit(&doc, &NoiseDocument::new(&doc), args.json.json, render)
 }

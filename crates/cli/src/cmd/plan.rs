@@ -2,8 +2,8 @@
 
 use crate::error::{CliError, CliResult};
 use crate::options::{
-    DEFAULT_MODEL, LengthFlags, TrainFlags, emit_json, parse_bytes, parse_seconds, positive_f64,
-    positive_u64, print,
+    DEFAULT_MODEL, JsonFlag, LengthFlags, ParallelFlags, TrainFlags, emit_json, parse_bytes,
+    parse_seconds, positive_f64, positive_u64, print,
 };
 use batchfit_pipeline::Error;
 use batchfit_pipeline::lengths::NamedBudget;
@@ -29,9 +29,8 @@ pub struct PlanArgs {
     /// Without --memory or --device-preset, every preset is listed.
     #[arg(long = "device-preset", value_name = "NAME", value_delimiter = ',')]
     pub device_presets: Vec<String>,
-    /// Print the plan as JSON (schema: docs/json.md).
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub json: JsonFlag,
     #[command(flatten)]
     pub lengths: LengthFlags,
     #[command(flatten)]
@@ -41,25 +40,16 @@ pub struct PlanArgs {
 /// Data parallelism over several GPUs (docs/scale.md).
 #[derive(Args)]
 pub struct ScaleFlags {
-    /// GPUs per node (comma-separated for several world sizes): plan memory per device,
-    /// micro-batch, accumulation and communication under data parallelism.
-    #[arg(long, value_name = "N", value_delimiter = ',', value_parser = positive_u64)]
-    pub gpus: Vec<u64>,
+    #[command(flatten)]
+    pub parallel: ParallelFlags,
     /// Nodes, each with --gpus GPUs.
     #[arg(long, value_name = "M", default_value_t = 1, value_parser = positive_u64)]
     pub nodes: u64,
-    /// How model states are sharded (comma-separated) [default: all]; fsdp is FULL_SHARD.
-    #[arg(long, value_enum, value_delimiter = ',')]
-    pub strategy: Vec<Strategy>,
     /// Global batch to reach per update (micro-batch x accumulation x world size).
     #[arg(long, value_name = "G", value_parser = positive_u64)]
     pub global_batch: Option<u64>,
-    /// The link of the ring: between GPUs on one node; between nodes with --nodes > 1
-    /// [default: pcie4 on one node, ib100 between nodes].
-    #[arg(long, value_enum, conflicts_with = "link_gbps")]
-    pub link: Option<LinkPreset>,
     /// The ring's link as a bandwidth in Gb/s instead of a preset.
-    #[arg(long, value_name = "GBPS", value_parser = positive_f64)]
+    #[arg(long, value_name = "GBPS", value_parser = positive_f64, conflicts_with = "link")]
     pub link_gbps: Option<f64>,
     /// The link between GPUs within a node when --nodes > 1 [default: pcie4].
     #[arg(long, value_enum)]
@@ -103,7 +93,7 @@ pub fn run(args: PlanArgs) -> CliResult {
         devices.push(preset(name).map_err(batchfit_pipeline::Error::from)?);
     }
     let emit_buckets = matches!(args.scale.emit, Some(Emit::Buckets));
-    let distributed = if args.scale.gpus.is_empty() {
+    let distributed = if args.scale.parallel.gpus.is_empty() {
         args.scale.check_unused()?;
         None
     } else {
@@ -193,7 +183,7 @@ pub fn run(args: PlanArgs) -> CliResult {
         budgets.push(BudgetFit::new(&p, d.name, d.memory));
     }
     let distributed = distributed.map(|(d, _)| d);
-    if args.json {
+    if args.json.json {
         let mut doc = PlanDocument::new(&base, &budgets);
         doc.distributed = distributed.as_ref();
         doc.notes = notes;
@@ -226,11 +216,10 @@ pub fn run(args: PlanArgs) -> CliResult {
 impl ScaleFlags {
     /// Without --gpus, no distributed flag may be given.
     fn check_unused(&self) -> CliResult {
+        self.parallel.check()?;
         let given = [
-            (!self.strategy.is_empty(), "--strategy"),
             (self.nodes != 1, "--nodes"),
             (self.global_batch.is_some(), "--global-batch"),
-            (self.link.is_some(), "--link"),
             (self.link_gbps.is_some(), "--link-gbps"),
             (self.intra_link.is_some(), "--intra-link"),
             (self.step_time.is_some(), "--step-time"),
@@ -254,7 +243,7 @@ impl ScaleFlags {
                 "--intra-link is the link within a node when --nodes > 1; on one node use --link",
             ));
         }
-        let named = self.link.unwrap_or(if multi {
+        let named = self.parallel.link.unwrap_or(if multi {
             LinkPreset::Ib100
         } else {
             LinkPreset::Pcie4
@@ -285,12 +274,12 @@ impl ScaleFlags {
             (None, None, _) => Compute::Unknown,
         };
         Ok(ScaleRequest {
-            gpus_per_node: self.gpus.clone(),
+            gpus_per_node: self.parallel.gpus.clone(),
             nodes: self.nodes,
-            strategies: if self.strategy.is_empty() {
+            strategies: if self.parallel.strategy.is_empty() {
                 Strategy::ALL.to_vec()
             } else {
-                self.strategy.clone()
+                self.parallel.strategy.clone()
             },
             budget_bytes: budget,
             micro_batch,

@@ -1,7 +1,9 @@
 //! `batchfit probe`: real timed training steps across batch sizes on each device.
 
 use crate::error::CliResult;
-use crate::options::{DEFAULT_MODEL, LengthFlags, MeasureFlags, emit, emit_json, print, progress};
+use crate::options::{
+    DEFAULT_MODEL, JsonFlag, LengthFlags, MeasureFlags, emit, emit_json, print, progress,
+};
 use batchfit_pipeline::lengths::probe_lengths;
 use batchfit_pipeline::probe::{parse_devices, probe};
 use batchfit_report::lengths::{self, LengthProbeDocument};
@@ -20,15 +22,14 @@ pub struct ProbeArgs {
     /// all when the epoch has at most N) beside the predicted epoch.
     #[arg(long, value_name = "N", default_value_t = 0, requires = "lengths")]
     pub measure_epochs: usize,
-    /// Print the measurements as JSON (schema: docs/json.md).
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub json: JsonFlag,
 }
 
 pub fn run(args: ProbeArgs) -> CliResult {
     let source = args.model.as_deref().unwrap_or(DEFAULT_MODEL);
-    let devices = parse_devices(&args.measure.device)?;
-    let bar = progress(args.json);
+    let devices = parse_devices(&args.measure.device.device)?;
+    let bar = progress(args.json.json);
     if let Some(mut req) = args.lengths.request() {
         req.measure_epochs = args.measure_epochs;
         let cfg = args.measure.config()?;
@@ -37,7 +38,7 @@ pub fn run(args: ProbeArgs) -> CliResult {
         let mut docs = Vec::new();
         for &d in &devices {
             let (graph, p) = probe_lengths(&cfg, source, &req, d, &bar)?;
-            if args.json {
+            if args.json.json {
                 docs.push(
                     serde_json::to_value(LengthProbeDocument {
                         schema_version: batchfit_report::SCHEMA_VERSION,
@@ -78,7 +79,7 @@ pub fn run(args: ProbeArgs) -> CliResult {
         kind: "probe",
         model: &out.graph.name,
         parameters: out.graph.param_count(),
-        optimizer: args.measure.optimizer.name(),
+        optimizer: args.measure.optimizer.optimizer.name(),
         devices: &out.devices,
         notes: out
             .graph
@@ -87,7 +88,7 @@ pub fn run(args: ProbeArgs) -> CliResult {
             .into_iter()
             .collect(),
     };
-    emit(&doc, &doc, args.json, |d| {
+    emit(&doc, &doc, args.json.json, |d| {
         let mut text = render(d.model, d.devices);
         for n in &d.notes {
             text.push_str(&format!("\nnote: {n}\n"));

@@ -4,12 +4,11 @@
 
 use crate::error::CliResult;
 use crate::options::{
-    LengthFlags, emit_json, emit_with_html, parse_bytes, parse_seconds, parse_share, positive_u64,
-    print, progress,
+    BatchesFlag, EfficiencyFlag, HtmlFlag, JsonFlag, LengthFlags, MemoryLimitFlag, OptimizerFlag,
+    TimeoutFlag, emit_json, emit_with_html, positive_u64, print, progress,
 };
 use batchfit_pipeline::lengths::run_lengths;
 use batchfit_pipeline::run::{Launcher, LauncherKind, RunConfig, run as run_trials};
-use batchfit_plan::{Bytes, Optimizer};
 use batchfit_report::lengths;
 use batchfit_report::run::{RunDocument, html, render};
 use batchfit_tune::lr::LrRule;
@@ -27,18 +26,16 @@ Several GPUs: batchfit run --launcher torchrun --nproc-per-node 2 -- python trai
 runs `torchrun --nproc-per-node 2 train.py --batch-size B` per trial; every rank is measured."
 )]
 pub struct RunArgs {
-    /// Run exactly these batch sizes (comma-separated) instead of searching.
-    #[arg(long, value_delimiter = ',', value_parser = positive_u64)]
-    pub batches: Vec<u64>,
+    #[command(flatten)]
+    pub batches: BatchesFlag,
     /// Largest batch to try; the search stops there.
     #[arg(long, default_value_t = 1 << 20, value_parser = positive_u64)]
     pub max_batch: u64,
     /// First batch of the doubling search.
     #[arg(long, default_value_t = 1, value_parser = positive_u64)]
     pub start: u64,
-    /// A trial still running after this long is ended and reported (e.g. 120s).
-    #[arg(long, default_value = "600s", value_parser = parse_seconds)]
-    pub timeout: f64,
+    #[command(flatten)]
+    pub timeout: TimeoutFlag,
     /// Read step times from output lines matching this regular expression, with a named
     /// group `seconds` (per step) or `samples_per_s`, optionally `samples`.
     #[arg(long)]
@@ -46,17 +43,13 @@ pub struct RunArgs {
     /// Reported steps left out of the statistics as warm-up.
     #[arg(long, default_value_t = 2)]
     pub warmup_steps: usize,
-    /// The knee is the smallest batch reaching this share of the best throughput.
-    #[arg(long, default_value_t = 0.9, value_parser = parse_share)]
-    pub efficiency: f64,
+    #[command(flatten)]
+    pub efficiency: EfficiencyFlag,
     /// Copy the command's output to stderr, each line prefixed with its batch.
     #[arg(long)]
     pub show_output: bool,
-    /// Limit each process of a trial to this much address space (RLIMIT_AS, as
-    /// `ulimit -v`), e.g. 4GiB; the search then predicts the largest batch from
-    /// the measured peaks instead of doubling.
-    #[arg(long, value_parser = parse_bytes)]
-    pub memory_limit: Option<Bytes>,
+    #[command(flatten)]
+    pub memory_limit: MemoryLimitFlag,
     /// With --memory-limit: stop when the largest batch that ran is within this
     /// many percent of the smallest that did not.
     #[arg(long, default_value_t = 2.0, value_parser = parse_percent)]
@@ -65,16 +58,12 @@ pub struct RunArgs {
     /// memory free (a run that grows later still fits).
     #[arg(long, value_parser = parse_percent)]
     pub margin: Option<f64>,
-    /// The command's optimizer, for the learning-rate rule of the advice
-    /// (square root for Adam-family, linear for SGD).
-    #[arg(long, value_enum, default_value = "adam")]
-    pub optimizer: Optimizer,
-    /// Print the trials as JSON (schema: docs/json.md).
-    #[arg(long)]
-    pub json: bool,
-    /// Also write an HTML report with plots to this file.
-    #[arg(long)]
-    pub html: Option<PathBuf>,
+    #[command(flatten)]
+    pub optimizer: OptimizerFlag,
+    #[command(flatten)]
+    pub json: JsonFlag,
+    #[command(flatten)]
+    pub html: HtmlFlag,
     /// Run the command through a data-parallel launcher, {batch} per device (docs/run.md).
     #[arg(long, value_enum, requires = "nproc_per_node")]
     pub launcher: Option<LauncherKind>,
@@ -106,17 +95,17 @@ pub struct RunArgs {
 pub fn run(args: RunArgs) -> CliResult {
     let cfg = RunConfig {
         command: args.command.clone(),
-        batches: args.batches.clone(),
+        batches: args.batches.batches.clone(),
         max_batch: args.max_batch,
         start: args.start,
-        timeout: Duration::from_secs_f64(args.timeout),
+        timeout: Duration::from_secs_f64(args.timeout.timeout),
         throughput_regex: args.throughput_regex.clone(),
         warmup_steps: args.warmup_steps,
-        efficiency: args.efficiency,
+        efficiency: args.efficiency.efficiency,
         show_output: args.show_output,
-        html: args.html.clone(),
-        lr_rule: LrRule::for_optimizer(args.optimizer.is_adaptive()),
-        memory_limit: args.memory_limit,
+        html: args.html.html.clone(),
+        lr_rule: LrRule::for_optimizer(args.optimizer.optimizer.is_adaptive()),
+        memory_limit: args.memory_limit.memory_limit,
         tolerance: args.tolerance / 100.0,
         margin: args.margin.map(|m| m / 100.0),
         launcher: args.launcher.map(|kind| {
@@ -136,25 +125,25 @@ pub fn run(args: RunArgs) -> CliResult {
         search_only: false,
     };
     if let Some(req) = args.lengths.request() {
-        let bar = progress(args.json || args.show_output);
+        let bar = progress(args.json.json || args.show_output);
         let doc = run_lengths(&cfg, &req, &bar)?;
         drop(bar);
         let units = args.lengths.units();
-        return if args.json {
+        return if args.json.json {
             emit_json(&doc)
         } else {
             print(&lengths::render_run(&doc, units))
         };
     }
-    let bar = progress(args.json || args.show_output);
+    let bar = progress(args.json.json || args.show_output);
     let doc = run_trials(&cfg, &bar)?;
     drop(bar);
     emit_with_html(
         &doc,
         &RunDocument::new(&doc),
-        args.json,
+        args.json.json,
         render,
-        args.html.as_deref(),
+        args.html.html.as_deref(),
         html,
     )
 }

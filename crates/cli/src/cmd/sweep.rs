@@ -4,12 +4,12 @@
 
 use crate::error::CliResult;
 use crate::options::{
-    DataFlags, emit_with_html, positive_f64, positive_u64, positive_usize, progress,
+    BatchesFlag, DataFlags, DeviceFlag, HtmlFlag, JsonFlag, OptimizerFlag, ReferenceFlags,
+    ThreadsFlag, emit_with_html, non_negative_f64, positive_f64, positive_u64, progress,
 };
 use batchfit_pipeline::probe::parse_devices;
 use batchfit_pipeline::sweep::{ScheduleChoice, SweepConfig, sweep};
 use batchfit_pipeline::verify::{data_source, read_advice};
-use batchfit_plan::Optimizer;
 use batchfit_report::sweep::{SweepDocument, html, render};
 use batchfit_tune::lr::LrRule;
 use batchfit_tune::schedule::Schedule;
@@ -23,10 +23,8 @@ pub struct SweepArgs {
     pub model: Option<String>,
     #[command(flatten)]
     pub data: DataFlags,
-    /// Batch sizes to train with (comma-separated) [default: 16,64,256; with --verify the
-    /// recommended batch and its neighbours in the advice's table].
-    #[arg(long, value_delimiter = ',', value_parser = positive_u64)]
-    pub batches: Vec<u64>,
+    #[command(flatten)]
+    pub batches: BatchesFlag,
     /// Also train a batch-size schedule on every seed, beside the fixed batches: `ramp` (from
     /// the noise scale along a run on the training split: the batch doubles as the noise scale
     /// grows, within the batches swept) or FILE (the JSON of `batchfit schedule --json`, or
@@ -42,19 +40,14 @@ pub struct SweepArgs {
     /// optimizers, linear for SGD].
     #[arg(long, value_enum)]
     pub lr_rule: Option<LrRule>,
-    /// The batch size the reference learning rate belongs to [default: the smallest batch].
-    #[arg(long, value_parser = positive_u64)]
-    pub ref_batch: Option<u64>,
-    /// The learning rate at --ref-batch.
-    #[arg(long, default_value_t = 1e-3, value_parser = positive_f64)]
-    pub ref_lr: f64,
+    #[command(flatten)]
+    pub reference: ReferenceFlags,
     /// Hold the learning rate above this batch: larger batches train at its rate (the best
     /// rate stops growing near B_noise; `advise` predicts with such a cap).
     #[arg(long, value_parser = positive_u64)]
     pub lr_cap: Option<u64>,
-    /// Optimizer.
-    #[arg(long, value_enum, default_value = "adam")]
-    pub optimizer: Optimizer,
+    #[command(flatten)]
+    pub optimizer: OptimizerFlag,
     /// Epochs over which the learning rate rises linearly from the reference rate to the
     /// scaled one, for batches above --ref-batch (Goyal et al. use 5 of 90).
     #[arg(long, default_value_t = 1.0, value_parser = non_negative_f64)]
@@ -85,26 +78,14 @@ pub struct SweepArgs {
     /// With --out: keep the runs already in DIR and train only the missing ones.
     #[arg(long, requires = "out")]
     pub resume: bool,
-    /// CPU threads.
-    #[arg(long, value_parser = positive_usize)]
-    pub threads: Option<usize>,
-    /// Devices to train on, comma-separated: cpu, wgpu:0, cuda:0 (a GPU needs a GPU
-    /// build). Every run is trained on each; seconds to target are compared across them.
-    #[arg(long, value_delimiter = ',', default_value = "cpu")]
-    pub device: Vec<String>,
-    /// Print the result as JSON (schema: docs/json.md).
-    #[arg(long)]
-    pub json: bool,
-    /// Also write an HTML report with learning curves to this file.
-    #[arg(long)]
-    pub html: Option<PathBuf>,
-}
-
-fn non_negative_f64(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(x) if x >= 0.0 && x.is_finite() => Ok(x),
-        _ => Err(format!("`{s}` must be a number of at least 0")),
-    }
+    #[command(flatten)]
+    pub threads: ThreadsFlag,
+    #[command(flatten)]
+    pub device: DeviceFlag,
+    #[command(flatten)]
+    pub json: JsonFlag,
+    #[command(flatten)]
+    pub html: HtmlFlag,
 }
 
 fn parse_split(s: &str) -> Result<f64, String> {
@@ -119,7 +100,7 @@ pub fn run(args: SweepArgs) -> CliResult {
         Some(path) => verifying(&args, read_advice(path)?)?,
         None => config(&args)?,
     };
-    let bar = progress(args.json);
+    let bar = progress(args.json.json);
     bar.0.set_style(
         indicatif::ProgressStyle::with_template(
             "{spinner} [{elapsed_precise}] {bar:30} run {msg} (about {eta} left)",
@@ -131,9 +112,9 @@ pub fn run(args: SweepArgs) -> CliResult {
     emit_with_html(
         &doc,
         &SweepDocument::new(&doc),
-        args.json,
+        args.json.json,
         render,
-        args.html.as_deref(),
+        args.html.html.as_deref(),
         html,
     )
 }
@@ -145,10 +126,10 @@ fn verifying(args: &SweepArgs, advice: CheckedAdvice) -> CliResult<SweepConfig> 
     Ok(SweepConfig {
         model: args.model.clone().or_else(|| advice.inputs.model.clone()),
         data: data_source(&advice, &args.data.source())?,
-        batches: if args.batches.is_empty() {
+        batches: if args.batches.batches.is_empty() {
             advice.default_batches()
         } else {
-            args.batches.clone()
+            args.batches.batches.clone()
         },
         lr_rule: Some(lr.rule),
         ref_batch: Some(lr.ref_batch),
@@ -169,16 +150,16 @@ fn config(args: &SweepArgs) -> CliResult<SweepConfig> {
     Ok(SweepConfig {
         model: args.model.clone(),
         data: args.data.source(),
-        batches: if args.batches.is_empty() {
+        batches: if args.batches.batches.is_empty() {
             vec![16, 64, 256]
         } else {
-            args.batches.clone()
+            args.batches.batches.clone()
         },
         lr_rule: args.lr_rule,
-        ref_batch: args.ref_batch,
-        ref_lr: args.ref_lr,
+        ref_batch: args.reference.ref_batch,
+        ref_lr: args.reference.ref_lr.unwrap_or(1e-3),
         lr_cap: args.lr_cap,
-        optimizer: args.optimizer,
+        optimizer: args.optimizer.optimizer,
         warmup_epochs: args.warmup_epochs,
         target_loss: args.target_loss,
         epochs: args.epochs,
@@ -188,9 +169,13 @@ fn config(args: &SweepArgs) -> CliResult<SweepConfig> {
         no_noise: args.no_noise,
         out: args.out.clone(),
         resume: args.resume,
-        threads: args.threads,
-        devices: parse_devices(&args.device)?,
-        html: args.html.clone(),
+        threads: args.threads.threads,
+        devices: if args.device.device.is_empty() {
+            vec![batchfit_engine::DeviceSpec::Cpu]
+        } else {
+            parse_devices(&args.device.device)?
+        },
+        html: args.html.html.clone(),
         verify: None,
         schedule: args.schedule.as_deref().map(schedule_choice).transpose()?,
     })
