@@ -6,25 +6,15 @@
 //! memory from the counting allocator ([`alloc`]); [`worker`] runs each
 //! measurement in a fresh child process, so running out of memory is a result.
 
-mod act_cpu;
-pub mod adam_cpu;
 pub mod alloc;
-mod conv_cpu;
-mod cpu;
+pub mod cpu;
 pub mod data;
-mod dense_cpu;
 pub mod device;
-pub mod gru;
-mod im2col;
-pub mod lstm;
 pub mod measure;
 pub mod model;
 pub mod noise;
-mod norm_cpu;
-mod pool_cpu;
 pub mod sweep;
 pub mod trainer;
-mod view_cpu;
 pub mod worker;
 
 pub use burn;

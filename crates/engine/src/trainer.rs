@@ -1,6 +1,6 @@
 //! A training step: forward, loss, backward, optimizer.
 
-use crate::adam_cpu::{AdamRule, CpuAdam};
+use crate::cpu::adam::{AdamRule, CpuAdam};
 use crate::device::{BurnDevice, DeviceSpec};
 use crate::model::{Batch, Init, Params, Program, Unsupported};
 use batchfit_graph::Graph;

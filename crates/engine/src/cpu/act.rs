@@ -12,7 +12,7 @@
 //! of densenet121's step at batch 32, all on one thread); it keeps its input, which
 //! stays alive beside the output the next layer keeps.
 
-use crate::cpu::{
+use crate::cpu::tensor::{
     Ad, FlexDevice, FlexT, assume_init, contiguous, finish_op, from_vec, uninit, values,
     values_mut, wide, zero_fill,
 };

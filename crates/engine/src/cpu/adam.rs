@@ -14,7 +14,7 @@ use burn::optim::{
 use burn::tensor::{Device, Tensor};
 use rayon::prelude::*;
 
-use crate::cpu::{FlexT, contiguous, values, values_mut};
+use crate::cpu::tensor::{FlexT, contiguous, values, values_mut};
 use burn::backend::Flex;
 
 /// Elements per rayon job: large enough that a job is worth its scheduling, small

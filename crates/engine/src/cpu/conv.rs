@@ -16,7 +16,7 @@
 //! it adds back onto the windows they came from (col2im) in the chunk's input
 //! gradient.
 
-use crate::cpu::{
+use crate::cpu::tensor::{
     Ad, FlexDevice, FlexT, Strided, add_partials, assume_init, contiguous, finish_op, from_vec,
     gemm_into, uninit, values,
 };
@@ -596,7 +596,7 @@ pub fn channel_bias_cpu(y: Tensor<3>, bias: Tensor<1>) -> Option<Tensor<3>> {
         yf = from_vec(values(&yf).to_vec(), &[b, c, s], &FlexDevice::default());
     }
     let rows = bias_rows_per_job(s);
-    crate::cpu::values_mut(&mut yf)
+    crate::cpu::tensor::values_mut(&mut yf)
         .par_chunks_mut(rows * s.max(1))
         .enumerate()
         .for_each(|(job, chunk)| {

@@ -13,15 +13,15 @@
 //! of its destination without reading it (gemm-common `gemm.rs`, `gemv.rs`, `gevv.rs`:
 //! the destination's factor is set to zero and stored, not multiplied).
 
-use crate::cpu::{
-    Ad, FlexDevice, FlexT, add_partials, assume_init, contiguous, from_vec, uninit, values, wide,
+use crate::cpu::tensor::{
+    Ad, FlexDevice, FlexT, add_partials, assume_init, contiguous, finish_op, from_vec, uninit,
+    values, wide,
 };
 use burn::backend::Flex;
 use burn::tensor::Tensor;
 use burn_autodiff::checkpoint::base::Checkpointer;
-use burn_autodiff::checkpoint::strategy::NoCheckpointing;
 use burn_autodiff::grads::Gradients;
-use burn_autodiff::ops::{Backward, NodeGuard, Ops, OpsKind};
+use burn_autodiff::ops::{Backward, Ops};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
@@ -196,11 +196,10 @@ pub fn linear_cpu(x: Tensor<2>, w: Tensor<2>, bias: Option<Tensor<1>>) -> Option
         b: wf,
         dims: [1, rows, inputs, outputs],
     };
-    let y = match b_node {
-        Some(b_node) => finish(LinearOp, [x_node, w_node, b_node], state, y),
-        None => finish(LinearOp, [x_node, w_node], state, y),
-    };
-    Some(Tensor::from_primitive::<Ad>(y))
+    Some(match b_node {
+        Some(b_node) => finish_op(LinearOp, [x_node, w_node, b_node], || state, y),
+        None => finish_op(LinearOp, [x_node, w_node], || state, y),
+    })
 }
 
 /// The product of two activations, `a` `[batch, m, k]` by `c` `[batch, k, n]`; `None` off
@@ -224,26 +223,7 @@ pub fn matmul_cpu(a: Tensor<3>, c: Tensor<3>) -> Option<Tensor<3>> {
         b: cf,
         dims: [batch, m, k, n],
     };
-    Some(Tensor::from_primitive::<Ad>(finish(
-        MatMulOp, nodes, state, y,
-    )))
-}
-
-/// Registers `op`'s backward (when a parent is tracked) and returns its output.
-fn finish<O: Backward<Flex, N, State = Operands>, const N: usize>(
-    op: O,
-    nodes: [NodeGuard; N],
-    state: Operands,
-    y: FlexT,
-) -> crate::cpu::AdT {
-    match op
-        .prepare::<NoCheckpointing>(nodes)
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish(state, y),
-        OpsKind::UnTracked(prep) => prep.finish(y),
-    }
+    Some(finish_op(MatMulOp, nodes, || state, y))
 }
 
 /// The two operands of a product, shared handles (no copies), and its sizes.

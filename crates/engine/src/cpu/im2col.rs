@@ -4,7 +4,9 @@
 //! overlapping views element by element; and on the CPU, the product with the
 //! weight as one custom autodiff op ([`conv_product_cpu`]).
 
-use crate::cpu::{Ad, FlexDevice, Strided, contiguous, finish_op, from_vec, gemm_into, values};
+use crate::cpu::tensor::{
+    Ad, FlexDevice, Strided, contiguous, finish_op, from_vec, gemm_into, values,
+};
 use burn::backend::Flex;
 use burn::tensor::Tensor;
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //! or row (mean, 1/std) are kept, as PyTorch's `native_batch_norm` and
 //! `native_layer_norm` keep them. Channels (rows) run in parallel on rayon's threads.
 
-use crate::cpu::{
+use crate::cpu::tensor::{
     Ad, FlexDevice, FlexT, add_partials, assume_init, contiguous, finish_op, from_vec, uninit,
     values, wide, zero_fill,
 };

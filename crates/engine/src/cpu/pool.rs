@@ -6,7 +6,7 @@
 //! (u32) are kept for the backward, which adds dy onto them; PyTorch also keeps the
 //! input, which the gradient does not need.
 
-use crate::cpu::{
+use crate::cpu::tensor::{
     Ad, FlexDevice, assume_init, contiguous, finish_op, from_vec, uninit, values, wide, zero_fill,
 };
 use burn::backend::Flex;

@@ -7,7 +7,9 @@
 //! thread. Here each is one parallel pass each way, sample by sample; the slice's
 //! backward writes its input's gradient once (zeros around dy). Neither keeps anything.
 
-use crate::cpu::{Ad, FlexDevice, assume_init, contiguous, finish_op, from_vec, uninit, values};
+use crate::cpu::tensor::{
+    Ad, FlexDevice, assume_init, contiguous, finish_op, from_vec, uninit, values,
+};
 use burn::backend::Flex;
 use burn::tensor::Tensor;
 use burn_autodiff::checkpoint::base::Checkpointer;

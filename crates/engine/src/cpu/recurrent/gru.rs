@@ -1,4 +1,4 @@
-//! The GRU recurrence as one autodiff op on the CPU (flex), as [`crate::lstm`] is for
+//! The GRU recurrence as one autodiff op on the CPU (flex), as [`crate::cpu::recurrent::lstm`] is for
 //! the LSTM.
 //!
 //! burn's composed cell (model/recurrent.rs `rnn_direction`) builds some twenty
@@ -16,16 +16,15 @@
 //! Kept for the backward, per step and direction: r, z, n and `h W_hn + b_hn` (4H),
 //! plus the output.
 
-use crate::cpu::{
-    Ad, AdT, FlexDevice, FlexT, Strided, contiguous, from_vec, gemm_into, values, wide,
+use super::cell::{Shape3, sigmoid, step_index, tanh, two_rows};
+use crate::cpu::tensor::{
+    Ad, AdT, FlexDevice, FlexT, Strided, contiguous, finish_op, from_vec, gemm_into, values, wide,
 };
-use crate::lstm::{Shape3, sigmoid, step_index, tanh, two_rows};
 use burn::backend::Flex;
 use burn::tensor::{DType, Tensor};
 use burn_autodiff::checkpoint::base::Checkpointer;
-use burn_autodiff::checkpoint::strategy::NoCheckpointing;
 use burn_autodiff::grads::Gradients;
-use burn_autodiff::ops::{Backward, Ops, OpsKind};
+use burn_autodiff::ops::{Backward, Ops};
 
 /// One GRU layer's recurrence: per direction the input projection `[B, T, 3H]` (input
 /// bias included), the recurrent weight `[H, 3H]` and the recurrent bias `[3H]` (zeros
@@ -54,7 +53,7 @@ pub fn gru_layer(
         6 => run::<6>(ad.try_into().ok()?, shape),
         _ => return None,
     };
-    Some(Tensor::from_primitive::<Ad>(out))
+    Some(out)
 }
 
 /// What one direction's backward reads.
@@ -81,7 +80,7 @@ struct State {
 struct GruBackward;
 
 /// `N` = 3 per direction: (projection, recurrent weight, recurrent bias).
-fn run<const N: usize>(inputs: [AdT; N], shape: Shape3) -> AdT {
+fn run<const N: usize>(inputs: [AdT; N], shape: Shape3) -> Tensor<3> {
     let Shape3 { b, t, h } = shape;
     let nodes = inputs.each_ref().map(|x| x.node());
     let prims: [FlexT; N] = inputs.map(|x| contiguous(x.into_primitive()));
@@ -126,14 +125,7 @@ fn run<const N: usize>(inputs: [AdT; N], shape: Shape3) -> AdT {
             .collect(),
         out: out.clone(),
     };
-    match GruBackward
-        .prepare::<NoCheckpointing>(nodes)
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish(state, out),
-        OpsKind::UnTracked(prep) => prep.finish(out),
-    }
+    finish_op(GruBackward, nodes, || state, out)
 }
 
 impl<const N: usize> Backward<Flex, N> for GruBackward {
@@ -451,7 +443,7 @@ mod tests {
         let bs: Vec<Tensor<1>> = (0..2)
             .map(|_| Tensor::random([3 * h], n, &device).require_grad())
             .collect();
-        assert!(crate::cpu::available(&xps[0]));
+        assert!(crate::cpu::tensor::available(&xps[0]));
         let got = gru_layer(&xps, &ws, &bs).expect("on the CPU");
         let want = Tensor::cat(
             (0..2)

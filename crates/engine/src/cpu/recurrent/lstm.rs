@@ -10,18 +10,17 @@
 //!
 //! Kept for the backward, per step and direction: the gate activations i, f, g, o
 //! and the cell state c (5H), plus the output. Gate order i, f, g, o, as PyTorch.
-//! Off the CPU the engine keeps the composed cell; the GRU has its own ([`crate::gru`]).
+//! Off the CPU the engine keeps the composed cell; the GRU has its own ([`crate::cpu::recurrent::gru`]).
 
-use crate::act_cpu::exp;
-use crate::cpu::{
-    Ad, AdT, FlexDevice, FlexT, Strided, contiguous, from_vec, gemm_into, values, wide,
+use super::cell::{Shape3, sigmoid, step_index, tanh, two_rows};
+use crate::cpu::tensor::{
+    Ad, AdT, FlexDevice, FlexT, Strided, contiguous, finish_op, from_vec, gemm_into, values, wide,
 };
 use burn::backend::Flex;
 use burn::tensor::{DType, Tensor};
 use burn_autodiff::checkpoint::base::Checkpointer;
-use burn_autodiff::checkpoint::strategy::NoCheckpointing;
 use burn_autodiff::grads::Gradients;
-use burn_autodiff::ops::{Backward, Ops, OpsKind};
+use burn_autodiff::ops::{Backward, Ops};
 
 /// One LSTM layer's recurrence: per direction the input projection `[B, T, 4H]`
 /// (every bias included) and the recurrent weight `[H, 4H]`; the second direction
@@ -44,15 +43,7 @@ pub fn lstm_layer(projections: &[Tensor<3>], w_hh: &[Tensor<2>]) -> Option<Tenso
         4 => run::<4>(ad.try_into().ok()?, shape),
         _ => return None,
     };
-    Some(Tensor::from_primitive::<Ad>(out))
-}
-
-/// Batch, steps and hidden size of a recurrent layer (shared with [`crate::gru`]).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Shape3 {
-    pub(crate) b: usize,
-    pub(crate) t: usize,
-    pub(crate) h: usize,
+    Some(out)
 }
 
 /// What one direction's backward reads.
@@ -78,7 +69,7 @@ struct State {
 struct LstmBackward;
 
 /// `N` = 2 per direction: (projection, recurrent weight).
-fn run<const N: usize>(inputs: [AdT; N], shape: Shape3) -> AdT {
+fn run<const N: usize>(inputs: [AdT; N], shape: Shape3) -> Tensor<3> {
     let Shape3 { b, t, h } = shape;
     let nodes = inputs.each_ref().map(|x| x.node());
     let prims: [FlexT; N] = inputs.map(|x| contiguous(x.into_primitive()));
@@ -119,14 +110,7 @@ fn run<const N: usize>(inputs: [AdT; N], shape: Shape3) -> AdT {
             .collect(),
         out: out.clone(),
     };
-    match LstmBackward
-        .prepare::<NoCheckpointing>(nodes)
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish(state, out),
-        OpsKind::UnTracked(prep) => prep.finish(out),
-    }
+    finish_op(LstmBackward, nodes, || state, out)
 }
 
 impl<const N: usize> Backward<Flex, N> for LstmBackward {
@@ -229,34 +213,6 @@ fn cell_backward(
         dgo[j] = d_o * o[j] * (1.0 - o[j]);
         dc[j] = dc_t * f[j];
     }
-}
-
-/// Row `cur` (mutable) and row `prev` of a row-major buffer with rows of `n`.
-pub(crate) fn two_rows(v: &mut [f32], n: usize, cur: usize, prev: usize) -> (&mut [f32], &[f32]) {
-    if cur < prev {
-        let (lo, hi) = v.split_at_mut(prev * n);
-        (&mut lo[cur * n..][..n], &hi[..n])
-    } else {
-        let (lo, hi) = v.split_at_mut(cur * n);
-        (&mut hi[..n], &lo[prev * n..][..n])
-    }
-}
-
-#[inline(always)]
-pub(crate) fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + exp(-x))
-}
-
-/// tanh as 1 - 2 / (e^2x + 1): glibc's `tanhf` goes through `expm1f` and took a
-/// third of the bench BiLSTM's step. Within 2e-7 of it, saturating to ±1.
-#[inline(always)]
-pub(crate) fn tanh(x: f32) -> f32 {
-    1.0 - 2.0 / (exp(2.0 * x) + 1.0)
-}
-
-/// The step index of the `s`-th step a direction processes.
-pub(crate) fn step_index(s: usize, t: usize, reverse: bool) -> usize {
-    if reverse { t - 1 - s } else { s }
 }
 
 /// One direction's forward (run through [`wide`]): returns the gate activations `[B, T, 4H]`, the cell
@@ -450,7 +406,7 @@ mod tests {
         let ws: Vec<Tensor<2>> = (0..2)
             .map(|_| Tensor::random([h, 4 * h], n, &device).require_grad())
             .collect();
-        assert!(crate::cpu::available(&xps[0]));
+        assert!(crate::cpu::tensor::available(&xps[0]));
         let got = lstm_layer(&xps, &ws).expect("on the CPU");
         let want = Tensor::cat(
             vec![
