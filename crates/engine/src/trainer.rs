@@ -70,7 +70,7 @@ impl Trainer {
                     MomentumConfig::new().with_momentum(0.9).with_dampening(0.0),
                 ))
                 .init(),
-            // Adam and AdamW update flex tensors in one pass (`adam_cpu`).
+            // Adam and AdamW update flex tensors in one pass (engine `cpu/adam.rs`).
             Optimizer::Adam => {
                 let rule = AdamRule::pytorch(0.0, false);
                 let burn = AdamConfig::new().with_epsilon(rule.epsilon).build();

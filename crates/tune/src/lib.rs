@@ -1,25 +1,29 @@
-//! batchfit's math, free of any framework so it compiles and tests in seconds.
+//! batchfit's evidence and every decision made from it, free of any framework
+//! so it compiles and tests in seconds. The pipelines fill in the evidence;
+//! the reports render it and the decisions.
 //!
-//! - [`stats`]: medians, spread and stopping rules for timed steps;
-//! - [`search`]: the largest batch that fits, predicted from a calibrated plan
-//!   and confirmed near the limit (no blind doubling);
-//! - [`knee`]: the smallest batch that runs efficiently;
-//! - [`noise`]: the gradient noise scale (McCandlish et al. 2018) and the
-//!   steps and samples each batch size needs;
-//! - [`lr`]: learning-rate scaling rules;
-//! - [`target`]: S(B) = S_min (1 + B_noise/B) and predicted time to a target
-//!   loss per device and batch;
-//! - [`trajectory`]: updates to a target summed over the stretches of a
-//!   measured run, each with its own noise scale;
-//! - [`schedule`]: a batch-size ramp from the noise scale along a run;
-//! - [`verify`]: predicted time to target beside real trainings, and whether
-//!   the recommendation held;
-//! - [`advice`]: the recommendation for one device from its measurements;
-//! - [`diagnose`]: findings from the measured curves.
-//! - [`buckets`] and [`lengths`]: batches for variable-length sequences (a fixed
-//!   padded batch, buckets by length, a frame budget) planned over the lengths;
-//! - [`sweep`]: records of real training runs, the fit of steps to target
-//!   against the batch, and whether batch size changes final quality.
+//! The evidence:
+//! - [`device`]: the device a measurement was made on;
+//! - [`trial`]: how one trial (a fresh process) ended and what it measured;
+//! - [`probe`]: one device's measured curve, max-batch search and knee;
+//! - [`noise`]: a noise run on the user's data (McCandlish et al. 2018);
+//! - [`sweep`]: real training runs and their summary.
+//!
+//! The decisions:
+//! - [`decide`]: **where `advise`'s recommendation is decided**, from all of it;
+//! - [`advice`]: the recommendation for one device (also `run`'s, through [`run`]);
+//! - [`basis`]: what a time-to-target prediction rests on;
+//! - [`target`]: S(B) = S_min (1 + B_noise/B) and time to target per option;
+//! - [`trajectory`]: updates to a target summed over a run's stretches;
+//! - [`diagnose`]: findings from the measured curves;
+//! - [`schedule`]: a batch-size ramp; [`world`]: data-parallel world sizes;
+//! - [`verify`]: predicted beside measured, and whether the advice held;
+//! - [`buckets`] and [`lengths`]: batches for variable-length sequences.
+//!
+//! How to measure:
+//! - [`measure`]: the one measuring loop of `probe` and `run` over a [`measure::Trials`] runner;
+//! - [`search`]: the largest batch that fits, one strategy per file;
+//! - [`knee`], [`stats`], [`lr`]: the knee, timing statistics, learning-rate rules.
 
 pub mod advice;
 pub mod basis;

@@ -1,5 +1,5 @@
 //! The im2col matrix of a batch input, the engine's way to run a convolution
-//! without dilation or groups as matrix products (model.rs `conv_im2col`): from
+//! without dilation or groups as matrix products (`model/conv.rs` `conv_im2col`): from
 //! window views on any backend, or built by hand on the CPU, where flex copies
 //! overlapping views element by element; and on the CPU, the product with the
 //! weight as one custom autodiff op ([`conv_product_cpu`]).
@@ -115,7 +115,7 @@ fn im2col_values(
 /// A convolution of a batch input on the CPU (`None` elsewhere): the hand-built
 /// im2col matrix times the weight `w` `[C_out, k]` (k in the matrix's kh, kw, C
 /// order), as one custom autodiff op, returning `[chunks, C_out, samples·OH·OW]`
-/// (the layout of model.rs `ConvRows`) and `[OH, OW]`.
+/// (the layout of `model/mod.rs` `ConvRows`) and `[OH, OW]`.
 ///
 /// burn's autodiff ties a product's forward and weight-gradient orientations
 /// together, and no single one is fast for both here. Forward, per chunk of

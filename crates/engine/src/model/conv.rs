@@ -24,7 +24,7 @@ pub(super) fn conv(
 ) -> Tensor<2> {
     let d = &k.in_dims[0];
     let bias = k.params.get(1).map(|&q| p.t1(q));
-    // The CPU's own op for the common case (see `conv_cpu`); burn's elsewhere.
+    // The CPU's own op for the common case (see engine `cpu/conv.rs`); burn's elsewhere.
     if window.dilation.iter().all(|&r| r == 1) {
         let (x4, w4, stride, pads) = as_2d(k, p, x.clone(), b, window);
         if let Some(y) = conv2d_cpu(x4, w4, stride, pads, groups) {

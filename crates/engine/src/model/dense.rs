@@ -20,7 +20,7 @@ pub(super) fn linear(
     let rows = prod(&k.in_dims[0]) / in_features;
     let x = x.reshape([b * rows, in_features]);
     let bias = k.params.get(1).map(|&bias| p.t1(bias));
-    // The CPU's own op (`dense_cpu`); burn's matmul and broadcast add elsewhere.
+    // The CPU's own op (engine `cpu/dense.rs`); burn's matmul and broadcast add elsewhere.
     if let Some(y) = linear_cpu(x.clone(), p.t2(k.params[0]), bias) {
         return y.reshape([b, rows * out_features]);
     }

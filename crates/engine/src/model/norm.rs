@@ -17,7 +17,7 @@ pub(super) fn batch_norm(
 ) -> Tensor<2> {
     let x = x.reshape([b, features, prod(&k.in_dims[0]) / features]);
     let (gamma, beta) = (p.t1(k.params[0]), p.t1(k.params[1]));
-    // The CPU's fused op (`norm_cpu`); composed of burn ops elsewhere.
+    // The CPU's fused op (engine `cpu/norm.rs`); composed of burn ops elsewhere.
     if let Some(y) = batch_norm_cpu(x.clone(), gamma.clone(), beta.clone()) {
         return y.reshape([b, k.out_elems()]);
     }
@@ -41,7 +41,7 @@ pub(super) fn layer_norm(
     let rows = b * prod(&k.in_dims[0]) / features;
     let x = x.reshape([rows, features]);
     let (gamma, beta) = (p.t1(k.params[0]), p.t1(k.params[1]));
-    // The CPU's fused op (`norm_cpu`); composed of burn ops elsewhere.
+    // The CPU's fused op (engine `cpu/norm.rs`); composed of burn ops elsewhere.
     if let Some(y) = layer_norm_cpu(x.clone(), gamma.clone(), beta.clone()) {
         return y.reshape([b, k.out_elems()]);
     }

@@ -10,12 +10,13 @@
 //!   (which tensors each derivative formula reads) and its caching allocator.
 //! - [`burn`]: the rules follow burn 0.22.1 as batchfit's engine drives it:
 //!   burn-autodiff's backward ops (what `prep.checkpoint` keeps), the flex CPU
-//!   backend's kernels (what they allocate) and the engine's composition of each
-//!   op (`crates/engine/src/model.rs`).
+//!   backend's kernels (what they allocate), the engine's own CPU ops
+//!   (`crates/engine/src/cpu/`) and its composition of the rest
+//!   (`crates/engine/src/model/`).
 //!
-//! Each runtime's file has one `match` per question with one arm per op, so "the
-//! burn rule for Conv" is the `Op::Conv` arm of [`burn::Burn`]'s method. Where the two
-//! runtimes differ, the arm says so.
+//! burn's rules are one file per op family, as the engine's CPU backend is: "the
+//! burn rule for Conv" is in `rules/burn/conv.rs`. PyTorch's file has one `match`
+//! per question with one arm per op. Where a device changes a rule, the arm says so.
 
 pub mod burn;
 pub mod pytorch;

@@ -1,6 +1,6 @@
 //! The LSTM recurrence as one autodiff op on the CPU (flex).
 //!
-//! burn's composed cell (model.rs `rnn_direction`) builds some twenty autodiff nodes
+//! burn's composed cell (`model/recurrent.rs` `rnn_direction`) builds some twenty autodiff nodes
 //! per step, slices the input projection per step and differentiates every
 //! element-wise op separately: 5x PyTorch's time on the bench BiLSTM. Here the
 //! forward runs each step as one GEMM (`h_{t-1} W_hh`, accumulated onto the input

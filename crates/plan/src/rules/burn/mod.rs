@@ -1,0 +1,452 @@
+//! burn's rules, as batchfit's engine drives burn 0.22.1 on the flex CPU backend:
+//! burn-autodiff's backward ops (what `prep.checkpoint` keeps; `prep.checkpoint(&x)`
+//! keeps `x`, a shared handle, so the tensor stays alive until that backward step), the
+//! flex kernels (what they allocate), the engine's own CPU ops (`crates/engine/src/cpu/`)
+//! and its composition of the rest (`crates/engine/src/model/`). burn frees and creates
+//! gradients during backward, so each moment of the step is its own line in the batch.
+//!
+//! One file per op family, as the engine's CPU backend is split: [`conv`],
+//! [`dense`], [`activation`], [`norm`], [`pool`], [`recurrent`], [`tensor`]
+//! (views, sums, slices, dropout); [`products`] for gemm's buffers and [`loss`]
+//! for the losses. [`Burn`]'s methods send each op to its family.
+//!
+//! A gradient made by a matrix product is a new flex tensor from `FlexTensor::empty`, whose
+//! zeroed `Vec<u8>` is copied into a 16-byte aligned buffer (`Bytes::from_bytes_vec` ->
+//! `try_enforce_runtime_align`): two copies exist for a moment. Element-wise backward ops
+//! (`relu_backward`, `mask_fill`, `mul` by the dropout mask) write into the incoming
+//! gradient when nothing else holds it, adding nothing. burn-autodiff computes an op's
+//! input gradient before its weight gradient (`binary`: lhs, then rhs).
+
+mod activation;
+mod conv;
+mod dense;
+mod loss;
+mod norm;
+mod pool;
+mod products;
+mod recurrent;
+mod tensor;
+
+pub use conv::{
+    CONV_CHUNK_ROWS, CONV_MAX_SAMPLE_COLS_BYTES, CONV_PER_SAMPLE_MIN_POSITIONS, ConvCpuPath,
+    IM2COL_MAX_CHUNKS, burn_im2col, conv_cpu_path, conv_samples_per_chunk, im2col_chunks,
+};
+pub use pool::POOL_MATRIX_MAX;
+
+use super::{BackwardMoment, RuntimeRules, Saved, Sizes};
+use crate::host::GemmKernel;
+use crate::options::Optimizer;
+use crate::units::Bytes;
+use batchfit_graph::{LossKind, Op};
+
+/// burn's rules on a GPU or on a CPU with the given threads and gemm buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Burn {
+    /// The CPU the flex kernels run on (their per-thread buffers).
+    pub cpu: BurnCpu,
+    /// Whether the step runs on a GPU (no CPU gemm buffer then).
+    pub gpu: bool,
+}
+
+/// The flex CPU backend's parallel kernels run on rayon's pool; a few temporaries exist
+/// once per thread working at the same time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BurnCpu {
+    /// Threads of rayon's global pool.
+    pub threads: u64,
+    /// Bytes of gemm's packing buffer, which every thread that packs keeps (`CpuHost::gemm_slabs`).
+    pub gemm_slab: u64,
+    /// gemm's microkernel on this CPU: which products pack through that buffer.
+    pub gemm_kernel: GemmKernel,
+}
+
+impl Burn {
+    /// Whether a product with `m` rows packs through gemm's per-thread slab on this CPU.
+    fn packs(&self, m: u64, unit_lhs_stride: bool) -> bool {
+        self.cpu.gemm_kernel.uses_slab(m, unit_lhs_stride)
+    }
+}
+
+/// The op families, each in its own file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Family {
+    Conv,
+    Dense,
+    Activation,
+    Norm,
+    Pool,
+    Recurrent,
+    Tensor,
+}
+
+/// Which file `op`'s rules are in.
+fn family(op: &Op) -> Family {
+    match op {
+        Op::Conv { .. } => Family::Conv,
+        Op::Linear { .. } | Op::MatMul | Op::Embedding { .. } => Family::Dense,
+        Op::Relu
+        | Op::ClippedRelu { .. }
+        | Op::HardSigmoid { .. }
+        | Op::HardSwish
+        | Op::Tanh
+        | Op::Sigmoid
+        | Op::Gelu
+        | Op::Softmax { .. }
+        | Op::Scale { .. } => Family::Activation,
+        Op::BatchNorm { .. } | Op::LayerNorm { .. } | Op::Lrn { .. } => Family::Norm,
+        Op::Pool { .. } | Op::GlobalPool { .. } => Family::Pool,
+        Op::Rnn { .. } => Family::Recurrent,
+        Op::Flatten
+        | Op::Reshape { .. }
+        | Op::Concat { .. }
+        | Op::Add
+        | Op::Transpose { .. }
+        | Op::AddParam { .. }
+        | Op::ConcatParam { .. }
+        | Op::CausalMask
+        | Op::Slice { .. }
+        | Op::Reduce { .. }
+        | Op::Mul
+        | Op::Dropout { .. }
+        | Op::DropPath { .. } => Family::Tensor,
+    }
+}
+
+/// One backward moment of `elems` activations' worth, with the op's parameter gradients.
+fn one(op: &Op, elems: u64, act: u64) -> Vec<BackwardMoment> {
+    vec![BackwardMoment {
+        bytes: elems * act,
+        param_elems: op.param_count(),
+        ..BackwardMoment::default()
+    }]
+}
+
+impl RuntimeRules for Burn {
+    /// What burn-autodiff keeps for each op as the engine builds it.
+    fn saved(&self, op: &Op, s: &Sizes) -> Saved {
+        match family(op) {
+            Family::Conv => conv::saved(op, s),
+            Family::Dense => dense::saved(op),
+            Family::Activation => activation::saved(self, op, s),
+            Family::Norm => norm::saved(self, op, s),
+            Family::Pool => pool::saved(self, op, s),
+            Family::Recurrent => recurrent::saved(self, op, s),
+            Family::Tensor => tensor::saved(op, s),
+        }
+    }
+
+    /// The engine's batch tensors are the very tensors the first layers keep.
+    fn keeps_batch_as_data(&self) -> bool {
+        true
+    }
+
+    /// A view (flatten, reshape) shares its input's buffer: a layer keeping the view keeps
+    /// that buffer.
+    fn views_share_buffers(&self) -> bool {
+        true
+    }
+
+    /// The node's inputs no earlier node keeps, its output and what it keeps, plus what
+    /// its kernel allocates on the way and frees before the next op.
+    fn forward_live(&self, op: &Op, s: &Sizes, act: u64, loose: u64, extra: u64) -> u64 {
+        let temporaries = match family(op) {
+            Family::Conv => conv::forward_temporaries(op, s, act),
+            Family::Dense => dense::forward_temporaries(self, op, s, act),
+            Family::Norm => norm::forward_temporaries(self, op, s, act),
+            Family::Pool => pool::forward_temporaries(self, op, s),
+            Family::Recurrent => recurrent::forward_temporaries(self, op, s, act),
+            Family::Activation | Family::Tensor => 0,
+        };
+        loose + s.output * act + extra + temporaries
+    }
+
+    /// Burn (flex): bytes of the op's per-thread kernel buffers at its forward pass
+    /// (the convolutions' alone).
+    fn forward_workspace(&self, op: &Op, s: &Sizes, act: u64) -> u64 {
+        match family(op) {
+            Family::Conv => conv::forward_workspace(self, op, s, act),
+            _ => 0,
+        }
+    }
+
+    /// Burn (flex): the moments of `op`'s backward pass that can set the step's peak (the
+    /// module docs say how flex makes gradients).
+    fn backward(&self, op: &Op, s: &Sizes, tracked: &[bool], act: u64) -> Vec<BackwardMoment> {
+        let input = s.inputs.first().copied().unwrap_or(0);
+        let dx = if tracked.first().copied().unwrap_or(false) {
+            input
+        } else {
+            0
+        };
+        match family(op) {
+            Family::Conv => conv::backward(self, op, s, dx, act),
+            Family::Dense => dense::backward(self, op, s, tracked, dx, act),
+            Family::Activation => activation::backward(self, op, s, dx, act),
+            Family::Norm => norm::backward(self, op, s, dx, act),
+            Family::Pool => pool::backward(op, s, dx, act),
+            Family::Recurrent => recurrent::backward(self, op, s, dx, act),
+            Family::Tensor => tensor::backward(self, op, s, dx, act),
+        }
+    }
+
+    /// burn reports no per-sample workspace: its kernels' buffers are in the moments.
+    fn workspace(&self, _op: &Op, _s: &Sizes, _act: u64) -> u64 {
+        0
+    }
+
+    fn gemm_slab_from(&self, op: &Op, s: &Sizes) -> Option<u64> {
+        products::gemm_slab_from(self, op, s)
+    }
+
+    fn gemm_on_pool_from(&self, op: &Op, s: &Sizes) -> Option<u64> {
+        products::gemm_on_pool_from(self, op, s)
+    }
+
+    fn loss_backward_elems(&self, kind: LossKind, logits: u64) -> u64 {
+        loss::loss_backward_elems(self, kind, logits)
+    }
+
+    fn loss_saved_bytes(&self, kind: LossKind, logits: u64, steps: u64) -> u64 {
+        loss::loss_saved_bytes(self, kind, logits, steps)
+    }
+
+    fn target_bytes(&self, kind: LossKind, logits: u64, seq: usize) -> u64 {
+        loss::target_bytes(kind, logits, seq)
+    }
+
+    /// burn-autodiff makes each parameter gradient during backward and frees its inputs' as
+    /// it goes: the moments carry the gradients alive then.
+    fn gradients_held_all_step(&self) -> bool {
+        false
+    }
+
+    /// burn-optim `AdaptiveMomentum::transform` and `Momentum::transform` clone the gradient
+    /// or a moment into a new tensor; plain SGD updates in place, and so do Adam and AdamW
+    /// on the CPU, where the engine runs its own update (engine `cpu/adam.rs`).
+    fn optimizer_transient(&self, largest_param: u64, _params: u64, optimizer: Optimizer) -> Bytes {
+        let in_place = match optimizer {
+            Optimizer::Sgd => true,
+            Optimizer::Momentum => false,
+            Optimizer::Adam | Optimizer::Adamw => !self.gpu,
+        };
+        Bytes(if in_place { 0 } else { largest_param * 4 })
+    }
+
+    /// The engine keeps one accumulated gradient beside the step's gradients.
+    fn accumulation(&self, micro_batch: Option<u64>, params: u64) -> Bytes {
+        Bytes(if micro_batch.is_some() { params * 4 } else { 0 })
+    }
+
+    /// On a CPU, gemm's packing buffer (`CpuHost::gemm_slabs`); nothing on a GPU.
+    fn runtime_bytes(&self) -> Bytes {
+        Bytes(if self.gpu { 0 } else { self.cpu.gemm_slab })
+    }
+
+    /// flex allocates exact sizes.
+    fn rounding_bytes(&self, _nodes: usize) -> Bytes {
+        Bytes(0)
+    }
+
+    fn pool_from_batch(&self, op: &Op, s: &Sizes) -> Option<u64> {
+        products::pool_from_batch(self, op, s)
+    }
+
+    /// Every pool thread packs into a slab of its own when gemm splits a product across
+    /// all of them (`Rayon(0)`); the engine's step runs on one of them (engine
+    /// `Trainer::step`), whose slab is the one [`RuntimeRules::gemm_buffer`] counts. With
+    /// one thread the product stays on the caller.
+    fn pool_buffers(&self) -> Bytes {
+        Bytes(if self.gpu || self.cpu.threads <= 1 {
+            0
+        } else {
+            (self.cpu.threads - 1) * self.cpu.gemm_slab
+        })
+    }
+
+    /// On a CPU, gemm's packing buffer exists from batch 1 if some product is matrix-matrix
+    /// there, else from batch 2.
+    fn gemm_buffer(&self, slab_from: Option<u64>) -> (Bytes, u64) {
+        if self.gpu {
+            (Bytes(0), 0)
+        } else {
+            (Bytes(self.cpu.gemm_slab), slab_from.unwrap_or(u64::MAX))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::tests::sizes;
+    use batchfit_graph::Window;
+
+    const CPU: Burn = Burn {
+        cpu: BurnCpu {
+            threads: 2,
+            gemm_slab: 512 * 1024,
+            gemm_kernel: GemmKernel::AVX2,
+        },
+        gpu: false,
+    };
+
+    #[test]
+    fn relu_keeps_its_output_on_the_cpu_input_elsewhere_clamp_masks() {
+        let s = sizes(&[512], 512, &[512], &[512]);
+        let relu = CPU.saved(&Op::Relu, &s);
+        assert!(!relu.inputs && relu.output);
+        let gpu = Burn { gpu: true, ..CPU };
+        let relu = gpu.saved(&Op::Relu, &s);
+        assert!(relu.inputs && !relu.output);
+        // clamp: one byte per element (the engine's own on the CPU), two one-byte masks
+        // (burn's on a GPU) instead of the input.
+        let clip = CPU.saved(&Op::ClippedRelu { max: 20.0 }, &s);
+        assert_eq!((clip.inputs, clip.extra_bytes), (false, 512));
+        let clip = gpu.saved(&Op::ClippedRelu { max: 20.0 }, &s);
+        assert_eq!((clip.inputs, clip.extra_bytes), (false, 1024));
+    }
+
+    /// The dual-input regressor's conv (question 2) on a 2-thread CPU. Its input is a batch input: the engine's im2col
+    /// product keeps the `[81, 234]` matrix per sample, and its backward holds dy and dy's
+    /// contiguous copy. With a tracked input the engine's own op keeps its input; on a GPU
+    /// burn's convolution keeps its input too: dx and its transposed convolution's column
+    /// buffers, then the weight gradient (dy, the copies of x and dy, x in NHWC, two tiles).
+    #[test]
+    fn conv_moments() {
+        let op = Op::Conv {
+            in_channels: 26,
+            out_channels: 26,
+            window: Window::square(2, 3, 1, 1),
+            groups: 1,
+            bias: true,
+        };
+        let mut s = sizes(&[2106], 2106, &[26, 9, 9], &[26, 9, 9]);
+        s.input_tracked = false;
+        assert!(burn_im2col(&op, &s));
+        assert_eq!(CPU.saved(&op, &s).extra_elems, 81 * 234);
+        let m = CPU.backward(&op, &s, &[false], 4);
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].bytes, 2 * 2106 * 4);
+        assert_eq!(m[0].fixed_workspace, 16 * 6084 * 4);
+        assert_eq!(conv::forward_temporaries(&op, &s, 4), 26 * 11 * 11 * 4);
+        let s = sizes(&[2106], 2106, &[26, 9, 9], &[26, 9, 9]);
+        assert!(!burn_im2col(&op, &s));
+        assert!(CPU.saved(&op, &s).inputs);
+        // The engine's own op on the CPU, one product per sample (81 positions): dy and
+        // dx, and per thread a sample's unfolded taps (234 x 81), a padded image
+        // (26 x 11 x 11) and a weight-gradient sum (26 x 234).
+        let m = CPU.backward(&op, &s, &[true], 4);
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].bytes, 2 * 2106 * 4);
+        assert_eq!(
+            m[0].fixed_workspace,
+            2 * (234 * 81 + 26 * 11 * 11 + 26 * 234) * 4
+        );
+        assert_eq!(
+            CPU.forward_workspace(&op, &s, 4),
+            2 * (234 * 81 + 26 * 11 * 11) * 4
+        );
+        // On 3 x 3 positions it takes chunks of ceil(256 / 9) = 29 samples' rows
+        // (261 x (234 + 26)).
+        let small = sizes(&[26 * 25], 26 * 9, &[26, 5, 5], &[26, 3, 3]);
+        assert_eq!(
+            CPU.forward_workspace(&op, &small, 4),
+            2 * (261 * 260 + 26 * 7 * 7) * 4
+        );
+        // burn's convolution on a GPU.
+        let gpu = Burn { gpu: true, ..CPU };
+        let m = gpu.backward(&op, &s, &[true], 4);
+        assert_eq!(m[0].bytes, 2 * 2106 * 4);
+        assert_eq!(m[0].fixed_workspace, 2 * 26 * 9 * 81 * 4);
+        assert_eq!(m[1].bytes, (6 * 2106 + 2 * 81 * 9) * 4);
+    }
+
+    #[test]
+    fn im2col_chunks_divide_the_batch() {
+        assert_eq!(im2col_chunks(1), 1);
+        assert_eq!(im2col_chunks(34), 2);
+        assert_eq!(im2col_chunks(512), 16);
+        assert_eq!(im2col_chunks(12), 12);
+        assert_eq!(im2col_chunks(509), 1);
+        for b in 1..2000 {
+            let n = im2col_chunks(b);
+            assert!(b % n == 0 && n <= IM2COL_MAX_CHUNKS);
+        }
+    }
+
+    /// flex splits a product of 192^3 multiply-adds or more across the pool, and every
+    /// pool thread then keeps a slab: from batch 18 for a 784 -> 512 layer.
+    #[test]
+    fn pool_buffers_from_the_batch_a_product_is_split() {
+        let fc = Op::Linear {
+            in_features: 784,
+            out_features: 512,
+            bias: true,
+        };
+        let s = sizes(&[784], 512, &[784], &[512]);
+        assert_eq!(CPU.pool_from_batch(&fc, &s), Some(18));
+        // 17 x 784 x 512 = 6.82 M < 192^3 = 7.08 M <= 18 x 784 x 512 = 7.23 M.
+        assert_eq!(CPU.pool_buffers(), Bytes(512 * 1024));
+        let one = Burn {
+            cpu: BurnCpu {
+                threads: 1,
+                ..CPU.cpu
+            },
+            ..CPU
+        };
+        assert_eq!(one.pool_buffers(), Bytes(0));
+        assert_eq!(Burn { gpu: true, ..CPU }.pool_buffers(), Bytes(0));
+        assert_eq!(CPU.pool_from_batch(&Op::Relu, &s), None);
+    }
+
+    #[test]
+    fn gemm_uses_its_slab_for_lane_multiples_and_tall_products() {
+        // gemm-common's do_prepack_lhs: m <= 2 mc and m % lanes != 0 or a strided lhs; AVX2:
+        // 8 lanes, mc up to 128.
+        let avx2 = GemmKernel::AVX2;
+        assert!(avx2.uses_slab(64, true));
+        assert!(!avx2.uses_slab(26, true));
+        assert!(!avx2.uses_slab(64, false));
+        assert!(avx2.uses_slab(257, false));
+        assert!(!avx2.uses_slab(1, true));
+        // AVX-512: 16 lanes, mc up to 512.
+        let avx512 = GemmKernel::AVX512;
+        assert!(!avx512.uses_slab(8, true) && avx512.uses_slab(16, true));
+        assert!(!avx512.uses_slab(1000, false) && avx512.uses_slab(1025, false));
+        // Question 2's conv has 26 output channels: no slab at batch 1. A classifier with 10
+        // classes on one row per sample: its products never use it.
+        let conv = Op::Conv {
+            in_channels: 26,
+            out_channels: 26,
+            window: batchfit_graph::Window::square(2, 3, 1, 1),
+            groups: 1,
+            bias: true,
+        };
+        let s = sizes(&[26 * 81], 26 * 81, &[26, 9, 9], &[26, 9, 9]);
+        assert_eq!(CPU.gemm_slab_from(&conv, &s), None);
+        assert_eq!(CPU.gemm_on_pool_from(&conv, &s), None);
+        let fc = |i: usize, o: usize| Op::Linear {
+            in_features: i,
+            out_features: o,
+            bias: true,
+        };
+        let s = sizes(&[64], 10, &[64], &[10]);
+        assert_eq!(CPU.gemm_slab_from(&fc(64, 10), &s), None);
+        let s = sizes(&[64], 32, &[64], &[32]);
+        assert_eq!(CPU.gemm_slab_from(&fc(64, 32), &s), Some(2));
+        // Rows of a sequence: a matrix product from batch 1.
+        let s = sizes(&[5 * 64], 5 * 32, &[5, 64], &[5, 32]);
+        assert_eq!(CPU.gemm_slab_from(&fc(64, 32), &s), Some(1));
+    }
+
+    #[test]
+    fn gemm_buffer_only_on_a_cpu() {
+        assert_eq!(CPU.runtime_bytes(), Bytes(512 * 1024));
+        assert_eq!(CPU.gemm_buffer(Some(2)), (Bytes(512 * 1024), 2));
+        assert_eq!(CPU.gemm_buffer(None), (Bytes(512 * 1024), u64::MAX));
+        let gpu = Burn { gpu: true, ..CPU };
+        assert_eq!(
+            (gpu.runtime_bytes(), gpu.gemm_buffer(Some(1))),
+            (Bytes(0), (Bytes(0), 0))
+        );
+    }
+}

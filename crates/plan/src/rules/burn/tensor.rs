@@ -1,0 +1,81 @@
+//! burn's tensor plumbing as the engine composes it: views, concatenation,
+//! sums and products of activations, slices (the engine's own on the CPU,
+//! engine `cpu/view.rs`), reductions, learned addends and dropout.
+
+use super::Burn;
+use crate::rules::{BackwardMoment, Saved, Sizes};
+use batchfit_graph::{Op, ReduceKind};
+
+/// What the op keeps for its backward.
+pub(super) fn saved(op: &Op, s: &Sizes) -> Saved {
+    let none = Saved::default();
+    match op {
+        // `max_dim` keeps the argmax indices (flex: i32); `sum_dim`/`mean_dim` only shapes.
+        Op::Reduce {
+            reduce: ReduceKind::Max,
+            ..
+        } => Saved {
+            extra_bytes: 4 * s.output,
+            ..none
+        },
+        // `float_mul` keeps each factor when the other one is tracked.
+        Op::Mul => Saved {
+            inputs: true,
+            ..none
+        },
+        // The engine's dropout is `x * mask` with an untracked f32 mask: `float_mul` keeps
+        // only the mask (at the activation's precision). Dropout of probability 0 returns
+        // its input (engine `dropout`).
+        Op::Dropout { p } if *p <= 0.0 => none,
+        Op::Dropout { .. } => Saved {
+            extra_elems: s.output,
+            ..none
+        },
+        // Stochastic depth is `x * mask` with one mask value per sample (kept by `float_mul`).
+        Op::DropPath { .. } => Saved {
+            extra_elems: 1,
+            ..none
+        },
+        // `slice` keeps only shapes; views, `cat` and `add` nothing; `permute` keeps the
+        // axes, the reshape that copies it back to `[B, elements]` its shape; the learned
+        // addend's and the causal mask's `add` keep nothing (the mask is an untracked
+        // constant).
+        _ => none,
+    }
+}
+
+/// The moments of the op's backward.
+pub(super) fn backward(b: &Burn, op: &Op, s: &Sizes, dx: u64, act: u64) -> Vec<BackwardMoment> {
+    let out = s.output;
+    let elems = match op {
+        // The dropout `mul`, views, `cat`'s slices and `add`: written into the incoming
+        // gradient; `cat` backward slices dy, the expanded parameter's gradient sums its
+        // slice over the batch; the learned addend's gradient is dy summed over the axes
+        // it broadcasts on.
+        Op::Dropout { .. }
+        | Op::DropPath { .. }
+        | Op::Flatten
+        | Op::Reshape { .. }
+        | Op::Concat { .. }
+        | Op::Add
+        | Op::CausalMask
+        | Op::ConcatParam { .. }
+        | Op::AddParam { .. } => out,
+        // The inverse `permute` of dy is a view; the reshape back copies it into dx.
+        Op::Transpose { .. } => out + dx,
+        // On the CPU the engine's own slice writes dx once, zeros around dy. Elsewhere
+        // `slice` backward: `float_zeros` of x's shape (an `empty`, two copies for a moment)
+        // and a `slice_assign` of dy.
+        Op::Slice { .. } if !b.gpu => out + dx,
+        Op::Slice { .. } => out + 2 * dx,
+        // `sum_dim`/`mean_dim` backward expand dy to x's shape; `max_dim` scatters into zeros.
+        Op::Reduce {
+            reduce: ReduceKind::Max,
+            ..
+        } => out + 2 * dx,
+        Op::Reduce { .. } => out + dx,
+        Op::Mul => out + s.inputs.iter().sum::<u64>(),
+        _ => unreachable!("the dispatcher sends only tensor plumbing here"),
+    };
+    super::one(op, elems, act)
+}
