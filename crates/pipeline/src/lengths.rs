@@ -10,11 +10,10 @@ use batchfit_graph::Graph;
 use batchfit_plan::Plan;
 use batchfit_plan::lengths::LengthPlanner;
 use batchfit_plan::{Bytes, TrainOptions};
-use batchfit_report::lengths::{NamedLengthPlan, RunBucket, RunLengthsDocument};
 use batchfit_tune::buckets::{EpochCost, LengthStats, Scheme, bucket_bounds, epoch};
 use batchfit_tune::lengths::{
-    BucketMeasurement, EPOCH_SEED, EpochCheck, MeasuredStep, SchemeKind, StepTimeModel,
-    epoch_by_shape, plan_lengths, systematic_sample,
+    BucketMeasurement, EPOCH_SEED, EpochCheck, MeasuredStep, NamedLengthPlan, RunBucket,
+    RunLengths, SchemeKind, StepTimeModel, epoch_by_shape, plan_lengths, systematic_sample,
 };
 use std::time::Instant;
 
@@ -299,7 +298,7 @@ pub fn run_lengths(
     cfg: &RunConfig,
     req: &LengthsRequest,
     progress: &dyn Progress,
-) -> Result<RunLengthsDocument> {
+) -> Result<RunLengths> {
     if !cfg.command.iter().any(|a| a.contains(LENGTH_PLACEHOLDER)) {
         return Err(Error::input(format!(
             "run --lengths: put {LENGTH_PLACEHOLDER} in the command where the padded length goes (e.g. --max-len {LENGTH_PLACEHOLDER})"
@@ -363,9 +362,7 @@ pub fn run_lengths(
         };
         [fixed, bucketed].map(|s| EpochCost::of(&epoch(&lengths, &s, EPOCH_SEED)))
     });
-    Ok(RunLengthsDocument {
-        schema_version: batchfit_report::SCHEMA_VERSION,
-        kind: "run_lengths",
+    Ok(RunLengths {
         command: cfg.command.join(" "),
         memory_limit_bytes: cfg.memory_limit,
         lengths: LengthStats::of(&lengths),

@@ -2,9 +2,9 @@
 //! for `plan --lengths` and `probe --lengths`.
 
 use crate::{align_numbers, duration, table, thousands};
-use batchfit_tune::buckets::{EpochCost, LengthStats};
 use batchfit_tune::lengths::{
-    BatchSource, BucketMeasurement, EpochCheck, LengthPlan, MeasuredStep, SchemeKind, StepTimeModel,
+    BatchSource, BucketMeasurement, EpochCheck, MeasuredStep, NamedLengthPlan, RunLengths,
+    SchemeKind, StepTimeModel,
 };
 use serde::Serialize;
 
@@ -22,15 +22,6 @@ impl LengthUnits {
             None => thousands(frames),
         }
     }
-}
-
-/// A length plan under one named budget.
-#[derive(Clone, Debug, Serialize)]
-pub struct NamedLengthPlan {
-    /// Preset name, or `memory` for `--memory` / `--memory-limit`.
-    pub budget: String,
-    #[serde(flatten)]
-    pub plan: LengthPlan,
 }
 
 /// The bucket table `--emit buckets` writes, for a sampler to read (docs/lengths.md).
@@ -375,42 +366,28 @@ pub fn render_epochs(epochs: &[EpochCheck]) -> String {
     out
 }
 
-/// One bucket of `run --lengths`: the user's command at the bucket's longest length.
-#[derive(Clone, Debug, Serialize)]
-pub struct RunBucket {
-    pub shortest: u64,
-    pub longest: u64,
-    pub samples: u64,
-    /// The largest batch that ran and the smallest that ran out of memory (measured).
-    pub max_batch: Option<u64>,
-    pub smallest_failure: Option<u64>,
-    /// The batch whose crash or time-out stopped the search (never out of memory).
-    pub stopped_at: Option<u64>,
-    pub trials: usize,
-    pub seconds: f64,
-}
-
 /// The JSON document of `run --lengths --json`.
-#[derive(Clone, Debug, Serialize)]
-pub struct RunLengthsDocument {
+#[derive(Serialize)]
+pub struct RunLengthsDocument<'a> {
     pub schema_version: u32,
     /// Always `run_lengths`.
     pub kind: &'static str,
-    /// The command, `{batch}` and `{len}` unreplaced.
-    pub command: String,
-    pub memory_limit_bytes: Option<batchfit_plan::Bytes>,
-    pub lengths: LengthStats,
-    /// Ascending; searched longest first.
-    pub buckets: Vec<RunBucket>,
-    /// One simulated epoch at the longest bucket's batch for every batch, and with
-    /// each bucket's own batch (when every bucket's batch ran).
-    pub fixed_epoch: Option<EpochCost>,
-    pub bucket_epoch: Option<EpochCost>,
-    pub seconds: f64,
+    #[serde(flatten)]
+    pub run: &'a RunLengths,
+}
+
+impl<'a> RunLengthsDocument<'a> {
+    pub fn new(run: &'a RunLengths) -> Self {
+        RunLengthsDocument {
+            schema_version: crate::SCHEMA_VERSION,
+            kind: "run_lengths",
+            run,
+        }
+    }
 }
 
 /// The buckets as the user's command ran them.
-pub fn render_run(d: &RunLengthsDocument, units: LengthUnits) -> String {
+pub fn render_run(d: &RunLengths, units: LengthUnits) -> String {
     let opt = |v: Option<u64>| v.map_or("-".into(), thousands);
     let mut t = table(&[
         "bucket",

@@ -56,7 +56,7 @@ pub struct PlanDocument<'a> {
     pub distributed: Option<&'a crate::scale::Distributed>,
     /// `--lengths`: per budget, the bucket table and the batching schemes over the lengths.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub lengths: Option<&'a [crate::lengths::NamedLengthPlan]>,
+    pub lengths: Option<&'a [batchfit_tune::lengths::NamedLengthPlan]>,
 }
 
 impl<'a> PlanDocument<'a> {

@@ -571,6 +571,46 @@ pub fn epoch_by_shape(plan: &LengthPlan, lengths: &[u64], kind: SchemeKind) -> V
     batches
 }
 
+/// A length plan under one named budget.
+#[derive(Clone, Debug, Serialize)]
+pub struct NamedLengthPlan {
+    /// Preset name, or `memory` for `--memory` / `--memory-limit`.
+    pub budget: String,
+    #[serde(flatten)]
+    pub plan: LengthPlan,
+}
+
+/// One bucket of `run --lengths`: the user's command at the bucket's longest length.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunBucket {
+    pub shortest: u64,
+    pub longest: u64,
+    pub samples: u64,
+    /// The largest batch that ran and the smallest that ran out of memory (measured).
+    pub max_batch: Option<u64>,
+    pub smallest_failure: Option<u64>,
+    /// The batch whose crash or time-out stopped the search (never out of memory).
+    pub stopped_at: Option<u64>,
+    pub trials: usize,
+    pub seconds: f64,
+}
+
+/// What `run --lengths` measured: each bucket's largest batch in the user's command.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunLengths {
+    /// The command, `{batch}` and `{len}` unreplaced.
+    pub command: String,
+    pub memory_limit_bytes: Option<batchfit_plan::Bytes>,
+    pub lengths: LengthStats,
+    /// Ascending; searched longest first.
+    pub buckets: Vec<RunBucket>,
+    /// One simulated epoch at the longest bucket's batch for every batch, and with
+    /// each bucket's own batch (when every bucket's batch ran).
+    pub fixed_epoch: Option<EpochCost>,
+    pub bucket_epoch: Option<EpochCost>,
+    pub seconds: f64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

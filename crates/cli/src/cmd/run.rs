@@ -130,7 +130,7 @@ pub fn run(args: RunArgs) -> CliResult {
         drop(bar);
         let units = args.lengths.units();
         return if args.json.json {
-            emit_json(&doc)
+            emit_json(&lengths::RunLengthsDocument::new(&doc))
         } else {
             print(&lengths::render_run(&doc, units))
         };

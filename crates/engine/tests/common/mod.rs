@@ -107,7 +107,7 @@ pub fn families() -> Vec<Graph> {
     g.linear("out", "rnn", 5).unwrap();
     out.push(g.finish(LossKind::Ctc { blank: 4 }, "out").unwrap());
 
-    // Seed 2's path: the conv's own row layout through ReLU, a conv of a tracked
+    // Question 2's path: the conv's own row layout through ReLU, a conv of a tracked
     // input, the pool's window matrix, then NCHW; and a one-direction LSTM with
     // PyTorch's two biases.
     let mut g = GraphBuilder::new("conv-relu-avgpool-lstm");

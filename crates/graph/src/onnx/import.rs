@@ -668,7 +668,7 @@ pub(super) fn auto_loss(shape: &Shape) -> LossKind {
     }
 }
 
-/// The error of an op type the importer does not know, naming the node.
+/// The error for an op type the IR does not know (`op_type` may carry a domain).
 pub(super) fn unsupported(n: &NodeProto, op_type: String) -> GraphError {
     GraphError::Unsupported {
         node: label(n),

@@ -1,5 +1,5 @@
 //! Writing ONNX models in tests: a small builder over the proto messages,
-//! tensor and attribute helpers, and Seed 2's network as MATLAB exports it.
+//! tensor and attribute helpers, and question 2's network as MATLAB exports it.
 
 // Each test file uses only some of these helpers.
 #![allow(dead_code)]
@@ -193,7 +193,7 @@ pub fn temp_dir(test: &str) -> PathBuf {
 
 // ----- models ---------------------------------------------------------------
 
-/// Seed 2's network as MATLAB's exportONNXNetwork would write it, with node
+/// Question 2's network as MATLAB's exportONNXNetwork would write it, with node
 /// names equal to the zoo's and tensor names different from them.
 pub fn seed2() -> Net {
     let mut n = Net::new("seed2-dual");

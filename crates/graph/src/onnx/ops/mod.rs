@@ -96,8 +96,6 @@ pub(super) const NAMES: [&str; OPS.len()] = {
     names
 };
 
-/// The error for an op type the IR does not know (`op_type` may carry a domain).
-
 impl Importer {
     /// Imports node `i`: shape arithmetic first (it may take any op type that
     /// computes on shape values), then the op's family.
