@@ -5,9 +5,9 @@
 //! and its composition of the rest (`crates/engine/src/model/`). burn frees and creates
 //! gradients during backward, so each moment of the step is its own line in the batch.
 //!
-//! One file per op family, as the engine's CPU backend is split: [`conv`],
-//! [`dense`], [`activation`], [`norm`], [`pool`], [`recurrent`], [`tensor`]
-//! (views, sums, slices, dropout); [`products`] for gemm's buffers and [`loss`]
+//! One file per op family, as the engine's CPU backend is split: `conv`,
+//! `dense`, `activation`, `norm`, `pool`, `recurrent`, `tensor`
+//! (views, sums, slices, dropout); `products` for gemm's buffers and `loss`
 //! for the losses. [`Burn`]'s methods send each op to its family.
 //!
 //! A gradient made by a matrix product is a new flex tensor from `FlexTensor::empty`, whose
