@@ -343,6 +343,10 @@ pub struct DataFlags {
     /// Override the model's loss.
     #[arg(long, value_enum)]
     pub loss: Option<LossChoice>,
+    /// Standardise every input feature (and regression targets) to zero mean
+    /// and unit spread for batchfit's own runs, as a fix for unscaled data.
+    #[arg(long)]
+    pub standardize: bool,
 }
 
 impl DataFlags {
@@ -352,6 +356,7 @@ impl DataFlags {
             labels: self.labels.clone(),
             label_col: self.label_col,
             loss: self.loss,
+            standardize: self.standardize,
         }
     }
 }

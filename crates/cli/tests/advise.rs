@@ -137,3 +137,118 @@ fn gpus_give_time_to_target_across_world_sizes() {
     assert!(text.contains("ACROSS WORLD SIZES"), "{text}");
     assert!(text.contains("B_noise"), "{text}");
 }
+
+/// 400 rows of two classes whose 8 features sit around ±1 times 300 (raw
+/// units), a deterministic hash for the noise, and an 8-16-2 MLP for them.
+fn unscaled_blobs(dir: &std::path::Path) -> (String, String) {
+    let model = dir.join("blobs.toml");
+    std::fs::write(
+        &model,
+        "[[input]]\nname = \"x\"\nshape = [8]\n\
+         [[layer]]\nname = \"fc1\"\nop = \"linear\"\nout_features = 16\n\
+         [[layer]]\nname = \"relu\"\nop = \"relu\"\n\
+         [[layer]]\nname = \"fc2\"\nop = \"linear\"\nout_features = 2\n\
+         [loss]\nkind = \"cross_entropy\"\n",
+    )
+    .unwrap();
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut noise = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+    };
+    let rows: String = (0..400)
+        .map(|i| {
+            let class = i % 2;
+            let sign = if class == 0 { -1.0 } else { 1.0 };
+            let features: Vec<String> = (0..8)
+                .map(|_| format!("{:.3}", 300.0 * (0.5 * sign + noise())))
+                .collect();
+            format!("{},{class}\n", features.join(","))
+        })
+        .collect();
+    let data = dir.join("blobs.csv");
+    std::fs::write(&data, rows).unwrap();
+    (
+        model.to_str().unwrap().to_string(),
+        data.to_str().unwrap().to_string(),
+    )
+}
+
+fn advise_json(args: &[&str]) -> serde_json::Value {
+    let out = batchfit()
+        .arg("advise")
+        .args(args)
+        .args([
+            "--noise-steps",
+            "60",
+            "--batches",
+            "8,32,128",
+            "--time-cap",
+            "0.2",
+        ])
+        .args(["--warmup", "1", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn unscaled_data_is_named_with_its_fix_and_standardize_trains_on_it_scaled() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, data) = unscaled_blobs(dir.path());
+    let codes = |v: &serde_json::Value| -> Vec<String> {
+        v["data_profile"]["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["code"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let raw = advise_json(&[&model, "--data", &data]);
+    assert!(
+        codes(&raw).contains(&"unscaled_inputs".to_string()),
+        "{raw}"
+    );
+    assert_eq!(raw["data_profile"]["rows"], 400);
+    assert_eq!(raw["inputs"]["standardize"], false);
+    let scaled = advise_json(&[&model, "--data", &data, "--standardize"]);
+    assert_eq!(scaled["inputs"]["standardize"], true);
+    assert_eq!(scaled["data_profile"]["standardized"], true);
+    assert!(
+        !codes(&scaled).contains(&"unscaled_inputs".to_string()),
+        "{scaled}"
+    );
+}
+
+#[test]
+fn advise_pools_two_noise_runs_and_checks_the_rate_from_the_runs_own_batch() {
+    let v = advise_json(&[]);
+    let seeds = v["noise_seeds"].as_array().unwrap();
+    assert_eq!(seeds.len(), 2, "two noise runs by default");
+    assert_eq!(
+        (seeds[0]["seed"].as_u64(), seeds[1]["seed"].as_u64()),
+        (Some(0), Some(1))
+    );
+    let checks = v["rate_checks"].as_array().unwrap();
+    // The reference first: the noise run's own batch at its own rate.
+    assert_eq!(checks[0]["batch"], v["noise"]["b_big"], "{checks:?}");
+    assert_eq!(checks[0]["rule_rate"], true);
+    let recommended = v["recommendations"][0]["recommended_batch"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        checks
+            .iter()
+            .any(|c| c["batch"].as_u64() == Some(recommended)),
+        "the recommended batch {recommended} was checked: {checks:?}"
+    );
+    let one = advise_json(&["--noise-seeds", "1"]);
+    assert_eq!(one["noise_seeds"].as_array().unwrap().len(), 0);
+}

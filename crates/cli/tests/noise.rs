@@ -59,6 +59,20 @@ fn digits_noise_scale_grows_as_the_loss_falls() {
     );
     assert!(v["critical_batch"].as_u64().unwrap() > 0);
     assert_eq!(v["predictions"].as_array().unwrap().len(), 11);
+    // The data as read: the shipped digits, scaled to 0..1, three pixels never inked.
+    let data = &v["data_profile"];
+    assert_eq!(
+        (data["rows"].as_u64(), data["features"].as_u64()),
+        (Some(1797), Some(64))
+    );
+    assert_eq!(data["max_abs"].as_f64(), Some(1.0));
+    let codes: Vec<&str> = data["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["code"].as_str().unwrap())
+        .collect();
+    assert_eq!(codes, ["constant_features"]);
 }
 
 #[test]

@@ -7,6 +7,7 @@
 //! as the built-in default ([`digits`]).
 
 pub mod lengths;
+pub mod profile;
 pub mod read;
 
 use batchfit_graph::{Graph, InputKind, LossKind};

@@ -87,6 +87,49 @@ impl Checks {
     }
 }
 
+/// A rate check's run: at most `max_steps` updates at `batch` and `lr` from
+/// the initial weights `base` gives (the noise run's), shuffled by its seed,
+/// until the loss on the fixed training rows ([`target_rows`]), evaluated as
+/// a sweep evaluates it ([`Checks`]), reaches `target`. Returns that loss
+/// before the first update and at the last evaluation, and the updates to the
+/// target (interpolated between evaluations) when it was reached. A NaN loss
+/// ends it at once.
+pub fn run_to_target(
+    graph: &Graph,
+    base: &TrainConfig,
+    data: &Dataset,
+    batch: usize,
+    lr: f64,
+    target: f64,
+    max_steps: u64,
+) -> Result<(f64, f64, Option<f64>), EngineError> {
+    let mut trainer = Trainer::new(graph, TrainConfig { lr, ..base.clone() })?;
+    let rows = target_rows(data.rows);
+    let start = training_loss(&trainer, graph, data, &rows);
+    let mut checks = Checks::new(data.rows, batch);
+    let mut batcher = Batcher::new(data.rows, base.seed);
+    let mut last = (0.0, start);
+    for step in 1..=max_steps {
+        let idx = batcher.next(batch);
+        let b = from_rows(data, graph, &idx, &trainer.device);
+        if !trainer.step(&b).is_finite() {
+            return Ok((start, f64::NAN, None));
+        }
+        if checks.due(step) || step == max_steps {
+            let loss = training_loss(&trainer, graph, data, &rows);
+            if !loss.is_finite() {
+                return Ok((start, f64::NAN, None));
+            }
+            let now = (step as f64, loss);
+            if let Some(at) = batchfit_tune::trajectory::reach(&[last, now], target) {
+                return Ok((start, loss, Some(at)));
+            }
+            last = now;
+        }
+    }
+    Ok((start, last.1, None))
+}
+
 /// The mean loss on rows `idx` of `data` at the current weights.
 pub fn training_loss(trainer: &Trainer, graph: &Graph, data: &Dataset, idx: &[usize]) -> f64 {
     evaluate(trainer, graph, data, idx).0

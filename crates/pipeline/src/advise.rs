@@ -4,6 +4,7 @@
 
 use crate::noise::{DataSource, Init, NoiseSettings, apply_loss, load_data, run_noise};
 use crate::probe::{MeasureConfig, Target, probe_device_for};
+use crate::rate_check::{RateFindings, checked_decision};
 use crate::{Progress, Result};
 use batchfit_data::Dataset;
 use batchfit_engine::DeviceSpec;
@@ -11,7 +12,9 @@ use batchfit_engine::device::BurnDevice;
 use batchfit_graph::Graph;
 use batchfit_plan::{TrainOptions, plan};
 use batchfit_tune::basis::{PredictionBasis, SweepFit, measured_basis};
-use batchfit_tune::decide::{Advice, AdviceInputs, Evidence, b_noise_for_probing, decide};
+use batchfit_tune::decide::{
+    Advice, AdviceInputs, Evidence, SeedNoise, b_noise_for_probing, decide,
+};
 use batchfit_tune::lr::{LrRule, LrScaling, scale};
 use batchfit_tune::noise::NoiseRun;
 use batchfit_tune::world::across_world_sizes;
@@ -28,6 +31,9 @@ pub struct AdviseConfig {
     pub devices: Vec<DeviceSpec>,
     /// Steps of the noise run (0 skips it).
     pub noise_steps: usize,
+    /// Noise runs (seeds `seed`, `seed + 1`, ...): pooled for the advice, each
+    /// decided on alone for the agreement.
+    pub noise_seeds: usize,
     pub b_small: usize,
     pub k: usize,
     /// The user's tuned (batch, learning rate).
@@ -67,10 +73,11 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<Advice> {
         .reference
         .unwrap_or((cfg.b_small as u64, cfg.measure.lr));
     let b_big = (cfg.b_small * cfg.k) as u64;
-    let data: Option<Dataset> = if cfg.data.data.is_some() || default_model {
-        Some(load_data(&cfg.data, &graph, seq_len, default_model)?)
+    let (data, data_profile) = if cfg.data.data.is_some() || default_model {
+        let (d, p) = load_data(&cfg.data, &graph, seq_len, default_model)?;
+        (Some(d), Some(p))
     } else {
-        None
+        (None, None)
     };
 
     // Steps measured by a sweep, when given, stand in for the noise run's prediction.
@@ -79,30 +86,40 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<Advice> {
         None => None,
     };
     // Noise scale first: it is quick and decides what "a good batch" means statistically.
-    let noise: Option<NoiseRun> = match (&data, cfg.noise_steps) {
-        (Some(d), steps) if steps > 0 && measured.is_none() => {
-            let settings = NoiseSettings {
-                lr: scale(rule, reference.0, reference.1, b_big),
-                optimizer: cfg.measure.optimizer,
-                steps,
-                b_small: cfg.b_small,
-                k: cfg.k,
-                beta: None,
-                batches: Vec::new(),
-                reference: cfg.reference,
-                init: Init::Checkpoint,
-                seed: cfg.measure.seed,
-                threads: None,
-            };
-            progress.set_length(steps as u64);
+    let settings = NoiseSettings {
+        lr: scale(rule, reference.0, reference.1, b_big),
+        optimizer: cfg.measure.optimizer,
+        steps: cfg.noise_steps,
+        b_small: cfg.b_small,
+        k: cfg.k,
+        beta: None,
+        batches: Vec::new(),
+        reference: cfg.reference,
+        init: Init::Checkpoint,
+        seed: cfg.measure.seed,
+        threads: None,
+    };
+    let runs: Vec<NoiseRun> = match &data {
+        Some(d) if cfg.noise_steps > 0 && measured.is_none() => {
+            let seeds = cfg.noise_seeds.max(1);
+            progress.set_length((cfg.noise_steps * seeds) as u64);
             progress.message("noise scale on the data".into());
-            let run = run_noise(&settings, &graph, d, seq_len, |_| progress.advance(1))?;
+            let runs = (0..seeds as u64)
+                .map(|i| {
+                    let s = NoiseSettings {
+                        seed: settings.seed + i,
+                        ..settings.clone()
+                    };
+                    run_noise(&s, &graph, d, seq_len, |_| progress.advance(1))
+                })
+                .collect::<Result<Vec<_>>>()?;
             progress.set_position(0);
             progress.set_length(0);
-            Some(run)
+            runs
         }
-        _ => None,
+        _ => Vec::new(),
     };
+    let noise = NoiseRun::pool(&runs);
 
     let target = Target {
         source: source.to_string(),
@@ -128,16 +145,62 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<Advice> {
         ..TrainOptions::default()
     };
     let plan_cpu = plan(&graph, &train);
-    let decision = decide(&Evidence {
-        probes: &probes,
-        plan_cpu: &plan_cpu,
-        host_memory: batchfit_plan::devices::host_memory(),
-        noise: noise.as_ref(),
-        measured: measured.as_ref(),
-        rule,
-        reference,
-        input_seconds: &|b| data.as_ref().map(|d| batch_load_seconds(d, &graph, b)),
-    });
+    let input_seconds = |b| data.as_ref().map(|d| batch_load_seconds(d, &graph, b));
+    let decide_on = |noise: Option<&NoiseRun>, rates: &RateFindings| {
+        decide(&Evidence {
+            probes: &probes,
+            plan_cpu: &plan_cpu,
+            host_memory: batchfit_plan::devices::host_memory(),
+            noise,
+            measured: measured.as_ref(),
+            rule,
+            reference,
+            input_seconds: &input_seconds,
+            data_rows: data.as_ref().map(|d| d.rows as u64),
+            rate_cap: rates.cap,
+            rate_failed_from: rates.failed_from,
+            checked_b_noise: rates.b_noise,
+        })
+    };
+    // A rate that trains: the rule's rate at the batches the advice names,
+    // on the data, from the noise run's initial weights.
+    let (decision, rates) = match (&data, &noise) {
+        (Some(d), Some(n)) => {
+            progress.message("the rate at the advised batches".into());
+            let base = settings.train_config(seq_len);
+            checked_decision(&graph, &base, d, |r| decide_on(Some(n), r))?
+        }
+        _ => (
+            decide_on(noise.as_ref(), &RateFindings::default()),
+            RateFindings::default(),
+        ),
+    };
+    let noise_seeds: Vec<SeedNoise> = if runs.len() > 1 {
+        runs.iter()
+            .zip(settings.seed..)
+            .map(|(r, seed)| {
+                // The seed's own noise scale: the checks' refit left out.
+                let alone = decide_on(
+                    Some(r),
+                    &RateFindings {
+                        b_noise: None,
+                        ..rates.clone()
+                    },
+                );
+                SeedNoise {
+                    seed,
+                    b_noise: alone.basis.map(|b| b.curve.b_noise),
+                    recommended: alone
+                        .recommendations
+                        .iter()
+                        .map(|r| r.recommended_batch)
+                        .collect(),
+                }
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let world_sizes = match (noise.as_ref().and_then(|n| n.b_simple), probes.first()) {
         (Some(bn), Some(p)) if !cfg.gpus.is_empty() => {
             let gpu_plan = plan(&graph, &batchfit_plan::distributed::plan_options(&train));
@@ -169,6 +232,7 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<Advice> {
             label_col: cfg.data.label_col,
             loss: cfg.data.loss.map(|l| l.name().to_string()),
             optimizer: cfg.measure.optimizer,
+            standardize: cfg.data.standardize,
         },
         machine: machine(),
         data: data.as_ref().map(|d| d.source.clone()),
@@ -179,6 +243,11 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<Advice> {
         budgets,
         world_sizes,
         devices_not_used,
+        data_profile,
+        noise_seeds,
+        rate_checks: rates.checks,
+        rate_cap: rates.cap,
+        rate_failed_from: rates.failed_from,
     })
 }
 

@@ -28,6 +28,7 @@ pub mod noise;
 pub mod output;
 pub mod probe;
 pub mod progress;
+mod rate_check;
 #[cfg(unix)]
 pub mod run;
 pub mod sweep;

@@ -8,6 +8,7 @@ use batchfit_engine::noise::{NoiseConfig, measure_noise};
 use batchfit_engine::{DeviceSpec, TrainConfig, Trainer};
 use batchfit_graph::{Graph, LossKind};
 use batchfit_plan::Optimizer;
+use batchfit_tune::dataset::DataProfile;
 use batchfit_tune::noise::{NoiseRecord, NoiseRun, NoiseRunSetup};
 
 /// A loss that replaces the model's own.
@@ -51,6 +52,8 @@ pub struct DataSource {
     pub label_col: Option<isize>,
     /// Replaces the model's loss.
     pub loss: Option<LossChoice>,
+    /// Train batchfit's own runs on standardised inputs (and regression targets).
+    pub standardize: bool,
 }
 
 /// Where a run's initial weights come from.
@@ -87,6 +90,18 @@ pub struct NoiseSettings {
 }
 
 impl NoiseSettings {
+    /// How the run trains: its optimizer, rate, seed and initial weights, on the CPU.
+    pub fn train_config(&self, seq_len: usize) -> TrainConfig {
+        TrainConfig {
+            optimizer: self.optimizer,
+            lr: self.lr,
+            seq_len,
+            seed: self.seed,
+            device: DeviceSpec::Cpu,
+            init_random: self.init == Init::Random,
+        }
+    }
+
     /// `noise`'s defaults (measurements, B_small, B_big; random initial
     /// weights, seed 0) for `optimizer` at learning rate `lr`.
     pub fn defaults(optimizer: Optimizer, lr: f64, threads: Option<usize>) -> NoiseSettings {
@@ -146,13 +161,14 @@ pub fn apply_loss(graph: &mut Graph, loss: Option<LossChoice>) -> Result {
     Ok(())
 }
 
-/// Loads the data (the shipped digits for the default model when none is given).
+/// Loads the data (the shipped digits for the default model when none is given),
+/// profiled as it is read, then standardised when asked.
 pub fn load_data(
     source: &DataSource,
     graph: &Graph,
     seq_len: usize,
     default_model: bool,
-) -> Result<Dataset> {
+) -> Result<(Dataset, DataProfile)> {
     let path = match (&source.data, default_model) {
         (Some(p), _) => p.clone(),
         (None, true) => batchfit_data::digits::NAME.to_string(),
@@ -162,7 +178,7 @@ pub fn load_data(
             ));
         }
     };
-    let data = if path == batchfit_data::digits::NAME {
+    let mut data = if path == batchfit_data::digits::NAME {
         batchfit_data::digits::load(graph)?
     } else {
         Dataset::load(
@@ -175,7 +191,12 @@ pub fn load_data(
             seq_len,
         )?
     };
-    Ok(data)
+    let mut profile = data.profile(graph);
+    if source.standardize {
+        data.standardize(graph);
+        profile.standardized = true;
+    }
+    Ok((data, profile))
 }
 
 /// Runs the measurement on `data` and concludes it; `progress` sees every record.
@@ -196,17 +217,7 @@ pub fn run_noise(
         // Fails only if already set in this process, which is harmless.
         let _ = batchfit_engine::set_threads(n);
     }
-    let mut trainer = Trainer::new(
-        graph,
-        TrainConfig {
-            optimizer: settings.optimizer,
-            lr: settings.lr,
-            seq_len,
-            seed: settings.seed,
-            device: DeviceSpec::Cpu,
-            init_random: settings.init == Init::Random,
-        },
-    )?;
+    let mut trainer = Trainer::new(graph, settings.train_config(seq_len))?;
     let beta = match settings.beta {
         Some(b) if b > 0.0 && b < 1.0 => Some(b),
         Some(_) => None,
@@ -246,11 +257,14 @@ pub fn noise(
     data: &DataSource,
     settings: &NoiseSettings,
     progress: impl FnMut(&NoiseRecord),
-) -> Result<NoiseRun> {
+) -> Result<(NoiseRun, DataProfile)> {
     let default_model = model.is_none();
     let mut graph = batchfit_graph::load(model.unwrap_or(crate::DEFAULT_MODEL))?;
     apply_loss(&mut graph, data.loss)?;
     let seq_len = graph.default_seq_len.unwrap_or(1);
-    let dataset = load_data(data, &graph, seq_len, default_model)?;
-    run_noise(settings, &graph, &dataset, seq_len, progress)
+    let (dataset, profile) = load_data(data, &graph, seq_len, default_model)?;
+    Ok((
+        run_noise(settings, &graph, &dataset, seq_len, progress)?,
+        profile,
+    ))
 }

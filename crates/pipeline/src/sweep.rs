@@ -1,7 +1,7 @@
 //! `sweep`: real short trainings at several batch sizes and seeds on real
 //! data, with validation, to test the noise-scale predictions and answer "does
 //! this batch size hurt quality?". This module trains the runs and keeps their
-//! records ([`crate::sweep_out`]); what they conclude is `batchfit_tune::sweep`'s.
+//! records (`crate::sweep_out`); what they conclude is `batchfit_tune::sweep`'s.
 
 use crate::noise::{DataSource, NoiseSettings, apply_loss, load_data, run_noise};
 use crate::output::check_output_folder;
@@ -128,7 +128,7 @@ pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepSummary>
     apply_loss(&mut graph, cfg.data.loss)?;
     batchfit_engine::model::check_trainable(&graph)?;
     let seq_len = graph.default_seq_len.unwrap_or(1);
-    let data = load_data(&cfg.data, &graph, seq_len, default_model)?;
+    let (data, _) = load_data(&cfg.data, &graph, seq_len, default_model)?;
     if data.rows < 4 {
         return Err(Error::input(format!(
             "{}: {} rows are too few to split into training and validation",

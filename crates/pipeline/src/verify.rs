@@ -103,5 +103,6 @@ pub fn data_source(advice: &CheckedAdvice, given: &DataSource) -> Result<DataSou
             .or_else(|| advice.inputs.labels.clone()),
         label_col: given.label_col.or(advice.inputs.label_col),
         loss,
+        standardize: given.standardize || advice.inputs.standardize,
     })
 }

@@ -7,10 +7,11 @@ use crate::plots::{Figure, Series, SeriesKind};
 use crate::{align_numbers, esc, prose, table, thousands};
 use batchfit_plan::{Bytes, Plan};
 use batchfit_tune::basis::PredictionBasis;
-use batchfit_tune::decide::{Advice, AdviceInputs};
+use batchfit_tune::decide::{Advice, AdviceInputs, SeedNoise};
 use batchfit_tune::device::DeviceSpec;
 use batchfit_tune::probe::DeviceProbe;
 use batchfit_tune::schedule::{DeviceSchedule, Schedule, Stage};
+use batchfit_tune::stability::RateCheck;
 use batchfit_tune::target::TimeToTarget;
 use batchfit_tune::world::WorldSizes;
 use serde::Serialize;
@@ -45,6 +46,16 @@ pub struct AdviseDocument<'a> {
     /// `--gpus`: time to target across data-parallel world sizes (predicted).
     pub world_sizes: Option<&'a WorldSizes>,
     pub devices_not_used: &'a [String],
+    /// The data as read, with its findings.
+    pub data_profile: Option<crate::data::DataJson<'a>>,
+    /// Each noise run of `--noise-seeds` decided on alone.
+    pub noise_seeds: &'a [SeedNoise],
+    /// The short runs that checked the rule's rate on the data.
+    pub rate_checks: &'a [RateCheck],
+    /// The batch the checks held the rule's rate at (null: not capped by them).
+    pub rate_cap: Option<u64>,
+    /// The smallest checked batch where no rate trained (null: none).
+    pub rate_failed_from: Option<u64>,
 }
 
 impl<'a> AdviseDocument<'a> {
@@ -75,6 +86,11 @@ impl<'a> AdviseDocument<'a> {
             budgets: &a.budgets,
             world_sizes: a.world_sizes.as_ref(),
             devices_not_used: &a.devices_not_used,
+            data_profile: a.data_profile.as_ref().map(crate::data::DataJson::new),
+            noise_seeds: &a.noise_seeds,
+            rate_checks: &a.rate_checks,
+            rate_cap: a.rate_cap,
+            rate_failed_from: a.rate_failed_from,
         }
     }
 }
@@ -125,6 +141,20 @@ pub fn render(d: &Advice) -> String {
             ));
         }
     }
+    if !d.rate_checks.is_empty() {
+        out.push_str("  the rate, checked on the data: trained to the target from the noise run's start (measured; the first is the noise run's own batch and rate, the reference):\n");
+        for c in &d.rate_checks {
+            out.push_str(&format!("    {}\n", prose::rate_check(c)));
+        }
+        let refit = d
+            .decision
+            .basis
+            .as_ref()
+            .and_then(|b| Some((b.curve.b_noise, b.b_noise_run?)));
+        if let Some(o) = prose::rate_outcome(d.rate_cap, d.rate_failed_from, refit) {
+            out.push_str(&format!("    {o}\n"));
+        }
+    }
     if let Some(p) = &d.decision.basis {
         out.push_str(&format!(
             "  critical batch ≈ {} for training to loss {:.4} ({})\n",
@@ -161,6 +191,12 @@ pub fn render(d: &Advice) -> String {
             )
         });
     }
+    if let Some(line) = seed_agreement(d) {
+        out.push_str(&line);
+    }
+    if let Some(p) = &d.data_profile {
+        out.push_str(&crate::data::section(p));
+    }
     out.push_str(&time_to_target_table(
         &d.decision.time_to_target,
         d.decision.target_loss,
@@ -188,6 +224,45 @@ pub fn render(d: &Advice) -> String {
     out.push_str("\nEvidence: `batchfit probe` and `batchfit noise` print the full tables; --html writes the report with plots.\n");
     out.push_str("Check it: `batchfit sweep` trains at several batches and compares steps to target with the prediction; `batchfit run -- CMD {batch}` measures your own training script.\n");
     out
+}
+
+/// How far the noise runs of `--noise-seeds` agree: each one's B_noise, and
+/// how many name each device's batch.
+fn seed_agreement(d: &Advice) -> Option<String> {
+    if d.noise_seeds.is_empty() {
+        return None;
+    }
+    let n = d.noise_seeds.len();
+    let b_noise: Vec<String> = d
+        .noise_seeds
+        .iter()
+        .map(|s| s.b_noise.map_or("-".into(), |b| format!("{b:.0}")))
+        .collect();
+    let mut out = format!(
+        "  {n} noise runs (seeds {}–{}) pooled; alone, before the rate checks, they give B_noise {}\n",
+        d.noise_seeds[0].seed,
+        d.noise_seeds[n - 1].seed,
+        b_noise.join(", ")
+    );
+    for (i, r) in d.decision.recommendations.iter().enumerate() {
+        let alone: Vec<Option<u64>> = d
+            .noise_seeds
+            .iter()
+            .map(|s| s.recommended.get(i).copied().flatten())
+            .collect();
+        let same = alone.iter().filter(|&&b| b == r.recommended_batch).count();
+        out.push_str(&format!(
+            "    {}: {same} of {n} would name batch {} alone (they name {})\n",
+            r.device,
+            r.recommended_batch.map_or("-".into(), thousands),
+            alone
+                .iter()
+                .map(|b| b.map_or("-".into(), thousands))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    Some(out)
 }
 
 /// The DIAGNOSIS section `advise` and `run` print (empty without findings).
@@ -382,9 +457,15 @@ pub fn time_to_target_table(
                 thousands(o.option.micro_batch),
                 format!("x{}", o.option.accumulation),
                 thousands(o.option.effective_batch()),
-                match o.steps {
-                    Some(s) => format!("{s:.0}"),
-                    None => format!("{:.2}x min", o.steps_vs_min),
+                match (o.steps, o.steps_band) {
+                    // A band that rounds to the estimate says nothing the estimate does not.
+                    (Some(s), Some((lo, hi)))
+                        if format!("{lo:.0}{hi:.0}") != format!("{s:.0}{s:.0}") =>
+                    {
+                        format!("{s:.0} ({lo:.0}–{hi:.0})")
+                    }
+                    (Some(s), _) => format!("{s:.0}"),
+                    (None, _) => format!("{:.2}x min", o.steps_vs_min),
                 },
                 o.learning_rate
                     .map(|l| format!("{l:.2e}"))

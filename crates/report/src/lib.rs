@@ -3,6 +3,7 @@
 //! decided here; every sentence about a decision is ([`prose`]).
 
 pub mod advise;
+pub mod data;
 pub mod json;
 pub mod lengths;
 pub mod noise;

@@ -11,6 +11,9 @@ pub struct NoiseDocument<'a> {
     pub kind: &'static str,
     #[serde(flatten)]
     pub run: &'a NoiseRun,
+    /// The data as read, with its findings (`noise` only; `advise` has its own).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_profile: Option<crate::data::DataJson<'a>>,
 }
 
 impl<'a> NoiseDocument<'a> {
@@ -19,6 +22,15 @@ impl<'a> NoiseDocument<'a> {
             schema_version: crate::SCHEMA_VERSION,
             kind: "noise",
             run,
+            data_profile: None,
+        }
+    }
+
+    /// The same with the data's profile.
+    pub fn with_data(self, profile: &'a batchfit_tune::dataset::DataProfile) -> NoiseDocument<'a> {
+        NoiseDocument {
+            data_profile: Some(crate::data::DataJson::new(profile)),
+            ..self
         }
     }
 }

@@ -376,3 +376,97 @@ pub fn quality_code(
         Some(_) => "within_seed_noise",
     }
 }
+
+/// A finding on the data, with its fix.
+pub fn data_finding(f: &batchfit_tune::dataset::DataFinding) -> String {
+    use batchfit_tune::dataset::{DataFinding, UNSCALED_ABOVE, WIDE_TARGETS_STD};
+    match f {
+        DataFinding::Unscaled { max_abs, feature } => format!(
+            "inputs are unscaled: |x| reaches {max_abs:.4} (feature {feature}), far above the order one initialisations and learning rates assume (over {UNSCALED_ABOVE}); scale them in your pipeline (standardise each feature, or divide pixels by 255) and measure again, or add --standardize to train batchfit's runs on standardised inputs"
+        ),
+        DataFinding::ConstantFeatures {
+            count,
+            features,
+            first,
+        } => format!(
+            "{count} of {features} input features hold one value in every row (the first: feature {first}); they carry no signal, and drop out of --standardize"
+        ),
+        DataFinding::MissingClasses { missing, classes } => format!(
+            "no row has class {} of the model's {classes}: the label column or --label-col may be wrong, or the output layer wider than the labels",
+            missing
+                .iter()
+                .map(|c| c.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        DataFinding::RareClass {
+            class,
+            share,
+            classes,
+        } => format!(
+            "class {class} holds {:.1} % of the rows (an even share of {classes} classes is {:.1} %): a loss target is reached mostly on the common classes; weigh or resample the rare one if it matters",
+            share * 100.0,
+            100.0 / *classes as f64
+        ),
+        DataFinding::WideTargets { mean, std } => format!(
+            "regression targets have mean {mean:.4} and spread {std:.4} (over {WIDE_TARGETS_STD}): the squared error and its gradients scale with their square; standardise the targets, or add --standardize"
+        ),
+    }
+}
+
+/// One rate check, as a line: the batch, rate, updates and verdict.
+pub fn rate_check(c: &batchfit_tune::stability::RateCheck) -> String {
+    use batchfit_tune::stability::{CHECK_LIMIT, RateVerdict};
+    format!(
+        "batch {} at lr {:.3e}{}: {} (S(B) predicts {:.0}): {}",
+        c.batch,
+        c.lr,
+        if c.rule_rate { " (the rule's)" } else { "" },
+        match c.steps_to_target {
+            Some(s) => format!("reached the target in {s:.0} updates"),
+            None => format!(
+                "not at the target after {} updates (loss {:.4} to {})",
+                c.max_steps,
+                c.loss_start,
+                if c.loss_end.is_finite() {
+                    format!("{:.4}", c.loss_end)
+                } else {
+                    "NaN".into()
+                }
+            ),
+        },
+        c.predicted_steps,
+        match c.verdict {
+            RateVerdict::Trains => "trains".to_string(),
+            RateVerdict::Diverged => "diverged".to_string(),
+            RateVerdict::Stalled =>
+                format!("stalled (not there within {CHECK_LIMIT} x the prediction)"),
+        }
+    )
+}
+
+/// What the rate checks changed: S(B) refitted to them, the cap, and the
+/// batch from which no rate tried trained.
+pub fn rate_outcome(
+    cap: Option<u64>,
+    failed_from: Option<u64>,
+    checked_b_noise: Option<(f64, f64)>,
+) -> Option<String> {
+    let mut out = Vec::new();
+    if let Some((checked, run)) = checked_b_noise {
+        out.push(format!(
+            "S(B) is fitted through the noise run's own updates to the updates the checks took: B_noise ≈ {checked:.0} (the noise run's estimate: {run:.0})"
+        ));
+    }
+    if let Some(c) = cap {
+        out.push(format!(
+            "a rate below the rule's trained where the rule's failed: the rule is held at batch {c}'s rate from there up"
+        ));
+    }
+    if let Some(f) = failed_from {
+        out.push(format!(
+            "at batch {f} no rate tried made the predicted progress: the prediction there and above is not borne out, and only smaller batches are recommended (scaling the data may mend it)"
+        ));
+    }
+    (!out.is_empty()).then(|| out.join("; "))
+}

@@ -644,6 +644,7 @@ mod tests {
                     updates: 150.0,
                     b_simple_end: 400.0,
                 },
+                b_noise_run: None,
             },
             rows,
             verdict,

@@ -7,7 +7,8 @@ use batchfit_plan::{Bytes, Optimizer, TrainOptions};
 use batchfit_report::advise::{AdviseDocument, ScheduleDocument};
 use batchfit_report::noise::NoiseDocument;
 use batchfit_tune::basis::prediction_basis;
-use batchfit_tune::decide::{Advice, AdviceInputs, Evidence, decide};
+use batchfit_tune::dataset::{DataProfile, TargetProfile};
+use batchfit_tune::decide::{Advice, AdviceInputs, Evidence, SeedNoise, decide};
 use batchfit_tune::device::DeviceSpec;
 use batchfit_tune::lr::LrRule;
 use batchfit_tune::noise::{LrAdvice, NoiseRecord, NoiseRun};
@@ -15,6 +16,7 @@ use batchfit_tune::probe::{
     DeviceProbe, MaxBatchSearch, ProbeBudget, ProbePoint, curve_with_errors,
 };
 use batchfit_tune::search::{TrialReason, TrialRecord, Verdict};
+use batchfit_tune::stability::{RateCheck, RateVerdict};
 use batchfit_tune::stats::summarize;
 use batchfit_tune::trial::{FailureKind, RunTrial};
 
@@ -190,6 +192,10 @@ fn advice() -> Advice {
         rule: LrRule::Sqrt,
         reference: (16, 1e-3),
         input_seconds: &|b| Some(1e-5 + 1e-8 * b as f64),
+        rate_cap: None,
+        data_rows: None,
+        rate_failed_from: None,
+        checked_b_noise: None,
     });
     Advice {
         model: graph.name.clone(),
@@ -202,6 +208,7 @@ fn advice() -> Advice {
             label_col: None,
             loss: None,
             optimizer: Optimizer::Adam,
+            standardize: false,
         },
         machine: "stand-in (2 cores), 24.0 GiB RAM".into(),
         data: Some("builtin:digits".into()),
@@ -212,6 +219,58 @@ fn advice() -> Advice {
         budgets: vec![(DeviceSpec::Wgpu(0), Bytes(1_600_000))],
         world_sizes: None,
         devices_not_used: vec!["cuda: not in this build (rebuild with --features cuda)".into()],
+        data_profile: Some(DataProfile {
+            rows: 1797,
+            features: 64,
+            max_abs: 16.0,
+            max_abs_feature: 2,
+            constant_features: 3,
+            first_constant: Some(0),
+            targets: TargetProfile::Classes {
+                counts: vec![178, 182, 177, 183, 181, 182, 181, 179, 174, 180],
+            },
+            standardized: false,
+        }),
+        noise_seeds: vec![
+            SeedNoise {
+                seed: 0,
+                b_noise: Some(330.0),
+                recommended: vec![Some(64), Some(256)],
+            },
+            SeedNoise {
+                seed: 1,
+                b_noise: Some(390.0),
+                recommended: vec![Some(128), Some(256)],
+            },
+        ],
+        rate_checks: vec![
+            rate_check(128, 2.83e-3, true, Some(182.0), 190.0, RateVerdict::Trains),
+            rate_check(1024, 8e-3, true, None, 52.0, RateVerdict::Stalled),
+            rate_check(1024, 4e-3, false, Some(58.0), 52.0, RateVerdict::Trains),
+        ],
+        rate_cap: Some(256),
+        rate_failed_from: None,
+    }
+}
+
+fn rate_check(
+    batch: u64,
+    lr: f64,
+    rule_rate: bool,
+    steps_to_target: Option<f64>,
+    predicted_steps: f64,
+    verdict: RateVerdict,
+) -> RateCheck {
+    RateCheck {
+        batch,
+        lr,
+        rule_rate,
+        max_steps: (predicted_steps * 2.0).ceil() as u64,
+        loss_start: 2.31,
+        loss_end: if steps_to_target.is_some() { 0.07 } else { 0.4 },
+        steps_to_target,
+        predicted_steps,
+        verdict,
     }
 }
 

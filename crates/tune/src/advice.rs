@@ -157,6 +157,9 @@ pub struct DeviceEvidence<'a> {
     pub max_batch_source: MaxBatchSource,
     /// How the user gets the noise scale, said when there is none.
     pub noise_hint: NoiseHint,
+    /// The smallest batch at which no rate tried made the predicted progress
+    /// on the data ([`crate::stability`]): only smaller batches are recommended.
+    pub rate_failed_from: Option<u64>,
 }
 
 /// The noise scale with its 90 % band.
@@ -352,8 +355,13 @@ pub fn recommend(
     let (recommended, reason) = match noise {
         Some(band) => {
             let bn = band.b_noise;
-            let fitting: Vec<StepPoint> =
-                e.points.iter().filter(|q| fits(q.batch)).copied().collect();
+            let candidate = |b: u64| fits(b) && e.rate_failed_from.is_none_or(|f| b < f);
+            let fitting: Vec<StepPoint> = e
+                .points
+                .iter()
+                .filter(|q| candidate(q.batch))
+                .copied()
+                .collect();
             let (times, line) = smoothed(&fitting);
             tied = tied_batches(&times, band);
             // Within the tie, the batch nearest the optimum of the fitted curve,
@@ -377,7 +385,10 @@ pub fn recommend(
             }
             let time =
                 |o: &TrainingOption| updates_vs_min(bn, o.micro_batch as f64) * o.micro_step_s;
-            let fastest = options.iter().min_by(|a, b| time(a).total_cmp(&time(b)));
+            let fastest = options
+                .iter()
+                .filter(|o| candidate(o.micro_batch))
+                .min_by(|a, b| time(a).total_cmp(&time(b)));
             match (tied.first(), fastest) {
                 (Some(&b), Some(f)) => (
                     Some(b),
@@ -477,6 +488,7 @@ mod tests {
                 MaxBatchSource::NotSearched
             },
             noise_hint: NoiseHint::GiveData,
+            rate_failed_from: None,
         }
     }
 
@@ -506,6 +518,24 @@ mod tests {
             (table[1].vs_best - 11.89 / 9.1225).abs() < 1e-2,
             "{table:?}"
         );
+    }
+
+    #[test]
+    fn a_batch_whose_rate_did_not_train_is_not_recommended_but_stays_in_the_table() {
+        // The same curve as above: 256 is fastest, 64 next.
+        let p = pts(&[
+            (16, 1.16e-3),
+            (64, 1.64e-3),
+            (256, 3.56e-3),
+            (1024, 11.24e-3),
+        ]);
+        let e = DeviceEvidence {
+            rate_failed_from: Some(256),
+            ..evidence(&p, None)
+        };
+        let (rec, options) = recommend(&e, Some(NoiseBand::exact(400.0)), ADAM);
+        assert_eq!(rec.recommended_batch, Some(64));
+        assert_eq!(options.len(), 4, "the table keeps every batch that fits");
     }
 
     #[test]

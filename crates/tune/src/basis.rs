@@ -24,6 +24,10 @@ pub struct PredictionBasis {
     pub curve: StepsCurve,
     /// Where the curve came from.
     pub source: BasisSource,
+    /// The noise run's own B_noise where the rate checks measured less
+    /// speed-up than it predicts and `curve` was refitted to them
+    /// ([`PredictionBasis::held_to_checks`]); `None`: the curve is the run's.
+    pub b_noise_run: Option<f64>,
 }
 
 /// Where S(B) came from. One time of an update is the same in every kind: the
@@ -41,6 +45,9 @@ pub enum BasisSource {
         segments: Vec<Segment>,
         /// The estimates are of the step Adam takes, g / (sqrt(v) + ε).
         preconditioned: bool,
+        /// B_eff's 90 % band over resamples of the stretches' measurements
+        /// (high infinite: unbounded).
+        band: (f64, f64),
     },
     /// S(B) through the noise run's updates with its final noise scale: its
     /// stretches could not be measured.
@@ -114,6 +121,31 @@ impl PredictionBasis {
         }
     }
 
+    /// B_noise's 90 % band, where the basis measured one (`None` high:
+    /// unbounded); after [`PredictionBasis::held_to_checks`], the run's band
+    /// scaled with it.
+    pub fn band(&self) -> Option<(f64, Option<f64>)> {
+        let scale = self.b_noise_run.map_or(1.0, |b| self.curve.b_noise / b);
+        match self.source {
+            BasisSource::Stretches { band: (lo, hi), .. } => {
+                Some((lo * scale, hi.is_finite().then_some(hi * scale)))
+            }
+            _ => None,
+        }
+    }
+
+    /// The curve refitted to the noise scale `b_noise` the rate checks
+    /// measured, through the run's own updates at its batch (which it
+    /// measured); a basis without a run is returned as it is.
+    pub fn held_to_checks(mut self, b_noise: f64) -> PredictionBasis {
+        if let Some(run) = self.run() {
+            let anchor = self.curve.steps(run.batch as f64);
+            self.b_noise_run = Some(self.b_noise_run.unwrap_or(self.curve.b_noise));
+            self.curve = StepsCurve::through(anchor, run.batch as f64, b_noise);
+        }
+        self
+    }
+
     /// The kind, as JSON's `method_code` writes it.
     pub fn method_code(&self) -> MethodCode {
         match self.source {
@@ -152,8 +184,16 @@ struct BasisRecord {
     method_code: Option<MethodCode>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     preconditioned: Option<bool>,
+    /// B_noise's 90 % band (stretches only; high null: unbounded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    b_noise_low: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    b_noise_high: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     sweep: Option<SweepFit>,
+    /// The noise run's own B_noise when the rate checks refitted the curve.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    b_noise_run: Option<f64>,
     /// Read back from earlier documents (the method in words) to tell the
     /// preconditioned estimates apart; written by the report, not here.
     #[serde(default, skip_serializing)]
@@ -179,6 +219,9 @@ impl From<PredictionBasis> for BasisRecord {
                 BasisSource::Stretches { preconditioned, .. } => Some(preconditioned),
                 _ => None,
             },
+            b_noise_low: b.band().map(|(lo, _)| lo),
+            b_noise_high: b.band().and_then(|(_, hi)| hi),
+            b_noise_run: b.b_noise_run,
             sweep: match b.source {
                 BasisSource::Sweep(s) => Some(s),
                 _ => None,
@@ -210,6 +253,10 @@ impl From<BasisRecord> for PredictionBasis {
                 preconditioned: r
                     .preconditioned
                     .unwrap_or_else(|| r.method.is_some_and(|m| m.contains("Adam"))),
+                band: (
+                    r.b_noise_low.unwrap_or(r.curve.b_noise),
+                    r.b_noise_high.unwrap_or(f64::INFINITY),
+                ),
             },
             MethodCode::EndValue => BasisSource::EndValue {
                 run,
@@ -229,6 +276,7 @@ impl From<BasisRecord> for PredictionBasis {
             target_loss: r.target_loss,
             curve: r.curve,
             source,
+            b_noise_run: r.b_noise_run,
         }
     }
 }
@@ -296,6 +344,7 @@ pub fn prediction_basis_to(
                 b_simple_end: n.b_simple,
                 segments: t.segments,
                 preconditioned,
+                band: t.b_noise_band,
             },
         ),
         None => {
@@ -324,6 +373,7 @@ pub fn prediction_basis_to(
         target_loss: target,
         curve,
         source,
+        b_noise_run: None,
     })
 }
 
@@ -342,6 +392,7 @@ pub fn measured_basis(
         target_loss,
         curve,
         source: BasisSource::Sweep(fit),
+        b_noise_run: None,
     }
 }
 
@@ -372,6 +423,7 @@ mod tests {
                 updates: 200.0,
                 b_simple_end: 200.0,
             },
+            b_noise_run: None,
         };
         let v = serde_json::to_value(&basis).unwrap();
         assert_eq!(v["method_code"], "end_value");

@@ -15,7 +15,7 @@ use crate::lr::{LrRule, LrScaling};
 use crate::noise::NoiseRun;
 use crate::probe::DeviceProbe;
 use crate::schedule::DeviceSchedule;
-use crate::target::{TimeToTarget, rank};
+use crate::target::{StepsCurve, TimeToTarget, rank};
 use batchfit_plan::{Bytes, Plan};
 
 /// What the decision is made from: measurements only.
@@ -32,6 +32,18 @@ pub struct Evidence<'a> {
     pub reference: (u64, f64),
     /// Seconds to gather one batch of `b` rows from the data, when there is data.
     pub input_seconds: &'a dyn Fn(u64) -> Option<f64>,
+    /// Rows of the data: no larger batch is an option (an epoch would be
+    /// under one update).
+    pub data_rows: Option<u64>,
+    /// The batch whose rule rate the rate checks held the rule at
+    /// ([`crate::stability::cap_from`]): every larger batch trains with its rate.
+    pub rate_cap: Option<u64>,
+    /// The smallest batch at which no rate tried made the predicted progress
+    /// ([`crate::stability::failed_from`]): only smaller ones are recommended.
+    pub rate_failed_from: Option<u64>,
+    /// B_noise the rate checks measured ([`crate::stability::checked_b_noise`]):
+    /// S(B) is refitted to it through the noise run.
+    pub checked_b_noise: Option<f64>,
 }
 
 /// The recommendations, time-to-target table and findings.
@@ -87,9 +99,23 @@ pub fn curve_findings(p: &DeviceProbe, points: &[StepPoint], b_noise: Option<f64
 
 /// B_noise with its 90 % band, from a sweep's measured curve (exact) or the
 /// noise run's B_simple band carried over to the effective value.
-fn noise_band(e: &Evidence, b_noise: Option<f64>) -> Option<NoiseBand> {
+fn noise_band(
+    e: &Evidence,
+    basis: Option<&PredictionBasis>,
+    b_noise: Option<f64>,
+) -> Option<NoiseBand> {
     if let Some(m) = e.measured {
         return Some(NoiseBand::exact(m.curve.b_noise));
+    }
+    // The band of the stretches' own estimate, where the noise run resolved them.
+    if let Some(b) = basis
+        && let Some((low, high)) = b.band()
+    {
+        return Some(NoiseBand {
+            b_noise: b.curve.b_noise,
+            low,
+            high,
+        });
     }
     let (n, bn) = (e.noise?, b_noise?);
     let b = n.b_simple?;
@@ -104,21 +130,28 @@ fn noise_band(e: &Evidence, b_noise: Option<f64>) -> Option<NoiseBand> {
 /// From the evidence to the advice: per device a recommendation, every option
 /// ranked by predicted time to target, the diagnosis. Spawns nothing.
 pub fn decide(e: &Evidence) -> Decision {
-    let basis = e.measured.cloned().or_else(|| {
+    let mut basis = e.measured.cloned().or_else(|| {
         e.noise
             .and_then(|n| prediction_basis(n, e.rule, e.reference))
     });
+    if let (Some(b), Some(cap)) = (basis.as_mut(), e.rate_cap) {
+        b.lr.cap_batch = Some(b.lr.cap_batch.map_or(cap, |c| c.min(cap)));
+    }
+    if let Some(bn) = e.checked_b_noise {
+        basis = basis.map(|b| b.held_to_checks(bn));
+    }
     let b_noise = basis
         .as_ref()
         .map(|b| b.curve.b_noise)
         .or(e.noise.and_then(|n| n.b_simple));
-    let band = noise_band(e, b_noise);
+    let band = noise_band(e, basis.as_ref(), b_noise);
     let mut recommendations = Vec::new();
     let mut options = Vec::new();
     let mut findings: Vec<Finding> = Vec::new();
     for p in e.probes {
         let points = p.step_points();
-        let updates = p.update_points(e.input_seconds);
+        let mut updates = p.update_points(e.input_seconds);
+        updates.retain(|q| e.data_rows.is_none_or(|rows| q.batch <= rows));
         let (max_batch, max_batch_source) = match p.max_batch {
             Some(m) => (Some(m), MaxBatchSource::Measured),
             None if p.device.is_cpu() => (
@@ -136,6 +169,7 @@ pub fn decide(e: &Evidence) -> Decision {
                 max_batch,
                 max_batch_source,
                 noise_hint: NoiseHint::GiveData,
+                rate_failed_from: e.rate_failed_from,
             },
             band,
             LrAdviceInput {
@@ -176,6 +210,10 @@ pub fn decide(e: &Evidence) -> Decision {
     );
     for t in &mut time_to_target {
         t.learning_rate = Some(lr.at(t.option.effective_batch()));
+        t.steps_band = basis
+            .as_ref()
+            .zip(band)
+            .and_then(|(b, band)| steps_band(b, band, t.option.effective_batch()));
     }
     let schedules = basis
         .as_ref()
@@ -225,6 +263,17 @@ fn device_schedules(
         .collect()
 }
 
+/// Predicted updates at `batch` for B_noise at either end of its band, the
+/// curve held through the noise run's own batch and updates (which it
+/// measured); `None` without a run or an upper bound.
+fn steps_band(basis: &PredictionBasis, band: NoiseBand, batch: u64) -> Option<(f64, f64)> {
+    let run = basis.run()?;
+    let anchor = basis.curve.steps(run.batch as f64);
+    let at = |bn: f64| StepsCurve::through(anchor, run.batch as f64, bn).steps(batch as f64);
+    let (a, b) = (at(band.low), at(band.high?));
+    Some((a.min(b), a.max(b)))
+}
+
 /// What `advise` was given: the model (null: the default model with the
 /// shipped digits), the data options and the optimizer.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -236,6 +285,20 @@ pub struct AdviceInputs {
     /// `mse` or `ce` when the model's loss was replaced.
     pub loss: Option<String>,
     pub optimizer: batchfit_plan::Optimizer,
+    /// Whether batchfit's runs trained on standardised inputs (`--standardize`);
+    /// `sweep --verify` trains the same.
+    #[serde(default)]
+    pub standardize: bool,
+}
+
+/// One noise run of `--noise-seeds`, decided on alone: how far the seeds agree.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct SeedNoise {
+    pub seed: u64,
+    /// The effective noise scale of this run alone (`None`: not resolved).
+    pub b_noise: Option<f64>,
+    /// The batch this run alone would recommend on each device, in device order.
+    pub recommended: Vec<Option<u64>>,
 }
 
 /// Everything `advise` measured and decided, for the report.
@@ -262,6 +325,17 @@ pub struct Advice {
     /// With no `--device`: the kinds of device this build or machine could
     /// not use, each with the reason.
     pub devices_not_used: Vec<String>,
+    /// What the data looks like, as read (before `--standardize`).
+    pub data_profile: Option<crate::dataset::DataProfile>,
+    /// Each noise run of `--noise-seeds` decided on alone (empty with one run).
+    pub noise_seeds: Vec<SeedNoise>,
+    /// The short runs at the rule's rate (and its halvings) at the recommended
+    /// and the largest batches.
+    pub rate_checks: Vec<crate::stability::RateCheck>,
+    /// The batch the rate checks held the rule at ([`crate::stability::cap_from`]).
+    pub rate_cap: Option<u64>,
+    /// The smallest checked batch where no rate trained; the advice is below it.
+    pub rate_failed_from: Option<u64>,
 }
 #[cfg(test)]
 mod tests {
@@ -314,6 +388,10 @@ mod tests {
             rule: LrRule::Sqrt,
             reference: (16, 1e-3),
             input_seconds: &|_| None,
+            rate_cap: None,
+            data_rows: None,
+            rate_failed_from: None,
+            checked_b_noise: None,
         });
         let order: Vec<(DeviceSpec, u64, u64)> = d
             .time_to_target
@@ -386,6 +464,10 @@ mod tests {
             rule: LrRule::Sqrt,
             reference: (16, 1e-3),
             input_seconds: &|_| None,
+            rate_cap: None,
+            data_rows: None,
+            rate_failed_from: None,
+            checked_b_noise: None,
         });
         for t in &d.time_to_target {
             let b = t.option.micro_batch.min(200) as f64;

@@ -7,7 +7,8 @@
 //! - [`trial`]: how one trial (a fresh process) ended and what it measured;
 //! - [`probe`]: one device's measured curve, max-batch search and knee;
 //! - [`noise`]: a noise run on the user's data (McCandlish et al. 2018);
-//! - [`sweep`]: real training runs and their summary.
+//! - [`sweep`]: real training runs and their summary;
+//! - [`dataset`]: what the training data looks like, and what to fix in it.
 //!
 //! The decisions:
 //! - [`decide`]: **where `advise`'s recommendation is decided**, from all of it;
@@ -17,6 +18,7 @@
 //! - [`trajectory`]: updates to a target summed over a run's stretches;
 //! - [`diagnose`]: findings from the measured curves;
 //! - [`schedule`]: a batch-size ramp; [`world`]: data-parallel world sizes;
+//! - [`stability`]: a short run at an advised rate, and the cap where it fails;
 //! - [`verify`]: predicted beside measured, and whether the advice held;
 //! - [`buckets`] and [`lengths`]: batches for variable-length sequences.
 //!
@@ -28,6 +30,7 @@
 pub mod advice;
 pub mod basis;
 pub mod buckets;
+pub mod dataset;
 pub mod decide;
 pub mod device;
 pub mod diagnose;
@@ -40,6 +43,7 @@ pub mod probe;
 pub mod run;
 pub mod schedule;
 pub mod search;
+pub mod stability;
 pub mod stats;
 pub mod sweep;
 pub mod target;

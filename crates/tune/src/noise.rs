@@ -217,6 +217,11 @@ pub fn critical_batch(b_noise: f64) -> u64 {
 /// run on the shipped examples in seconds.
 pub const DEFAULT_STEPS: usize = 200;
 
+/// `advise`'s noise runs: two seeds pooled halve the variance of every
+/// step's estimate and show whether a second run agrees, for twice the noise
+/// run's cost (a fraction of `advise`'s).
+pub const DEFAULT_NOISE_SEEDS: usize = 2;
+
 /// The estimator's small batch by default: 16 samples, the batch a per-sample
 /// gradient's noise is seen through at small batches.
 pub const DEFAULT_B_SMALL: usize = 16;
@@ -283,6 +288,71 @@ pub struct NoiseRunSetup {
 }
 
 impl NoiseRun {
+    /// Several runs of the same settings (other seeds: data order, initial
+    /// weights) as one: their raw estimates and losses averaged step by step,
+    /// which is as many measurements per step as there are runs, and the
+    /// smoothed estimates and the conclusions made again from those.
+    pub fn pool(runs: &[NoiseRun]) -> Option<NoiseRun> {
+        let first = runs.first()?;
+        if runs.len() == 1 {
+            return Some(first.clone());
+        }
+        let steps = runs.iter().map(|r| r.history.len()).min().unwrap_or(0);
+        let n = runs.len() as f64;
+        let mean = |f: &dyn Fn(&NoiseRecord) -> f64, i: usize| {
+            runs.iter().map(|r| f(&r.history[i])).sum::<f64>() / n
+        };
+        let mean_opt = |f: &dyn Fn(&NoiseRecord) -> Option<f64>, i: usize| {
+            let v: Vec<f64> = runs.iter().filter_map(|r| f(&r.history[i])).collect();
+            (v.len() == runs.len()).then(|| v.iter().sum::<f64>() / n)
+        };
+        let beta = (first.lr > 0.0).then_some(0.95);
+        let mut est = NoiseEstimator::new(beta);
+        let history: Vec<NoiseRecord> = (0..steps)
+            .map(|i| {
+                let (g2_raw, trace_raw) = (mean(&|r| r.g2_raw, i), mean(&|r| r.trace_raw, i));
+                est.push(RawEstimate {
+                    g2: g2_raw,
+                    trace: trace_raw,
+                });
+                let e = est.estimate();
+                NoiseRecord {
+                    step: first.history[i].step,
+                    loss: mean(&|r| r.loss, i),
+                    train_loss: mean_opt(&|r| r.train_loss, i),
+                    b_simple: e.map(|e| e.b_simple),
+                    b_simple_low: e.map(|e| e.low),
+                    b_simple_high: e.map(|e| e.high).filter(|h| h.is_finite()),
+                    g2: e.map(|e| e.g2),
+                    trace: e.map(|e| e.trace),
+                    g2_raw,
+                    trace_raw,
+                    g2_raw_preconditioned: mean_opt(&|r| r.g2_raw_preconditioned, i),
+                    trace_raw_preconditioned: mean_opt(&|r| r.trace_raw_preconditioned, i),
+                    epoch: first.history[i].epoch,
+                }
+            })
+            .collect();
+        let batches: Vec<u64> = first.predictions.iter().map(|p| p.batch).collect();
+        let reference = first.lr_advice.as_ref().map(|a| (a.ref_batch, a.ref_lr));
+        Some(NoiseRun::conclude(
+            NoiseRunSetup {
+                model: first.model.clone(),
+                data: first.data.clone(),
+                rows: first.rows,
+                b_small: first.b_small,
+                k: first.b_big / first.b_small.max(1),
+                lr: first.lr,
+                optimizer: first.optimizer,
+                steps: first.steps,
+                batches,
+                reference,
+            },
+            history,
+            est.estimate(),
+        ))
+    }
+
     /// The run's conclusions from its history and final estimate: B_simple with
     /// its band, predictions per batch, learning rates per batch when a
     /// reference was given.

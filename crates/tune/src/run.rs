@@ -156,6 +156,7 @@ pub fn advise_run(
                 MaxBatchSource::NotSearched
             },
             noise_hint: NoiseHint::PythonHelper,
+            rate_failed_from: None,
         },
         noise.map(|n| NoiseBand {
             b_noise: n.b_simple,

@@ -73,6 +73,10 @@ pub struct TimeToTarget {
     pub steps: Option<f64>,
     /// Predicted seconds when `S_min` is known, else `None`.
     pub seconds: Option<f64>,
+    /// Predicted updates at either end of B_noise's 90 % band (the curve held
+    /// through the noise run's own batch), when the band is known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps_band: Option<(f64, f64)>,
     /// The learning rate the prediction assumes at this effective batch, when
     /// the rule has a reference.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -93,6 +97,7 @@ pub fn rank(options: &[TrainingOption], b_noise: f64, s_min: Option<f64>) -> Vec
                 steps_vs_min,
                 steps: s_min.map(|s| s * steps_vs_min),
                 seconds: s_min.map(|s| s * steps_vs_min * o.update_s()),
+                steps_band: None,
                 learning_rate: None,
                 vs_best: steps_vs_min * o.update_s(),
             }

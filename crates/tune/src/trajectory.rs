@@ -58,7 +58,19 @@ pub struct Trajectory {
     /// Updates the run took to reach the target.
     pub updates_to_target: f64,
     pub segments: Vec<Segment>,
+    /// The 90 % band of B_eff ([`Trajectory::curve`]'s B_noise) over resamples of
+    /// each stretch's measurements; `high` infinite where a resample of some stretch
+    /// has no positive |G|^2.
+    pub b_noise_band: (f64, f64),
 }
+
+/// One-sided 95 % normal quantile: a stretch's |G|^2 counts as measured when its
+/// mean less this many standard errors is still above zero.
+const Z: f64 = 1.645;
+
+/// Resamples of the measurements behind the band of B_eff: enough that the 5th and
+/// 95th percentiles move by a few percent between seeds.
+const RESAMPLES: usize = 400;
 
 impl Trajectory {
     /// Predicted updates to the target at `batch`: Σ ΔS_min,i (1 + B_i / B).
@@ -93,7 +105,7 @@ pub fn reach(losses: &[(f64, f64)], target: f64) -> Option<f64> {
     Some(u0 + t * (u1 - u0))
 }
 
-/// The loss curve at `updates`, linear between evaluations.
+/// The loss curve at `updates`, linear between evaluations (NaN without any).
 fn loss_at(losses: &[(f64, f64)], updates: f64) -> f64 {
     match losses.iter().position(|p| p.0 >= updates) {
         Some(0) | None if losses.is_empty() => f64::NAN,
@@ -150,9 +162,21 @@ pub fn trajectory(
             p.iter().map(|q| q.trace_raw).sum::<f64>(),
         )
     };
+    // A stretch on a plateau, where |G|^2 is small and indistinguishable from
+    // zero, carries no noise scale (its ratio reads as 1e9 or 1e10): it is
+    // merged with a neighbour, as a stretch whose sums are not positive is. A
+    // stretch whose |G|^2 is large but noisy (Adam's first steps, before its
+    // second moment has settled) is no plateau: it keeps its own ratio.
+    let mean_g2 = |(a, b): (usize, usize)| sums((a, b)).0 / (b - a).max(1) as f64;
+    let typical_g2 = {
+        let mut m: Vec<f64> = bounds.iter().map(|&r| mean_g2(r)).collect();
+        m.sort_by(f64::total_cmp);
+        m.get(m.len() / 2).copied().unwrap_or(0.0)
+    };
     let measurable = |r: (usize, usize)| {
         let (g2, tr) = sums(r);
-        g2 > 0.0 && tr > 0.0 && g2.is_finite() && tr.is_finite()
+        let plateau = mean_g2(r) < typical_g2 && !g2_resolved(&points[r.0..r.1]);
+        g2 > 0.0 && tr > 0.0 && g2.is_finite() && tr.is_finite() && !plateau
     };
     while let Some(i) = bounds.iter().position(|&r| !measurable(r)) {
         if bounds.len() == 1 {
@@ -180,11 +204,69 @@ pub fn trajectory(
             }
         })
         .collect();
+    let b_noise_band = band(points, &bounds, &updates_at, run_batch);
     Some(Trajectory {
         run_batch,
         updates_to_target: reached - start,
         segments,
+        b_noise_band,
     })
+}
+
+/// Whether a stretch's summed |G|^2 is above zero beyond its measurements' noise:
+/// the mean of its raw estimates less [`Z`] standard errors stays positive. A
+/// stretch of one measurement has no spread to judge: its sign decides.
+fn g2_resolved(points: &[RunPoint]) -> bool {
+    let n = points.len() as f64;
+    if points.len() < 2 {
+        return true;
+    }
+    let mean = points.iter().map(|p| p.g2_raw).sum::<f64>() / n;
+    let var = points
+        .iter()
+        .map(|p| (p.g2_raw - mean).powi(2))
+        .sum::<f64>()
+        / (n - 1.0);
+    mean - Z * (var / n).sqrt() > 0.0
+}
+
+/// The 90 % band of B_eff: each stretch's measurements resampled with replacement
+/// (a seeded generator, so the band is reproducible), B_eff recomputed over the
+/// stretches, its 5th and 95th percentiles.
+fn band(
+    points: &[RunPoint],
+    bounds: &[(usize, usize)],
+    updates_at: &dyn Fn(usize) -> f64,
+    run_batch: f64,
+) -> (f64, f64) {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    let mut rng = StdRng::seed_from_u64(0x5eed);
+    let mut values: Vec<f64> = (0..RESAMPLES)
+        .map(|_| {
+            let (mut s_min, mut weighted) = (0.0, 0.0);
+            for &(a, b) in bounds {
+                let n = b - a;
+                let (mut g2, mut tr) = (0.0, 0.0);
+                for _ in 0..n {
+                    let p = &points[a + rng.random_range(0..n)];
+                    g2 += p.g2_raw;
+                    tr += p.trace_raw;
+                }
+                if g2 <= 0.0 || tr <= 0.0 {
+                    return f64::INFINITY;
+                }
+                let b_i = tr / g2;
+                let ds = (updates_at(b) - updates_at(a)) / updates_vs_min(b_i, run_batch);
+                s_min += ds;
+                weighted += ds * b_i;
+            }
+            weighted / s_min
+        })
+        .collect();
+    values.sort_by(f64::total_cmp);
+    let at = |q: f64| values[((values.len() - 1) as f64 * q).round() as usize];
+    (at(0.05), at(0.95))
 }
 
 #[cfg(test)]
@@ -251,6 +333,67 @@ mod tests {
         assert!((t.steps(64.0) - t.updates_to_target).abs() < 1e-9);
         assert!(trajectory(&points, &losses, 64.0, 0.1).is_none());
         assert!(trajectory(&points, &losses, 64.0, 5.0).is_none());
+    }
+
+    /// A plateau: the last stretch's |G|^2 scatters around zero (its ratio would
+    /// read as a noise scale of thousands or worse); it is merged into the stretch
+    /// before it instead of carrying that value, and the band of B_eff holds the
+    /// estimate.
+    #[test]
+    fn a_plateau_carries_no_noise_scale_of_its_own() {
+        let mut seed = 7u64;
+        let mut noise = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 33) as f64 / (1u64 << 31) as f64) - 0.5
+        };
+        let points: Vec<RunPoint> = (0..60)
+            .map(|i| RunPoint {
+                updates: i as f64,
+                g2_raw: if i < 40 {
+                    1.0 + 0.4 * noise()
+                } else {
+                    0.05 + 2.0 * noise()
+                },
+                trace_raw: 100.0 + 40.0 * noise(),
+            })
+            .collect();
+        let losses = [(0.0, 2.0), (59.0, 0.5)];
+        let t = trajectory(&points, &losses, 64.0, 0.5).unwrap();
+        assert_eq!(t.segments.len(), 2, "{:?}", t.segments);
+        assert_eq!(
+            t.segments[1].updates, 39.0,
+            "the plateau joined its neighbour"
+        );
+        assert!(
+            t.segments.iter().all(|s| s.b_noise < 1000.0),
+            "{:?}",
+            t.segments
+        );
+        let (lo, hi) = t.b_noise_band;
+        let b = t.curve().b_noise;
+        assert!(lo <= b && b <= hi && lo > 0.0, "{lo} {b} {hi}");
+    }
+
+    /// Adam's first steps: |G|^2 huge and noisy (some estimates negative) before
+    /// its second moment settles. Not a plateau: the stretch keeps its own ratio.
+    #[test]
+    fn a_large_noisy_start_is_no_plateau() {
+        let points: Vec<RunPoint> = (0..60)
+            .map(|i| RunPoint {
+                updates: i as f64,
+                g2_raw: match i {
+                    0..20 if i % 2 == 0 => 1e6,
+                    0..20 => -9e5,
+                    _ => 1.0 + 0.01 * (i % 3) as f64,
+                },
+                trace_raw: if i < 20 { 1e7 } else { 100.0 },
+            })
+            .collect();
+        let losses = [(0.0, 2.0), (59.0, 0.5)];
+        let t = trajectory(&points, &losses, 64.0, 0.5).unwrap();
+        assert_eq!(t.segments.len(), 3, "{:?}", t.segments);
     }
 
     /// A script that measures every 5th update: stretches count updates, not measurements.

@@ -24,6 +24,10 @@ pub struct AdviseArgs {
     /// Steps of the noise-scale run (0 skips it).
     #[arg(long, default_value_t = batchfit_tune::noise::DEFAULT_STEPS)]
     pub noise_steps: usize,
+    /// Noise runs, one per seed from --seed: pooled for the advice, and each
+    /// decided on alone to show how far they agree.
+    #[arg(long, default_value_t = batchfit_tune::noise::DEFAULT_NOISE_SEEDS, value_parser = crate::options::positive_usize)]
+    pub noise_seeds: usize,
     #[command(flatten)]
     pub estimator: EstimatorFlags,
     #[command(flatten)]
@@ -118,6 +122,7 @@ fn config(args: &AdviseArgs) -> CliResult<AdviseConfig> {
         data: args.data.source(),
         devices,
         noise_steps: args.noise_steps,
+        noise_seeds: args.noise_seeds,
         b_small: args.estimator.b_small,
         k: args.estimator.k,
         command: std::env::args().collect::<Vec<_>>().join(" "),

@@ -72,7 +72,7 @@ impl NoiseFlags {
 pub fn run(args: NoiseArgs) -> CliResult {
     let bar = progress(args.json.json);
     bar.0.set_length(args.noise.steps as u64);
-    let doc = noise(
+    let (doc, profile) = noise(
         args.model.as_deref(),
         &args.data.source(),
         &args.noise.settings(),
@@ -88,5 +88,11 @@ pub fn run(args: NoiseArgs) -> CliResult {
         },
     )?;
     drop(bar);
-    emit(&doc, &NoiseDocument::new(&doc), args.json.json, render)
+    let read = (doc, profile);
+    emit(
+        &read,
+        &NoiseDocument::new(&read.0).with_data(&read.1),
+        args.json.json,
+        |(d, p)| render(d) + &batchfit_report::data::section(p),
+    )
 }

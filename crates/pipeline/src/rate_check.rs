@@ -1,0 +1,183 @@
+//! The runs behind "a rate that trains" (`batchfit_tune::stability`): first
+//! the noise run's own batch and rate (the reference), then each recommended
+//! batch, its neighbours and the largest batch of the table, each trained to the noise run's
+//! target at the rule's rate, then at its halvings where it failed; the
+//! decision is made again until the batches it names have trained.
+
+use crate::Result;
+use batchfit_data::Dataset;
+use batchfit_engine::TrainConfig;
+use batchfit_engine::sweep::run_to_target;
+use batchfit_graph::Graph;
+use batchfit_tune::basis::PredictionBasis;
+use batchfit_tune::decide::Decision;
+use batchfit_tune::lr::LrScaling;
+use batchfit_tune::stability::{
+    HALVINGS, RateCheck, RateVerdict, cap_from, check_limit, checked_b_noise, failed_from, judge,
+};
+
+/// Rounds of check-then-decide: each round checks the batches the last
+/// decision names that no round has checked; a failed batch moves the
+/// recommendation below it, so a few rounds reach a batch that trains.
+pub const ROUNDS: usize = 4;
+
+/// What the checks found, for the next decision.
+#[derive(Clone, Debug, Default)]
+pub struct RateFindings {
+    pub checks: Vec<RateCheck>,
+    /// The batch the rule is held at ([`cap_from`]).
+    pub cap: Option<u64>,
+    /// The smallest batch where no rate trained ([`failed_from`]).
+    pub failed_from: Option<u64>,
+    /// B_noise as the checks measured it ([`checked_b_noise`]).
+    pub b_noise: Option<f64>,
+}
+
+/// Checks the batches `decide` names, deciding again after each round, until
+/// the named batches have all been checked (or [`ROUNDS`] are spent).
+/// Returns the last decision and the findings it was made with.
+pub fn checked_decision(
+    graph: &Graph,
+    base: &TrainConfig,
+    data: &Dataset,
+    mut decide: impl FnMut(&RateFindings) -> Decision,
+) -> Result<(Decision, RateFindings)> {
+    let mut found = RateFindings::default();
+    let mut decision = decide(&found);
+    // The checks are held to the noise run's own curve, whatever a round refitted.
+    let Some(run_basis) = decision.basis.clone() else {
+        return Ok((decision, found));
+    };
+    let Some(run) = run_basis.run() else {
+        return Ok((decision, found));
+    };
+    // The reference: the run's own batch and rate, which S(B) says takes the
+    // run's updates; the other checks are read relative to it.
+    found
+        .checks
+        .extend(check_rates(graph, base, data, &run_basis, &[run.batch], 0)?);
+    for round in 0..ROUNDS {
+        let Some(basis) = decision.basis.clone() else {
+            break;
+        };
+        let batches = to_check(&decision, &found.checks, round == 0);
+        if batches.is_empty() {
+            break;
+        }
+        found
+            .checks
+            .extend(check_rates(graph, base, data, &basis, &batches, HALVINGS)?);
+        // Never below the run's own batch, whose rate the run trained with.
+        found.cap = cap_from(&basis.lr, &found.checks).map(|c| c.max(run.batch));
+        found.failed_from = failed_from(&found.checks);
+        let advised = LrScaling {
+            cap_batch: match (run_basis.lr.cap_batch, found.cap) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            },
+            ..run_basis.lr
+        };
+        found.b_noise = checked_b_noise(&run_basis, &advised, &found.checks);
+        let next = decide(&found);
+        if next
+            .recommendations
+            .iter()
+            .all(|r| r.recommended_batch.is_none())
+        {
+            // Nothing below the failed batch to recommend: keep the named
+            // batch, which the report says did not train.
+            found.failed_from = None;
+            decision = decide(&found);
+            break;
+        }
+        decision = next;
+    }
+    Ok((decision, found))
+}
+
+/// The batches to check next: every device's recommended batch and its
+/// neighbours in the time-to-target table (the next smaller and larger
+/// single-step batch: the choice is between them, so S(B) is measured
+/// there), and in the first round the table's largest batch (the far end of
+/// the fit); none already checked at the rate the decision now gives it (a
+/// cap changes the rate of the batches above it). Ascending.
+fn to_check(d: &Decision, checked: &[RateCheck], first: bool) -> Vec<u64> {
+    let Some(basis) = &d.basis else {
+        return Vec::new();
+    };
+    let mut wanted = Vec::new();
+    for r in &d.recommendations {
+        let Some(b) = r.recommended_batch else {
+            continue;
+        };
+        let mut on_device: Vec<u64> = d
+            .time_to_target
+            .iter()
+            .filter(|t| t.option.device == r.device && t.option.accumulation == 1)
+            .map(|t| t.option.micro_batch)
+            .collect();
+        on_device.sort_unstable();
+        on_device.dedup();
+        wanted.push(b);
+        wanted.extend(on_device.iter().rev().find(|&&x| x < b));
+        wanted.extend(on_device.iter().find(|&&x| x > b));
+        if first {
+            wanted.extend(on_device.last());
+        }
+    }
+    let at_rate = |b: u64| {
+        let rate = basis.lr.at(b);
+        checked
+            .iter()
+            .any(|c| c.batch == b && (c.lr - rate).abs() <= 1e-9 * rate)
+    };
+    wanted.retain(|&b| !at_rate(b));
+    wanted.sort_unstable();
+    wanted.dedup();
+    wanted
+}
+
+/// Each batch's check: the rule's rate under `basis` trained to its target,
+/// then up to `halvings` halvings of it until one trains.
+fn check_rates(
+    graph: &Graph,
+    base: &TrainConfig,
+    data: &Dataset,
+    basis: &PredictionBasis,
+    batches: &[u64],
+    halvings: u32,
+) -> Result<Vec<RateCheck>> {
+    let mut checks = Vec::new();
+    for &batch in batches.iter().filter(|&&b| b as usize <= data.rows) {
+        let max_steps = check_limit(basis, batch);
+        let rule = basis.lr.at(batch);
+        for h in 0..=halvings {
+            let lr = rule / 2f64.powi(h as i32);
+            let (start, end, reached) = run_to_target(
+                graph,
+                base,
+                data,
+                batch as usize,
+                lr,
+                basis.target_loss,
+                max_steps,
+            )?;
+            let verdict = judge(start, end, reached);
+            checks.push(RateCheck {
+                batch,
+                lr,
+                rule_rate: h == 0,
+                max_steps,
+                loss_start: start,
+                loss_end: end,
+                steps_to_target: reached,
+                predicted_steps: basis.curve.steps(batch as f64),
+                verdict,
+            });
+            if verdict == RateVerdict::Trains {
+                break;
+            }
+        }
+    }
+    Ok(checks)
+}

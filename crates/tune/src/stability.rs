@@ -1,0 +1,353 @@
+//! A rate that trains, and steps that are measured: before a batch's
+//! learning rate is advised, a run at it on the user's data, from the noise
+//! run's initial weights, trains to the noise run's target. A run whose loss
+//! turns to NaN or rises diverged; one that does not reach the target within
+//! twice its predicted updates stalled. Where the rule's rate fails, a halved
+//! rate is tried, and the rule is held (capped) at the batch whose rate
+//! trained; S(B) is then fitted to the updates the checks took.
+//!
+//! Adam's best rate rises with the batch and then falls past B_noise (Li et
+//! al. 2024, "Surge phenomenon in optimal learning rate and batch size
+//! scaling"); inputs far from order one make large rates fail sooner.
+
+use crate::basis::PredictionBasis;
+use crate::lr::{LrRule, LrScaling};
+use serde::Serialize;
+
+/// A check trains for at most this many times its predicted updates (and at
+/// least [`MIN_CHECK_STEPS`]): a run that has not reached the target by then
+/// is not the run S(B) predicts.
+pub const CHECK_LIMIT: f64 = 2.0;
+pub const MIN_CHECK_STEPS: u64 = 20;
+
+/// Halvings of the rule's rate tried at a batch whose rate failed.
+pub const HALVINGS: u32 = 2;
+
+/// How a check's run went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RateVerdict {
+    Trains,
+    /// The loss rose or became NaN.
+    Diverged,
+    /// It did not reach the target within [`CHECK_LIMIT`] x its predicted updates.
+    Stalled,
+}
+
+/// One run at a batch and rate, to the noise run's target.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct RateCheck {
+    pub batch: u64,
+    pub lr: f64,
+    /// Whether this is the rule's rate at the batch (else a halving of it).
+    pub rule_rate: bool,
+    /// The updates it was allowed.
+    pub max_steps: u64,
+    /// The loss on the fixed training rows before and at the end (measured).
+    pub loss_start: f64,
+    pub loss_end: f64,
+    /// Updates to the target (measured; `None`: not reached).
+    pub steps_to_target: Option<f64>,
+    /// S(B) at this batch (predicted).
+    pub predicted_steps: f64,
+    pub verdict: RateVerdict,
+}
+
+/// The updates a check at `batch` may take.
+pub fn check_limit(basis: &PredictionBasis, batch: u64) -> u64 {
+    ((basis.curve.steps(batch as f64) * CHECK_LIMIT).ceil() as u64).max(MIN_CHECK_STEPS)
+}
+
+/// The verdict on a run whose loss went from `start` to `end`, reaching the
+/// target after `reached` updates (`None`: not within its limit).
+pub fn judge(start: f64, end: f64, reached: Option<f64>) -> RateVerdict {
+    if reached.is_some() {
+        RateVerdict::Trains
+    } else if !end.is_finite() || end > start {
+        RateVerdict::Diverged
+    } else {
+        RateVerdict::Stalled
+    }
+}
+
+/// The smallest checked batch at which no rate tried trained.
+pub fn failed_from(checks: &[RateCheck]) -> Option<u64> {
+    checks
+        .iter()
+        .map(|c| c.batch)
+        .filter(|&b| {
+            !checks
+                .iter()
+                .any(|c| c.batch == b && c.verdict == RateVerdict::Trains)
+        })
+        .min()
+}
+
+/// The updates a check at the noise run's own batch and rate took, over the
+/// run's own: S(B) predicts 1; what it makes is the checks' offset from the
+/// run (the run's seeds pooled, its evaluations on another schedule), and
+/// every other check is read relative to it. 1 without such a check.
+pub fn reference_share(basis: &PredictionBasis, checks: &[RateCheck]) -> f64 {
+    basis
+        .run()
+        .and_then(|run| {
+            let check = checks
+                .iter()
+                .find(|c| c.batch == run.batch && c.rule_rate)?;
+            Some(check.steps_to_target? / basis.curve.steps(run.batch as f64))
+        })
+        .filter(|k| k.is_finite() && *k > 0.0)
+        .unwrap_or(1.0)
+}
+
+/// Each checked batch's updates to the target at the rate `advised` gives it
+/// (else the fewest of the rates tried), relative to the reference check
+/// ([`reference_share`]), beside S(B): (batch, measured, predicted). The run's
+/// own batch is left out.
+pub fn measured_steps(
+    basis: &PredictionBasis,
+    advised: &LrScaling,
+    checks: &[RateCheck],
+) -> Vec<(u64, f64, f64)> {
+    let Some(run) = basis.run() else {
+        return Vec::new();
+    };
+    let reference = reference_share(basis, checks);
+    let mut batches: Vec<u64> = checks
+        .iter()
+        .map(|c| c.batch)
+        .filter(|&b| b != run.batch)
+        .collect();
+    batches.sort_unstable();
+    batches.dedup();
+    batches
+        .into_iter()
+        .filter_map(|b| {
+            let rate = advised.at(b);
+            let of = || checks.iter().filter(move |c| c.batch == b);
+            let steps = of()
+                .find(|c| (c.lr - rate).abs() <= 1e-9 * rate)
+                .and_then(|c| c.steps_to_target)
+                .or_else(|| {
+                    of().filter_map(|c| c.steps_to_target)
+                        .min_by(f64::total_cmp)
+                })?;
+            Some((b, steps / reference, basis.curve.steps(b as f64)))
+        })
+        .collect()
+}
+
+/// The largest B_noise a refit may reach, as a multiple of the larger of the
+/// run's B_noise and the largest checked batch: past it S(B) no longer changes
+/// over the checked batches.
+const REFIT_CEILING: f64 = 100.0;
+
+/// B_noise as the checks measured it: the value whose S(B) through the run's
+/// own batch and updates fits the updates the checks took at the `advised`
+/// rates (relative to the reference) best in log, by least squares over a log-spaced grid from 1 to
+/// `REFIT_CEILING` times the larger of the run's B_noise and the largest
+/// checked batch (a grid needs no starting point and cannot leave the
+/// interval). The checks trained to the same target as the run, each at the
+/// batch and rate the advice names, so they measure S(B) where the run only
+/// extrapolates to it. `None` without a check beside the reference that
+/// reached the target.
+pub fn checked_b_noise(
+    basis: &PredictionBasis,
+    advised: &LrScaling,
+    checks: &[RateCheck],
+) -> Option<f64> {
+    let run = basis.run()?;
+    let measured = measured_steps(basis, advised, checks);
+    if measured.is_empty() {
+        return None;
+    }
+    let (br, s_run) = (run.batch as f64, basis.curve.steps(run.batch as f64));
+    let misfit = |bn: f64| -> f64 {
+        measured
+            .iter()
+            .map(|&(b, m, _)| {
+                let predicted = s_run * (1.0 + bn / b as f64) / (1.0 + bn / br);
+                (m.ln() - predicted.ln()).powi(2)
+            })
+            .sum()
+    };
+    const GRID: usize = 600;
+    let largest = measured.iter().map(|p| p.0 as f64).fold(br, f64::max);
+    let high = REFIT_CEILING * basis.curve.b_noise.max(largest);
+    (0..=GRID)
+        .map(|i| high.powf(i as f64 / GRID as f64))
+        .min_by(|a, b| misfit(*a).total_cmp(&misfit(*b)))
+}
+
+/// The batch whose rate under `lr`'s rule (uncapped) is `rate`: the rule held
+/// from there gives every larger batch that rate.
+pub fn batch_for_rate(lr: &LrScaling, rate: f64) -> u64 {
+    let ratio = rate / lr.ref_lr;
+    let b = match lr.rule {
+        LrRule::Linear => lr.ref_batch as f64 * ratio,
+        LrRule::Sqrt => lr.ref_batch as f64 * ratio * ratio,
+        LrRule::Fixed => f64::INFINITY,
+    };
+    b.floor().clamp(1.0, u64::MAX as f64) as u64
+}
+
+/// The cap the checks imply: the smallest of the batches whose rule rate was
+/// the largest rate that trained at a batch where the rule's own rate failed.
+/// `None` when every rule rate trained (or none trained at all at some batch,
+/// which no cap mends: the report says so).
+pub fn cap_from(lr: &LrScaling, checks: &[RateCheck]) -> Option<u64> {
+    let mut batches: Vec<u64> = checks.iter().map(|c| c.batch).collect();
+    batches.sort_unstable();
+    batches.dedup();
+    batches
+        .iter()
+        .filter_map(|&b| {
+            let of: Vec<&RateCheck> = checks.iter().filter(|c| c.batch == b).collect();
+            let rule_failed = of
+                .iter()
+                .any(|c| c.rule_rate && c.verdict != RateVerdict::Trains);
+            let trained = of
+                .iter()
+                .filter(|c| c.verdict == RateVerdict::Trains)
+                .map(|c| c.lr)
+                .fold(None, |m: Option<f64>, r| Some(m.map_or(r, |m| m.max(r))));
+            match (rule_failed, trained) {
+                (true, Some(rate)) => Some(batch_for_rate(lr, rate).min(b)),
+                _ => None,
+            }
+        })
+        .min()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::basis::{BasisSource, NoiseRunAt};
+    use crate::target::StepsCurve;
+
+    fn basis() -> PredictionBasis {
+        PredictionBasis {
+            lr: LrScaling {
+                rule: LrRule::Sqrt,
+                ref_batch: 16,
+                ref_lr: 1e-3,
+                cap_batch: Some(1024),
+            },
+            warmup_epochs: 0.0,
+            target_loss: 0.1,
+            curve: StepsCurve {
+                s_min: 50.0,
+                b_noise: 128.0,
+            },
+            source: BasisSource::EndValue {
+                run: NoiseRunAt {
+                    batch: 128,
+                    lr: 2.8e-3,
+                },
+                updates: 100.0,
+                b_simple_end: 128.0,
+            },
+            b_noise_run: None,
+        }
+    }
+
+    fn check(
+        batch: u64,
+        lr: f64,
+        rule_rate: bool,
+        steps: Option<f64>,
+        verdict: RateVerdict,
+    ) -> RateCheck {
+        RateCheck {
+            batch,
+            lr,
+            rule_rate,
+            max_steps: 200,
+            loss_start: 2.0,
+            loss_end: 0.1,
+            steps_to_target: steps,
+            predicted_steps: 0.0,
+            verdict,
+        }
+    }
+
+    #[test]
+    fn a_check_trains_when_it_reaches_the_target_within_its_limit() {
+        let b = basis();
+        // S(B) = 50 (1 + 128/B): S(512) = 62.5, S(16) = 450.
+        assert_eq!(check_limit(&b, 512), 125);
+        assert_eq!(check_limit(&b, 4096), 104);
+        assert_eq!(judge(2.0, 0.1, Some(80.0)), RateVerdict::Trains);
+        assert_eq!(judge(2.0, 0.5, None), RateVerdict::Stalled);
+        assert_eq!(judge(2.0, 2.1, None), RateVerdict::Diverged);
+        assert_eq!(judge(2.0, f64::NAN, None), RateVerdict::Diverged);
+    }
+
+    #[test]
+    fn a_failed_rule_rate_caps_the_rule_where_a_halving_trained() {
+        let lr = basis().lr;
+        // sqrt rule from 1e-3 at 16: 1024 gets 8e-3; 4e-3 is the rule's rate at 256.
+        let checks = [
+            check(256, 4e-3, true, Some(70.0), RateVerdict::Trains),
+            check(1024, 8e-3, true, None, RateVerdict::Stalled),
+            check(1024, 4e-3, false, Some(60.0), RateVerdict::Trains),
+        ];
+        assert_eq!(batch_for_rate(&lr, 4e-3), 256);
+        assert_eq!(cap_from(&lr, &checks), Some(256));
+        assert_eq!(cap_from(&lr, &checks[..1]), None, "every rule rate trained");
+        let none_trained = [check(1024, 8e-3, true, None, RateVerdict::Diverged)];
+        assert_eq!(cap_from(&lr, &none_trained), None);
+        assert_eq!(failed_from(&checks), None);
+        assert_eq!(failed_from(&none_trained), Some(1024));
+    }
+
+    #[test]
+    fn checks_off_s_of_b_refit_b_noise_to_what_they_measured_relative_to_the_reference() {
+        let b = basis();
+        // The run: 100 updates at 128. The reference check took 110 (10 % slow):
+        // every check is read relative to it.
+        let reference = check(128, 2.8e-3, true, Some(110.0), RateVerdict::Trains);
+        assert!((reference_share(&b, &[reference]) - 1.1).abs() < 1e-12);
+        // S(512) = 62.5 predicted; 68.75 measured is 62.5 relative: B_noise stands.
+        let near = check(512, 5.6e-3, true, Some(68.75), RateVerdict::Trains);
+        let bn = checked_b_noise(&b, &b.lr, &[reference, near]).unwrap();
+        assert!((bn - 128.0).abs() / 128.0 < 0.03, "{bn}");
+        assert_eq!(
+            checked_b_noise(&b, &b.lr, &[reference]),
+            None,
+            "the reference alone"
+        );
+        // The updates S(B) through the run (100 at 128) gives at batch `at` for B_noise
+        // `bn`, as the checks would take them (10 % slow, as the reference).
+        let took = |bn: f64, at: f64| 1.1 * 100.0 * (1.0 + bn / at) / (1.0 + bn / 128.0);
+        // Fewer of S(512)'s speed-up than B_noise 128 predicts: B_noise 40.
+        let slow = check(
+            512,
+            5.6e-3,
+            true,
+            Some(took(40.0, 512.0)),
+            RateVerdict::Trains,
+        );
+        let bn = checked_b_noise(&b, &b.lr, &[reference, slow]).unwrap();
+        assert!((bn - 40.0).abs() / 40.0 < 0.03, "{bn}");
+        // Fewer updates than predicted at a small batch: B_noise is smaller too.
+        let fast = check(
+            32,
+            1.4e-3,
+            true,
+            Some(took(40.0, 32.0)),
+            RateVerdict::Trains,
+        );
+        let bn = checked_b_noise(&b, &b.lr, &[reference, fast]).unwrap();
+        assert!((bn - 40.0).abs() / 40.0 < 0.03, "{bn}");
+        // Slower than predicted at a small batch: B_noise is larger.
+        let slow_small = check(32, 1.4e-3, true, Some(400.0 * 1.1), RateVerdict::Trains);
+        assert!(checked_b_noise(&b, &b.lr, &[reference, slow_small]).unwrap() > 128.0);
+        let held = b.clone().held_to_checks(32.0);
+        assert_eq!(held.b_noise_run, Some(128.0));
+        assert!(
+            (held.curve.steps(128.0) - b.curve.steps(128.0)).abs() < 1e-9,
+            "through the run"
+        );
+    }
+}
