@@ -1,0 +1,77 @@
+"""Reads bench/verify_suite.sh's results (OUT/NAME.advise*.json,
+OUT/NAME.verify.json) and prints, per data set, the batch each advise run
+named, the verify table and verdict, and whether the suite's criteria hold:
+the advice held, predicted time relative to the best within 20 % at every
+batch that reached the target, the same batch named every run, and the
+recommended batch reached the target in every seed."""
+
+import glob
+import json
+import os
+import sys
+
+TOLERANCE_PCT = 20.0
+
+
+def load(path):
+    """A command's JSON, or None where it failed (an empty file)."""
+    try:
+        return json.load(open(path))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def recommended(advice):
+    return [r["recommended_batch"] for r in advice["recommendations"]]
+
+
+def main(out):
+    names = sorted({os.path.basename(p).split(".advise")[0] for p in glob.glob(f"{out}/*.advise1.json")})
+    failures = []
+    for name in names:
+        advices = [load(p) for p in sorted(glob.glob(f"{out}/{name}.advise*.json"))]
+        advices = [a for a in advices if a]
+        if not advices:
+            failures.append(f"{name}: advise failed")
+            continue
+        named = [recommended(a) for a in advices]
+        first = advices[0]
+        basis = first.get("prediction") or {}
+        print(f"\n### {name}\n")
+        print(f"`advise` named, run by run: {', '.join(str(n[0]) if len(n) == 1 else str(n) for n in named)}; "
+              f"B_noise {basis.get('curve', {}).get('b_noise', float('nan')):.0f}"
+              + (f" (refitted by the rate checks; the noise run's {basis['b_noise_run']:.0f})" if basis.get("b_noise_run") else "")
+              + f"; data findings: {', '.join(f['code'] for f in (first.get('data_profile') or {}).get('findings', [])) or 'none'}\n")
+        vpath = f"{out}/{name}.verify.json"
+        v = (load(vpath) or {}).get("verify")
+        if not v:
+            failures.append(f"{name}: sweep --verify failed")
+            continue
+        print("| batch | steps predicted | steps measured | reached | seconds predicted | seconds measured | vs best predicted | vs best measured | error |")
+        print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        rec = v["verdict"]["recommended"]
+        for r in v["rows"]:
+            b = f"**{r['batch']}**" if r["batch"] == rec else str(r["batch"])
+            steps = f"{r['steps_mean']:.0f} ± {r['steps_std']:.0f}" if r.get("steps_mean") is not None else "-"
+            secs = f"{r['seconds_mean']:.3g}" if r.get("seconds_mean") is not None else "-"
+            vb = f"{r['vs_best']:.2f}" if r.get("vs_best") is not None else "-"
+            err = f"{r['vs_best_error_pct']:+.0f} %" if r.get("vs_best_error_pct") is not None else "-"
+            print(f"| {b} | {r['predicted_steps']:.0f} | {steps} | {r['reached']}/{r['runs']} | "
+                  f"{r['predicted_seconds']:.3g} | {secs} | {r['predicted_vs_best']:.2f} | {vb} | {err} |")
+        print(f"\n{v['verdict']['line']}")
+        if not v["verdict"].get("held"):
+            failures.append(f"{name}: the advice did not hold ({v['verdict'].get('line_code')})")
+        for r in v["rows"]:
+            e = r.get("vs_best_error_pct")
+            if r["reached"] > 0 and e is not None and abs(e) > TOLERANCE_PCT:
+                failures.append(f"{name}: batch {r['batch']} predicted time relative to the best off by {e:+.0f} %")
+            if r["batch"] == rec and r["reached"] < r["runs"]:
+                failures.append(f"{name}: the recommended batch {rec} reached the target in {r['reached']} of {r['runs']} seeds")
+        if any(n != named[0] for n in named):
+            failures.append(f"{name}: advise named {named} over {len(named)} runs")
+    print("\n### Criteria\n")
+    print("\n".join(f"- {f}" for f in failures) if failures else "- every criterion held")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "target/verify")
