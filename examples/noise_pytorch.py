@@ -2,6 +2,9 @@
 
     pip install ./python          # the batchfit helper (no dependencies)
     batchfit run -- python examples/noise_pytorch.py --data train.csv --batch-size {batch} --steps 200
+    # each trial at the rate square-root scaling gives its batch, from 1e-3 at batch 32:
+    batchfit run --ref-lr 1e-3 --ref-batch 32 -- python examples/noise_pytorch.py \
+        --data train.csv --batch-size {batch} --lr {lr} --steps 200
 
 The data: a CSV in MNIST's layout, one sample a row, the features in every
 column but the last and the integer label (0-9) in the last; a header row is
@@ -13,7 +16,7 @@ divides the 0..16 pixels by 16.)
 
 The model is batchfit's `zoo:mnist-mlp` (784-512-512-10, ReLU, dropout 0.2
 after each hidden layer) for 784 feature columns, or `zoo:digits-mlp`
-(64-128-64-10, ReLU) for 64; Adam, lr 1e-3, cross-entropy.
+(64-128-64-10, ReLU) for 64; Adam, lr 1e-3 (`--lr`), cross-entropy.
 
 The three lines marked `# batchfit` are all a loop needs: `probe.step` does
 zero_grad, forward, backward and optimizer.step(), and prints
@@ -54,6 +57,7 @@ def main():
     p.add_argument("--data", required=True, help="CSV: features then the label in the last column")
     p.add_argument("--batch-size", type=int, required=True)
     p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--lr", type=float, default=1e-3, help="Adam's learning rate (batchfit run: {lr})")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                    choices=["cpu", "cuda"])
     p.add_argument("--seed", type=int, default=0)
@@ -71,7 +75,7 @@ def main():
     x_all = torch.from_numpy(x_np).to(dev)
     y_all = torch.from_numpy(y_np).to(dev)
     model = make_model(x_np.shape[1]).to(dev)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    opt = torch.optim.Adam(model.parameters(), lr=a.lr)
     loss_fn = nn.CrossEntropyLoss()
     probe = NoiseProbe(model, opt, k=a.k, b_small=a.b_small, every=a.every)  # batchfit
 

@@ -68,10 +68,12 @@ pub struct SeedFlag {
 #[derive(Args, Clone, Debug)]
 pub struct ReferenceFlags {
     /// The batch size your learning rate was tuned at [default: the smallest batch the
-    /// command trains: --b-small for advise and noise, the smallest of --batches for sweep].
+    /// command trains: --b-small for advise and noise, the smallest of --batches for sweep
+    /// and run (else run's --start)].
     #[arg(long, value_parser = positive_u64)]
     pub ref_batch: Option<u64>,
-    /// The learning rate tuned at --ref-batch [default: --lr for advise and noise, 0.001 for sweep].
+    /// The learning rate tuned at --ref-batch [default: --lr for advise and noise, 0.001 for
+    /// sweep; run: none, the command sets its own, unless it takes {lr}, which needs this].
     #[arg(long, value_parser = positive_f64)]
     pub ref_lr: Option<f64>,
 }

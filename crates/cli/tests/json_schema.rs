@@ -214,11 +214,15 @@ fn run_json_has_every_documented_key() {
             "run",
             "--max-batch",
             "64",
+            "--ref-lr",
+            "0.001",
             "--json",
             "--",
             "sh",
             &trainer,
             "{batch}",
+            "1",
+            "--lr={lr}",
         ])
         .env("FAKE_OOM_ABOVE", "20")
         .env("FAKE_NOISE", "1")
@@ -246,7 +250,8 @@ fn run_json_under_a_launcher_has_every_documented_key() {
         .args(["run", "--max-batch", "64", "--launcher", "torchrun"])
         .args(["--nproc-per-node", "2", "--launcher-cmd"])
         .arg(fixture("fake_launcher.sh"))
-        .args(["--json", "--", "sh", &fixture("fake_trainer.sh"), "{batch}"])
+        .args(["--ref-lr", "0.001", "--json", "--", "sh"])
+        .args([&fixture("fake_trainer.sh"), "{batch}", "1", "--lr={lr}"])
         .env("FAKE_OOM_ABOVE", "20")
         .env("FAKE_NOISE", "1")
         .env("FAKE_SLEEP", "0.2")

@@ -395,3 +395,67 @@ fn the_recommendation_is_stable_under_noisy_step_times() {
     }
     assert!(named.iter().all(|&b| b == named[0]), "{named:?}");
 }
+
+#[test]
+fn each_trial_trains_at_the_rate_the_rule_gives_its_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("lr");
+    let run = |flags: &[&str]| {
+        batchfit()
+            .arg("run")
+            .args(flags)
+            .args([
+                "--json",
+                "--",
+                "sh",
+                &trainer(),
+                "{batch}",
+                "1",
+                "--lr={lr}",
+            ])
+            .env("FAKE_LR_LOG", &log)
+            .output()
+            .unwrap()
+    };
+    // {lr} needs the rate it scales from: refused before anything runs.
+    let out = run(&["--batches", "8,32"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("{lr}") && err.contains("--ref-lr"), "{err}");
+    assert!(!log.exists(), "the command ran");
+
+    // Adam (the default): square-root scaling from --ref-batch (default: the smallest batch).
+    let doc = document(run(&["--batches", "8,32,128", "--ref-lr", "0.001"]));
+    let want = |b: f64| 1e-3 * (b / 8.0).sqrt();
+    let handed: Vec<(u64, f64, f64)> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let arg = f[1].strip_prefix("--lr=").unwrap().parse().unwrap();
+            (f[0].parse().unwrap(), arg, f[2].parse().unwrap())
+        })
+        .collect();
+    assert!(handed.len() >= 3, "{handed:?}");
+    for (b, arg, env) in handed {
+        assert!((arg - want(b as f64)).abs() < 1e-15, "batch {b}: {arg}");
+        assert_eq!(arg, env, "batch {b}: BATCHFIT_LR");
+    }
+    for t in doc["trials"].as_array().unwrap() {
+        let b = t["batch"].as_f64().unwrap();
+        assert!(
+            (t["learning_rate"].as_f64().unwrap() - want(b)).abs() < 1e-15,
+            "{t}"
+        );
+    }
+    let rate = &doc["learning_rate"];
+    assert_eq!(rate["code"], "handed", "{rate}");
+    assert_eq!(rate["in_command"], true, "{rate}");
+    assert_eq!(rate["scaling"]["ref_batch"], 8, "{rate}");
+
+    // A command that sets its own rate: said so, and no rate on the trials.
+    let doc = run_json(&["--batches", "8,32"], &[]);
+    assert_eq!(doc["learning_rate"]["code"], "commands_own");
+    assert_eq!(doc["learning_rate"]["assumed_rule"], "sqrt");
+    assert!(doc["trials"][0]["learning_rate"].is_null());
+}

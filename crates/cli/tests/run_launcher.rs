@@ -337,3 +337,30 @@ fn bad_launcher_flags_are_refused_before_anything_runs() {
         assert!(!pid_file.exists(), "{flags:?}: the command ran");
     }
 }
+
+#[test]
+fn reports_two_ranks_print_at_once_are_all_read() {
+    // torchrun's `python -u` workers write each print's text and newline
+    // apart, so two ranks' reports share a line; every one is still a step.
+    let dir = tempfile::tempdir().unwrap();
+    let doc = run_json(
+        2,
+        &["--batches", "8"],
+        &[
+            ("FAKE_INTERLEAVE", dir.path().to_str().unwrap()),
+            ("FAKE_STEPS", "6"),
+        ],
+    );
+    let t = trial(&doc, 8);
+    assert_eq!(t["outcome"], "ran", "{t}");
+    assert_eq!(t["bad_step_lines"], 0, "{t}");
+    let steps: Vec<u64> = t["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["steps"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, [6, 6], "{t}");
+    // The stand-in did interleave: both ranks' turns left their markers.
+    assert!(dir.path().join("c.6").exists());
+}

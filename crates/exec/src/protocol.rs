@@ -40,48 +40,63 @@ impl StepReader {
         Ok(StepReader::Regex(re))
     }
 
-    /// The step reported on `line`, if any; `Err` for a protocol line that
-    /// does not parse (the caller counts these and says so).
-    pub fn read(&self, line: &str, batch: u64) -> Option<Result<StepReport, StepLineError>> {
+    /// Every step reported on `line`, in order; `Err` for a protocol report
+    /// that does not parse (the caller counts these and says so).
+    ///
+    /// A line may hold several: torchrun starts its workers as `python -u`,
+    /// whose `print` writes the text and its newline in two system calls, so
+    /// two ranks printing at once leave `BATCHFIT {..}BATCHFIT {..}` and an
+    /// empty line. Each write is whole (a pipe keeps writes under 4 KiB
+    /// together), so every report is read from where its prefix starts to the
+    /// end of its JSON object, whatever follows.
+    pub fn read_line(&self, line: &str, batch: u64) -> Vec<Result<StepReport, StepLineError>> {
         match self {
-            StepReader::Protocol => {
-                let json = line.trim_start().strip_prefix(PREFIX)?;
-                Some(
-                    serde_json::from_str::<StepReport>(json)
-                        .map_err(|source| StepLineError::Json {
-                            line: line.trim().to_string(),
-                            source,
-                        })
-                        .and_then(|r| {
-                            if !(r.seconds.is_finite() && r.seconds > 0.0) {
-                                Err(StepLineError::NotPositive(line.trim().to_string()))
-                            } else if r.noise.is_some_and(|n| !n.is_valid()) {
-                                Err(StepLineError::BadNoise(line.trim().to_string()))
-                            } else {
-                                Ok(r)
-                            }
-                        }),
-                )
-            }
-            StepReader::Regex(re) => {
-                let c = re.captures(line)?;
-                let num = |n: &str| c.name(n).and_then(|m| m.as_str().parse::<f64>().ok());
-                let samples = num("samples").map(|s| s as u64);
-                let rank = c.name("rank").and_then(|m| m.as_str().parse().ok());
-                let seconds = match (num("seconds"), num("samples_per_s")) {
-                    (Some(s), _) => s,
-                    (None, Some(rate)) if rate > 0.0 => samples.unwrap_or(batch) as f64 / rate,
-                    _ => return Some(Err(StepLineError::NoNumber(line.trim().to_string()))),
-                };
-                (seconds.is_finite() && seconds > 0.0).then_some(Ok(StepReport {
-                    step: None,
-                    samples,
-                    seconds,
-                    loss: None,
-                    noise: None,
-                    rank,
-                }))
-            }
+            StepReader::Protocol => line
+                .match_indices(PREFIX)
+                .map(|(at, _)| {
+                    let json = &line[at + PREFIX.len()..];
+                    let shown = || match json.find(PREFIX) {
+                        Some(next) => format!("{PREFIX}{}", json[..next].trim()),
+                        None => format!("{PREFIX}{}", json.trim()),
+                    };
+                    let first = serde_json::Deserializer::from_str(json)
+                        .into_iter::<StepReport>()
+                        .next()
+                        .unwrap_or_else(|| serde_json::from_str::<StepReport>(json));
+                    let r = first.map_err(|source| StepLineError::Json {
+                        line: shown(),
+                        source,
+                    })?;
+                    if !(r.seconds.is_finite() && r.seconds > 0.0) {
+                        Err(StepLineError::NotPositive(shown()))
+                    } else if r.noise.is_some_and(|n| !n.is_valid()) {
+                        Err(StepLineError::BadNoise(shown()))
+                    } else {
+                        Ok(r)
+                    }
+                })
+                .collect(),
+            StepReader::Regex(re) => re
+                .captures_iter(line)
+                .filter_map(|c| {
+                    let num = |n: &str| c.name(n).and_then(|m| m.as_str().parse::<f64>().ok());
+                    let samples = num("samples").map(|s| s as u64);
+                    let rank = c.name("rank").and_then(|m| m.as_str().parse().ok());
+                    let seconds = match (num("seconds"), num("samples_per_s")) {
+                        (Some(s), _) => s,
+                        (None, Some(rate)) if rate > 0.0 => samples.unwrap_or(batch) as f64 / rate,
+                        _ => return Some(Err(StepLineError::NoNumber(line.trim().to_string()))),
+                    };
+                    (seconds.is_finite() && seconds > 0.0).then_some(Ok(StepReport {
+                        step: None,
+                        samples,
+                        seconds,
+                        loss: None,
+                        noise: None,
+                        rank,
+                    }))
+                })
+                .collect(),
         }
     }
 }
@@ -129,11 +144,17 @@ pub fn combine_ranks(per_rank: &[(u32, StepStats)], world_size: u32) -> Option<S
 mod tests {
     use super::*;
 
+    /// The one step on `line`, if any.
+    fn read(r: &StepReader, line: &str, batch: u64) -> Option<Result<StepReport, StepLineError>> {
+        let mut steps = r.read_line(line, batch);
+        assert!(steps.len() <= 1, "{line}: {} steps", steps.len());
+        steps.pop()
+    }
+
     #[test]
     fn reads_noise_fields() {
         let r = StepReader::Protocol;
-        let s = r
-            .read(
+        let s = read(&r,
                 r#"BATCHFIT {"step": 3, "samples": 128, "seconds": 0.05, "loss": 0.7, "noise": {"b_small": 16, "g_small_sq": 0.02, "b_big": 128, "g_big_sq": 0.005}}"#,
                 128,
             )
@@ -145,7 +166,7 @@ mod tests {
         assert_eq!((n.g_small_sq, n.g_big_sq), (0.02, 0.005));
         // B_big must exceed B_small.
         assert!(
-            r.read(
+            read(&r,
                 r#"BATCHFIT {"seconds": 0.05, "noise": {"b_small": 16, "g_small_sq": 0.02, "b_big": 16, "g_big_sq": 0.005}}"#,
                 16
             )
@@ -157,28 +178,54 @@ mod tests {
     #[test]
     fn reads_protocol_lines() {
         let r = StepReader::Protocol;
-        let s = r
-            .read(
-                r#"BATCHFIT {"step": 12, "samples": 64, "seconds": 0.031}"#,
-                64,
-            )
-            .unwrap()
-            .unwrap();
+        let s = read(
+            &r,
+            r#"BATCHFIT {"step": 12, "samples": 64, "seconds": 0.031}"#,
+            64,
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!((s.step, s.samples, s.seconds), (Some(12), Some(64), 0.031));
-        let s = r
-            .read(r#"  BATCHFIT {"seconds": 2e-3}"#, 8)
+        let s = read(&r, r#"  BATCHFIT {"seconds": 2e-3}"#, 8)
             .unwrap()
             .unwrap();
         assert_eq!((s.step, s.samples, s.seconds), (None, None, 0.002));
         assert_eq!(s.rank, None);
-        let s = r
-            .read(r#"BATCHFIT {"rank": 3, "seconds": 0.5}"#, 8)
+        let s = read(&r, r#"BATCHFIT {"rank": 3, "seconds": 0.5}"#, 8)
             .unwrap()
             .unwrap();
         assert_eq!(s.rank, Some(3));
-        assert!(r.read("Epoch 1/3 - loss 0.2", 8).is_none());
-        assert!(r.read(r#"BATCHFIT {"step": 1}"#, 8).unwrap().is_err());
-        assert!(r.read(r#"BATCHFIT {"seconds": 0}"#, 8).unwrap().is_err());
+        assert!(read(&r, "Epoch 1/3 - loss 0.2", 8).is_none());
+        assert!(read(&r, r#"BATCHFIT {"step": 1}"#, 8).unwrap().is_err());
+        assert!(read(&r, r#"BATCHFIT {"seconds": 0}"#, 8).unwrap().is_err());
+    }
+
+    #[test]
+    fn reads_every_report_of_ranks_printing_at_once() {
+        // What two `python -u` ranks under torchrun leave in one pipe, as seen
+        // with torch 2.15: each print's text whole, the newlines after.
+        let r = StepReader::Protocol;
+        let line = r#"BATCHFIT {"step": 0, "rank": 0, "seconds": 0.0137}BATCHFIT {"step": 0, "rank": 1, "seconds": 0.0138}"#;
+        let steps: Vec<StepReport> = r
+            .read_line(line, 64)
+            .into_iter()
+            .map(|s| s.unwrap())
+            .collect();
+        let ranks: Vec<_> = steps.iter().map(|s| (s.rank, s.seconds)).collect();
+        assert_eq!(ranks, [(Some(0), 0.0137), (Some(1), 0.0138)]);
+        assert!(r.read_line("", 64).is_empty());
+        // Text another print left before a report, and a broken report beside a whole one.
+        let steps = r.read_line(
+            r#"epoch 1 doneBATCHFIT {"seconds": 0.5}BATCHFIT {"seconds": }BATCHFIT "#,
+            8,
+        );
+        assert_eq!(steps.len(), 3);
+        assert_eq!(steps[0].as_ref().unwrap().seconds, 0.5);
+        match &steps[1] {
+            Err(StepLineError::Json { line, .. }) => assert_eq!(line, r#"BATCHFIT {"seconds": }"#),
+            other => panic!("{other:?}"),
+        }
+        assert!(steps[2].is_err());
     }
 
     #[test]
@@ -186,17 +233,17 @@ mod tests {
         assert!(StepReader::regex("([0-9.]+) samples/s").is_err());
         assert!(StepReader::regex("(?P<seconds>[0-9.+").is_err());
         let r = StepReader::regex(r"(?P<samples_per_s>[0-9.]+) samples/s").unwrap();
-        let s = r.read("step 3: 1600.0 samples/s", 32).unwrap().unwrap();
+        let s = read(&r, "step 3: 1600.0 samples/s", 32).unwrap().unwrap();
         assert!((s.seconds - 0.02).abs() < 1e-12);
         let r = StepReader::regex(r"(?P<seconds>[0-9.]+)s/step").unwrap();
         assert_eq!(
-            r.read("10/10 - 0.25s/step", 32).unwrap().unwrap().seconds,
+            read(&r, "10/10 - 0.25s/step", 32).unwrap().unwrap().seconds,
             0.25
         );
         // torchrun --tee prefixes each line with its rank.
         let r = StepReader::regex(r"\[rank(?P<rank>\d+)\]:.* (?P<seconds>[0-9.]+)s/step").unwrap();
         assert_eq!(
-            r.read("[rank1]: step 4 0.25s/step", 32)
+            read(&r, "[rank1]: step 4 0.25s/step", 32)
                 .unwrap()
                 .unwrap()
                 .rank,

@@ -1,4 +1,4 @@
-//! The user's command with a `{batch}` placeholder.
+//! The user's command with a `{batch}` placeholder (and, optionally, `{lr}`).
 
 use crate::error::ExecError;
 
@@ -6,6 +6,10 @@ use crate::error::ExecError;
 pub const PLACEHOLDER: &str = "{batch}";
 /// Environment variable that carries the batch size too.
 pub const BATCH_ENV: &str = "BATCHFIT_BATCH";
+/// The placeholder replaced by the trial's learning rate.
+pub const LR_PLACEHOLDER: &str = "{lr}";
+/// Environment variable that carries the learning rate too, when there is one.
+pub const LR_ENV: &str = "BATCHFIT_LR";
 
 /// A command line to run once per batch size.
 #[derive(Clone, Debug, PartialEq)]
@@ -28,13 +32,26 @@ impl CommandTemplate {
         Ok(CommandTemplate { argv })
     }
 
-    /// The argument vector for `batch`.
-    pub fn render(&self, batch: u64) -> Vec<String> {
+    /// The argument vector for `batch` at learning rate `lr` (`{lr}` stays
+    /// as it is without one: the caller refuses such a command first).
+    pub fn render(&self, batch: u64, lr: Option<f64>) -> Vec<String> {
         let b = batch.to_string();
+        let lr = lr.map(|l| l.to_string());
         self.argv
             .iter()
-            .map(|a| a.replace(PLACEHOLDER, &b))
+            .map(|a| {
+                let a = a.replace(PLACEHOLDER, &b);
+                match &lr {
+                    Some(l) => a.replace(LR_PLACEHOLDER, l),
+                    None => a,
+                }
+            })
             .collect()
+    }
+
+    /// Whether the command takes the learning rate (`{lr}` in an argument).
+    pub fn takes_lr(&self) -> bool {
+        self.argv.iter().any(|a| a.contains(LR_PLACEHOLDER))
     }
 
     /// The arguments, placeholders unreplaced.
@@ -77,13 +94,31 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(
-            t.render(64),
+            t.render(64, None),
             ["python", "train.py", "--batch-size=64", "--name", "run b64"]
         );
+        assert!(!t.takes_lr());
         assert_eq!(
             t.display(),
             "python train.py --batch-size={batch} --name 'run b{batch}'"
         );
+    }
+
+    #[test]
+    fn the_rate_goes_where_lr_is() {
+        let t = CommandTemplate::new(
+            ["python", "train.py", "--bs", "{batch}", "--lr={lr}"]
+                .map(String::from)
+                .to_vec(),
+        )
+        .unwrap();
+        assert!(t.takes_lr());
+        assert_eq!(
+            t.render(256, Some(0.004)),
+            ["python", "train.py", "--bs", "256", "--lr=0.004"]
+        );
+        // Python's float() reads what Rust writes, however small.
+        assert_eq!(t.render(8, Some(2.5e-7))[4], "--lr=0.00000025");
     }
 
     #[test]

@@ -5,7 +5,8 @@ use crate::launcher::{Launcher, RANK_VARS};
 use crate::monitor::{ProcInfo, env_rank, gpu_reading, vm_peak};
 use crate::process::{LineHandler, ProcessOptions, run_process};
 use crate::protocol::{StepReader, StepReport, combine_ranks, step_stats};
-use crate::template::{BATCH_ENV, CommandTemplate};
+use crate::template::{BATCH_ENV, CommandTemplate, LR_ENV};
+use batchfit_tune::lr::LrScaling;
 use batchfit_tune::trial::{RankResult, TrialResult};
 use std::collections::{BTreeMap, HashMap};
 use std::process::Command;
@@ -27,6 +28,9 @@ pub struct TrialOptions {
     pub memory_limit: Option<u64>,
     /// Run the command through this data-parallel launcher, `{batch}` per device.
     pub launcher: Option<Launcher>,
+    /// Each trial's learning rate, from its batch: put where the command has
+    /// `{lr}` and exported as `BATCHFIT_LR`.
+    pub lr: Option<LrScaling>,
 }
 
 /// What the output readers collect.
@@ -75,7 +79,8 @@ pub fn run_trial(
     opts: &TrialOptions,
     progress: &mut dyn FnMut(usize),
 ) -> TrialResult {
-    let mut argv = template.render(batch);
+    let lr = opts.lr.map(|s| s.at(batch));
+    let mut argv = template.render(batch, lr);
     if let Some(l) = &opts.launcher {
         argv = l.wrap(&argv);
     }
@@ -87,10 +92,11 @@ pub fn run_trial(
                 eprintln!("[batch {batch}] {line}");
             }
             if let Ok(mut c) = collected.lock() {
-                match reader.read(line, batch) {
-                    Some(Ok(step)) => c.steps.push(step),
-                    Some(Err(_)) => c.bad_lines += 1,
-                    None => {}
+                for step in reader.read_line(line, batch) {
+                    match step {
+                        Ok(step) => c.steps.push(step),
+                        Err(_) => c.bad_lines += 1,
+                    }
                 }
             }
         })
@@ -151,6 +157,9 @@ pub fn run_trial(
     };
     let mut command = Command::new(&argv[0]);
     command.args(&argv[1..]).env(BATCH_ENV, batch.to_string());
+    if let Some(lr) = lr {
+        command.env(LR_ENV, lr.to_string());
+    }
     if let Some(limit) = opts.memory_limit {
         limit_address_space(&mut command, limit);
     }
@@ -227,6 +236,7 @@ pub fn run_trial(
 
     TrialResult {
         batch,
+        learning_rate: lr,
         outcome: finished.outcome(),
         wall_s: finished.wall_s,
         steps: combine_ranks(&per_rank, world_size),
@@ -324,6 +334,7 @@ mod tests {
                 echo: false,
                 memory_limit: None,
                 launcher: Some(launcher),
+                lr: None,
             },
             &mut |_| {},
         )

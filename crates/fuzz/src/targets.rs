@@ -580,7 +580,7 @@ fn check_step_lines(b: &[u8]) -> bool {
     for reader in readers {
         let reports: Vec<_> = lines
             .iter()
-            .filter_map(|l| reader.read(l, 32))
+            .flat_map(|l| reader.read_line(l, 32))
             .filter_map(|r| r.ok())
             .collect();
         for warmup in [0, 1, 100] {

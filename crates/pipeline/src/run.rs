@@ -9,12 +9,14 @@ use batchfit_exec::{CommandTemplate, Outcome, StepReader, TrialOptions, TrialRes
 use batchfit_plan::Bytes;
 use batchfit_tune::device::DeviceSpec;
 use batchfit_tune::knee::knee_range;
-use batchfit_tune::lr::LrRule;
+use batchfit_tune::lr::{LrRule, LrScaling};
 use batchfit_tune::measure::{
     CurvePlan, Measurement, REFINE_ROUNDS, Trials, Warmup, measure_curve,
 };
 use batchfit_tune::probe::{DeviceProbe, ProbePoint, curve_with_errors};
-use batchfit_tune::run::{RunSummary, advise_run, batch_with_margin, noise_of, trial_point};
+use batchfit_tune::run::{
+    RunRate, RunSummary, advise_run, batch_with_margin, noise_of, trial_point,
+};
 use batchfit_tune::search::{
     LadderResult, PredictOptions, TrialReason, Verdict, each_listed, ladder_then_bisect,
     predict_then_bracket, predicting,
@@ -49,6 +51,9 @@ pub struct RunConfig {
     pub html: Option<PathBuf>,
     /// How the learning rate should follow the batch (from the command's optimizer).
     pub lr_rule: LrRule,
+    /// `--ref-lr` (at `--ref-batch`) under `lr_rule`: each trial's rate, put
+    /// where the command has `{lr}` and exported as `BATCHFIT_LR`.
+    pub lr: Option<LrScaling>,
     /// Each process of a trial may map at most this much (RLIMIT_AS); with it
     /// the search predicts the largest batch from the measured peaks.
     pub memory_limit: Option<Bytes>,
@@ -160,6 +165,22 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunSummary> {
     if let Some(l) = &cfg.launcher {
         l.check()?;
     }
+    let learning_rate = match (cfg.lr, template.takes_lr()) {
+        (Some(scaling), in_command) => RunRate::Handed {
+            scaling,
+            in_command,
+        },
+        (None, true) => {
+            return Err(Error::input(
+                "the command takes {lr}: give --ref-lr, the learning rate tuned at --ref-batch \
+                 (default: the first batch run tries), and each trial trains at the rule's rate \
+                 for its batch",
+            ));
+        }
+        (None, false) => RunRate::CommandsOwn {
+            assumed_rule: cfg.lr_rule,
+        },
+    };
     batchfit_exec::interrupt::set_message(
         "the running trial's process tree was ended; no report was written",
     );
@@ -170,6 +191,7 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunSummary> {
         echo: cfg.show_output,
         memory_limit: cfg.memory_limit.map(|b| b.0),
         launcher: cfg.launcher.clone(),
+        lr: cfg.lr,
     };
     let started = Instant::now();
     let mut trials = CommandTrials {
@@ -219,7 +241,7 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunSummary> {
         budget: None,
     };
     let (noise, target_loss) = noise_of(&log);
-    let advice = advise_run(&device, &log, noise.as_ref(), cfg.lr_rule);
+    let advice = advise_run(&device, &log, noise.as_ref(), &learning_rate);
     Ok(RunSummary {
         command: template.display(),
         launch_command: cfg
@@ -243,6 +265,7 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunSummary> {
         search_trials,
         memory_limit_bytes: cfg.memory_limit,
         seconds: started.elapsed().as_secs_f64(),
+        learning_rate,
     })
 }
 

@@ -7,6 +7,7 @@ use batchfit_tune::advice::{NoiseHint, Reason, Recommendation};
 use batchfit_tune::basis::{BasisSource, PredictionBasis};
 use batchfit_tune::diagnose::{Finding, FindingKind};
 use batchfit_tune::lr::{LrRule, LrScaling};
+use batchfit_tune::run::RunRate;
 use batchfit_tune::schedule::DeviceSchedule;
 use batchfit_tune::sweep::{QualityVerdict, ScheduleSource, ScheduleSummary, TargetSource};
 use batchfit_tune::trajectory::SEGMENT_MEASUREMENTS;
@@ -135,6 +136,32 @@ pub fn formula(lr: &LrScaling) -> String {
     match lr.cap_batch {
         Some(c) if lr.rule != LrRule::Fixed => format!("{f}, held from B = {c}"),
         _ => f,
+    }
+}
+
+/// How `run`'s trials got their learning rate, and what that means for the prediction.
+pub fn run_rate(rate: &RunRate) -> String {
+    match rate {
+        RunRate::Handed {
+            scaling,
+            in_command: true,
+        } => format!(
+            "learning rate: each trial trained at lr(B) = {} ({}), put where the command has {{lr}} and exported as BATCHFIT_LR, as the time-to-target prediction assumes",
+            formula(scaling),
+            scaling.rule.source()
+        ),
+        RunRate::Handed {
+            scaling,
+            in_command: false,
+        } => format!(
+            "learning rate: each trial was handed lr(B) = {} ({}) as BATCHFIT_LR only; the command has no {{lr}}, so whether it trained at that rate is the command's to say; the time-to-target prediction assumes it did",
+            formula(scaling),
+            scaling.rule.source()
+        ),
+        RunRate::CommandsOwn { assumed_rule } => format!(
+            "learning rate: the command sets its own; the time-to-target prediction assumes the rate follows {} from batch to batch, which a command training every batch at one fixed rate does not: put {{lr}} where it takes its rate and give --ref-lr (with --ref-batch) to train each trial at it",
+            assumed_rule.source()
+        ),
     }
 }
 

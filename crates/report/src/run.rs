@@ -6,7 +6,7 @@ use crate::plots::{Figure, Series, SeriesKind};
 use crate::{align_numbers, esc, prose, table, thousands};
 use batchfit_plan::Bytes;
 use batchfit_tune::probe::DeviceProbe;
-use batchfit_tune::run::{RunNoise, RunSummary};
+use batchfit_tune::run::{RunNoise, RunRate, RunSummary};
 use batchfit_tune::target::TimeToTarget;
 use batchfit_tune::trial::{Outcome, RunTrial};
 use serde::Serialize;
@@ -38,6 +38,12 @@ pub struct RunDocument<'a> {
     pub recommendation: Option<RecommendationJson<'a>>,
     pub time_to_target: &'a [TimeToTarget],
     pub target_loss: Option<f64>,
+    /// How the trials' learning rate was set: `handed` (with the rule, its
+    /// reference pair and whether the command has `{lr}`) or `commands_own`
+    /// (with the rule the prediction assumes).
+    pub learning_rate: &'a RunRate,
+    /// The same, in words.
+    pub learning_rate_note: String,
     pub findings: Vec<FindingJson>,
 }
 
@@ -67,6 +73,8 @@ impl<'a> RunDocument<'a> {
                 .map(RecommendationJson::new),
             time_to_target: &d.advice.time_to_target,
             target_loss: d.target_loss,
+            learning_rate: &d.learning_rate,
+            learning_rate_note: prose::run_rate(&d.learning_rate),
             findings: FindingJson::all(&d.advice.findings),
         }
     }
@@ -232,10 +240,13 @@ pub fn render(d: &RunSummary) -> String {
     if let Some(r) = &d.advice.recommendation
         && let Some(b) = r.recommended_batch
     {
+        let rate = match r.learning_rate {
+            Some(lr) => format!(" at learning rate {lr:.3e}"),
+            None => format!(" ({})", prose::learning_rate_rule(r)),
+        };
         out.push_str(&format!(
-            "\nRECOMMENDATION\n  train with batch {} ({})\n    why: {}\n",
+            "\nRECOMMENDATION\n  train with batch {}{rate}\n    why: {}\n",
             thousands(b),
-            prose::learning_rate_rule(r),
             prose::reason(&r.reason)
         ));
         if let Some(a) = &r.accumulation {
@@ -246,6 +257,9 @@ pub fn render(d: &RunSummary) -> String {
                 thousands(a.effective_batch)
             ));
         }
+    }
+    if !d.advice.time_to_target.is_empty() {
+        out.push_str(&format!("  {}\n", prose::run_rate(&d.learning_rate)));
     }
     out.push_str(&crate::advise::time_to_target_table(
         &d.advice.time_to_target,

@@ -466,6 +466,7 @@ fn trial(batch: u64, reason: TrialReason, oom: bool, noise: bool) -> RunTrial {
         reason,
         result: TrialResult {
             batch,
+            learning_rate: None,
             outcome: if oom {
                 Outcome::OutOfMemory("torch.OutOfMemoryError: CUDA out of memory".into())
             } else {
@@ -489,7 +490,7 @@ fn trial(batch: u64, reason: TrialReason, oom: bool, noise: bool) -> RunTrial {
 #[test]
 fn run_on_stand_in_trials() {
     use batchfit_report::run::RunDocument;
-    use batchfit_tune::run::{RunSummary, advise_run, noise_of, trial_point};
+    use batchfit_tune::run::{RunRate, RunSummary, advise_run, noise_of, trial_point};
     let mut trials = Vec::new();
     for (b, why) in [
         (1, TrialReason::Start),
@@ -527,7 +528,10 @@ fn run_on_stand_in_trials() {
         budget: None,
     };
     let (noise, target_loss) = noise_of(&trials);
-    let advice = advise_run(&device, &trials, noise.as_ref(), LrRule::Sqrt);
+    let learning_rate = RunRate::CommandsOwn {
+        assumed_rule: LrRule::Sqrt,
+    };
+    let advice = advise_run(&device, &trials, noise.as_ref(), &learning_rate);
     let doc = RunSummary {
         command: "python train.py --batch-size {batch}".into(),
         launch_command: None,
@@ -545,6 +549,7 @@ fn run_on_stand_in_trials() {
         memory_limit_bytes: None,
         batch_with_margin: None,
         seconds: 7.0,
+        learning_rate,
     };
     insta::assert_snapshot!("run_text", batchfit_report::run::render(&doc));
     insta::assert_snapshot!(

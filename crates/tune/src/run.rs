@@ -9,12 +9,45 @@ use crate::advice::{
 };
 use crate::decide::curve_findings;
 use crate::diagnose::{self, Finding};
-use crate::lr::LrRule;
+use crate::lr::{LrRule, LrScaling};
 use crate::noise::{NoiseEstimator, two_batch};
 use crate::probe::DeviceProbe;
 use crate::target::{StepsCurve, TimeToTarget, rank};
 use crate::trial::{RunTrial, StepReport, TrialResult};
 use serde::Serialize;
+
+/// How `run`'s trials got their learning rate.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[serde(tag = "code", rename_all = "snake_case")]
+pub enum RunRate {
+    /// Each trial was handed `scaling.at(batch)`: where the command has
+    /// `{lr}` (`in_command`), and as `BATCHFIT_LR`.
+    Handed {
+        scaling: LrScaling,
+        in_command: bool,
+    },
+    /// The command sets its own rate; the time-to-target prediction assumes
+    /// `assumed_rule`, which a command training at one fixed rate does not follow.
+    CommandsOwn { assumed_rule: LrRule },
+}
+
+impl RunRate {
+    /// The rule the prediction assumes.
+    pub fn rule(&self) -> LrRule {
+        match self {
+            RunRate::Handed { scaling, .. } => scaling.rule,
+            RunRate::CommandsOwn { assumed_rule } => *assumed_rule,
+        }
+    }
+
+    /// The tuned (batch, rate) the rule scales from, when the trials had one.
+    pub fn reference(&self) -> Option<(u64, f64)> {
+        match self {
+            RunRate::Handed { scaling, .. } => Some((scaling.ref_batch, scaling.ref_lr)),
+            RunRate::CommandsOwn { .. } => None,
+        }
+    }
+}
 
 /// Smoothing of the noise estimates: `noise`'s default for a training run.
 const BETA: f64 = 0.95;
@@ -132,7 +165,7 @@ pub fn advise_run(
     device: &DeviceProbe,
     trials: &[RunTrial],
     noise: Option<&RunNoise>,
-    rule: LrRule,
+    rate: &RunRate,
 ) -> RunAdvice {
     let points = device.step_points();
     if points.is_empty() {
@@ -164,8 +197,8 @@ pub fn advise_run(
             high: n.b_simple_high,
         }),
         LrAdviceInput {
-            rule,
-            reference: None,
+            rule: rate.rule(),
+            reference: rate.reference(),
         },
     );
     let mut findings = curve_findings(device, &points, b_noise);
@@ -178,10 +211,16 @@ pub fn advise_run(
     {
         findings.extend(diagnose::gpu_idle(util, b, device.device));
     }
+    let mut time_to_target: Vec<TimeToTarget> = b_noise
+        .map(|bn| rank(&options, bn, noise.and_then(|n| n.s_min)))
+        .unwrap_or_default();
+    if let RunRate::Handed { scaling, .. } = rate {
+        for t in &mut time_to_target {
+            t.learning_rate = Some(scaling.at(t.option.effective_batch()));
+        }
+    }
     RunAdvice {
-        time_to_target: b_noise
-            .map(|bn| rank(&options, bn, noise.and_then(|n| n.s_min)))
-            .unwrap_or_default(),
+        time_to_target,
         recommendation: Some(rec),
         findings,
     }
@@ -220,6 +259,8 @@ pub struct RunSummary {
     pub advice: RunAdvice,
     /// The loss the noise trial reached; seconds are predicted for it.
     pub target_loss: Option<f64>,
+    /// How the trials' learning rate was set.
+    pub learning_rate: RunRate,
 }
 
 /// The largest batch that leaves `margin` of the memory free: on the line

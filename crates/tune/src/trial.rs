@@ -41,6 +41,9 @@ pub enum FailureKind {
 #[derive(Clone, Debug, Serialize)]
 pub struct TrialResult {
     pub batch: u64,
+    /// The learning rate the trial was handed (`{lr}`, `BATCHFIT_LR`); null
+    /// when the command sets its own.
+    pub learning_rate: Option<f64>,
     #[serde(flatten)]
     pub outcome: Outcome,
     /// Wall time from start to exit, process start-up included.
@@ -88,6 +91,7 @@ impl TrialResult {
     pub fn not_started(batch: u64, why: String) -> TrialResult {
         TrialResult {
             batch,
+            learning_rate: None,
             outcome: Outcome::NotStarted(why),
             wall_s: 0.0,
             steps: None,

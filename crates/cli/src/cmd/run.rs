@@ -5,13 +5,13 @@
 use crate::error::CliResult;
 use crate::options::{
     BatchesFlag, EfficiencyFlag, HtmlFlag, JsonFlag, LengthFlags, MemoryLimitFlag, OptimizerFlag,
-    TimeoutFlag, emit_json, emit_with_html, positive_u64, print, progress,
+    ReferenceFlags, TimeoutFlag, emit_json, emit_with_html, positive_u64, print, progress,
 };
 use batchfit_pipeline::lengths::run_lengths;
 use batchfit_pipeline::run::{Launcher, LauncherKind, RunConfig, run as run_trials};
 use batchfit_report::lengths;
 use batchfit_report::run::{RunDocument, html, render};
-use batchfit_tune::lr::LrRule;
+use batchfit_tune::lr::{LrRule, LrScaling};
 use clap::Args;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -22,6 +22,9 @@ use std::time::Duration;
 Each trial runs the command with {batch} replaced (also exported as BATCHFIT_BATCH) in a fresh\n\
 process group. Step times come from lines `BATCHFIT {\"seconds\": 0.031}` the command prints per\n\
 step (docs/run.md, examples/) or from --throughput-regex.\n\n\
+The learning rate: put {lr} where the command takes it and give --ref-lr (tuned at --ref-batch,\n\
+default the first batch tried); each trial then trains at the rule's rate for its batch (also\n\
+exported as BATCHFIT_LR), as the time-to-target prediction assumes.\n\n\
 Several GPUs: batchfit run --launcher torchrun --nproc-per-node 2 -- python train.py --batch-size {batch}\n\
 runs `torchrun --nproc-per-node 2 train.py --batch-size B` per trial; every rank is measured."
 )]
@@ -61,6 +64,8 @@ pub struct RunArgs {
     #[command(flatten)]
     pub optimizer: OptimizerFlag,
     #[command(flatten)]
+    pub reference: ReferenceFlags,
+    #[command(flatten)]
     pub json: JsonFlag,
     #[command(flatten)]
     pub html: HtmlFlag,
@@ -93,6 +98,7 @@ pub struct RunArgs {
 }
 
 pub fn run(args: RunArgs) -> CliResult {
+    let lr_rule = LrRule::for_optimizer(args.optimizer.optimizer.is_adaptive());
     let cfg = RunConfig {
         command: args.command.clone(),
         batches: args.batches.batches.clone(),
@@ -104,7 +110,21 @@ pub fn run(args: RunArgs) -> CliResult {
         efficiency: args.efficiency.efficiency,
         show_output: args.show_output,
         html: args.html.html.clone(),
-        lr_rule: LrRule::for_optimizer(args.optimizer.optimizer.is_adaptive()),
+        lr_rule,
+        lr: args.reference.ref_lr.map(|ref_lr| LrScaling {
+            rule: lr_rule,
+            // The rate was tuned at the first batch the trials start from.
+            ref_batch: args.reference.ref_batch.unwrap_or_else(|| {
+                args.batches
+                    .batches
+                    .iter()
+                    .copied()
+                    .min()
+                    .unwrap_or(args.start)
+            }),
+            ref_lr,
+            cap_batch: None,
+        }),
         memory_limit: args.memory_limit.memory_limit,
         tolerance: args.tolerance / 100.0,
         margin: args.margin.map(|m| m / 100.0),
