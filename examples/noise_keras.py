@@ -11,7 +11,7 @@ takes them: scale them in the file if your model wants that.
 
 The model is batchfit's `zoo:mnist-mlp` (784-512-512-10, ReLU, dropout 0.2
 after each hidden layer) for 784 feature columns, or `zoo:digits-mlp`
-(64-128-64-10, ReLU) for 64; Adam, lr 1e-3, cross-entropy on logits.
+(64-128-64-10, ReLU) for 64; Adam (--lr, default 1e-3), cross-entropy on logits.
 
 The lines marked `# batchfit` are all it takes: wrap the model in `NoiseModel`,
 compile and fit the wrapper, and pass the `BatchfitLines` callback, which prints
@@ -59,6 +59,7 @@ def main():
     p.add_argument("--data", required=True, help="CSV: features then the label in the last column")
     p.add_argument("--batch-size", type=int, required=True)
     p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--lr", type=float, default=1e-3, help="Adam's learning rate ({lr} under batchfit run --ref-lr)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                    help="cpu hides the GPUs from TensorFlow; cuda uses the first")
     p.add_argument("--seed", type=int, default=0)
@@ -78,7 +79,7 @@ def main():
             .batch(a.batch_size, drop_remainder=True)
             .repeat())
     model = NoiseModel(make_model(x.shape[1]), k=a.k, b_small=a.b_small)  # batchfit
-    model.compile(optimizer=keras.optimizers.Adam(1e-3),
+    model.compile(optimizer=keras.optimizers.Adam(a.lr),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     model.fit(data, epochs=1, steps_per_epoch=a.steps, verbose=0, shuffle=False,
               callbacks=[BatchfitLines(every=a.every)])  # batchfit

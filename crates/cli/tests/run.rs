@@ -291,9 +291,26 @@ fn noise_lines_give_b_simple_and_time_to_target() {
         .unwrap();
     assert!((128..=300).contains(&best), "{best}");
     assert_eq!(doc["recommendation"]["recommended_batch"], best);
+    // The command has no {lr}: the table predicts for its one fixed rate,
+    // taken as the best at the noise trial's batch (docs/run.md).
+    assert_eq!(doc["rate_model"]["code"], "fixed");
+    let tuned = noise["batch"].as_f64().unwrap();
+    assert_eq!(doc["rate_model"]["best_at"], tuned);
+    let x = 1.0 / (1.0 + 256.0 / tuned);
+    let fixed_time = |b: f64| (2000.0 + 10.0 * b) / (2.0 * x - x * x * (1.0 + 256.0 / b));
     let table = doc["time_to_target"].as_array().unwrap();
-    assert_eq!(table[0]["micro_batch"], best);
+    let fastest = table
+        .iter()
+        .map(|t| t["micro_batch"].as_u64().unwrap())
+        .min_by(|a, b| fixed_time(*a as f64).total_cmp(&fixed_time(*b as f64)))
+        .unwrap();
+    assert_eq!(table[0]["micro_batch"], fastest);
     assert_eq!(table[0]["vs_best"], 1.0);
+    // Far below the batch it was tuned at, that rate is predicted not to
+    // train: batch 1 ran, and is not in the table.
+    assert!(2.0 * x - x * x * 257.0 < 0.0);
+    assert!(trials(&doc).contains(&(1, "ran".into())));
+    assert!(table.iter().all(|t| t["micro_batch"] != 1));
     assert!(
         table
             .iter()
@@ -363,6 +380,43 @@ fn a_memory_limit_is_bracketed_by_prediction() {
         margin < max && margin as f64 >= 0.8 * max as f64,
         "{margin} vs {max}"
     );
+}
+
+/// `--model`: the plan of the same network gives the search its slope, so
+/// the first trial's peak predicts the limit. A stand-in whose memory per
+/// sample is the plan's (and 10 % more or less: a plan's error) is
+/// bracketed to within 2 % in at most 4 trials.
+#[test]
+fn a_model_plan_predicts_the_limit_from_the_first_trial() {
+    let plan = document(
+        batchfit()
+            .args(["plan", "zoo:mnist-mlp", "--runtime", "pytorch", "--json"])
+            .output()
+            .unwrap(),
+    );
+    let planned = plan["memory"]["per_sample_bytes"].as_f64().unwrap();
+    for error in [0.9, 1.0, 1.1] {
+        let per_sample = ((planned * error) as u64).to_string();
+        let doc = run_json(
+            &[
+                "--memory-limit",
+                "256MiB",
+                "--start",
+                "64",
+                "--model",
+                "zoo:mnist-mlp",
+            ],
+            &[("FAKE_MEM_B", &per_sample)],
+        );
+        let t = trials(&doc);
+        let max = doc["max_batch"].as_u64().unwrap();
+        let fail = doc["smallest_failure"].as_u64().unwrap();
+        assert!(fail as f64 <= (max as f64 * 1.02).ceil(), "x{error}: {t:?}");
+        assert!(
+            doc["search_trials"].as_u64().unwrap() <= 4,
+            "x{error}: {t:?}"
+        );
+    }
 }
 
 /// Advice that holds when asked twice: step times that vary by up to 20 %

@@ -11,7 +11,7 @@ use batchfit_tune::device::DeviceSpec;
 use batchfit_tune::knee::knee_range;
 use batchfit_tune::lr::{LrRule, LrScaling};
 use batchfit_tune::measure::{
-    CurvePlan, Measurement, REFINE_ROUNDS, Trials, Warmup, measure_curve,
+    CurvePlan, Measurement, REFINE_ROUNDS, Trials, Warmup, gap_samples, measure_curve,
 };
 use batchfit_tune::probe::{DeviceProbe, ProbePoint, curve_with_errors};
 use batchfit_tune::run::{
@@ -54,6 +54,8 @@ pub struct RunConfig {
     /// `--ref-lr` (at `--ref-batch`) under `lr_rule`: each trial's rate, put
     /// where the command has `{lr}` and exported as `BATCHFIT_LR`.
     pub lr: Option<LrScaling>,
+    /// `--ref-batch` without `--ref-lr`: where the command's own fixed rate was tuned.
+    pub tuned_at: Option<u64>,
     /// Each process of a trial may map at most this much (RLIMIT_AS); with it
     /// the search predicts the largest batch from the measured peaks.
     pub memory_limit: Option<Bytes>,
@@ -67,6 +69,17 @@ pub struct RunConfig {
     pub launcher: Option<Launcher>,
     /// Only the largest batch: no knee refinement (`run --lengths`, per bucket).
     pub search_only: bool,
+    /// Bytes per sample from the plan of the same network (`--model`), for
+    /// the predicting search.
+    pub per_sample_hint: Option<PerSampleHint>,
+}
+
+/// The plan's per-sample bytes of the command's network, where each search
+/// holds its peaks: the process's address space, or the GPU's memory.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PerSampleHint {
+    pub host: f64,
+    pub gpu: f64,
 }
 
 /// The user's command as the measuring loop's runner: every trial a fresh
@@ -179,6 +192,7 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunSummary> {
         }
         (None, false) => RunRate::CommandsOwn {
             assumed_rule: cfg.lr_rule,
+            tuned_at: cfg.tuned_at,
         },
     };
     batchfit_exec::interrupt::set_message(
@@ -212,9 +226,17 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunSummary> {
         };
         return Err(Error::input(format!("{why}; {check}")));
     }
-    // The search's trials are the curve's samples; the knee is refined between them.
+    // The search's trials are the curve's samples, its wide gaps sampled
+    // (a search from the plan jumps from the start to the limit); the knee
+    // is refined between them.
+    let seeded = trials.points();
+    let ran: Vec<u64> = seeded.iter().filter(|p| p.ok()).map(|p| p.batch).collect();
     let curve_plan = CurvePlan {
-        batches: Vec::new(),
+        batches: if cfg.batches.is_empty() && !cfg.search_only {
+            gap_samples(&ran)
+        } else {
+            Vec::new()
+        },
         listed: !cfg.batches.is_empty(),
         refine_rounds: if cfg.search_only { 0 } else { REFINE_ROUNDS },
         settle_rounds: 0,
@@ -222,7 +244,6 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunSummary> {
         b_noise: None,
         budget: None,
     };
-    let seeded = trials.points();
     let curve = measure_curve(&mut trials, &curve_plan, seeded);
     let log = trials.log;
     let gpu = log.iter().find_map(|t| t.result.gpu_device);
@@ -240,8 +261,9 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunSummary> {
         seconds: started.elapsed().as_secs_f64(),
         budget: None,
     };
-    let (noise, target_loss) = noise_of(&log);
-    let advice = advise_run(&device, &log, noise.as_ref(), &learning_rate);
+    let (noise, target_loss) = noise_of(&log, &learning_rate);
+    let limit_found = search.smallest_failure.is_some();
+    let advice = advise_run(&device, limit_found, &log, noise.as_ref(), &learning_rate);
     Ok(RunSummary {
         command: template.display(),
         launch_command: cfg
@@ -275,18 +297,21 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunSummary> {
 /// NVML's use, so the search can predict; elsewhere nothing bounds memory but
 /// the machine, and the ladder doubles to the first out-of-memory.
 fn search(cfg: &RunConfig, trials: &mut CommandTrials) -> LadderResult {
-    let predicting = |budget: Bytes| PredictOptions {
+    let predicting = |budget: Bytes, gpu: bool| PredictOptions {
         start: cfg.start,
         cap: cfg.max_batch,
         budget,
         tolerance: cfg.tolerance,
         max_trials: predicting::MAX_TRIALS,
+        per_sample_hint: cfg
+            .per_sample_hint
+            .map(|h| if gpu { h.gpu } else { h.host }),
     };
     if !cfg.batches.is_empty() {
         return each_listed(&cfg.batches, |b, why| trials.trial(b, why, false).verdict);
     }
     if let Some(budget) = cfg.memory_limit {
-        return predict_then_bracket(&predicting(budget), |b, why| {
+        return predict_then_bracket(&predicting(budget, false), |b, why| {
             trials.trial(b, why, false).verdict
         });
     }
@@ -300,10 +325,12 @@ fn search(cfg: &RunConfig, trials: &mut CommandTrials) -> LadderResult {
     match gpu_total {
         Some(total) => {
             let mut first = Some(());
-            predict_then_bracket(&predicting(Bytes(total)), |b, why| match first.take() {
-                // The start trial already ran: its verdict, now read as GPU memory.
-                Some(()) => gpu_verdict(trials.last()),
-                None => trials.trial(b, why, true).verdict,
+            predict_then_bracket(&predicting(Bytes(total), true), |b, why| {
+                match first.take() {
+                    // The start trial already ran: its verdict, now read as GPU memory.
+                    Some(()) => gpu_verdict(trials.last()),
+                    None => trials.trial(b, why, true).verdict,
+                }
             })
         }
         None => {

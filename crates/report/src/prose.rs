@@ -10,6 +10,7 @@ use batchfit_tune::lr::{LrRule, LrScaling};
 use batchfit_tune::run::RunRate;
 use batchfit_tune::schedule::DeviceSchedule;
 use batchfit_tune::sweep::{QualityVerdict, ScheduleSource, ScheduleSummary, TargetSource};
+use batchfit_tune::target::RateModel;
 use batchfit_tune::trajectory::SEGMENT_MEASUREMENTS;
 use batchfit_tune::verify::{RECOMMENDATION_TOLERANCE, VerdictOutcome};
 
@@ -140,7 +141,7 @@ pub fn formula(lr: &LrScaling) -> String {
 }
 
 /// How `run`'s trials got their learning rate, and what that means for the prediction.
-pub fn run_rate(rate: &RunRate) -> String {
+pub fn run_rate(rate: &RunRate, model: RateModel) -> String {
     match rate {
         RunRate::Handed {
             scaling,
@@ -158,10 +159,24 @@ pub fn run_rate(rate: &RunRate) -> String {
             formula(scaling),
             scaling.rule.source()
         ),
-        RunRate::CommandsOwn { assumed_rule } => format!(
-            "learning rate: the command sets its own; the time-to-target prediction assumes the rate follows {} from batch to batch, which a command training every batch at one fixed rate does not: put {{lr}} where it takes its rate and give --ref-lr (with --ref-batch) to train each trial at it",
-            assumed_rule.source()
-        ),
+        RunRate::CommandsOwn {
+            assumed_rule,
+            tuned_at,
+        } => {
+            let at = match (model, tuned_at) {
+                (RateModel::Fixed { best_at }, Some(_)) => {
+                    format!(" (the best rate at batch {best_at:.0}, --ref-batch)")
+                }
+                (RateModel::Fixed { best_at }, None) => format!(
+                    " (assumed the best rate at batch {best_at:.0}, the noise trial's; --ref-batch says where it was tuned)"
+                ),
+                (RateModel::Scaled, _) => String::new(),
+            };
+            format!(
+                "learning rate: the command sets its own, one rate at every batch; the time-to-target table predicts for that fixed rate{at}, and the recommendation assumes the rate follows {} from batch to batch: put {{lr}} where the command takes its rate and give --ref-lr (with --ref-batch) to train each trial at the rule's rate",
+                assumed_rule.source()
+            )
+        }
     }
 }
 

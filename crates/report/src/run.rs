@@ -7,7 +7,7 @@ use crate::{align_numbers, esc, prose, table, thousands};
 use batchfit_plan::Bytes;
 use batchfit_tune::probe::DeviceProbe;
 use batchfit_tune::run::{RunNoise, RunRate, RunSummary};
-use batchfit_tune::target::TimeToTarget;
+use batchfit_tune::target::{RateModel, TimeToTarget};
 use batchfit_tune::trial::{Outcome, RunTrial};
 use serde::Serialize;
 
@@ -42,6 +42,9 @@ pub struct RunDocument<'a> {
     /// reference pair and whether the command has `{lr}`) or `commands_own`
     /// (with the rule the prediction assumes).
     pub learning_rate: &'a RunRate,
+    /// How the predicted updates follow the batch: `scaled` (each trial at
+    /// the rule's rate) or `fixed` (the command's one rate, with `best_at`).
+    pub rate_model: RateModel,
     /// The same, in words.
     pub learning_rate_note: String,
     pub findings: Vec<FindingJson>,
@@ -74,7 +77,14 @@ impl<'a> RunDocument<'a> {
             time_to_target: &d.advice.time_to_target,
             target_loss: d.target_loss,
             learning_rate: &d.learning_rate,
-            learning_rate_note: prose::run_rate(&d.learning_rate),
+            rate_model: d
+                .learning_rate
+                .rate_model(d.noise.as_ref().map(|n| n.batch)),
+            learning_rate_note: prose::run_rate(
+                &d.learning_rate,
+                d.learning_rate
+                    .rate_model(d.noise.as_ref().map(|n| n.batch)),
+            ),
             findings: FindingJson::all(&d.advice.findings),
         }
     }
@@ -259,12 +269,24 @@ pub fn render(d: &RunSummary) -> String {
         }
     }
     if !d.advice.time_to_target.is_empty() {
-        out.push_str(&format!("  {}\n", prose::run_rate(&d.learning_rate)));
+        let model = d
+            .learning_rate
+            .rate_model(d.noise.as_ref().map(|n| n.batch));
+        out.push_str(&format!("  {}\n", prose::run_rate(&d.learning_rate, model)));
     }
+    let source = match d
+        .learning_rate
+        .rate_model(d.noise.as_ref().map(|n| n.batch))
+    {
+        RateModel::Scaled => "steps from the noise scale x measured step time",
+        RateModel::Fixed { .. } => {
+            "steps from the noise scale at the command's one fixed rate x measured step time"
+        }
+    };
     out.push_str(&crate::advise::time_to_target_table(
         &d.advice.time_to_target,
         d.target_loss,
-        "steps from the noise scale x measured step time",
+        source,
     ));
     out.push_str(&crate::advise::diagnosis(&d.advice.findings));
     for tr in &d.trials {

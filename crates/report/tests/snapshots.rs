@@ -527,11 +527,12 @@ fn run_on_stand_in_trials() {
         seconds: 7.0,
         budget: None,
     };
-    let (noise, target_loss) = noise_of(&trials);
     let learning_rate = RunRate::CommandsOwn {
         assumed_rule: LrRule::Sqrt,
+        tuned_at: None,
     };
-    let advice = advise_run(&device, &trials, noise.as_ref(), &learning_rate);
+    let (noise, target_loss) = noise_of(&trials, &learning_rate);
+    let advice = advise_run(&device, true, &trials, noise.as_ref(), &learning_rate);
     let doc = RunSummary {
         command: "python train.py --batch-size {batch}".into(),
         launch_command: None,

@@ -21,6 +21,9 @@ pub enum MaxBatchSource {
     PredictedForRam,
     /// Unknown: nothing bounded it.
     NotSearched,
+    /// The largest batch `run` tried, none of which ran out of memory: a
+    /// lower bound, not a limit, so nothing is accumulated for it.
+    LargestTried,
 }
 
 impl MaxBatchSource {
@@ -30,6 +33,7 @@ impl MaxBatchSource {
             MaxBatchSource::Measured => "measured",
             MaxBatchSource::PredictedForRam => "predicted for this machine's RAM",
             MaxBatchSource::NotSearched => "not searched: give --memory-limit",
+            MaxBatchSource::LargestTried => "the largest tried; none ran out of memory",
         }
     }
 
@@ -39,6 +43,7 @@ impl MaxBatchSource {
             MaxBatchSource::Measured => "measured",
             MaxBatchSource::PredictedForRam => "predicted_for_ram",
             MaxBatchSource::NotSearched => "not_searched",
+            MaxBatchSource::LargestTried => "largest_tried",
         }
     }
 }
@@ -415,9 +420,11 @@ pub fn recommend(
             },
         ),
     };
-    // Accumulation where memory caps the batch below the critical batch.
+    // Accumulation where memory caps the batch below the critical batch; the
+    // largest batch a user listed is not a cap (it may well have room above).
+    let capped_by_memory = e.max_batch_source != MaxBatchSource::LargestTried;
     let accumulation = match (b_noise, e.max_batch) {
-        (Some(bn), Some(m)) if (m as f64) < bn => e
+        (Some(bn), Some(m)) if capped_by_memory && (m as f64) < bn => e
             .points
             .iter()
             .filter(|q| q.batch <= m)
@@ -566,6 +573,21 @@ mod tests {
         assert!(options.iter().all(|o| o.micro_batch <= 32));
         assert!(options.iter().any(|o| o.accumulation == 8));
         assert_eq!(rec.max_batch_source, MaxBatchSource::Measured);
+    }
+
+    /// `run --batches 64,256` where 256 ran: it is the largest tried, not a
+    /// memory cap, so B_noise above it asks for no accumulation.
+    #[test]
+    fn the_largest_listed_batch_is_not_a_memory_cap() {
+        let p = pts(&[(64, 1e-3), (256, 2e-3)]);
+        let e = DeviceEvidence {
+            max_batch_source: MaxBatchSource::LargestTried,
+            ..evidence(&p, Some(256))
+        };
+        let (rec, options) = recommend(&e, Some(NoiseBand::exact(700.0)), ADAM);
+        assert!(rec.accumulation.is_none(), "{:?}", rec.accumulation);
+        assert!(options.iter().all(|o| o.accumulation == 1));
+        assert_eq!(rec.recommended_batch, Some(256));
     }
 
     #[test]

@@ -39,6 +39,32 @@ pub trait Trials {
 /// (8 -> 2 -> 1.26).
 pub const REFINE_ROUNDS: usize = 3;
 
+/// The widest gap between sampled batches a searched curve is left with: the
+/// knee is read off the samples, and a search that predicts the limit from
+/// its first trial (`run --model`) samples only the start and the limit, so
+/// where throughput saturates in between would be a guess. Gaps wider than
+/// this are sampled at every 4x.
+const GAP_FACTOR: u64 = 4;
+
+/// Batches that sample the gaps wider than [`GAP_FACTOR`] between the
+/// batches that ran (`ran`, any order): from the lower end of each, up by the
+/// factor, while the next is under half the upper end.
+pub fn gap_samples(ran: &[u64]) -> Vec<u64> {
+    let mut sorted: Vec<u64> = ran.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut out = Vec::new();
+    for w in sorted.windows(2) {
+        let (low, high) = (w[0].max(1), w[1]);
+        let mut b = low.saturating_mul(GAP_FACTOR);
+        while b.saturating_mul(2) <= high {
+            out.push(b);
+            b = b.saturating_mul(GAP_FACTOR);
+        }
+    }
+    out
+}
+
 /// Rounds of measuring again the batches that decide an uncertain knee, for
 /// the engine's worker: a repeat costs a worker start and a few seconds of
 /// steps, and two rounds settle the knees of the corpus. A user's command
@@ -343,6 +369,16 @@ pub fn measure_curve(trials: &mut dyn Trials, plan: &CurvePlan, points: Vec<Prob
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The start and the limit 150x apart get 256, 1,024 and 4,096 between;
+    /// rungs 8x apart and doublings get nothing.
+    #[test]
+    fn wide_gaps_are_sampled_at_every_4x() {
+        assert_eq!(gap_samples(&[9998, 64, 9485]), vec![256, 1024, 4096]);
+        assert!(gap_samples(&[64, 512, 3107, 6673]).is_empty());
+        assert!(gap_samples(&[1, 2, 4, 8, 16]).is_empty());
+        assert_eq!(gap_samples(&[1, 9]), vec![4]);
+    }
     use crate::stats::summarize;
     use crate::trial::FailureKind;
 

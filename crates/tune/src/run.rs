@@ -12,7 +12,7 @@ use crate::diagnose::{self, Finding};
 use crate::lr::{LrRule, LrScaling};
 use crate::noise::{NoiseEstimator, two_batch};
 use crate::probe::DeviceProbe;
-use crate::target::{StepsCurve, TimeToTarget, rank};
+use crate::target::{RateModel, TimeToTarget, rank_at};
 use crate::trial::{RunTrial, StepReport, TrialResult};
 use serde::Serialize;
 
@@ -26,9 +26,15 @@ pub enum RunRate {
         scaling: LrScaling,
         in_command: bool,
     },
-    /// The command sets its own rate; the time-to-target prediction assumes
-    /// `assumed_rule`, which a command training at one fixed rate does not follow.
-    CommandsOwn { assumed_rule: LrRule },
+    /// The command sets its own rate, one rate at every batch: the
+    /// recommendation assumes `assumed_rule`, which such a command does not
+    /// follow; the time-to-target table predicts for the fixed rate, the best
+    /// at `tuned_at` (`--ref-batch`) where the user said where it was tuned.
+    CommandsOwn {
+        assumed_rule: LrRule,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        tuned_at: Option<u64>,
+    },
 }
 
 impl RunRate {
@@ -36,7 +42,22 @@ impl RunRate {
     pub fn rule(&self) -> LrRule {
         match self {
             RunRate::Handed { scaling, .. } => scaling.rule,
-            RunRate::CommandsOwn { assumed_rule } => *assumed_rule,
+            RunRate::CommandsOwn { assumed_rule, .. } => *assumed_rule,
+        }
+    }
+
+    /// How the predicted updates follow the batch: under the rule when each
+    /// trial was handed its rate; when the command sets its own, at that one
+    /// rate for every batch, taken as the best rate at `tuned_at` (the
+    /// user's `--ref-batch`), else at the batch of the trial that measured
+    /// the noise (`noise_batch`: there the two counts agree, and the curve
+    /// is drawn through that trial's steps).
+    pub fn rate_model(&self, noise_batch: Option<u64>) -> RateModel {
+        match self {
+            RunRate::Handed { .. } => RateModel::Scaled,
+            RunRate::CommandsOwn { tuned_at, .. } => RateModel::Fixed {
+                best_at: tuned_at.or(noise_batch).unwrap_or(1).max(1) as f64,
+            },
         }
     }
 
@@ -65,7 +86,8 @@ pub struct RunNoise {
     /// Noise measurements and optimizer steps in that trial.
     pub measurements: usize,
     pub steps: usize,
-    /// S_min of S(B) = S_min (1 + B_noise/B) through that trial's steps to its final loss (predicted).
+    /// S_min of S(B) through that trial's steps to its final loss, S(B) as
+    /// the trials' rate follows the batch ([`RunRate::rate_model`]) (predicted).
     pub s_min: Option<f64>,
     /// B_simple of every trial that reported noise: (batch, B_simple).
     pub per_trial: Vec<(u64, f64)>,
@@ -110,8 +132,9 @@ fn steps_taken(reports: &[StepReport]) -> usize {
 /// The noise scale of the trials: each trial that reported noise gets its
 /// B_simple; the one with the most measurements (the larger batch on a tie)
 /// stands for the command. Its final loss (the mean of its last 10 % of
-/// reported losses) is the target, and S_min is S(B) through its steps.
-pub fn noise_of(trials: &[RunTrial]) -> (Option<RunNoise>, Option<f64>) {
+/// reported losses) is the target, and S_min is S(B) through its steps, S(B)
+/// as `rate` follows the batch.
+pub fn noise_of(trials: &[RunTrial], rate: &RunRate) -> (Option<RunNoise>, Option<f64>) {
     let per: Vec<(&TrialResult, TrialNoise)> = trials
         .iter()
         .map(|t| &t.result)
@@ -132,8 +155,10 @@ pub fn noise_of(trials: &[RunTrial]) -> (Option<RunNoise>, Option<f64>) {
         tail.iter().sum::<f64>() / tail.len().max(1) as f64
     });
     let steps = steps_taken(&best.reports);
+    let model = rate.rate_model(Some(best.batch));
     let s_min = target_loss
-        .map(|_| StepsCurve::through(steps as f64, best.batch as f64, noise.b_simple).s_min);
+        .map(|_| steps as f64 / model.updates_vs_min(noise.b_simple, best.batch as f64))
+        .filter(|s| *s > 0.0);
     let mut per_trial: Vec<(u64, f64)> = per.iter().map(|(r, n)| (r.batch, n.b_simple)).collect();
     per_trial.sort_by_key(|p| p.0);
     (
@@ -160,9 +185,12 @@ pub struct RunAdvice {
 }
 
 /// The recommendation, the ranked options and the findings for the measured
-/// curve `device` and the noise scale, when there is one.
+/// curve `device` and the noise scale, when there is one. `limit_found`: a
+/// trial ran out of memory above `device.max_batch`, so it is the limit; else
+/// it is only the largest batch tried.
 pub fn advise_run(
     device: &DeviceProbe,
+    limit_found: bool,
     trials: &[RunTrial],
     noise: Option<&RunNoise>,
     rate: &RunRate,
@@ -183,10 +211,10 @@ pub fn advise_run(
             knee_batch: device.knee_batch,
             efficiency: device.efficiency,
             max_batch: device.max_batch,
-            max_batch_source: if device.max_batch.is_some() {
-                MaxBatchSource::Measured
-            } else {
-                MaxBatchSource::NotSearched
+            max_batch_source: match device.max_batch {
+                Some(_) if limit_found => MaxBatchSource::Measured,
+                Some(_) => MaxBatchSource::LargestTried,
+                None => MaxBatchSource::NotSearched,
             },
             noise_hint: NoiseHint::PythonHelper,
             rate_failed_from: None,
@@ -211,8 +239,9 @@ pub fn advise_run(
     {
         findings.extend(diagnose::gpu_idle(util, b, device.device));
     }
+    let model = rate.rate_model(noise.map(|n| n.batch));
     let mut time_to_target: Vec<TimeToTarget> = b_noise
-        .map(|bn| rank(&options, bn, noise.and_then(|n| n.s_min)))
+        .map(|bn| rank_at(&options, bn, noise.and_then(|n| n.s_min), model))
         .unwrap_or_default();
     if let RunRate::Handed { scaling, .. } = rate {
         for t in &mut time_to_target {

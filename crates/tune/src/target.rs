@@ -10,6 +10,40 @@ pub fn updates_vs_min(b_noise: f64, batch: f64) -> f64 {
     1.0 + b_noise / batch
 }
 
+/// How a training's learning rate follows its batch, as the predicted updates count it.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "code", rename_all = "snake_case")]
+pub enum RateModel {
+    /// Each batch trains at its best rate (a scaling rule that holds): `1 + B_noise / B`.
+    Scaled,
+    /// Every batch trains at one rate, the best rate at batch `best_at`.
+    Fixed { best_at: f64 },
+}
+
+impl RateModel {
+    /// Updates at `batch` relative to S_min. At a fixed rate this is the
+    /// quadratic model's progress per update (McCandlish et al. 2018, eq.
+    /// 2.6-2.7): with x = the rate over the largest useful one, an update
+    /// gains `2x - x^2 (1 + B_noise/B)` of the best possible; the best rate
+    /// at `best_at` is x = 1 / (1 + B_noise/best_at), where this equals the
+    /// scaled count. Infinite where that rate is too large for `batch`'s
+    /// noise (the loss is predicted not to fall).
+    pub fn updates_vs_min(self, b_noise: f64, batch: f64) -> f64 {
+        match self {
+            RateModel::Scaled => updates_vs_min(b_noise, batch),
+            RateModel::Fixed { best_at } => {
+                let x = 1.0 / updates_vs_min(b_noise, best_at);
+                let gain = 2.0 * x - x * x * updates_vs_min(b_noise, batch);
+                if gain > 0.0 {
+                    1.0 / gain
+                } else {
+                    f64::INFINITY
+                }
+            }
+        }
+    }
+}
+
 /// Updates to a target as a function of the batch: S(B) = S_min (1 + B_noise / B).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StepsCurve {
@@ -88,10 +122,27 @@ pub struct TimeToTarget {
 /// Ranks options by predicted time: `S_min (1 + B_noise/B) x update time`.
 /// `s_min` is the minimum number of updates, when known (from a sweep or a run).
 pub fn rank(options: &[TrainingOption], b_noise: f64, s_min: Option<f64>) -> Vec<TimeToTarget> {
+    rank_at(options, b_noise, s_min, RateModel::Scaled)
+}
+
+/// [`rank`] for a training whose rate follows the batch as `model` says.
+/// Options predicted never to reach the target (a fixed rate too large for
+/// their noise) are left out.
+pub fn rank_at(
+    options: &[TrainingOption],
+    b_noise: f64,
+    s_min: Option<f64>,
+    model: RateModel,
+) -> Vec<TimeToTarget> {
     let mut out: Vec<TimeToTarget> = options
         .iter()
+        .filter(|o| {
+            model
+                .updates_vs_min(b_noise, o.effective_batch() as f64)
+                .is_finite()
+        })
         .map(|o| {
-            let steps_vs_min = updates_vs_min(b_noise, o.effective_batch() as f64);
+            let steps_vs_min = model.updates_vs_min(b_noise, o.effective_batch() as f64);
             TimeToTarget {
                 option: o.clone(),
                 steps_vs_min,
@@ -248,6 +299,32 @@ mod tests {
             accumulation: acc,
             micro_step_s: s,
         }
+    }
+
+    /// One fixed rate, the best at batch 32, with B_noise = 96: x = 1/4. At 32
+    /// it is the scaled count (4); at 128, 2x - x^2 x 1.75 = 0.390625 of the
+    /// best gain (2.56x S_min, where the scaled rule needs 1.75x); at 8,
+    /// 0.5 - 0.8125 < 0: the rate is too large for that noise.
+    #[test]
+    fn a_fixed_rate_gains_less_above_its_batch_and_fails_far_below() {
+        let fixed = RateModel::Fixed { best_at: 32.0 };
+        assert!((fixed.updates_vs_min(96.0, 32.0) - 4.0).abs() < 1e-12);
+        assert!((fixed.updates_vs_min(96.0, 128.0) - 1.0 / 0.390625).abs() < 1e-12);
+        assert!(fixed.updates_vs_min(96.0, 8.0).is_infinite());
+        assert!((RateModel::Scaled.updates_vs_min(96.0, 128.0) - 1.75).abs() < 1e-12);
+        let r = rank_at(
+            &[
+                opt("cpu", 8, 1, 1e-3),
+                opt("cpu", 32, 1, 2e-3),
+                opt("cpu", 128, 1, 6e-3),
+            ],
+            96.0,
+            Some(100.0),
+            fixed,
+        );
+        assert_eq!(r.len(), 2, "batch 8 never reaches the target at that rate");
+        assert_eq!(r[0].option.micro_batch, 32);
+        assert!((r[0].steps.unwrap() - 400.0).abs() < 1e-9);
     }
 
     /// The 6 GB card question by hand: B_noise = 250. GPU at 25 takes 10 ms a

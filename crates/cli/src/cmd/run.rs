@@ -2,13 +2,15 @@
 //! in a fresh process tree: the largest batch that runs (exactly), the
 //! throughput curve and its knee.
 
-use crate::error::CliResult;
+use crate::error::{CliError, CliResult};
 use crate::options::{
     BatchesFlag, EfficiencyFlag, HtmlFlag, JsonFlag, LengthFlags, MemoryLimitFlag, OptimizerFlag,
-    ReferenceFlags, TimeoutFlag, emit_json, emit_with_html, positive_u64, print, progress,
+    ReferenceFlags, SeqLenFlag, TimeoutFlag, emit_json, emit_with_html, positive_u64, print,
+    progress,
 };
 use batchfit_pipeline::lengths::run_lengths;
-use batchfit_pipeline::run::{Launcher, LauncherKind, RunConfig, run as run_trials};
+use batchfit_pipeline::run::{Launcher, LauncherKind, PerSampleHint, RunConfig, run as run_trials};
+use batchfit_plan::{Runtime, TrainOptions, plan};
 use batchfit_report::lengths;
 use batchfit_report::run::{RunDocument, html, render};
 use batchfit_tune::lr::{LrRule, LrScaling};
@@ -92,6 +94,15 @@ pub struct RunArgs {
     pub launcher_cmd: Option<PathBuf>,
     #[command(flatten)]
     pub lengths: LengthFlags,
+    /// The same network as the command trains (zoo:NAME, .toml or .onnx): the plan's
+    /// per-sample bytes let the memory search predict the limit from its first trial.
+    #[arg(long, value_name = "MODEL")]
+    pub model: Option<String>,
+    /// Whose allocator and autograd --model is planned for.
+    #[arg(long, value_enum, default_value = "pytorch", requires = "model")]
+    pub runtime: Runtime,
+    #[command(flatten)]
+    pub seq_len: SeqLenFlag,
     /// The training command, after `--`, with {batch} where the batch size goes.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -125,6 +136,7 @@ pub fn run(args: RunArgs) -> CliResult {
             ref_lr,
             cap_batch: None,
         }),
+        tuned_at: args.reference.ref_batch,
         memory_limit: args.memory_limit.memory_limit,
         tolerance: args.tolerance / 100.0,
         margin: args.margin.map(|m| m / 100.0),
@@ -143,6 +155,10 @@ pub fn run(args: RunArgs) -> CliResult {
             }
         }),
         search_only: false,
+        per_sample_hint: match &args.model {
+            Some(source) => Some(per_sample_hint(source, &args)?),
+            None => None,
+        },
     };
     if let Some(req) = args.lengths.request() {
         let bar = progress(args.json.json || args.show_output);
@@ -166,6 +182,26 @@ pub fn run(args: RunArgs) -> CliResult {
         args.html.html.as_deref(),
         html,
     )
+}
+
+/// The plan's bytes per sample of `--model` as the command trains it, on
+/// the host and on a GPU.
+fn per_sample_hint(source: &str, args: &RunArgs) -> Result<PerSampleHint, CliError> {
+    let graph = batchfit_graph::load(source)?;
+    let per_sample = |gpu: bool| {
+        let opts = TrainOptions {
+            optimizer: args.optimizer.optimizer,
+            runtime: args.runtime,
+            seq_len: args.seq_len.seq_len,
+            gpu,
+            ..TrainOptions::default()
+        };
+        plan(&graph, &opts).memory.per_sample_bytes.as_f64()
+    };
+    Ok(PerSampleHint {
+        host: per_sample(false),
+        gpu: per_sample(true),
+    })
 }
 
 /// A percentage in [0, 100).

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# `batchfit run` on a real Keras 3 / TensorFlow training: examples/noise_keras.py
+# on the UCI digits the project ships, through the Python helper
+# (python/batchfit/keras.py), each trial at the rule's rate for its batch.
+#
+#   TF_PYTHON=/path/to/venv/bin/python bench/keras_run.sh [BATCHES] [STEPS]
+#
+# Defaults: batches 32,64,128,256, 200 steps a trial, Adam 1e-3 at batch 32
+# (square-root scaling). Prints the trials, the noise scale with its band,
+# the recommendation (and any accumulation) and the predicted time-to-target
+# table, from run's JSON. TensorFlow is not a dependency of batchfit; never
+# part of CI (CI tests the helper with numpy alone).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BATCHFIT=${BATCHFIT:-./target/release/batchfit}
+PY=${TF_PYTHON:-python3}
+BATCHES=${1:-32,64,128,256}
+STEPS=${2:-200}
+[ -x "$BATCHFIT" ] || { echo "no $BATCHFIT; run cargo build --release first" >&2; exit 1; }
+"$PY" -c "import keras, tensorflow" 2>/dev/null || { echo "$PY lacks keras or tensorflow" >&2; exit 1; }
+command -v jq >/dev/null || { echo "needs jq" >&2; exit 1; }
+
+export TF_CPP_MIN_LOG_LEVEL=2 # TensorFlow: errors only
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+gzip -dc crates/data/data/digits.csv.gz >"$dir/digits.csv"
+"$PY" -c "import keras, tensorflow as tf; print('keras', keras.__version__, 'tensorflow', tf.__version__)"
+"$BATCHFIT" run --batches "$BATCHES" --ref-lr 1e-3 --ref-batch 32 --json -- \
+    "$PY" examples/noise_keras.py --data "$dir/digits.csv" --batch-size '{batch}' --lr '{lr}' \
+    --steps "$STEPS" >"$dir/run.json"
+jq -r '
+  "trials: " + ([.trials[] | "\(.batch) \(.outcome) lr \(.learning_rate) median step \(.steps.step_time.median // "-") s"] | join("; ")),
+  "noise: B_simple \(.noise.b_simple | round) (90 % band \(.noise.b_simple_low | round) to \(.noise.b_simple_high // "unbounded" | if type == "number" then round else . end)), \(.noise.measurements) measurements at batch \(.noise.batch)",
+  "recommended: \(.recommendation.recommended_batch) at lr \(.recommendation.learning_rate); largest batch: \(.recommendation.max_batch) (\(.recommendation.max_batch_source)); accumulation: \(.recommendation.accumulation // "none")",
+  "target loss \(.target_loss)",
+  (.time_to_target[] | "  batch \(.micro_batch): \(.steps | round) updates, \(.seconds * 100 | round / 100) s, \(.vs_best * 100 | round / 100)x best (predicted)")
+' "$dir/run.json"
