@@ -34,7 +34,7 @@ batchfit_row() {
 }
 for round in $(seq 1 "$ROUNDS"); do
     batchfit_row "batchfit run" 
-    batchfit_row "batchfit run --model" --model zoo:seed2-dual
+    batchfit_row "batchfit run --model" --model zoo:seed2-dual --runtime pytorch
     "$PY" bench/lightning_search.py --memory-limit-kib "$LIMIT_KIB" --init-val 64 2>/dev/null |
         jq -r '"Lightning binsearch\t\(.trials)\t\(.trials)\t\(.seconds)\t\(.batch_found)\t\(.sequence)"' |
         awk -F'\t' '{ printf "%-26s %7s %6s %8s %7s  %s\n", $1, $2, $3, $4, $5, $6 }'

@@ -195,6 +195,36 @@ impl ParallelFlags {
     }
 }
 
+/// `--verify`: check an advice by training what it predicted (sweep, run).
+#[derive(Args, Clone, Debug)]
+pub struct VerifyFlag {
+    /// Check an advice: train its recommended batch and neighbours (or --batches) as it
+    /// predicted, to its target loss, and print predicted beside measured with a verdict.
+    /// FILE is the output of `batchfit advise --json` for sweep (its model, data,
+    /// learning-rate rule and target, no warm-up) or of `batchfit run --json` for run (the
+    /// command at the run's rates, each training ended at the target).
+    #[arg(long, value_name = "FILE")]
+    pub verify: Option<PathBuf>,
+}
+
+/// `--seeds`: trainings per batch (sweep, run --verify).
+#[derive(Args, Clone, Debug)]
+pub struct SeedsFlag {
+    /// Seeds per batch size (0, 1, ...). sweep: initial weights and data order, every
+    /// batch from the same weights for a given seed; run --verify: `{seed}` in the
+    /// command (and BATCHFIT_SEED).
+    #[arg(long, default_value_t = 3, value_parser = positive_u64)]
+    pub seeds: u64,
+}
+
+/// Whose runtime a plan models.
+#[derive(Args, Clone, Debug)]
+pub struct RuntimeFlag {
+    /// Whose allocator and autograd to model: burn (batchfit's engine) or pytorch.
+    #[arg(long, value_enum, default_value = "burn")]
+    pub runtime: Runtime,
+}
+
 /// How a step trains: the flags that change its memory.
 #[derive(Args, Clone, Debug)]
 pub struct TrainFlags {
@@ -209,9 +239,8 @@ pub struct TrainFlags {
     /// Samples per forward/backward with gradient accumulation.
     #[arg(long, value_name = "N", value_parser = positive_u64)]
     pub micro_batch: Option<u64>,
-    /// Whose allocator and autograd to model: burn (batchfit's engine) or pytorch.
-    #[arg(long, value_enum, default_value = "burn")]
-    pub runtime: Runtime,
+    #[command(flatten)]
+    pub runtime: RuntimeFlag,
     #[command(flatten)]
     pub seq_len: SeqLenFlag,
 }
@@ -223,7 +252,7 @@ impl TrainFlags {
             precision: self.precision,
             checkpointing: self.checkpointing,
             micro_batch: self.micro_batch,
-            runtime: self.runtime,
+            runtime: self.runtime.runtime,
             seq_len: self.seq_len.seq_len,
             gpu,
         }

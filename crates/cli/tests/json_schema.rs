@@ -234,6 +234,44 @@ fn run_json_has_every_documented_key() {
     assert!(missing.is_empty(), "run --json lacks {missing:?}");
 }
 
+/// `run --verify`: every key its section documents, on a stand-in run checked
+/// by two short trainings.
+#[cfg(unix)]
+#[test]
+fn run_verify_json_has_every_documented_key() {
+    let trainer = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/fake_trainer.sh")
+        .display()
+        .to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let advice = dir.path().join("run.json");
+    let tail = ["--", "sh", &trainer, "{batch}", "--lr={lr}"];
+    let run = |flags: &[&str], steps: &str| {
+        common::document(
+            common::batchfit()
+                .arg("run")
+                .args(flags)
+                .args(["--ref-lr", "0.001", "--json"])
+                .args(tail)
+                .env("FAKE_NOISE", "1")
+                .env("FAKE_SCALED_LOSS", "1")
+                .env("FAKE_STEPS", steps)
+                .output()
+                .unwrap(),
+        )
+    };
+    std::fs::write(&advice, run(&["--batches", "128,256"], "40").to_string()).unwrap();
+    let doc = run(
+        &["--verify", advice.to_str().unwrap(), "--seeds", "1"],
+        "200",
+    );
+    let mut present = BTreeSet::new();
+    keys_of(&doc, &mut present);
+    let documented = documented_keys("run --verify RUN.json");
+    let missing: Vec<&String> = documented.difference(&present).collect();
+    assert!(missing.is_empty(), "run --verify --json lacks {missing:?}");
+}
+
 /// Under a launcher too (the stand-in torchrun): the same keys, every rank listed.
 #[cfg(unix)]
 #[test]

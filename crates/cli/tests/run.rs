@@ -405,6 +405,8 @@ fn a_model_plan_predicts_the_limit_from_the_first_trial() {
                 "64",
                 "--model",
                 "zoo:mnist-mlp",
+                "--runtime",
+                "pytorch",
             ],
             &[("FAKE_MEM_B", &per_sample)],
         );
@@ -512,4 +514,77 @@ fn each_trial_trains_at_the_rate_the_rule_gives_its_batch() {
     assert_eq!(doc["learning_rate"]["code"], "commands_own");
     assert_eq!(doc["learning_rate"]["assumed_rule"], "sqrt");
     assert!(doc["trials"][0]["learning_rate"].is_null());
+}
+
+/// `run --verify RUN.json`: the run's prediction held against trainings of
+/// the same command. The stand-in's loss takes S_min (1 + 256/B) steps to any
+/// level, as its noise scale says, so trained at the rule's rate the
+/// recommended batch and its neighbour reach the run's target in the steps it
+/// predicted; each training ends at the target, long before its 300 steps.
+#[test]
+fn verify_trains_the_run_advice_to_its_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let advice = dir.path().join("run.json");
+    let command = |steps: &str| {
+        let mut c = batchfit();
+        c.env("FAKE_NOISE", "1")
+            .env("FAKE_SCALED_LOSS", "1")
+            .env("FAKE_STEPS", steps);
+        c
+    };
+    let tail = ["--", "sh", &trainer(), "{batch}", "--lr={lr}"];
+    let out = command("40")
+        .args([
+            "run",
+            "--batches",
+            "32,64,128,256",
+            "--ref-lr",
+            "0.001",
+            "--json",
+        ])
+        .args(tail)
+        .output()
+        .unwrap();
+    std::fs::write(&advice, document(out).to_string()).unwrap();
+    let doc = document(
+        command("300")
+            .args([
+                "run",
+                "--verify",
+                advice.to_str().unwrap(),
+                "--seeds",
+                "2",
+                "--json",
+            ])
+            .args(tail)
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(doc["kind"], "run_verify");
+    let trials = doc["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 4, "two batches, two seeds each");
+    for t in trials {
+        let b = t["batch"].as_f64().unwrap();
+        assert!((t["learning_rate"].as_f64().unwrap() - 0.001 * (b / 32.0).sqrt()).abs() < 1e-12);
+        assert!(t["steps_to_target"].as_f64().unwrap() < 100.0, "{t}");
+        // Ended at the target: the stand-in would have reported 300 steps.
+        assert!(t["steps"]["steps_reported"].as_u64().unwrap() < 150, "{t}");
+    }
+    for row in doc["rows"].as_array().unwrap() {
+        let error = row["steps_error_pct"].as_f64().unwrap();
+        assert!(error.abs() < 10.0, "{row}");
+    }
+    assert_eq!(doc["verdict"]["held"], true, "{}", doc["verdict"]);
+    assert!(doc["verdict_line"].as_str().unwrap().contains("held"));
+
+    // Not a run's advice: refused, before anything runs.
+    let plan = dir.path().join("plan.json");
+    std::fs::write(&plan, r#"{"kind": "plan"}"#).unwrap();
+    let out = batchfit()
+        .args(["run", "--verify", plan.to_str().unwrap()])
+        .args(tail)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("plan.json"));
 }

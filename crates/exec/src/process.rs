@@ -13,6 +13,7 @@ use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
@@ -40,6 +41,9 @@ pub struct ProcessOptions<'a> {
     /// ended with it.
     pub on_sample: Option<SampleHandler<'a>>,
     pub sample_every: Duration,
+    /// Set (by a line handler) when the child has done what was asked of it:
+    /// its tree is then ended, and it counts as having run (`Finished::stopped`).
+    pub stop: Option<Arc<AtomicBool>>,
 }
 
 impl Default for ProcessOptions<'_> {
@@ -49,6 +53,7 @@ impl Default for ProcessOptions<'_> {
             on_line: None,
             on_sample: None,
             sample_every: Duration::from_millis(100),
+            stop: None,
         }
     }
 }
@@ -78,6 +83,8 @@ pub struct Finished {
     pub exit: ExitInfo,
     /// It was still running at the time-out and was ended by us.
     pub timed_out: bool,
+    /// It was ended by us because it had done what was asked (`ProcessOptions::stop`).
+    pub stopped: bool,
     /// From start to exit, process start-up included.
     pub wall_s: f64,
     /// The last lines of each stream.
@@ -94,6 +101,9 @@ impl Finished {
     /// out, or crashed with the tail of its output. A crash is never called
     /// out of memory unless the output or the signal says so.
     pub fn outcome(&self) -> Outcome {
+        if self.stopped {
+            return Outcome::Ran;
+        }
         if self.timed_out {
             return Outcome::TimedOut;
         }
@@ -214,8 +224,10 @@ pub fn run_process(
     );
 
     let mut on_sample = opts.on_sample;
+    let stop = opts.stop;
     let mut next_sample = Instant::now();
     let mut timed_out = false;
+    let mut stopped = false;
     // Process groups of the tree other than the child's own: ended with it.
     let mut groups: Vec<i32> = Vec::new();
     // Every process seen in the tree, to tell our groups from reused numbers.
@@ -226,6 +238,10 @@ pub fn run_process(
         }
         if started.elapsed() > opts.timeout {
             timed_out = true;
+            break end_tree(pid, &groups_still_ours(&groups, &seen));
+        }
+        if stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed)) {
+            stopped = true;
             break end_tree(pid, &groups_still_ours(&groups, &seen));
         }
         if let Some(f) = on_sample.as_mut()
@@ -272,6 +288,7 @@ pub fn run_process(
     Ok(Finished {
         exit,
         timed_out,
+        stopped,
         wall_s,
         stdout_tail: tail(&out_tail),
         stderr_tail: tail(&err_tail),

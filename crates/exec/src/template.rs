@@ -10,6 +10,10 @@ pub const BATCH_ENV: &str = "BATCHFIT_BATCH";
 pub const LR_PLACEHOLDER: &str = "{lr}";
 /// Environment variable that carries the learning rate too, when there is one.
 pub const LR_ENV: &str = "BATCHFIT_LR";
+/// The placeholder replaced by the trial's seed (`run --verify`).
+pub const SEED_PLACEHOLDER: &str = "{seed}";
+/// Environment variable that carries the seed too, when there is one.
+pub const SEED_ENV: &str = "BATCHFIT_SEED";
 
 /// A command line to run once per batch size.
 #[derive(Clone, Debug, PartialEq)]

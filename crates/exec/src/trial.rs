@@ -5,11 +5,13 @@ use crate::launcher::{Launcher, RANK_VARS};
 use crate::monitor::{ProcInfo, env_rank, gpu_reading, vm_peak};
 use crate::process::{LineHandler, ProcessOptions, run_process};
 use crate::protocol::{StepReader, StepReport, combine_ranks, step_stats};
-use crate::template::{BATCH_ENV, CommandTemplate, LR_ENV};
+use crate::template::{BATCH_ENV, CommandTemplate, LR_ENV, SEED_ENV, SEED_PLACEHOLDER};
 use batchfit_tune::lr::LrScaling;
+use batchfit_tune::run::LossTarget;
 use batchfit_tune::trial::{RankResult, TrialResult};
 use std::collections::{BTreeMap, HashMap};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -31,6 +33,11 @@ pub struct TrialOptions {
     /// Each trial's learning rate, from its batch: put where the command has
     /// `{lr}` and exported as `BATCHFIT_LR`.
     pub lr: Option<LrScaling>,
+    /// The trial's seed: put where the command has `{seed}` and exported as
+    /// `BATCHFIT_SEED` (`run --verify` trains each batch under several).
+    pub seed: Option<u64>,
+    /// End the trial once its reported losses reach this target.
+    pub stop_at: Option<LossTarget>,
 }
 
 /// What the output readers collect.
@@ -81,12 +88,21 @@ pub fn run_trial(
 ) -> TrialResult {
     let lr = opts.lr.map(|s| s.at(batch));
     let mut argv = template.render(batch, lr);
+    if let Some(seed) = opts.seed {
+        let seed = seed.to_string();
+        argv = argv
+            .iter()
+            .map(|a| a.replace(SEED_PLACEHOLDER, &seed))
+            .collect();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
     if let Some(l) = &opts.launcher {
         argv = l.wrap(&argv);
     }
     let collected = Arc::new(Mutex::new(Collected::default()));
     let on_line: LineHandler = {
         let (collected, reader, echo) = (collected.clone(), opts.reader.clone(), opts.echo);
+        let (stop, stop_at) = (stop.clone(), opts.stop_at);
         Arc::new(move |_, line| {
             if echo {
                 eprintln!("[batch {batch}] {line}");
@@ -96,6 +112,18 @@ pub fn run_trial(
                     match step {
                         Ok(step) => c.steps.push(step),
                         Err(_) => c.bad_lines += 1,
+                    }
+                }
+                if let Some(t) = stop_at {
+                    // Rank 0's losses, as `LossTarget::steps_to` reads them.
+                    let losses: Vec<f64> = c
+                        .steps
+                        .iter()
+                        .filter(|s| s.rank.unwrap_or(0) == 0)
+                        .filter_map(|s| s.loss.filter(|l| l.is_finite()))
+                        .collect();
+                    if t.reached(&losses) {
+                        stop.store(true, Ordering::Relaxed);
                     }
                 }
             }
@@ -160,6 +188,9 @@ pub fn run_trial(
     if let Some(lr) = lr {
         command.env(LR_ENV, lr.to_string());
     }
+    if let Some(seed) = opts.seed {
+        command.env(SEED_ENV, seed.to_string());
+    }
     if let Some(limit) = opts.memory_limit {
         limit_address_space(&mut command, limit);
     }
@@ -174,6 +205,7 @@ pub fn run_trial(
             timeout: opts.timeout,
             on_line: Some(on_line),
             on_sample: Some(&mut sample),
+            stop: opts.stop_at.is_some().then_some(stop),
             ..ProcessOptions::default()
         },
     );
@@ -335,6 +367,8 @@ mod tests {
                 memory_limit: None,
                 launcher: Some(launcher),
                 lr: None,
+                seed: None,
+                stop_at: None,
             },
             &mut |_| {},
         )

@@ -16,6 +16,7 @@
 //! - [`verify`]: an advice file read back for `sweep --verify` to check;
 //! - [`run`]: the user's own training command per batch
 //!   ([`run::CommandTrials`] under the same measuring loop);
+//! - [`run_verify`]: `run`'s prediction held against trainings of the same command;
 //! - [`lengths`]: the same over a distribution of sequence lengths.
 //!
 //! Progress goes through the [`Progress`] trait, so the pipelines know nothing
@@ -31,6 +32,8 @@ pub mod progress;
 mod rate_check;
 #[cfg(unix)]
 pub mod run;
+#[cfg(unix)]
+pub mod run_verify;
 pub mod sweep;
 mod sweep_out;
 pub mod verify;

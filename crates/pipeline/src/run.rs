@@ -206,6 +206,9 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunSummary> {
         memory_limit: cfg.memory_limit.map(|b| b.0),
         launcher: cfg.launcher.clone(),
         lr: cfg.lr,
+        // `{seed}` is 0 in a run's trials (`run --verify` trains several).
+        seed: Some(0),
+        stop_at: None,
     };
     let started = Instant::now();
     let mut trials = CommandTrials {

@@ -9,6 +9,7 @@ use batchfit_tune::probe::DeviceProbe;
 use batchfit_tune::run::{RunNoise, RunRate, RunSummary};
 use batchfit_tune::target::{RateModel, TimeToTarget};
 use batchfit_tune::trial::{Outcome, RunTrial};
+use batchfit_tune::verify::RunVerifyReport;
 use serde::Serialize;
 
 /// The JSON document of `batchfit run --json`.
@@ -397,4 +398,74 @@ pub fn html(d: &RunSummary) -> String {
     body.push_str(&esc(&render(d)));
     body.push_str("</pre>\n");
     crate::page("run", &body)
+}
+
+/// `run --verify --json`.
+#[derive(Serialize)]
+pub struct RunVerifyDocument<'a> {
+    pub schema_version: u32,
+    pub kind: &'static str,
+    #[serde(flatten)]
+    pub report: &'a RunVerifyReport,
+    /// The verdict in words.
+    pub verdict_line: String,
+}
+
+impl<'a> RunVerifyDocument<'a> {
+    pub fn new(report: &'a RunVerifyReport) -> Self {
+        RunVerifyDocument {
+            schema_version: crate::SCHEMA_VERSION,
+            kind: "run_verify",
+            report,
+            verdict_line: prose::verdict_line(report.verdict.recommended, report.verdict.outcome),
+        }
+    }
+}
+
+/// `run --verify`: each training, then predicted beside measured and the verdict.
+pub fn render_verify(v: &RunVerifyReport) -> String {
+    let mut out = format!(
+        "\n{} (measured: each training a fresh process tree)\n",
+        v.command
+    );
+    let mut t = table(&[
+        "batch",
+        "seed",
+        "outcome",
+        "lr",
+        "steps reported",
+        "steps to target",
+        "time to target",
+    ]);
+    for tr in &v.trials {
+        let r = &tr.result;
+        t.add_row(vec![
+            thousands(tr.batch),
+            tr.seed.to_string(),
+            r.outcome.label().to_string(),
+            r.learning_rate.map_or("-".into(), |l| format!("{l:.3e}")),
+            r.reports.len().to_string(),
+            tr.steps_to_target
+                .map_or("not reached".into(), |s| format!("{s:.0}")),
+            tr.seconds_to_target.map_or("-".into(), crate::duration),
+        ]);
+    }
+    align_numbers(&mut t, 0);
+    out.push_str(&t.to_string());
+    out.push('\n');
+    out.push_str(&format!(
+        "\nPREDICTED (run {}) BESIDE MEASURED (mean ± sd over {} seeds), to loss {:.4} (the mean of {} reported losses; steps counted to the middle of the first such window at it)\n",
+        v.advice, v.seeds, v.target.target, v.target.window
+    ));
+    out.push_str(&match &v.learning_rate {
+        RunRate::Handed { scaling, .. } => format!(
+            "  each training at lr(B) = {}, as the run trained its trials\n",
+            prose::formula(scaling)
+        ),
+        RunRate::CommandsOwn { .. } => {
+            "  each training at the command's own rate, as the run's trials were\n".to_string()
+        }
+    });
+    out.push_str(&crate::sweep::verify_rows(&v.rows, &v.verdict));
+    out
 }

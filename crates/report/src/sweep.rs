@@ -8,7 +8,7 @@ use batchfit_tune::sweep::{
     BatchSummary, DeviceTimes, MeasuredNoise, QualityVerdict, RunStatus, ScheduleSummary, StepsFit,
     SweepRun, SweepSettings, SweepSummary,
 };
-use batchfit_tune::verify::VerifyReport;
+use batchfit_tune::verify::{Verdict, VerifyReport, VerifyRow};
 use serde::Serialize;
 
 /// The JSON document of `batchfit sweep --json`.
@@ -135,6 +135,13 @@ pub fn verify_table(v: &VerifyReport) -> String {
         v.basis.target_loss,
         prose::formula(&v.basis.lr)
     );
+    out.push_str(&verify_rows(&v.rows, &v.verdict));
+    out
+}
+
+/// Predicted beside measured, one row a batch, then the worst errors and the verdict line.
+pub fn verify_rows(rows: &[VerifyRow], verdict: &Verdict) -> String {
+    let mut out = String::new();
     let mut t = table(&[
         "batch",
         "steps predicted",
@@ -148,7 +155,7 @@ pub fn verify_table(v: &VerifyReport) -> String {
         "error",
     ]);
     let secs = |x: f64| crate::duration(x);
-    for r in &v.rows {
+    for r in rows {
         t.add_row(vec![
             thousands(r.batch),
             format!("{:.0}", r.predicted_steps),
@@ -184,13 +191,10 @@ pub fn verify_table(v: &VerifyReport) -> String {
     };
     out.push_str(&format!(
         "predicted time relative to the best: worst error {}; predicted seconds: worst error {}\n",
-        worst(v.verdict.worst_relative),
-        worst(v.verdict.worst_absolute)
+        worst(verdict.worst_relative),
+        worst(verdict.worst_absolute)
     ));
-    out.push_str(&prose::verdict_line(
-        v.verdict.recommended,
-        v.verdict.outcome,
-    ));
+    out.push_str(&prose::verdict_line(verdict.recommended, verdict.outcome));
     out.push('\n');
     out
 }

@@ -14,10 +14,10 @@ use crate::noise::{NoiseEstimator, two_batch};
 use crate::probe::DeviceProbe;
 use crate::target::{RateModel, TimeToTarget, rank_at};
 use crate::trial::{RunTrial, StepReport, TrialResult};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// How `run`'s trials got their learning rate.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "code", rename_all = "snake_case")]
 pub enum RunRate {
     /// Each trial was handed `scaling.at(batch)`: where the command has
@@ -32,7 +32,7 @@ pub enum RunRate {
     /// at `tuned_at` (`--ref-batch`) where the user said where it was tuned.
     CommandsOwn {
         assumed_rule: LrRule,
-        #[serde(skip_serializing_if = "Option::is_none")]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         tuned_at: Option<u64>,
     },
 }
@@ -174,6 +174,50 @@ pub fn noise_of(trials: &[RunTrial], rate: &RunRate) -> (Option<RunNoise>, Optio
         }),
         target_loss,
     )
+}
+
+/// When a training has reached the target loss, read from the losses its
+/// step lines report: the mean of the last `window` of them is at most
+/// `target`. `run`'s target is that same mean over the last tenth of the
+/// noise trial's losses, so a run is held to the statistic that set it.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct LossTarget {
+    pub target: f64,
+    pub window: usize,
+}
+
+impl LossTarget {
+    /// The target of a run whose noise trial took `steps` steps to `target`.
+    pub fn of_run(target: f64, steps: usize) -> LossTarget {
+        LossTarget {
+            target,
+            window: (steps - steps * 9 / 10).max(1),
+        }
+    }
+
+    /// Whether the losses so far (in step order) have reached the target.
+    pub fn reached(&self, losses: &[f64]) -> bool {
+        losses.len() >= self.window
+            && losses[losses.len() - self.window..].iter().sum::<f64>() / self.window as f64
+                <= self.target
+    }
+
+    /// Steps and seconds to the target in a trial's reports: the first window
+    /// whose mean is at the target, counted to its middle (a window's mean is
+    /// the loss about half a window back), and the reported seconds of the
+    /// steps up to it. `None` if it was not reached.
+    pub fn steps_to(&self, reports: &[StepReport]) -> Option<(f64, f64)> {
+        let steps: Vec<(f64, f64)> = reports
+            .iter()
+            .filter(|r| r.rank.unwrap_or(0) == 0)
+            .filter_map(|r| r.loss.filter(|l| l.is_finite()).map(|l| (l, r.seconds)))
+            .collect();
+        let losses: Vec<f64> = steps.iter().map(|s| s.0).collect();
+        let end = (self.window..=losses.len()).find(|&n| self.reached(&losses[..n]))?;
+        let at = end - (self.window - 1) / 2;
+        let seconds = steps[..at].iter().map(|s| s.1).sum();
+        Some((at as f64, seconds))
+    }
 }
 
 /// The advice of a run: as `advise` gives it for one device.
@@ -346,5 +390,45 @@ pub fn trial_point(r: &TrialResult) -> crate::probe::ProbePoint {
             r.peak_host_bytes.map(Bytes),
         ),
         _ => ProbePoint::ended(r.batch, None, &r.outcome),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(loss: f64) -> StepReport {
+        StepReport {
+            step: None,
+            samples: None,
+            seconds: 0.01,
+            loss: Some(loss),
+            noise: None,
+            rank: None,
+        }
+    }
+
+    /// A loss falling by 0.1 a step from 2.0, target 1.0 over windows of 5:
+    /// the mean of steps 9-13 (1.2 .. 0.8) is 1.0 first, at step 13; its
+    /// middle is step 11, where the loss itself is 1.0.
+    #[test]
+    fn the_target_is_reached_where_a_window_of_losses_is_at_it() {
+        let reports: Vec<StepReport> = (0..30).map(|i| report(2.0 - 0.1 * i as f64)).collect();
+        let t = LossTarget {
+            target: 1.0 + 1e-9,
+            window: 5,
+        };
+        let (steps, seconds) = t.steps_to(&reports).unwrap();
+        assert_eq!(steps, 11.0);
+        assert!((seconds - 0.11).abs() < 1e-12);
+        assert!(t.reached(&[1.2, 1.1, 1.0, 0.9, 0.8]));
+        assert!(!t.reached(&[1.0, 0.9]));
+        let never = LossTarget {
+            target: -1.0,
+            window: 5,
+        };
+        assert_eq!(never.steps_to(&reports), None);
+        // 200 steps: the last 20 set the target, so 20 make the window.
+        assert_eq!(LossTarget::of_run(0.3, 200).window, 20);
     }
 }

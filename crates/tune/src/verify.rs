@@ -4,7 +4,9 @@
 
 use crate::basis::PredictionBasis;
 use crate::device::DeviceSpec;
+use crate::run::{LossTarget, RunRate};
 use crate::sweep::{difference, mean_std};
+use crate::trial::TrialResult;
 use serde::ser::Serializer;
 use serde::{Deserialize, Serialize};
 
@@ -303,6 +305,58 @@ impl VerifyReport {
             verdict,
         }
     }
+}
+
+/// A run's advice under check.
+#[derive(Clone, Debug)]
+pub struct CheckedRun {
+    pub path: String,
+    pub recommended: u64,
+    /// The run's predictions at each batch of its table (no accumulation), ascending.
+    pub predicted: Vec<Predicted>,
+    pub target: LossTarget,
+    pub rate: RunRate,
+}
+
+impl CheckedRun {
+    /// The recommended batch and its neighbours in the run's table.
+    pub fn default_batches(&self) -> Vec<u64> {
+        let batches: Vec<u64> = self.predicted.iter().map(|p| p.batch).collect();
+        match batches.iter().position(|&b| b == self.recommended) {
+            Some(i) => batches[i.saturating_sub(1)..(i + 2).min(batches.len())].to_vec(),
+            None => vec![self.recommended],
+        }
+    }
+}
+
+/// What `run --verify` found.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunVerifyReport {
+    /// The advice file.
+    pub advice: String,
+    /// The command trained, with its placeholders.
+    pub command: String,
+    /// The loss each trial trained to, and the window of losses that reads it.
+    pub target: LossTarget,
+    /// The rates the trials trained at: the run's.
+    pub learning_rate: RunRate,
+    pub seeds: u64,
+    pub rows: Vec<VerifyRow>,
+    pub verdict: Verdict,
+    /// Every trial, in order.
+    pub trials: Vec<VerifyTrial>,
+}
+
+/// One training of the check.
+#[derive(Clone, Debug, Serialize)]
+pub struct VerifyTrial {
+    pub batch: u64,
+    pub seed: u64,
+    /// Steps and seconds to the target (measured), `None` if not reached.
+    pub steps_to_target: Option<f64>,
+    pub seconds_to_target: Option<f64>,
+    #[serde(flatten)]
+    pub result: TrialResult,
 }
 
 #[cfg(test)]

@@ -5,14 +5,15 @@
 use crate::error::{CliError, CliResult};
 use crate::options::{
     BatchesFlag, EfficiencyFlag, HtmlFlag, JsonFlag, LengthFlags, MemoryLimitFlag, OptimizerFlag,
-    ReferenceFlags, SeqLenFlag, TimeoutFlag, emit_json, emit_with_html, positive_u64, print,
-    progress,
+    ReferenceFlags, RuntimeFlag, SeedsFlag, SeqLenFlag, TimeoutFlag, VerifyFlag, emit_json,
+    emit_with_html, positive_u64, print, progress,
 };
 use batchfit_pipeline::lengths::run_lengths;
 use batchfit_pipeline::run::{Launcher, LauncherKind, PerSampleHint, RunConfig, run as run_trials};
-use batchfit_plan::{Runtime, TrainOptions, plan};
+use batchfit_pipeline::run_verify::{read_run_advice, run_verify};
+use batchfit_plan::{TrainOptions, plan};
 use batchfit_report::lengths;
-use batchfit_report::run::{RunDocument, html, render};
+use batchfit_report::run::{RunDocument, RunVerifyDocument, html, render, render_verify};
 use batchfit_tune::lr::{LrRule, LrScaling};
 use clap::Args;
 use std::path::PathBuf;
@@ -98,11 +99,15 @@ pub struct RunArgs {
     /// per-sample bytes let the memory search predict the limit from its first trial.
     #[arg(long, value_name = "MODEL")]
     pub model: Option<String>,
-    /// Whose allocator and autograd --model is planned for.
-    #[arg(long, value_enum, default_value = "pytorch", requires = "model")]
-    pub runtime: Runtime,
+    /// --model's runtime: pytorch for a PyTorch command.
+    #[command(flatten)]
+    pub runtime: RuntimeFlag,
     #[command(flatten)]
     pub seq_len: SeqLenFlag,
+    #[command(flatten)]
+    pub verify: VerifyFlag,
+    #[command(flatten)]
+    pub seeds: SeedsFlag,
     /// The training command, after `--`, with {batch} where the batch size goes.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -160,6 +165,22 @@ pub fn run(args: RunArgs) -> CliResult {
             None => None,
         },
     };
+    if let Some(path) = &args.verify.verify {
+        if args.lengths.lengths.is_some() || args.html.html.is_some() || args.model.is_some() {
+            return Err(CliError::Pipeline(batchfit_pipeline::Error::input(
+                "--verify trains the advice's batches: leave out --lengths, --html and --model",
+            )));
+        }
+        let advice = read_run_advice(path)?;
+        let bar = progress(args.json.json || args.show_output);
+        let report = run_verify(&cfg, &advice, &args.batches.batches, args.seeds.seeds, &bar)?;
+        drop(bar);
+        return if args.json.json {
+            emit_json(&RunVerifyDocument::new(&report))
+        } else {
+            print(&render_verify(&report))
+        };
+    }
     if let Some(req) = args.lengths.request() {
         let bar = progress(args.json.json || args.show_output);
         let doc = run_lengths(&cfg, &req, &bar)?;
@@ -191,7 +212,7 @@ fn per_sample_hint(source: &str, args: &RunArgs) -> Result<PerSampleHint, CliErr
     let per_sample = |gpu: bool| {
         let opts = TrainOptions {
             optimizer: args.optimizer.optimizer,
-            runtime: args.runtime,
+            runtime: args.runtime.runtime,
             seq_len: args.seq_len.seq_len,
             gpu,
             ..TrainOptions::default()

@@ -7,6 +7,7 @@ use crate::options::{
     BatchesFlag, DataFlags, DeviceFlag, HtmlFlag, JsonFlag, OptimizerFlag, ReferenceFlags,
     ThreadsFlag, emit_with_html, non_negative_f64, positive_f64, positive_u64, progress,
 };
+use crate::options::{SeedsFlag, VerifyFlag};
 use batchfit_pipeline::probe::parse_devices;
 use batchfit_pipeline::sweep::{ScheduleChoice, SweepConfig, sweep};
 use batchfit_pipeline::verify::{data_source, read_advice};
@@ -18,6 +19,8 @@ use clap::Args;
 use std::path::PathBuf;
 
 #[derive(Args)]
+// An advice under check sets the rates, target and device itself.
+#[command(group(clap::ArgGroup::new("set_by_advice").multiple(true).conflicts_with("verify").args(["lr_rule", "ref_batch", "ref_lr", "lr_cap", "optimizer", "warmup_epochs", "target_loss", "device"])))]
 pub struct SweepArgs {
     /// zoo:NAME, a .toml layer spec or an .onnx file [default: zoo:digits-mlp].
     pub model: Option<String>,
@@ -31,11 +34,8 @@ pub struct SweepArgs {
     /// `{"stages": [{"from_samples": 0, "batch": 32, "lr": 0.001}, ...]}`).
     #[arg(long, value_name = "ramp|FILE")]
     pub schedule: Option<String>,
-    /// Check an advice: train its recommended batch and neighbours with its model, data,
-    /// learning-rate rule and target (no warm-up, as it predicted), and print predicted
-    /// beside measured with a verdict. FILE is the output of `batchfit advise --json`.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["lr_rule", "ref_batch", "ref_lr", "lr_cap", "optimizer", "warmup_epochs", "target_loss", "device"])]
-    pub verify: Option<PathBuf>,
+    #[command(flatten)]
+    pub verify: VerifyFlag,
     /// How the learning rate follows the batch [default: sqrt for Adam-family
     /// optimizers, linear for SGD].
     #[arg(long, value_enum)]
@@ -62,10 +62,8 @@ pub struct SweepArgs {
     /// Share of the rows held out for validation (the same split for every run).
     #[arg(long, default_value_t = 0.1, value_parser = parse_split)]
     pub val_split: f64,
-    /// Seeds per batch size (0, 1, ...): initial weights and data order. Every batch
-    /// starts from the same weights for a given seed.
-    #[arg(long, default_value_t = 3, value_parser = positive_u64)]
-    pub seeds: u64,
+    #[command(flatten)]
+    pub seeds: SeedsFlag,
     /// Seed of the train/validation split.
     #[arg(long, default_value_t = 0)]
     pub split_seed: u64,
@@ -96,7 +94,7 @@ fn parse_split(s: &str) -> Result<f64, String> {
 }
 
 pub fn run(args: SweepArgs) -> CliResult {
-    let cfg = match &args.verify {
+    let cfg = match &args.verify.verify {
         Some(path) => verifying(&args, read_advice(path)?)?,
         None => config(&args)?,
     };
@@ -164,7 +162,7 @@ fn config(args: &SweepArgs) -> CliResult<SweepConfig> {
         target_loss: args.target_loss,
         epochs: args.epochs,
         val_split: args.val_split,
-        seeds: args.seeds,
+        seeds: args.seeds.seeds,
         split_seed: args.split_seed,
         no_noise: args.no_noise,
         out: args.out.clone(),
