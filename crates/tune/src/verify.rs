@@ -230,6 +230,15 @@ pub fn verify(
     )
 }
 
+/// `recommended` and the batches either side of it in `batches` (ascending),
+/// the batches a check trains by default.
+fn with_neighbours(batches: &[u64], recommended: u64) -> Vec<u64> {
+    match batches.iter().position(|&b| b == recommended) {
+        Some(i) => batches[i.saturating_sub(1)..(i + 2).min(batches.len())].to_vec(),
+        None => vec![recommended],
+    }
+}
+
 /// An advice under check: what `advise --json` predicted, on which device, for which batch.
 #[derive(Clone, Debug)]
 pub struct CheckedAdvice {
@@ -251,10 +260,7 @@ impl CheckedAdvice {
     /// in the advice's table.
     pub fn default_batches(&self) -> Vec<u64> {
         let batches: Vec<u64> = self.update_s.iter().map(|p| p.0).collect();
-        match batches.iter().position(|&b| b == self.recommended) {
-            Some(i) => batches[i.saturating_sub(1)..(i + 2).min(batches.len())].to_vec(),
-            None => vec![self.recommended],
-        }
+        with_neighbours(&batches, self.recommended)
     }
 
     /// Predicted steps, and seconds where the advice measured the batch's step.
@@ -322,10 +328,7 @@ impl CheckedRun {
     /// The recommended batch and its neighbours in the run's table.
     pub fn default_batches(&self) -> Vec<u64> {
         let batches: Vec<u64> = self.predicted.iter().map(|p| p.batch).collect();
-        match batches.iter().position(|&b| b == self.recommended) {
-            Some(i) => batches[i.saturating_sub(1)..(i + 2).min(batches.len())].to_vec(),
-            None => vec![self.recommended],
-        }
+        with_neighbours(&batches, self.recommended)
     }
 }
 

@@ -477,7 +477,12 @@ impl Importer {
                 // Left as a view: the op's own lookup names the layout.
                 continue;
             }
-            lay = Some(l);
+            // Inputs broadcast from their last axes: the output has the layout
+            // of the input of most axes.
+            lay = Some(match lay {
+                Some(p) if p.rank >= l.rank => p,
+                _ => l,
+            });
             restore.push((name.clone(), Val::View(v)));
             self.vals.insert(name.clone(), Val::Ir(x));
         }
@@ -502,6 +507,15 @@ impl Importer {
     pub(super) fn define(&mut self, n: &NodeProto, val: Val) {
         let val = match (val, self.wrap) {
             (Val::Ir(ir), Some(lay)) => match self.shape(&ir) {
+                // An output of another rank than its inputs' layout (an op given
+                // inputs it does not read) cannot be seen through that layout.
+                Ok(s) if s.rank() + 1 != lay.ir_rank() => Val::Unusable(format!(
+                    "output of {} `{}` has {} axes where its inputs' layout has {}",
+                    n.op_type,
+                    label(n),
+                    s.rank() + 1,
+                    lay.ir_rank()
+                )),
                 Ok(s) => {
                     let v = View::from_aligned(&ir, s, lay);
                     self.settle(v).unwrap_or(Val::Ir(ir))

@@ -67,6 +67,12 @@ impl Lay {
     pub(super) fn b_from_end(&self) -> usize {
         self.rank - 1 - self.b_axis
     }
+
+    /// Axes of the IR tensor aligned to this layout: the ONNX axes, and the
+    /// batch as one more where it is merged with another.
+    pub(super) fn ir_rank(&self) -> usize {
+        self.rank + usize::from(!self.b_alone)
+    }
 }
 
 /// The IR ops that align an IR tensor to a view's axes: a reshape into the atoms,
