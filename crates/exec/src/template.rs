@@ -36,19 +36,24 @@ impl CommandTemplate {
         Ok(CommandTemplate { argv })
     }
 
-    /// The argument vector for `batch` at learning rate `lr` (`{lr}` stays
-    /// as it is without one: the caller refuses such a command first).
-    pub fn render(&self, batch: u64, lr: Option<f64>) -> Vec<String> {
+    /// The argument vector for `batch` at learning rate `lr` with `seed`
+    /// (`{lr}` and `{seed}` stay as they are without one: the caller refuses
+    /// a command with `{lr}` and no rate first).
+    pub fn render(&self, batch: u64, lr: Option<f64>, seed: Option<u64>) -> Vec<String> {
         let b = batch.to_string();
         let lr = lr.map(|l| l.to_string());
+        let seed = seed.map(|s| s.to_string());
         self.argv
             .iter()
             .map(|a| {
-                let a = a.replace(PLACEHOLDER, &b);
-                match &lr {
-                    Some(l) => a.replace(LR_PLACEHOLDER, l),
-                    None => a,
+                let mut a = a.replace(PLACEHOLDER, &b);
+                if let Some(l) = &lr {
+                    a = a.replace(LR_PLACEHOLDER, l);
                 }
+                if let Some(s) = &seed {
+                    a = a.replace(SEED_PLACEHOLDER, s);
+                }
+                a
             })
             .collect()
     }
@@ -98,7 +103,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(
-            t.render(64, None),
+            t.render(64, None, None),
             ["python", "train.py", "--batch-size=64", "--name", "run b64"]
         );
         assert!(!t.takes_lr());
@@ -118,11 +123,11 @@ mod tests {
         .unwrap();
         assert!(t.takes_lr());
         assert_eq!(
-            t.render(256, Some(0.004)),
+            t.render(256, Some(0.004), None),
             ["python", "train.py", "--bs", "256", "--lr=0.004"]
         );
         // Python's float() reads what Rust writes, however small.
-        assert_eq!(t.render(8, Some(2.5e-7))[4], "--lr=0.00000025");
+        assert_eq!(t.render(8, Some(2.5e-7), None)[4], "--lr=0.00000025");
     }
 
     #[test]

@@ -5,7 +5,7 @@ use crate::launcher::{Launcher, RANK_VARS};
 use crate::monitor::{ProcInfo, env_rank, gpu_reading, vm_peak};
 use crate::process::{LineHandler, ProcessOptions, run_process};
 use crate::protocol::{StepReader, StepReport, combine_ranks, step_stats};
-use crate::template::{BATCH_ENV, CommandTemplate, LR_ENV, SEED_ENV, SEED_PLACEHOLDER};
+use crate::template::{BATCH_ENV, CommandTemplate, LR_ENV, SEED_ENV};
 use batchfit_tune::lr::LrScaling;
 use batchfit_tune::run::LossTarget;
 use batchfit_tune::trial::{RankResult, TrialResult};
@@ -87,14 +87,7 @@ pub fn run_trial(
     progress: &mut dyn FnMut(usize),
 ) -> TrialResult {
     let lr = opts.lr.map(|s| s.at(batch));
-    let mut argv = template.render(batch, lr);
-    if let Some(seed) = opts.seed {
-        let seed = seed.to_string();
-        argv = argv
-            .iter()
-            .map(|a| a.replace(SEED_PLACEHOLDER, &seed))
-            .collect();
-    }
+    let mut argv = template.render(batch, lr, opts.seed);
     let stop = Arc::new(AtomicBool::new(false));
     if let Some(l) = &opts.launcher {
         argv = l.wrap(&argv);
@@ -114,17 +107,8 @@ pub fn run_trial(
                         Err(_) => c.bad_lines += 1,
                     }
                 }
-                if let Some(t) = stop_at {
-                    // Rank 0's losses, as `LossTarget::steps_to` reads them.
-                    let losses: Vec<f64> = c
-                        .steps
-                        .iter()
-                        .filter(|s| s.rank.unwrap_or(0) == 0)
-                        .filter_map(|s| s.loss.filter(|l| l.is_finite()))
-                        .collect();
-                    if t.reached(&losses) {
-                        stop.store(true, Ordering::Relaxed);
-                    }
+                if stop_at.is_some_and(|t| t.reached_by(&c.steps)) {
+                    stop.store(true, Ordering::Relaxed);
                 }
             }
         })

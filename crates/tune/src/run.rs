@@ -207,17 +207,35 @@ impl LossTarget {
     /// the loss about half a window back), and the reported seconds of the
     /// steps up to it. `None` if it was not reached.
     pub fn steps_to(&self, reports: &[StepReport]) -> Option<(f64, f64)> {
-        let steps: Vec<(f64, f64)> = reports
-            .iter()
-            .filter(|r| r.rank.unwrap_or(0) == 0)
-            .filter_map(|r| r.loss.filter(|l| l.is_finite()).map(|l| (l, r.seconds)))
-            .collect();
+        let steps: Vec<(f64, f64)> = rank0_losses(reports).collect();
         let losses: Vec<f64> = steps.iter().map(|s| s.0).collect();
         let end = (self.window..=losses.len()).find(|&n| self.reached(&losses[..n]))?;
         let at = end - (self.window - 1) / 2;
         let seconds = steps[..at].iter().map(|s| s.1).sum();
         Some((at as f64, seconds))
     }
+}
+
+impl LossTarget {
+    /// Whether the reports so far have reached the target: [`LossTarget::reached`]
+    /// on rank 0's last `window` losses, read from the end (a trial checks
+    /// this at every line it prints).
+    pub fn reached_by(&self, reports: &[StepReport]) -> bool {
+        let reports = reports.iter().rev().filter(|r| r.rank.unwrap_or(0) == 0);
+        let last: Vec<f64> = reports
+            .filter_map(|r| r.loss.filter(|l| l.is_finite()))
+            .take(self.window)
+            .collect();
+        self.reached(&last)
+    }
+}
+
+/// (loss, seconds) of the steps rank 0 reported a finite loss for, in order.
+fn rank0_losses(reports: &[StepReport]) -> impl Iterator<Item = (f64, f64)> + '_ {
+    reports
+        .iter()
+        .filter(|r| r.rank.unwrap_or(0) == 0)
+        .filter_map(|r| r.loss.filter(|l| l.is_finite()).map(|l| (l, r.seconds)))
 }
 
 /// The advice of a run: as `advise` gives it for one device.
