@@ -17,6 +17,7 @@ appendix A). The statistics are batchfit's (Rust); this package only measures.
 """
 import json
 import math
+import os
 import sys
 from collections import namedtuple
 
@@ -39,6 +40,10 @@ DEFAULT_BUDGET = 0.035
 #: The first measuring step when `every` is unset (the steps before it time the
 #: ordinary step).
 DEFAULT_FIRST = 10
+
+#: Set by `batchfit run` for its noise trial (to 1: measure every step); it
+#: replaces the adaptive default, never an `every` the caller gave.
+NOISE_EVERY_ENV = "BATCHFIT_NOISE_EVERY"
 
 class Split(namedtuple("Split", "b_small k b_big remainder")):
     """How one batch is split on a measuring step.
@@ -121,9 +126,21 @@ class Schedule(object):
     measurements never add more than `budget` to the time so far, and in a long
     run they add about that much. The caller reports each step's time with
     `record`.
+
+    With `every` unset and `BATCHFIT_NOISE_EVERY=N` in the environment
+    (`batchfit run`'s noise trial), the schedule is fixed: every N steps from
+    step 1 (`first` still moves the first).
     """
 
     def __init__(self, every=None, first=None, budget=None):
+        if every is None and os.environ.get(NOISE_EVERY_ENV):
+            text = os.environ[NOISE_EVERY_ENV]
+            try:
+                every = int(text)
+            except ValueError:
+                raise ValueError("%s must be an integer, got %r" % (NOISE_EVERY_ENV, text))
+            if first is None and every > 0:
+                first = 1
         self.budget = DEFAULT_BUDGET if budget is None else float(budget)
         if not self.budget > 0:
             raise ValueError("budget must be > 0, got %r" % (budget,))
@@ -244,6 +261,11 @@ def line(step, samples, seconds, loss=None, noise=None):
             "b_big": int(noise["b_big"]),
             "g_big_sq": float(noise["g_big_sq"]),
         }
+        pre = noise.get("preconditioned")
+        if pre is not None:
+            p = {"g_small_sq": float(pre["g_small_sq"]), "g_big_sq": float(pre["g_big_sq"])}
+            if all(math.isfinite(x) and x >= 0 for x in p.values()):
+                n["preconditioned"] = p
         if math.isfinite(n["g_small_sq"]) and math.isfinite(n["g_big_sq"]):
             rec["noise"] = n
     return PREFIX + json.dumps(rec)

@@ -141,8 +141,10 @@ class NoiseProbe(object):
 
     def _measure(self, compute_loss, batch, n, split, params):
         w = split.b_small / n  # a measured micro-batch's share of the batch
+        pre = adam_weights(self.optimizer, params)  # before this step's update
         prev = [None] * len(params)
         small_sq = None
+        small_p = 0.0
         loss_value = 0.0
         chunks = split.chunks()
         for i, ((start, stop), share) in enumerate(zip(chunks, split.weights())):
@@ -158,8 +160,11 @@ class NoiseProbe(object):
                 if g is None:
                     continue
                 d = g if prev[j] is None else g - prev[j]
-                s = torch.sum(torch.square(d.detach()), dtype=torch.float64)
+                d2 = torch.square(d.detach())
+                s = torch.sum(d2, dtype=torch.float64)
                 sq = s if sq is None else sq + s
+                if pre is not None:
+                    small_p = small_p + torch.sum(d2 * pre[j], dtype=torch.float64)
                 if i + 1 < split.k:
                     prev[j] = g.detach().clone()
             # |g_i|^2 = |d / w|^2
@@ -168,12 +173,17 @@ class NoiseProbe(object):
             if i + 1 == split.k:
                 # .grad now holds w * sum_i g_i; mean_i g_i = that / (k w)
                 big = None
-                for p in params:
+                big_p = 0.0
+                for j, p in enumerate(params):
                     if p.grad is not None:
-                        s = torch.sum(torch.square(p.grad.detach()), dtype=torch.float64)
+                        g2 = torch.square(p.grad.detach())
+                        s = torch.sum(g2, dtype=torch.float64)
                         big = s if big is None else big + s
+                        if pre is not None:
+                            big_p = big_p + torch.sum(g2 * pre[j], dtype=torch.float64)
                 scale = 1.0 / (split.k * w)
                 big_sq = (big if big is not None else torch.zeros((), dtype=torch.float64)) * scale * scale
+                big_p = big_p * scale * scale
         del prev
         noise = {
             "b_small": split.b_small,
@@ -181,4 +191,40 @@ class NoiseProbe(object):
             "b_big": split.b_big,
             "g_big_sq": float(big_sq),
         }
+        if pre is not None:
+            noise["preconditioned"] = {
+                "g_small_sq": float(small_p) / (w * w) / split.k,
+                "g_big_sq": float(big_p),
+            }
         return loss_value, noise
+
+
+def adam_weights(optimizer, params):
+    """Per parameter, the weights 1 / (sqrt(v_hat) + eps)^2 of the step an
+    Adam-family optimizer (Adam, AdamW, NAdam, RAdam: anything
+    keeping `exp_avg_sq` and `step` in its state, `betas` and `eps` in its
+    group) takes: its update is m_hat / (sqrt(v_hat) + eps), v_hat the
+    bias-corrected second moment, so the noise it steps along is the
+    gradient's in this geometry. Read before the step's own update, as the
+    optimizer will use it (v of the steps so far). None for any other
+    optimizer, before the first step, or when a measured parameter has no
+    state (the line then carries the raw norms only)."""
+    groups = {}
+    for group in getattr(optimizer, "param_groups", []):
+        for p in group["params"]:
+            groups[id(p)] = group
+    out = []
+    for p in params:
+        group = groups.get(id(p))
+        state = getattr(optimizer, "state", {}).get(p, {})
+        key = "max_exp_avg_sq" if group is not None and group.get("amsgrad") else "exp_avg_sq"
+        v, step = state.get(key), state.get("step")
+        if group is None or v is None or step is None or "betas" not in group:
+            return None
+        step = float(step)
+        if step < 1:
+            return None
+        correction = 1.0 - float(group["betas"][1]) ** step
+        eps = float(group.get("eps", 1e-8))
+        out.append(1.0 / torch.square(torch.sqrt(v.detach() / correction) + eps))
+    return out

@@ -135,6 +135,17 @@ class Line(unittest.TestCase):
         self.assertEqual(text, 'BATCHFIT {"step": 12, "samples": 128, "seconds": 0.031, "loss": 0.52, '
                                '"noise": {"b_small": 16, "g_small_sq": 0.0123, "b_big": 128, "g_big_sq": 0.0045}}')
 
+    def test_preconditioned_norms_ride_along(self):
+        noise = {"b_small": 16, "g_small_sq": 0.0123, "b_big": 128, "g_big_sq": 0.0045,
+                 "preconditioned": {"g_small_sq": 41.0, "g_big_sq": 7.5}}
+        rec = json.loads(core.line(12, 128, 0.031, noise=noise)[len("BATCHFIT "):])
+        self.assertEqual(rec["noise"]["preconditioned"], {"g_small_sq": 41.0, "g_big_sq": 7.5})
+        # A value that is not finite drops the preconditioned pair, not the line.
+        noise["preconditioned"]["g_big_sq"] = float("nan")
+        rec = json.loads(core.line(12, 128, 0.031, noise=noise)[len("BATCHFIT "):])
+        self.assertNotIn("preconditioned", rec["noise"])
+        self.assertEqual(rec["noise"]["g_big_sq"], 0.0045)
+
     def test_optional_fields_left_out(self):
         rec = json.loads(core.line(3, 32, 0.5)[len("BATCHFIT "):])
         self.assertEqual(rec, {"step": 3, "samples": 32, "seconds": 0.5})
@@ -216,6 +227,24 @@ class ScheduleTest(unittest.TestCase):
         s = core.Schedule()
         s.record(10, 0.01, False)
         self.assertTrue(s.measures(11))
+
+    def test_run_noise_trial_env(self):
+        old = os.environ.get(core.NOISE_EVERY_ENV)
+        try:
+            os.environ[core.NOISE_EVERY_ENV] = "1"
+            s = core.Schedule()
+            self.assertEqual([t for t in range(1, 6) if s.measures(t)], [1, 2, 3, 4, 5])
+            os.environ[core.NOISE_EVERY_ENV] = "3"
+            self.assertEqual([t for t in range(1, 8) if core.Schedule().measures(t)], [1, 4, 7])
+            # The caller's own rate wins.
+            self.assertEqual([t for t in range(1, 8) if core.Schedule(every=5).measures(t)], [5])
+            os.environ[core.NOISE_EVERY_ENV] = "often"
+            self.assertRaises(ValueError, core.Schedule)
+        finally:
+            if old is None:
+                os.environ.pop(core.NOISE_EVERY_ENV, None)
+            else:
+                os.environ[core.NOISE_EVERY_ENV] = old
 
     def test_every_and_first(self):
         s = core.Schedule(every=10, first=3)

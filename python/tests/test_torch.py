@@ -82,6 +82,42 @@ class NoiseProbeTest(unittest.TestCase):
     def test_training_unchanged_adam(self):
         self.check_identical_training(lambda p: torch.optim.Adam(p, lr=1e-2))
 
+    def test_adam_preconditioned_norms_match_direct_weighted_gradients(self):
+        """Under Adam the line also carries the norms of g / (sqrt(v_hat) + eps),
+        v_hat the optimizer's bias-corrected second moment before the step."""
+        m = self.model()
+        opt = torch.optim.Adam(m.parameters(), lr=1e-2, eps=1e-6)
+        out = io.StringIO()
+        probe = bt.NoiseProbe(m, opt, every=3, file=out)
+        loss_fn = torch.nn.functional.cross_entropy
+        for _ in range(2):
+            probe.step(lambda xb, yb: loss_fn(m(xb), yb), self.x, self.y)
+        # The weights the third step sees: Adam's state after two updates.
+        weights = []
+        for p in m.parameters():
+            st = opt.state[p]
+            v_hat = st["exp_avg_sq"] / (1 - 0.999 ** float(st["step"]))
+            weights.append((1.0 / (v_hat.sqrt() + 1e-6) ** 2).reshape(-1))
+        w = torch.cat(weights)
+        grads = []
+        for i in range(8):
+            sl = slice(6 * i, 6 * i + 6)
+            g = torch.autograd.grad(loss_fn(m(self.x[sl]), self.y[sl]), list(m.parameters()))
+            grads.append(torch.cat([t.reshape(-1) for t in g]))
+        probe.step(lambda xb, yb: loss_fn(m(xb), yb), self.x, self.y)
+        rec = records(out)[2]
+        pre = rec["noise"]["preconditioned"]
+        small = float(sum((g * g * w).sum() for g in grads) / 8)
+        mean = sum(grads) / 8
+        self.assertAlmostEqual(pre["g_small_sq"] / small, 1.0, places=9)
+        self.assertAlmostEqual(pre["g_big_sq"] / float((mean * mean * w).sum()), 1.0, places=9)
+        # SGD keeps no second moment: raw norms only.
+        opt = torch.optim.SGD(m.parameters(), lr=0.0)
+        out = io.StringIO()
+        bt.NoiseProbe(m, opt, every=1, file=out).step(
+            lambda xb, yb: loss_fn(m(xb), yb), self.x, self.y)
+        self.assertNotIn("preconditioned", records(out)[0]["noise"])
+
     def test_schedule_and_lines(self):
         m = self.model()
         opt = torch.optim.SGD(m.parameters(), lr=0.01)

@@ -270,14 +270,35 @@ fn interrupting_ends_the_process_tree_and_leaves_no_files() {
 /// batch nearest that optimum by this formula.
 #[test]
 fn noise_lines_give_b_simple_and_time_to_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let env_log = dir.path().join("env.log");
     let doc = run_json(
         &["--max-batch", "4096"],
-        &[("FAKE_OOM_ABOVE", "300"), ("FAKE_NOISE", "1")],
+        &[
+            ("FAKE_OOM_ABOVE", "300"),
+            ("FAKE_NOISE", "1"),
+            ("FAKE_ENV_LOG", env_log.to_str().unwrap()),
+        ],
     );
+    // After the search and the curve, one noise trial at advise's noise batch
+    // (128), the helper asked to measure every step; no other trial asked.
+    let log = std::fs::read_to_string(&env_log).unwrap();
+    let asked: Vec<&str> = log.lines().filter(|l| !l.ends_with(" -")).collect();
+    assert_eq!(asked, ["128 1"], "{log}");
+    let last = doc["trials"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["reason_code"], "noise_trial");
+    assert_eq!(doc["noise"]["batch"], 128);
     let noise = &doc["noise"];
     let b = noise["b_simple"].as_f64().unwrap();
     assert!((b - 256.0).abs() < 1e-6, "{noise}");
     assert!(noise["b_simple_low"].as_f64().unwrap() <= b);
+    // advise's estimator: the stretches of the noise trial, each 256.
+    assert_eq!(noise["method"], "stretches", "{noise}");
+    assert_eq!(noise["preconditioned"], false);
+    let b = noise["b_noise"].as_f64().unwrap();
+    assert!((b - 256.0).abs() < 1e-6, "{noise}");
+    assert!(noise["b_noise_low"].as_f64().unwrap() <= b);
+    assert!(noise["steps_to_target"].as_f64().unwrap() > 0.0);
     assert!(noise["measurements"].as_u64().unwrap() >= 8);
     assert!(noise["s_min"].as_f64().unwrap() > 0.0);
     let time = |b: f64| (1.0 + 256.0 / b) * (2000.0 + 10.0 * b);
@@ -317,6 +338,19 @@ fn noise_lines_give_b_simple_and_time_to_target() {
             .all(|t| t["micro_batch"].as_u64().unwrap() <= 300)
     );
     assert!(doc["target_loss"].as_f64().unwrap() > 0.0);
+    // --no-noise-trial: the trial with the most measurements stands in.
+    let doc = run_json(
+        &["--max-batch", "4096", "--no-noise-trial"],
+        &[("FAKE_OOM_ABOVE", "300"), ("FAKE_NOISE", "1")],
+    );
+    assert!(
+        doc["trials"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t["reason_code"] != "noise_trial")
+    );
+    assert!(doc["noise"]["batch"].as_u64().unwrap() > 128);
 
     // The terminal says it too.
     let out = batchfit()

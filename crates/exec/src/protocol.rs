@@ -164,6 +164,18 @@ mod tests {
         let n = s.noise.unwrap();
         assert_eq!((n.b_small, n.b_big), (16.0, 128.0));
         assert_eq!((n.g_small_sq, n.g_big_sq), (0.02, 0.005));
+        assert_eq!(n.preconditioned, None);
+        // Adam's geometry beside the raw norms; a negative one is refused.
+        let pre = |v: &str| {
+            read(&r,
+                &format!(r#"BATCHFIT {{"seconds": 0.05, "noise": {{"b_small": 16, "g_small_sq": 0.02, "b_big": 128, "g_big_sq": 0.005, "preconditioned": {{"g_small_sq": 40.0, "g_big_sq": {v}}}}}}}"#),
+                128,
+            )
+            .unwrap()
+        };
+        let p = pre("7.5").unwrap().noise.unwrap().preconditioned.unwrap();
+        assert_eq!((p.g_small_sq, p.g_big_sq), (40.0, 7.5));
+        assert!(pre("-1").is_err());
         // B_big must exceed B_small.
         assert!(
             read(&r,

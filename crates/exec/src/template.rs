@@ -14,6 +14,10 @@ pub const LR_ENV: &str = "BATCHFIT_LR";
 pub const SEED_PLACEHOLDER: &str = "{seed}";
 /// Environment variable that carries the seed too, when there is one.
 pub const SEED_ENV: &str = "BATCHFIT_SEED";
+/// Environment variable that asks the Python helper to measure gradient
+/// noise every this many steps (`run`'s noise trial sets it to 1); the
+/// helper's own `every=` wins.
+pub const NOISE_EVERY_ENV: &str = "BATCHFIT_NOISE_EVERY";
 
 /// A command line to run once per batch size.
 #[derive(Clone, Debug, PartialEq)]

@@ -5,7 +5,7 @@ use crate::launcher::{Launcher, RANK_VARS};
 use crate::monitor::{ProcInfo, env_rank, gpu_reading, vm_peak};
 use crate::process::{LineHandler, ProcessOptions, run_process};
 use crate::protocol::{StepReader, StepReport, combine_ranks, step_stats};
-use crate::template::{BATCH_ENV, CommandTemplate, LR_ENV, SEED_ENV};
+use crate::template::{BATCH_ENV, CommandTemplate, LR_ENV, NOISE_EVERY_ENV, SEED_ENV};
 use batchfit_tune::lr::LrScaling;
 use batchfit_tune::run::LossTarget;
 use batchfit_tune::trial::{RankResult, TrialResult};
@@ -38,6 +38,9 @@ pub struct TrialOptions {
     pub seed: Option<u64>,
     /// End the trial once its reported losses reach this target.
     pub stop_at: Option<LossTarget>,
+    /// Ask the helper to measure gradient noise every this many steps
+    /// (`BATCHFIT_NOISE_EVERY`); `None`: its own schedule.
+    pub noise_every: Option<u32>,
 }
 
 /// What the output readers collect.
@@ -175,6 +178,12 @@ pub fn run_trial(
     if let Some(seed) = opts.seed {
         command.env(SEED_ENV, seed.to_string());
     }
+    match opts.noise_every {
+        Some(every) => command.env(NOISE_EVERY_ENV, every.to_string()),
+        // Not inherited from batchfit's own environment: a trial's step times
+        // must not carry measurements it did not ask for.
+        None => command.env_remove(NOISE_EVERY_ENV),
+    };
     if let Some(limit) = opts.memory_limit {
         limit_address_space(&mut command, limit);
     }
@@ -353,6 +362,7 @@ mod tests {
                 lr: None,
                 seed: None,
                 stop_at: None,
+                noise_every: None,
             },
             &mut |_| {},
         )

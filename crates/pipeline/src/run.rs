@@ -15,7 +15,7 @@ use batchfit_tune::measure::{
 };
 use batchfit_tune::probe::{DeviceProbe, ProbePoint, curve_with_errors};
 use batchfit_tune::run::{
-    RunRate, RunSummary, advise_run, batch_with_margin, noise_of, trial_point,
+    RunRate, RunSummary, advise_run, batch_with_margin, noise_of, noise_trial_batch, trial_point,
 };
 use batchfit_tune::search::{
     LadderResult, PredictOptions, TrialReason, Verdict, each_listed, ladder_then_bisect,
@@ -72,6 +72,9 @@ pub struct RunConfig {
     /// Bytes per sample from the plan of the same network (`--model`), for
     /// the predicting search.
     pub per_sample_hint: Option<PerSampleHint>,
+    /// Where the command reports noise measurements, one more trial that
+    /// measures on every step (the noise trial; `--no-noise-trial` skips it).
+    pub noise_trial: bool,
 }
 
 /// The plan's per-sample bytes of the command's network, where each search
@@ -128,6 +131,27 @@ impl CommandTrials<'_> {
         };
         self.log.push(RunTrial { reason, result });
         measurement
+    }
+
+    /// `run`'s noise trial at `batch`: the helper asked to measure on every
+    /// step (`BATCHFIT_NOISE_EVERY=1`), as `advise`'s noise run does; its
+    /// step times are not a point of the curve.
+    fn noise_trial(&mut self, batch: u64) {
+        let progress = self.progress;
+        progress.add_length(1);
+        progress.message(format!("batch {batch} (noise trial)"));
+        let opts = TrialOptions {
+            noise_every: Some(1),
+            ..self.opts.clone()
+        };
+        let result = run_trial(self.template, batch, &opts, &mut |steps| {
+            progress.message(format!("batch {batch} (noise trial): {steps} steps"));
+        });
+        progress.advance(1);
+        self.log.push(RunTrial {
+            reason: TrialReason::Noise,
+            result,
+        });
     }
 
     /// The last trial's result.
@@ -209,6 +233,7 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunSummary> {
         // `{seed}` is 0 in a run's trials (`run --verify` trains several).
         seed: Some(0),
         stop_at: None,
+        noise_every: None,
     };
     let started = Instant::now();
     let mut trials = CommandTrials {
@@ -248,6 +273,12 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunSummary> {
         budget: None,
     };
     let curve = measure_curve(&mut trials, &curve_plan, seeded);
+    if cfg.noise_trial
+        && !cfg.search_only
+        && let Some(batch) = noise_trial_batch(&trials.log)
+    {
+        trials.noise_trial(batch);
+    }
     let log = trials.log;
     let gpu = log.iter().find_map(|t| t.result.gpu_device);
     let points = curve.points;

@@ -150,6 +150,7 @@ pub fn run_verify(
         lr,
         seed: None,
         stop_at: Some(advice.target),
+        noise_every: None,
     };
     progress.add_length(batches.len() as u64 * seeds);
     let mut trials = Vec::new();

@@ -4,10 +4,10 @@
 //! carry codes and figures; the words are here, once.
 
 use batchfit_tune::advice::{NoiseHint, Reason, Recommendation};
-use batchfit_tune::basis::{BasisSource, PredictionBasis};
+use batchfit_tune::basis::{BasisSource, MethodCode, PredictionBasis};
 use batchfit_tune::diagnose::{Finding, FindingKind};
 use batchfit_tune::lr::{LrRule, LrScaling};
-use batchfit_tune::run::RunRate;
+use batchfit_tune::run::{RunNoise, RunRate};
 use batchfit_tune::schedule::DeviceSchedule;
 use batchfit_tune::sweep::{QualityVerdict, ScheduleSource, ScheduleSummary, TargetSource};
 use batchfit_tune::target::RateModel;
@@ -208,6 +208,25 @@ pub fn basis_method(b: &PredictionBasis) -> String {
                 .join(", "),
             s.data
         ),
+    }
+}
+
+/// How `run`'s noise scale was drawn from its noise trial.
+pub fn run_noise_method(n: &RunNoise) -> String {
+    let geometry = if n.preconditioned {
+        " of the step Adam takes, g / (sqrt(v) + ε)"
+    } else {
+        " of the raw gradient"
+    };
+    match n.method {
+        MethodCode::Stretches => format!(
+            "B_eff of {} stretch{} of up to {SEGMENT_MEASUREMENTS} measurements, each with its own noise scale{geometry} (McCandlish et al. 2018, section 2.3)",
+            n.segments.len(),
+            if n.segments.len() == 1 { "" } else { "es" }
+        ),
+        MethodCode::EndValue | MethodCode::SweepFit => {
+            format!("the trial's end value{geometry} (its stretches could not be measured)")
+        }
     }
 }
 

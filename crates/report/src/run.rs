@@ -237,15 +237,20 @@ pub fn render(d: &RunSummary) -> String {
     }
     if let Some(n) = &d.noise {
         out.push_str(&format!(
-            "gradient noise scale of your training: B_simple ≈ {} (90 % band {}–{}; measured in the batch-{} trial, {} measurements over {} steps)\n",
-            thousands(n.b_simple.round() as u64),
-            thousands(n.b_simple_low.round() as u64),
-            n.b_simple_high
+            "gradient noise scale of your training: B_noise ≈ {} (90 % band {}–{}), measured in the batch-{} trial: {} measurements over {} steps{}\n  {}; the trial's end value B_simple ≈ {}\n",
+            thousands(n.b_noise.round() as u64),
+            thousands(n.b_noise_low.round() as u64),
+            n.b_noise_high
                 .map(|h| thousands(h.round() as u64))
                 .unwrap_or_else(|| "∞".into()),
             thousands(n.batch),
             n.measurements,
             n.steps,
+            n.steps_to_target
+                .map(|s| format!(", the target after {s:.0}"))
+                .unwrap_or_default(),
+            prose::run_noise_method(n),
+            thousands(n.b_simple.round() as u64),
         ));
     }
     if let Some(r) = &d.advice.recommendation

@@ -446,6 +446,7 @@ fn trial(batch: u64, reason: TrialReason, oom: bool, noise: bool) -> RunTrial {
                     g_small_sq: 1.0 + 256.0 / (batch / 8) as f64 * (1.0 + 0.1 * (i % 3) as f64),
                     b_big: batch as f64,
                     g_big_sq: 1.0 + 256.0 / batch as f64,
+                    preconditioned: None,
                 }),
                 rank: None,
             })

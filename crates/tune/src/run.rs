@@ -7,13 +7,17 @@
 use crate::advice::{
     DeviceEvidence, LrAdviceInput, MaxBatchSource, NoiseBand, NoiseHint, Recommendation, recommend,
 };
+use crate::basis::{BasisSource, MethodCode, NoiseRunAt, PredictionBasis};
 use crate::decide::curve_findings;
 use crate::diagnose::{self, Finding};
 use crate::lr::{LrRule, LrScaling};
-use crate::noise::{NoiseEstimator, two_batch};
+use crate::noise::{NoiseEstimator, RawEstimate, two_batch};
 use crate::probe::DeviceProbe;
-use crate::target::{RateModel, TimeToTarget, rank_at};
-use crate::trial::{RunTrial, StepReport, TrialResult};
+use crate::search::TrialReason;
+use crate::stability::{RateCheck, checked_b_noise, judge};
+use crate::target::{RateModel, StepsCurve, TimeToTarget, rank_at};
+use crate::trajectory::{RunPoint, Segment, trajectory};
+use crate::trial::{NoiseReport, RunTrial, StepReport, TrialResult};
 use serde::{Deserialize, Serialize};
 
 /// How `run`'s trials got their learning rate.
@@ -78,7 +82,30 @@ const BETA: f64 = 0.95;
 pub struct RunNoise {
     /// The trial it comes from (the one with the most noise measurements).
     pub batch: u64,
-    /// B_simple at the end of that trial, with its 90 % band (measured).
+    /// The noise scale the prediction uses: B_eff of the trial's stretches
+    /// (`method` "stretches", as `advise` draws it from its noise run), or the
+    /// end value B_simple where the stretches cannot be measured (measured).
+    pub b_noise: f64,
+    /// Its 90 % band (`None` high: unbounded).
+    pub b_noise_low: f64,
+    pub b_noise_high: Option<f64>,
+    pub method: MethodCode,
+    /// The estimates are of the step Adam takes, g / (sqrt(v) + ε): every
+    /// measurement of the trial carried the helper's preconditioned norms.
+    pub preconditioned: bool,
+    /// The trial's stretches (empty for the end value).
+    pub segments: Vec<Segment>,
+    /// Steps the trial took to the target (the middle of the first window of
+    /// losses whose mean is at it; see [`LossTarget`]).
+    pub steps_to_target: Option<f64>,
+    /// The noise trial's own B_noise where the other trials' steps to the
+    /// target refitted it (`b_noise` is then the refit, as `advise`'s rate
+    /// checks refit its noise run's); `None`: `b_noise` is the trial's.
+    pub b_noise_run: Option<f64>,
+    /// The other trials read as rate checks: their steps to the target.
+    pub checks: Vec<RateCheck>,
+    /// B_simple at the end of that trial, smoothed as `noise` does, with its
+    /// 90 % band (measured), for comparison.
     pub b_simple: f64,
     pub b_simple_low: f64,
     /// `None`: unbounded.
@@ -86,8 +113,8 @@ pub struct RunNoise {
     /// Noise measurements and optimizer steps in that trial.
     pub measurements: usize,
     pub steps: usize,
-    /// S_min of S(B) through that trial's steps to its final loss, S(B) as
-    /// the trials' rate follows the batch ([`RunRate::rate_model`]) (predicted).
+    /// S_min of S(B) through that trial's steps to the target, S(B) as the
+    /// trials' rate follows the batch ([`RunRate::rate_model`]) (predicted).
     pub s_min: Option<f64>,
     /// B_simple of every trial that reported noise: (batch, B_simple).
     pub per_trial: Vec<(u64, f64)>,
@@ -102,23 +129,61 @@ struct TrialNoise {
     measurements: usize,
 }
 
+/// Rank 0's valid noise measurements of a trial with the step that made
+/// each (steps count from 1; a line without `step` counts by position).
+fn measurements(reports: &[StepReport]) -> Vec<(f64, NoiseReport)> {
+    reports
+        .iter()
+        .filter(|r| r.rank.unwrap_or(0) == 0)
+        .enumerate()
+        .filter_map(|(i, r)| {
+            let n = r.noise.filter(|m| m.is_valid())?;
+            Some((r.step.unwrap_or(i as u64 + 1) as f64, n))
+        })
+        .collect()
+}
+
+/// Each measurement's raw tr(Sigma) and |G|^2 estimates: in Adam's geometry
+/// when every measurement from the first that carries it on does (before the
+/// optimizer's first update there is no second moment to read, so those
+/// measurements are left out), else of the raw gradient (one trial's
+/// stretches are summed, so they must all be in one geometry); and which.
+fn estimates(measured: &[(f64, NoiseReport)]) -> (Vec<(f64, RawEstimate)>, bool) {
+    let carried = |m: &[(f64, NoiseReport)]| m.iter().all(|(_, m)| m.preconditioned.is_some());
+    let (kept, pre) = match measured
+        .iter()
+        .position(|(_, m)| m.preconditioned.is_some())
+    {
+        Some(i) if carried(&measured[i..]) => (&measured[i..], true),
+        _ => (measured, false),
+    };
+    let raw = kept
+        .iter()
+        .map(|(step, m)| {
+            let (small, big) = match m.preconditioned.filter(|_| pre) {
+                Some(p) => (p.g_small_sq, p.g_big_sq),
+                None => (m.g_small_sq, m.g_big_sq),
+            };
+            (*step, two_batch(m.b_small, small, m.b_big, big))
+        })
+        .collect();
+    (raw, pre)
+}
+
 /// B_simple of one trial's noise measurements, in the order it made them;
 /// `None` without a usable estimate.
 fn trial_noise(reports: &[StepReport]) -> Option<TrialNoise> {
+    let (raw, _) = estimates(&measurements(reports));
     let mut est = NoiseEstimator::new(Some(BETA));
-    let mut n = 0;
-    for r in reports {
-        if let Some(m) = r.noise.filter(|m| m.is_valid()) {
-            est.push(two_batch(m.b_small, m.g_small_sq, m.b_big, m.g_big_sq));
-            n += 1;
-        }
+    for (_, r) in &raw {
+        est.push(*r);
     }
     let e = est.estimate()?;
     Some(TrialNoise {
         b_simple: e.b_simple,
         low: e.low,
         high: e.high,
-        measurements: n,
+        measurements: raw.len(),
     })
 }
 
@@ -129,41 +194,210 @@ fn steps_taken(reports: &[StepReport]) -> usize {
     (highest as usize).max(reports.len())
 }
 
-/// The noise scale of the trials: each trial that reported noise gets its
-/// B_simple; the one with the most measurements (the larger batch on a tie)
-/// stands for the command. Its final loss (the mean of its last 10 % of
-/// reported losses) is the target, and S_min is S(B) through its steps, S(B)
-/// as `rate` follows the batch.
-pub fn noise_of(trials: &[RunTrial], rate: &RunRate) -> (Option<RunNoise>, Option<f64>) {
-    let per: Vec<(&TrialResult, TrialNoise)> = trials
+/// The loss curve of a trial as the trajectory estimator reads it: the mean
+/// of each window of `window` consecutive losses rank 0 reported, at the
+/// window's middle step (as [`LossTarget::steps_to`] counts it). A step's
+/// own loss is one batch's and noisy; the window's mean is the statistic the
+/// target is set and checked with.
+fn window_means(reports: &[StepReport], window: usize) -> Vec<(f64, f64)> {
+    let losses: Vec<f64> = rank0_losses(reports).map(|l| l.0).collect();
+    if window == 0 || losses.len() < window {
+        return Vec::new();
+    }
+    let mut sum: f64 = losses[..window].iter().sum();
+    let mut out = Vec::with_capacity(losses.len() - window + 1);
+    for end in window..=losses.len() {
+        if end > window {
+            sum += losses[end - 1] - losses[end - 1 - window];
+        }
+        out.push(((end - (window - 1) / 2) as f64, sum / window as f64));
+    }
+    out
+}
+
+/// The batch of `advise`'s noise run (B_big = 8 x 16 samples): `run`'s noise
+/// trial trains there too, so that both measure the noise scale, and set the
+/// target, at the same batch.
+pub const NOISE_TRIAL_BATCH: u64 = (crate::noise::DEFAULT_B_SMALL * crate::noise::DEFAULT_K) as u64;
+
+/// Where `run`'s noise trial trains: [`NOISE_TRIAL_BATCH`] within the batches
+/// that ran (a batch below one that ran runs too), when the command reported
+/// noise measurements at all (it uses the helper); else `None`.
+pub fn noise_trial_batch(trials: &[RunTrial]) -> Option<u64> {
+    let ran: Vec<&TrialResult> = trials
         .iter()
         .map(|t| &t.result)
         .filter(|r| r.outcome.ran())
-        .filter_map(|r| trial_noise(&r.reports).map(|n| (r, n)))
         .collect();
-    let Some(&(best, noise)) = per.iter().max_by_key(|(r, n)| (n.measurements, r.batch)) else {
+    let measured = ran
+        .iter()
+        .any(|r| r.reports.iter().any(|s| s.noise.is_some()));
+    let lo = ran.iter().map(|r| r.batch).min()?;
+    let hi = ran.iter().map(|r| r.batch).max()?;
+    measured.then(|| NOISE_TRIAL_BATCH.clamp(lo, hi))
+}
+
+/// Every other trial that ran at a handed rate, as a rate check: its steps
+/// to `target` (measured; `None` where its steps ended first) beside
+/// `curve`'s (predicted), its first and last windows of losses.
+fn trial_checks(trials: &[RunTrial], target: LossTarget, curve: StepsCurve) -> Vec<RateCheck> {
+    trials
+        .iter()
+        .filter(|t| t.reason != TrialReason::Noise && t.result.outcome.ran())
+        .filter_map(|t| {
+            let r = &t.result;
+            let lr = r.learning_rate?;
+            let windows = window_means(&r.reports, target.window);
+            let (start, end) = (windows.first()?.1, windows.last()?.1);
+            let reached = target.steps_to(&r.reports).map(|s| s.0);
+            Some(RateCheck {
+                batch: r.batch,
+                lr,
+                rule_rate: true,
+                max_steps: steps_taken(&r.reports) as u64,
+                loss_start: start,
+                loss_end: end,
+                steps_to_target: reached,
+                predicted_steps: curve.steps(r.batch as f64),
+                verdict: judge(start, end, reached),
+            })
+        })
+        .collect()
+}
+
+/// The noise scale of the trials, with `advise`'s estimator. Each trial that
+/// reported noise gets its B_simple; the noise trial ([`TrialReason::Noise`],
+/// measuring every step) stands for the command, else the one with the most
+/// measurements (the larger batch on a tie). Its final loss (the mean
+/// of its last 10 % of reported losses) is the target. S(B) is summed over the
+/// stretches of that trial ([`trajectory`]: each stretch's noise scale, in
+/// Adam's geometry where the helper measured it, weighted by the steps it
+/// spent), the trial's end value where its stretches cannot be measured; S_min
+/// runs through its steps to the target, S(B) as `rate` follows the batch.
+pub fn noise_of(trials: &[RunTrial], rate: &RunRate) -> (Option<RunNoise>, Option<f64>) {
+    let per: Vec<(&RunTrial, TrialNoise)> = trials
+        .iter()
+        .filter(|t| t.result.outcome.ran())
+        .filter_map(|t| trial_noise(&t.result.reports).map(|n| (t, n)))
+        .collect();
+    let Some(&(best, noise)) = per.iter().max_by_key(|(t, n)| {
+        (
+            t.reason == TrialReason::Noise,
+            n.measurements,
+            t.result.batch,
+        )
+    }) else {
         return (None, None);
     };
-    let losses: Vec<f64> = best
-        .reports
-        .iter()
-        .filter_map(|r| r.loss)
-        .filter(|l| l.is_finite())
-        .collect();
-    let target_loss = (!losses.is_empty()).then(|| {
-        let tail = &losses[losses.len() * 9 / 10..];
-        tail.iter().sum::<f64>() / tail.len().max(1) as f64
-    });
+    let best = &best.result;
+    let losses: Vec<f64> = rank0_losses(&best.reports).map(|l| l.0).collect();
     let steps = steps_taken(&best.reports);
+    let target = (!losses.is_empty()).then(|| {
+        let t = LossTarget::of_run(0.0, losses.len());
+        let tail = &losses[losses.len() - t.window..];
+        LossTarget {
+            target: tail.iter().sum::<f64>() / tail.len() as f64,
+            ..t
+        }
+    });
+    let (raw, preconditioned) = estimates(&measurements(&best.reports));
+    let mut points: Vec<RunPoint> = raw
+        .iter()
+        .map(|(step, r)| RunPoint {
+            updates: *step,
+            g2_raw: r.g2,
+            trace_raw: r.trace,
+        })
+        .collect();
+    // The first measurement stands for the steps before it (the helper
+    // starts measuring after a few), so that S_min counts them.
+    if let Some(p) = points.first_mut() {
+        p.updates = 0.0;
+    }
+    let batch = best.batch as f64;
+    let traj = target.and_then(|t| {
+        let curve = window_means(&best.reports, t.window);
+        // The target is the last window's mean: the curve's own end point
+        // reaches it, whatever the rounding of the running sums.
+        trajectory(&points, &curve, batch, t.target + 1e-9 * t.target.abs())
+    });
     let model = rate.rate_model(Some(best.batch));
-    let s_min = target_loss
-        .map(|_| steps as f64 / model.updates_vs_min(noise.b_simple, best.batch as f64))
-        .filter(|s| *s > 0.0);
-    let mut per_trial: Vec<(u64, f64)> = per.iter().map(|(r, n)| (r.batch, n.b_simple)).collect();
+    let (b_noise, band, method, segments, to_target) = match &traj {
+        Some(t) => (
+            t.curve().b_noise,
+            t.b_noise_band,
+            MethodCode::Stretches,
+            t.segments.clone(),
+            t.updates_to_target,
+        ),
+        None => (
+            noise.b_simple,
+            (noise.low, noise.high),
+            MethodCode::EndValue,
+            Vec::new(),
+            steps as f64,
+        ),
+    };
+    // The other trials are `advise`'s rate checks: each trained at its own
+    // batch's rate for the command's steps, so where it reached the target it
+    // measured S(B) there, and B_noise is refitted to them as advise does.
+    let curve = StepsCurve::through(to_target, batch, b_noise);
+    let checks = match target {
+        Some(t) => trial_checks(trials, t, curve),
+        None => Vec::new(),
+    };
+    let refit = match rate {
+        RunRate::Handed { scaling, .. } if traj.is_some() => {
+            let basis = PredictionBasis {
+                lr: *scaling,
+                warmup_epochs: 0.0,
+                target_loss: target.map_or(f64::NAN, |t| t.target),
+                curve,
+                source: BasisSource::Stretches {
+                    run: NoiseRunAt {
+                        batch: best.batch,
+                        lr: best.learning_rate.unwrap_or(scaling.at(best.batch)),
+                    },
+                    updates_to_target: to_target,
+                    b_simple_end: Some(noise.b_simple),
+                    segments: Vec::new(),
+                    preconditioned,
+                    band,
+                },
+                b_noise_run: None,
+            };
+            checked_b_noise(&basis, scaling, &checks)
+        }
+        // The refit's S(B) is the rule's; a command at its own fixed rate
+        // keeps the noise trial's value.
+        _ => None,
+    };
+    let b_noise_run = refit.map(|_| b_noise);
+    let (b_noise, band) = match refit {
+        Some(bn) => (bn, (band.0 * bn / b_noise, band.1 * bn / b_noise)),
+        None => (b_noise, band),
+    };
+    let s_min = target
+        .map(|_| to_target / model.updates_vs_min(b_noise, batch))
+        .filter(|s| *s > 0.0 && s.is_finite());
+    let mut per_trial: Vec<(u64, f64)> = per
+        .iter()
+        .filter(|(t, _)| t.reason != TrialReason::Noise)
+        .map(|(t, n)| (t.result.batch, n.b_simple))
+        .collect();
     per_trial.sort_by_key(|p| p.0);
     (
         Some(RunNoise {
             batch: best.batch,
+            b_noise,
+            b_noise_low: band.0,
+            b_noise_high: band.1.is_finite().then_some(band.1),
+            method,
+            preconditioned,
+            segments,
+            steps_to_target: traj.as_ref().map(|t| t.updates_to_target),
+            b_noise_run,
+            checks,
             b_simple: noise.b_simple,
             b_simple_low: noise.low,
             b_simple_high: noise.high.is_finite().then_some(noise.high),
@@ -172,7 +406,7 @@ pub fn noise_of(trials: &[RunTrial], rate: &RunRate) -> (Option<RunNoise>, Optio
             s_min,
             per_trial,
         }),
-        target_loss,
+        target.map(|t| t.target),
     )
 }
 
@@ -265,7 +499,7 @@ pub fn advise_run(
             findings: Vec::new(),
         };
     }
-    let b_noise = noise.map(|n| n.b_simple);
+    let b_noise = noise.map(|n| n.b_noise);
     let (rec, options) = recommend(
         &DeviceEvidence {
             device: device.device,
@@ -282,9 +516,9 @@ pub fn advise_run(
             rate_failed_from: None,
         },
         noise.map(|n| NoiseBand {
-            b_noise: n.b_simple,
-            low: n.b_simple_low,
-            high: n.b_simple_high,
+            b_noise: n.b_noise,
+            low: n.b_noise_low,
+            high: n.b_noise_high,
         }),
         LrAdviceInput {
             rule: rate.rule(),
@@ -296,6 +530,7 @@ pub fn advise_run(
         && let Some(util) = trials
             .iter()
             .rev()
+            .filter(|t| t.reason != TrialReason::Noise)
             .find(|t| t.result.batch == b && t.result.outcome.ran())
             .and_then(|t| t.result.gpu_util_mean_pct)
     {
@@ -365,7 +600,8 @@ pub fn batch_with_margin(
 ) -> u64 {
     let mut peaks: Vec<(u64, f64)> = trials
         .iter()
-        .filter(|t| t.result.outcome.ran())
+        // The noise trial keeps more gradients than the command's own step.
+        .filter(|t| t.result.outcome.ran() && t.reason != TrialReason::Noise)
         .filter_map(|t| {
             let r = &t.result;
             r.peak_vm_bytes
@@ -424,6 +660,164 @@ mod tests {
             noise: None,
             rank: None,
         }
+    }
+
+    /// A trial of `steps` steps at `batch` whose loss after step i is
+    /// `loss(i)`; with `noise`, measuring every other step with true
+    /// |G|^2 = 1 and tr(Sigma) = 100 in the raw norms and 400 in Adam's
+    /// geometry (where `pre(i)`).
+    fn trial(
+        batch: u64,
+        reason: TrialReason,
+        steps: u64,
+        loss: impl Fn(u64) -> f64,
+        noise: bool,
+        pre: impl Fn(u64) -> bool,
+    ) -> RunTrial {
+        use crate::trial::{Outcome, SquaredNorms};
+        let norms = |trace: f64, b: f64| 1.0 + trace / b;
+        let reports = (1..=steps)
+            .map(|i| StepReport {
+                step: Some(i),
+                loss: Some(loss(i)),
+                noise: (noise && i % 2 == 0).then(|| NoiseReport {
+                    b_small: 16.0,
+                    g_small_sq: norms(100.0, 16.0),
+                    b_big: 128.0,
+                    g_big_sq: norms(100.0, 128.0),
+                    preconditioned: pre(i).then(|| SquaredNorms {
+                        g_small_sq: norms(400.0, 16.0),
+                        g_big_sq: norms(400.0, 128.0),
+                    }),
+                }),
+                ..report(0.0)
+            })
+            .collect();
+        let mut result = TrialResult::not_started(batch, String::new());
+        result.outcome = Outcome::Ran;
+        result.reports = reports;
+        result.learning_rate = Some(1e-3 * (batch as f64 / 32.0).sqrt());
+        RunTrial { reason, result }
+    }
+
+    /// The noise trial: 200 steps at 128, the loss falling linearly from 2.
+    fn noise_trial(steps: u64, pre: impl Fn(u64) -> bool) -> RunTrial {
+        let loss = move |i: u64| 2.0 - i as f64 / steps as f64;
+        trial(128, TrialReason::Listed, steps, loss, true, pre)
+    }
+
+    fn sqrt_rate() -> RunRate {
+        RunRate::Handed {
+            scaling: LrScaling {
+                rule: LrRule::Sqrt,
+                ref_batch: 32,
+                ref_lr: 1e-3,
+                cap_batch: None,
+            },
+            in_command: true,
+        }
+    }
+
+    /// `run` reads its trial as `advise` reads its noise run: stretches of the
+    /// measurements, in Adam's geometry where every measurement carries it;
+    /// S_min through the steps to the target (the middle of the last window).
+    #[test]
+    fn the_noise_trial_is_read_in_stretches_and_in_adams_geometry() {
+        let rate = sqrt_rate();
+        let (n, target) = noise_of(&[noise_trial(200, |_| true)], &rate);
+        let n = n.unwrap();
+        assert_eq!(n.method, MethodCode::Stretches);
+        assert!(n.preconditioned);
+        assert!((n.b_noise - 400.0).abs() < 1e-6, "{}", n.b_noise);
+        assert!((n.b_simple - 400.0).abs() < 1e-6, "{}", n.b_simple);
+        assert_eq!(n.segments.len(), 5, "100 measurements, 20 a stretch");
+        // Target: the mean of the last 20 losses, reached at their middle.
+        let t = target.unwrap();
+        assert!((t - (2.0 - 190.5 / 200.0)).abs() < 1e-9, "{t}");
+        let to = n.steps_to_target.unwrap();
+        assert!((to - 191.0).abs() < 1e-6, "{to}");
+        assert!((n.s_min.unwrap() - to / (1.0 + 400.0 / 128.0)).abs() < 1e-6);
+        // Before the optimizer's first update there is no state to read: the
+        // measurements from the first that carries it on are in Adam's geometry.
+        let (n, _) = noise_of(&[noise_trial(200, |i| i > 2)], &rate);
+        let n = n.unwrap();
+        assert!(n.preconditioned && (n.b_noise - 400.0).abs() < 1e-6);
+        assert_eq!(n.measurements, 99);
+        // One measurement without it later on: all read raw.
+        let (n, _) = noise_of(&[noise_trial(200, |i| i != 50)], &rate);
+        let n = n.unwrap();
+        assert!(!n.preconditioned);
+        assert!((n.b_noise - 100.0).abs() < 1e-6, "{}", n.b_noise);
+    }
+
+    /// The noise trial stands for the command even with fewer measurements;
+    /// it trains at the noise run's batch within the batches that ran.
+    #[test]
+    fn the_noise_trial_stands_for_the_command() {
+        let rate = sqrt_rate();
+        let flat = |_| 1.0;
+        let many = trial(1024, TrialReason::Listed, 400, flat, true, |_| false);
+        let few = trial(128, TrialReason::Noise, 100, flat, true, |_| false);
+        let (n, _) = noise_of(&[many.clone(), few], &rate);
+        assert_eq!(n.unwrap().batch, 128);
+        let (n, _) = noise_of(std::slice::from_ref(&many), &rate);
+        assert_eq!(n.unwrap().batch, 1024);
+        let silent = |b| trial(b, TrialReason::Listed, 10, flat, false, |_| false);
+        assert_eq!(noise_trial_batch(&[silent(32), many.clone()]), Some(128));
+        assert_eq!(noise_trial_batch(&[silent(512), many]), Some(512));
+        assert_eq!(noise_trial_batch(&[silent(16), silent(64)]), None);
+    }
+
+    /// The other trials measured S(B) where they reached the target: B_noise
+    /// is refitted to their steps, as advise's rate checks refit its run's.
+    /// The noise trial reads 400; the trials at 256 and 512 took the steps of
+    /// a noise scale of 100 (their loss reaches the target there).
+    #[test]
+    fn the_trials_steps_to_the_target_refit_the_noise_scale() {
+        let rate = sqrt_rate();
+        let target = 2.0 - 190.5 / 200.0;
+        let s = |b: f64| 191.0 * (1.0 + 100.0 / b) / (1.0 + 100.0 / 128.0);
+        let reaching = |b: u64| {
+            let at = s(b as f64);
+            trial(
+                b,
+                TrialReason::Listed,
+                200,
+                move |i| target + (2.0 - target) * (1.0 - i as f64 / at),
+                false,
+                |_| false,
+            )
+        };
+        let noise = RunTrial {
+            reason: TrialReason::Noise,
+            ..noise_trial(200, |_| true)
+        };
+        let trials = [
+            noise_trial(200, |_| true),
+            reaching(256),
+            reaching(512),
+            noise,
+        ];
+        let (n, _) = noise_of(&trials, &rate);
+        let n = n.unwrap();
+        assert!((n.b_noise_run.unwrap() - 400.0).abs() < 1e-6);
+        assert!((n.b_noise / 100.0 - 1.0).abs() < 0.05, "{}", n.b_noise);
+        let reached: Vec<(u64, f64)> = n
+            .checks
+            .iter()
+            .filter_map(|c| c.steps_to_target.map(|s| (c.batch, s)))
+            .collect();
+        assert_eq!(reached.len(), 3, "{:?}", n.checks);
+        for (b, steps) in reached {
+            assert!((steps - s(b as f64)).abs() <= 1.0, "{b}: {steps}");
+        }
+        // A command at its own fixed rate keeps the noise trial's value.
+        let own = RunRate::CommandsOwn {
+            assumed_rule: LrRule::Sqrt,
+            tuned_at: None,
+        };
+        let (n, _) = noise_of(&trials, &own);
+        assert_eq!(n.unwrap().b_noise_run, None);
     }
 
     /// A loss falling by 0.1 a step from 2.0, target 1.0 over windows of 5:

@@ -216,13 +216,29 @@ pub struct NoiseReport {
     pub g_small_sq: f64,
     pub b_big: f64,
     pub g_big_sq: f64,
+    /// The same two norms in the geometry of the step an adaptive optimizer
+    /// takes (each coordinate weighted by 1 / (sqrt(v) + ε)², v its second
+    /// moment), where the helper could read the optimizer's state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preconditioned: Option<SquaredNorms>,
+}
+
+/// `g_small_sq` and `g_big_sq` of a [`NoiseReport`] in another geometry.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SquaredNorms {
+    pub g_small_sq: f64,
+    pub g_big_sq: f64,
 }
 
 impl NoiseReport {
     /// Usable by the two-batch estimator: finite, non-negative, `b_big > b_small > 0`.
     pub fn is_valid(&self) -> bool {
+        let pre = self
+            .preconditioned
+            .map_or([0.0, 0.0], |p| [p.g_small_sq, p.g_big_sq]);
         [self.b_small, self.g_small_sq, self.b_big, self.g_big_sq]
             .iter()
+            .chain(&pre)
             .all(|x| x.is_finite() && *x >= 0.0)
             && self.b_big > self.b_small
             && self.b_small > 0.0

@@ -54,6 +54,12 @@ pub struct RunArgs {
     /// Copy the command's output to stderr, each line prefixed with its batch.
     #[arg(long)]
     pub show_output: bool,
+    /// Skip the noise trial: where the command prints noise measurements (the
+    /// Python helper), `run` trains it once more at batch 128 (or the nearest
+    /// that ran) measuring on every step, for the noise scale and the target;
+    /// without it the trial with the most measurements stands in.
+    #[arg(long)]
+    pub no_noise_trial: bool,
     #[command(flatten)]
     pub memory_limit: MemoryLimitFlag,
     /// With --memory-limit: stop when the largest batch that ran is within this
@@ -160,6 +166,7 @@ pub fn run(args: RunArgs) -> CliResult {
             }
         }),
         search_only: false,
+        noise_trial: !args.no_noise_trial,
         per_sample_hint: match &args.model {
             Some(source) => Some(per_sample_hint(source, &args)?),
             None => None,

@@ -85,6 +85,10 @@ pub enum TrialReason {
     Sampled,
     /// Measured again: it decides an uncertain knee ([`crate::measure::settling_batches`]).
     Settling,
+    /// `run`'s noise trial: the command measuring gradient noise on every
+    /// step, for the noise scale and the target (its step times are not a
+    /// point of the curve).
+    Noise,
 }
 
 impl TrialReason {
@@ -105,6 +109,7 @@ impl TrialReason {
             TrialReason::KneeRefinement => "knee refinement",
             TrialReason::Sampled => "sampled",
             TrialReason::Settling => "settling",
+            TrialReason::Noise => "noise trial",
         }
     }
 
@@ -125,6 +130,7 @@ impl TrialReason {
             TrialReason::KneeRefinement => "knee_refinement",
             TrialReason::Sampled => "sampled",
             TrialReason::Settling => "settling",
+            TrialReason::Noise => "noise_trial",
         }
     }
 }
