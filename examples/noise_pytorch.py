@@ -16,7 +16,9 @@ divides the 0..16 pixels by 16.)
 
 The model is batchfit's `zoo:mnist-mlp` (784-512-512-10, ReLU, dropout 0.2
 after each hidden layer) for 784 feature columns, or `zoo:digits-mlp`
-(64-128-64-10, ReLU) for 64; Adam, lr 1e-3 (`--lr`), cross-entropy.
+(64-128-64-10, ReLU) for 64; with `--model cnn`, `zoo:mnist-cnn` (28x28) or
+`examples/digits-cnn.toml` (8x8), the row's pixels read as one image; Adam,
+lr 1e-3 (`--lr`), cross-entropy.
 
 The three lines marked `# batchfit` are all a loop needs: `probe.step` does
 zero_grad, forward, backward and optimizer.step(), and prints
@@ -41,6 +43,21 @@ except ImportError:  # run from a checkout without `pip install ./python`
     from batchfit.torch import NoiseProbe
 
 
+def make_cnn(features):
+    if features == 784:  # zoo:mnist-cnn
+        return nn.Sequential(
+            nn.Unflatten(1, (1, 28, 28)),
+            nn.Conv2d(1, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(),
+            nn.MaxPool2d(2), nn.Dropout(0.25), nn.Flatten(),
+            nn.Linear(9216, 128), nn.ReLU(), nn.Dropout(0.5), nn.Linear(128, 10))
+    if features == 64:  # examples/digits-cnn.toml
+        return nn.Sequential(
+            nn.Unflatten(1, (1, 8, 8)),
+            nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
+            nn.MaxPool2d(2), nn.Flatten(), nn.Linear(512, 64), nn.ReLU(), nn.Linear(64, 10))
+    raise SystemExit("expected 784 (MNIST) or 64 (8x8 digits) feature columns, got %d" % features)
+
+
 def make_model(features):
     if features == 784:  # zoo:mnist-mlp
         return nn.Sequential(
@@ -58,6 +75,7 @@ def main():
     p.add_argument("--data", required=True, help="CSV: features then the label in the last column")
     p.add_argument("--batch-size", type=int, required=True)
     p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
     p.add_argument("--lr", type=float, default=1e-3, help="Adam's learning rate (batchfit run: {lr})")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                    choices=["cpu", "cuda"])
@@ -75,7 +93,7 @@ def main():
         raise SystemExit("--batch-size %d exceeds the %d rows of %s" % (a.batch_size, len(x_np), a.data))
     x_all = torch.from_numpy(x_np).to(dev)
     y_all = torch.from_numpy(y_np).to(dev)
-    model = make_model(x_np.shape[1]).to(dev)
+    model = (make_cnn if a.model == "cnn" else make_model)(x_np.shape[1]).to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=a.lr)
     loss_fn = nn.CrossEntropyLoss()
     probe = NoiseProbe(model, opt, k=a.k, b_small=a.b_small, every=a.every)  # batchfit

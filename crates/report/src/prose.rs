@@ -502,6 +502,9 @@ pub fn rate_check(c: &batchfit_tune::stability::RateCheck) -> String {
             RateVerdict::Diverged => "diverged".to_string(),
             RateVerdict::Stalled =>
                 format!("stalled (not there within {CHECK_LIMIT} x the prediction)"),
+            RateVerdict::Unfinished => format!(
+                "unfinished (its steps ended before {CHECK_LIMIT} x the prediction: says nothing about the rate)"
+            ),
         }
     )
 }

@@ -252,6 +252,17 @@ pub fn render(d: &RunSummary) -> String {
             prose::run_noise_method(n),
             thousands(n.b_simple.round() as u64),
         ));
+        if !n.checks.is_empty() {
+            out.push_str("  the other trials as rate checks: each trained at its batch's rate for the command's steps, to the noise trial's target (measured):\n");
+            for c in &n.checks {
+                out.push_str(&format!("    {}\n", prose::rate_check(c)));
+            }
+            let failed = batchfit_tune::stability::failed_from(&n.checks);
+            let refit = n.b_noise_run.map(|run| (n.b_noise, run));
+            if let Some(o) = prose::rate_outcome(None, failed, refit) {
+                out.push_str(&format!("    {o}\n"));
+            }
+        }
     }
     if let Some(r) = &d.advice.recommendation
         && let Some(b) = r.recommended_batch

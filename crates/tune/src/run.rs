@@ -14,7 +14,7 @@ use crate::lr::{LrRule, LrScaling};
 use crate::noise::{NoiseEstimator, RawEstimate, two_batch};
 use crate::probe::DeviceProbe;
 use crate::search::TrialReason;
-use crate::stability::{RateCheck, checked_b_noise, judge};
+use crate::stability::{CHECK_LIMIT, RateCheck, RateVerdict, checked_b_noise, failed_from, judge};
 use crate::target::{RateModel, StepsCurve, TimeToTarget, rank_at};
 use crate::trajectory::{RunPoint, Segment, trajectory};
 use crate::trial::{NoiseReport, RunTrial, StepReport, TrialResult};
@@ -250,16 +250,23 @@ fn trial_checks(trials: &[RunTrial], target: LossTarget, curve: StepsCurve) -> V
             let windows = window_means(&r.reports, target.window);
             let (start, end) = (windows.first()?.1, windows.last()?.1);
             let reached = target.steps_to(&r.reports).map(|s| s.0);
+            let (max_steps, predicted) = (steps_taken(&r.reports), curve.steps(r.batch as f64));
+            let verdict = match judge(start, end, reached) {
+                RateVerdict::Stalled if (max_steps as f64) < CHECK_LIMIT * predicted => {
+                    RateVerdict::Unfinished
+                }
+                v => v,
+            };
             Some(RateCheck {
                 batch: r.batch,
                 lr,
                 rule_rate: true,
-                max_steps: steps_taken(&r.reports) as u64,
+                max_steps: max_steps as u64,
                 loss_start: start,
                 loss_end: end,
                 steps_to_target: reached,
-                predicted_steps: curve.steps(r.batch as f64),
-                verdict: judge(start, end, reached),
+                predicted_steps: predicted,
+                verdict,
             })
         })
         .collect()
@@ -513,7 +520,7 @@ pub fn advise_run(
                 None => MaxBatchSource::NotSearched,
             },
             noise_hint: NoiseHint::PythonHelper,
-            rate_failed_from: None,
+            rate_failed_from: noise.and_then(|n| failed_from(&n.checks)),
         },
         noise.map(|n| NoiseBand {
             b_noise: n.b_noise,
@@ -792,10 +799,17 @@ mod tests {
             reason: TrialReason::Noise,
             ..noise_trial(200, |_| true)
         };
+        // Above the target throughout: at 64 for fewer steps than twice its
+        // prediction (unfinished), at 1,024 for more (stalled: the rate failed).
+        let flat = move |_| target + 0.5;
+        let short = trial(64, TrialReason::Listed, 200, flat, false, |_| false);
+        let stalled = trial(1024, TrialReason::Listed, 400, flat, false, |_| false);
         let trials = [
             noise_trial(200, |_| true),
             reaching(256),
             reaching(512),
+            short,
+            stalled,
             noise,
         ];
         let (n, _) = noise_of(&trials, &rate);
@@ -811,6 +825,10 @@ mod tests {
         for (b, steps) in reached {
             assert!((steps - s(b as f64)).abs() <= 1.0, "{b}: {steps}");
         }
+        let verdict = |b: u64| n.checks.iter().find(|c| c.batch == b).unwrap().verdict;
+        assert_eq!(verdict(64), RateVerdict::Unfinished);
+        assert_eq!(verdict(1024), RateVerdict::Stalled);
+        assert_eq!(failed_from(&n.checks), Some(1024));
         // A command at its own fixed rate keeps the noise trial's value.
         let own = RunRate::CommandsOwn {
             assumed_rule: LrRule::Sqrt,

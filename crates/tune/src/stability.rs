@@ -32,6 +32,17 @@ pub enum RateVerdict {
     Diverged,
     /// It did not reach the target within [`CHECK_LIMIT`] x its predicted updates.
     Stalled,
+    /// Its steps ended before the target and before [`CHECK_LIMIT`] x its
+    /// predicted updates (a `run` trial of the command's own length): it
+    /// says nothing about the rate.
+    Unfinished,
+}
+
+impl RateVerdict {
+    /// The rate failed: the run diverged or stalled.
+    pub fn failed(self) -> bool {
+        matches!(self, RateVerdict::Diverged | RateVerdict::Stalled)
+    }
 }
 
 /// One run at a batch and rate, to the noise run's target.
@@ -70,15 +81,15 @@ pub fn judge(start: f64, end: f64, reached: Option<f64>) -> RateVerdict {
     }
 }
 
-/// The smallest checked batch at which no rate tried trained.
+/// The smallest checked batch at which no rate tried trained and some rate
+/// failed (an unfinished check decides nothing).
 pub fn failed_from(checks: &[RateCheck]) -> Option<u64> {
+    let at = |b: u64| checks.iter().filter(move |c| c.batch == b);
     checks
         .iter()
         .map(|c| c.batch)
         .filter(|&b| {
-            !checks
-                .iter()
-                .any(|c| c.batch == b && c.verdict == RateVerdict::Trains)
+            !at(b).any(|c| c.verdict == RateVerdict::Trains) && at(b).any(|c| c.verdict.failed())
         })
         .min()
 }
@@ -203,9 +214,7 @@ pub fn cap_from(lr: &LrScaling, checks: &[RateCheck]) -> Option<u64> {
         .iter()
         .filter_map(|&b| {
             let of: Vec<&RateCheck> = checks.iter().filter(|c| c.batch == b).collect();
-            let rule_failed = of
-                .iter()
-                .any(|c| c.rule_rate && c.verdict != RateVerdict::Trains);
+            let rule_failed = of.iter().any(|c| c.rule_rate && c.verdict.failed());
             let trained = of
                 .iter()
                 .filter(|c| c.verdict == RateVerdict::Trains)
@@ -299,6 +308,10 @@ mod tests {
         assert_eq!(cap_from(&lr, &none_trained), None);
         assert_eq!(failed_from(&checks), None);
         assert_eq!(failed_from(&none_trained), Some(1024));
+        // A check whose steps ended early fails nothing and caps nothing.
+        let unfinished = [check(1024, 8e-3, true, None, RateVerdict::Unfinished)];
+        assert_eq!(failed_from(&unfinished), None);
+        assert_eq!(cap_from(&lr, &unfinished), None);
     }
 
     #[test]
