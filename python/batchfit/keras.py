@@ -52,8 +52,34 @@ def _dense(g, v):
     return tf.convert_to_tensor(g)
 
 
-def _sq(grads):
-    return tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, tf.float64))) for g in grads])
+def _sq(grads, weights=None):
+    """sum |g|^2 over the parameters, each coordinate weighted by `weights`
+    (one tensor per parameter) when given."""
+    if weights is None:
+        return tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, tf.float64))) for g in grads])
+    return tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, tf.float64)) * w)
+                     for g, w in zip(grads, weights)])
+
+
+def _adam_weights(optimizer, variables):
+    """(weights, flag): per variable 1 / (sqrt(v) + eps)^2 from the second
+    moment an Adam-family Keras optimizer keeps (`_velocities`: Adam, AdamW,
+    Nadam, RMSprop), read before this step's update; the step it takes is
+    m / (sqrt(v) + eps) up to one factor common to every coordinate, which
+    the noise scale's ratio does not see. The flag is False before the first
+    update (v is still zero) and for other optimizers (weights of ones then,
+    so the graph is the same)."""
+    ones = [tf.ones(v.shape, tf.float64) for v in variables]
+    velocities = getattr(optimizer, "_velocities", None)
+    eps = getattr(optimizer, "epsilon", None)
+    if not velocities or eps is None or not hasattr(optimizer, "_get_variable_index"):
+        return ones, tf.constant(False)
+    try:
+        vs = [velocities[optimizer._get_variable_index(v)] for v in variables]
+    except (KeyError, IndexError, ValueError):
+        return ones, tf.constant(False)
+    weights = [1.0 / tf.square(tf.sqrt(tf.cast(v, tf.float64)) + float(eps)) for v in vs]
+    return weights, optimizer.iterations > 0
 
 
 def _cut(data, start, stop):
@@ -66,8 +92,9 @@ class _State(object):
 
     def __init__(self):
         self.measure = tf.Variable(False, trainable=False, name="batchfit_measure")
-        # measured, samples, b_small, g_small_sq, b_big, g_big_sq, loss
-        self.stats = tf.Variable(tf.zeros([7], tf.float64), trainable=False, name="batchfit_stats")
+        # measured, samples, b_small, g_small_sq, b_big, g_big_sq, loss,
+        # preconditioned (1/0), g_small_sq and g_big_sq in Adam's geometry
+        self.stats = tf.Variable(tf.zeros([10], tf.float64), trainable=False, name="batchfit_stats")
 
 
 class NoiseModel(keras.Model):
@@ -118,7 +145,7 @@ class NoiseModel(keras.Model):
             loss, y_pred, grads = self._loss_grads(x, y, sw, weights)
             zero = tf.constant(0.0, tf.float64)
             stats = tf.stack([zero, tf.cast(n, tf.float64), zero, zero, zero, zero,
-                              tf.cast(loss, tf.float64)])
+                              tf.cast(loss, tf.float64), zero, zero, zero])
             return loss, tf.nest.flatten(y_pred), grads, stats
 
         def measured():
@@ -134,22 +161,26 @@ class NoiseModel(keras.Model):
 
     def _measured(self, x, y, sw, weights, n, bs, kk):
         cut = lambda a, b: (_cut(x, a, b), _cut(y, a, b), _cut(sw, a, b))  # noqa: E731
+        pre, has_pre = _adam_weights(self.optimizer, weights)
         # Micro-batch 0 outside the loop: it fixes the structure of the outputs.
         loss0, pred0, g0 = self._loss_grads(*cut(0, bs), weights)
         flat0 = tf.nest.flatten(pred0)
         arrays = [tf.TensorArray(p.dtype, size=kk, infer_shape=False).write(0, p) for p in flat0]
-        init = (tf.constant(1), [tf.identity(g) for g in g0], _sq(g0),
+        init = (tf.constant(1), [tf.identity(g) for g in g0], _sq(g0), _sq(g0, pre),
                 tf.cast(loss0, tf.float64), arrays)
 
-        def body(i, acc, small, loss_sum, arrs):
+        def body(i, acc, small, small_p, loss_sum, arrs):
             loss_i, pred_i, g_i = self._loss_grads(*cut(i * bs, (i + 1) * bs), weights)
             arrs = [a.write(i, p) for a, p in zip(arrs, tf.nest.flatten(pred_i))]
             acc = [a + g for a, g in zip(acc, g_i)]
-            return i + 1, acc, small + _sq(g_i), loss_sum + tf.cast(loss_i, tf.float64), arrs
+            return (i + 1, acc, small + _sq(g_i), small_p + _sq(g_i, pre),
+                    loss_sum + tf.cast(loss_i, tf.float64), arrs)
 
-        _, acc, small, loss_sum, arrays = tf.while_loop(lambda i, *_: i < kk, body, init)
+        _, acc, small, small_p, loss_sum, arrays = tf.while_loop(
+            lambda i, *_: i < kk, body, init)
         kf = tf.cast(kk, tf.float64)
         big_sq = _sq(acc) / (kf * kf)  # |mean_i g_i|^2
+        big_p = _sq(acc, pre) / (kf * kf)
         b_big = bs * kk
         r = n - b_big
 
@@ -169,7 +200,8 @@ class NoiseModel(keras.Model):
         loss = (bsf * loss_sum + rf * loss_r) / nf
         flat_pred = [tf.concat([a.concat(), p], axis=0) for a, p in zip(arrays, flat_r)]
         stats = tf.stack([tf.constant(1.0, tf.float64), nf, bsf, small / kf,
-                          tf.cast(b_big, tf.float64), big_sq, loss])
+                          tf.cast(b_big, tf.float64), big_sq, loss,
+                          tf.cast(has_pre, tf.float64), small_p / kf, big_p])
         return tf.cast(loss, loss0.dtype), flat_pred, grads, stats
 
 
@@ -212,6 +244,8 @@ class BatchfitLines(keras.callbacks.Callback):
             if s[0] > 0:
                 noise = {"b_small": int(s[2]), "g_small_sq": float(s[3]),
                          "b_big": int(s[4]), "g_big_sq": float(s[5])}
+                if s[7] > 0:
+                    noise["preconditioned"] = {"g_small_sq": float(s[8]), "g_big_sq": float(s[9])}
         seconds = time.perf_counter() - self.t0
         self.schedule.record(self.steps, seconds, noise is not None)
         if samples is None:

@@ -85,6 +85,43 @@ class NoiseModelTest(unittest.TestCase):
         for a, b in zip(ref.get_weights(), inner.get_weights()):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
+    def test_adam_preconditioned_norms_match_direct_weighted_gradients(self):
+        """Under Adam a measuring step also carries the norms weighted by
+        1 / (sqrt(v) + eps)^2, v Adam's second moment before the step."""
+        inner = self.inner()
+        m = NoiseModel(inner)
+        opt = keras.optimizers.Adam(1e-2, epsilon=1e-6)
+        m.compile(optimizer=opt, loss=self.loss())
+        out = io.StringIO()
+        # Two ordinary steps, then a measuring one on the first 48 rows.
+        x = np.concatenate([self.x[:48], self.x[:48], self.x[:48]])
+        y = np.concatenate([self.y[:48], self.y[:48], self.y[:48]])
+        lines = BatchfitLines(every=3, file=out)
+        m.fit(x[:96], y[:96], batch_size=48, epochs=1, verbose=0, shuffle=False, callbacks=[lines])
+        w = np.concatenate([
+            (1.0 / (np.sqrt(opt._velocities[opt._get_variable_index(v)].numpy().astype("float64"))
+                    + 1e-6) ** 2).ravel() for v in inner.trainable_weights])
+        grads = []
+        for i in range(8):
+            with tf.GradientTape() as tape:
+                loss = self.loss()(self.y[6 * i:6 * i + 6], inner(self.x[6 * i:6 * i + 6]))
+            g = tape.gradient(loss, inner.trainable_weights)
+            grads.append(np.concatenate([t.numpy().ravel() for t in g]).astype("float64"))
+        m.fit(x[96:], y[96:], batch_size=48, epochs=1, verbose=0, shuffle=False, callbacks=[lines])
+        rec = records(out)[2]
+        pre = rec["noise"]["preconditioned"]
+        small = np.mean([(g * g * w).sum() for g in grads])
+        mean = np.mean(grads, axis=0)
+        self.assertAlmostEqual(pre["g_small_sq"] / small, 1.0, places=4)
+        self.assertAlmostEqual(pre["g_big_sq"] / (mean * mean * w).sum(), 1.0, places=4)
+        # SGD keeps no second moment: raw norms only.
+        m = NoiseModel(self.inner())
+        m.compile(optimizer="sgd", loss=self.loss())
+        out = io.StringIO()
+        m.fit(self.x[:48], self.y[:48], batch_size=48, epochs=1, verbose=0,
+              callbacks=[BatchfitLines(every=1, file=out)])
+        self.assertNotIn("preconditioned", records(out)[0]["noise"])
+
     def test_schedule(self):
         m = NoiseModel(self.inner(), k=4)
         m.compile(optimizer="sgd", loss=self.loss())

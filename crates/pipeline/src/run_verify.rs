@@ -180,7 +180,7 @@ pub fn run_verify(
             let reached = result
                 .outcome
                 .ran()
-                .then(|| advice.target.steps_to(&result.reports))
+                .then(|| advice.target.steps_to(&result.reports, cfg.warmup_steps))
                 .flatten();
             m.runs += 1;
             if let Some((steps, seconds)) = reached {

@@ -249,7 +249,7 @@ fn trial_checks(trials: &[RunTrial], target: LossTarget, curve: StepsCurve) -> V
             let lr = r.learning_rate?;
             let windows = window_means(&r.reports, target.window);
             let (start, end) = (windows.first()?.1, windows.last()?.1);
-            let reached = target.steps_to(&r.reports).map(|s| s.0);
+            let reached = target.steps_to(&r.reports, 0).map(|s| s.0);
             let (max_steps, predicted) = (steps_taken(&r.reports), curve.steps(r.batch as f64));
             let verdict = match judge(start, end, reached) {
                 RateVerdict::Stalled if (max_steps as f64) < CHECK_LIMIT * predicted => {
@@ -446,13 +446,22 @@ impl LossTarget {
     /// Steps and seconds to the target in a trial's reports: the first window
     /// whose mean is at the target, counted to its middle (a window's mean is
     /// the loss about half a window back), and the reported seconds of the
-    /// steps up to it. `None` if it was not reached.
-    pub fn steps_to(&self, reports: &[StepReport]) -> Option<(f64, f64)> {
+    /// steps up to it, the first `warmup` counted at the median of the rest
+    /// (a framework's first steps compile and warm caches once per process:
+    /// Keras's first takes a second; the predicted step time leaves them out
+    /// too). `None` if it was not reached.
+    pub fn steps_to(&self, reports: &[StepReport], warmup: usize) -> Option<(f64, f64)> {
         let steps: Vec<(f64, f64)> = rank0_losses(reports).collect();
         let losses: Vec<f64> = steps.iter().map(|s| s.0).collect();
         let end = (self.window..=losses.len()).find(|&n| self.reached(&losses[..n]))?;
         let at = end - (self.window - 1) / 2;
-        let seconds = steps[..at].iter().map(|s| s.1).sum();
+        let times: Vec<f64> = steps[..at].iter().map(|s| s.1).collect();
+        let seconds = if warmup > 0 && at > warmup {
+            let median = crate::stats::summarize(&times[warmup..]).median;
+            times[warmup..].iter().sum::<f64>() + warmup as f64 * median
+        } else {
+            times.iter().sum()
+        };
         Some((at as f64, seconds))
     }
 }
@@ -838,6 +847,10 @@ mod tests {
         assert_eq!(n.unwrap().b_noise_run, None);
     }
 
+    fn slow_seconds(t: &LossTarget, reports: &[StepReport], warmup: usize) -> f64 {
+        t.steps_to(reports, warmup).unwrap().1
+    }
+
     /// A loss falling by 0.1 a step from 2.0, target 1.0 over windows of 5:
     /// the mean of steps 9-13 (1.2 .. 0.8) is 1.0 first, at step 13; its
     /// middle is step 11, where the loss itself is 1.0.
@@ -848,16 +861,21 @@ mod tests {
             target: 1.0 + 1e-9,
             window: 5,
         };
-        let (steps, seconds) = t.steps_to(&reports).unwrap();
+        let (steps, seconds) = t.steps_to(&reports, 0).unwrap();
         assert_eq!(steps, 11.0);
         assert!((seconds - 0.11).abs() < 1e-12);
+        // A first step 100x slower (a graph compiled) counts as a typical one.
+        let mut slow = reports.clone();
+        slow[0].seconds = 1.0;
+        assert!((slow_seconds(&t, &slow, 1) - 0.11).abs() < 1e-12);
+        assert!((slow_seconds(&t, &slow, 0) - 1.10).abs() < 1e-12);
         assert!(t.reached(&[1.2, 1.1, 1.0, 0.9, 0.8]));
         assert!(!t.reached(&[1.0, 0.9]));
         let never = LossTarget {
             target: -1.0,
             window: 5,
         };
-        assert_eq!(never.steps_to(&reports), None);
+        assert_eq!(never.steps_to(&reports, 0), None);
         // 200 steps: the last 20 set the target, so 20 make the window.
         assert_eq!(LossTarget::of_run(0.3, 200).window, 20);
     }
