@@ -14,6 +14,7 @@ use batchfit_tune::decide::Decision;
 use batchfit_tune::lr::LrScaling;
 use batchfit_tune::stability::{
     HALVINGS, RateCheck, RateVerdict, cap_from, check_limit, checked_b_noise, failed_from, judge,
+    mark_no_gain,
 };
 
 /// Rounds of check-then-decide: each round checks the batches the last
@@ -67,6 +68,7 @@ pub fn checked_decision(
         found
             .checks
             .extend(check_rates(graph, base, data, &basis, &batches, HALVINGS)?);
+        mark_no_gain(&mut found.checks, None);
         // Never below the run's own batch, whose rate the run trained with.
         found.cap = cap_from(&basis.lr, &found.checks).map(|c| c.max(run.batch));
         found.failed_from = failed_from(&found.checks);

@@ -502,6 +502,7 @@ pub fn rate_check(c: &batchfit_tune::stability::RateCheck) -> String {
             RateVerdict::Diverged => "diverged".to_string(),
             RateVerdict::Stalled =>
                 format!("stalled (not there within {CHECK_LIMIT} x the prediction)"),
+            RateVerdict::NoGain => "no gain (no fewer updates than a smaller batch: the rule's rate is past its best here)".to_string(),
             RateVerdict::Unfinished => format!(
                 "unfinished (its steps ended before {CHECK_LIMIT} x the prediction: says nothing about the rate)"
             ),

@@ -14,7 +14,9 @@ use crate::lr::{LrRule, LrScaling};
 use crate::noise::{NoiseEstimator, RawEstimate, two_batch};
 use crate::probe::DeviceProbe;
 use crate::search::TrialReason;
-use crate::stability::{CHECK_LIMIT, RateCheck, RateVerdict, checked_b_noise, failed_from, judge};
+use crate::stability::{
+    CHECK_LIMIT, RateCheck, RateVerdict, checked_b_noise, failed_from, judge, mark_no_gain,
+};
 use crate::target::{RateModel, StepsCurve, TimeToTarget, rank_at};
 use crate::trajectory::{RunPoint, Segment, trajectory};
 use crate::trial::{NoiseReport, RunTrial, StepReport, TrialResult};
@@ -349,10 +351,13 @@ pub fn noise_of(trials: &[RunTrial], rate: &RunRate) -> (Option<RunNoise>, Optio
     // batch's rate for the command's steps, so where it reached the target it
     // measured S(B) there, and B_noise is refitted to them as advise does.
     let curve = StepsCurve::through(to_target, batch, b_noise);
-    let checks = match target {
+    let mut checks = match target {
         Some(t) => trial_checks(trials, t, curve),
         None => Vec::new(),
     };
+    if traj.is_some() {
+        mark_no_gain(&mut checks, Some((best.batch, to_target)));
+    }
     let refit = match rate {
         RunRate::Handed { scaling, .. } if traj.is_some() => {
             let basis = PredictionBasis {

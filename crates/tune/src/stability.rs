@@ -36,12 +36,42 @@ pub enum RateVerdict {
     /// predicted updates (a `run` trial of the command's own length): it
     /// says nothing about the rate.
     Unfinished,
+    /// It reached the target, but in no fewer updates than a smaller batch
+    /// did ([`mark_no_gain`]): S(B) falls with the batch at a rate that
+    /// suits it, so the rule's rate there is past its best.
+    NoGain,
 }
 
 impl RateVerdict {
-    /// The rate failed: the run diverged or stalled.
+    /// The rate failed: the run diverged, stalled or gained nothing.
     pub fn failed(self) -> bool {
-        matches!(self, RateVerdict::Diverged | RateVerdict::Stalled)
+        matches!(
+            self,
+            RateVerdict::Diverged | RateVerdict::Stalled | RateVerdict::NoGain
+        )
+    }
+}
+
+/// Marks [`RateVerdict::NoGain`] every check that reached the target in no
+/// fewer updates than a check at a smaller batch (or `reference`, the noise
+/// run's own batch and updates) that trained. S(B) = S_min (1 + B_noise/B)
+/// falls with the batch, so a larger batch that needs as many updates bought
+/// nothing: its rate is past the best (Adam's best rate falls past B_noise,
+/// Li et al. 2024; unscaled inputs make it fall sooner), and no S(B) fits it.
+pub fn mark_no_gain(checks: &mut [RateCheck], reference: Option<(u64, f64)>) {
+    let trained: Vec<(u64, f64)> = checks
+        .iter()
+        .filter(|c| c.verdict == RateVerdict::Trains)
+        .filter_map(|c| Some((c.batch, c.steps_to_target?)))
+        .chain(reference)
+        .collect();
+    for c in checks.iter_mut() {
+        if c.verdict == RateVerdict::Trains
+            && let Some(steps) = c.steps_to_target
+            && trained.iter().any(|&(b, s)| b < c.batch && s <= steps)
+        {
+            c.verdict = RateVerdict::NoGain;
+        }
     }
 }
 
@@ -135,7 +165,12 @@ pub fn measured_steps(
         .into_iter()
         .filter_map(|b| {
             let rate = advised.at(b);
-            let of = || checks.iter().filter(move |c| c.batch == b);
+            // A check that gained nothing fits no S(B).
+            let of = || {
+                checks
+                    .iter()
+                    .filter(move |c| c.batch == b && c.verdict == RateVerdict::Trains)
+            };
             let steps = of()
                 .find(|c| (c.lr - rate).abs() <= 1e-9 * rate)
                 .and_then(|c| c.steps_to_target)
@@ -308,6 +343,24 @@ mod tests {
         assert_eq!(cap_from(&lr, &none_trained), None);
         assert_eq!(failed_from(&checks), None);
         assert_eq!(failed_from(&none_trained), Some(1024));
+        // A larger batch that needed as many updates as a smaller one gained nothing.
+        let mut slower = [
+            check(256, 4e-3, true, Some(70.0), RateVerdict::Trains),
+            check(512, 5.6e-3, true, Some(75.0), RateVerdict::Trains),
+            check(1024, 8e-3, true, Some(50.0), RateVerdict::Trains),
+        ];
+        mark_no_gain(&mut slower, Some((128, 60.0)));
+        let verdicts: Vec<RateVerdict> = slower.iter().map(|c| c.verdict).collect();
+        use RateVerdict::{NoGain, Trains};
+        assert_eq!(verdicts, [NoGain, NoGain, Trains], "50 is fewer than 60 at 128");
+        let mut faster = slower.map(|c| RateCheck {
+            verdict: RateVerdict::Trains,
+            ..c
+        });
+        mark_no_gain(&mut faster, None);
+        assert_eq!(faster[1].verdict, RateVerdict::NoGain, "75 after 70 at 256");
+        assert_eq!(faster[2].verdict, RateVerdict::Trains);
+        assert_eq!(failed_from(&faster), Some(512));
         // A check whose steps ended early fails nothing and caps nothing.
         let unfinished = [check(1024, 8e-3, true, None, RateVerdict::Unfinished)];
         assert_eq!(failed_from(&unfinished), None);
