@@ -42,6 +42,17 @@ class NoiseModelTest(unittest.TestCase):
     def loss(self):
         return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
+    def micro_grads(self, inner):
+        """The gradients of the 8 micro-batches of 6 rows a batch of 48 or 50
+        is measured with, each flattened to one float64 vector."""
+        grads = []
+        for i in range(8):
+            with tf.GradientTape() as tape:
+                loss = self.loss()(self.y[6 * i:6 * i + 6], inner(self.x[6 * i:6 * i + 6]))
+            g = tape.gradient(loss, inner.trainable_weights)
+            grads.append(np.concatenate([t.numpy().ravel() for t in g]).astype("float64"))
+        return grads
+
     def test_fields_match_direct_micro_batch_gradients(self):
         inner = self.inner()
         m = NoiseModel(inner)
@@ -53,12 +64,7 @@ class NoiseModelTest(unittest.TestCase):
         self.assertEqual(rec["samples"], 50)
         self.assertEqual(rec["noise"]["b_small"], 6)  # 50 = 8 x 6 + 2
         self.assertEqual(rec["noise"]["b_big"], 48)
-        grads = []
-        for i in range(8):
-            with tf.GradientTape() as tape:
-                loss = self.loss()(self.y[6 * i:6 * i + 6], inner(self.x[6 * i:6 * i + 6]))
-            g = tape.gradient(loss, inner.trainable_weights)
-            grads.append(np.concatenate([t.numpy().ravel() for t in g]).astype("float64"))
+        grads = self.micro_grads(inner)
         small = np.mean([g @ g for g in grads])
         mean = np.mean(grads, axis=0)
         self.assertAlmostEqual(rec["noise"]["g_small_sq"] / small, 1.0, places=5)
@@ -101,12 +107,7 @@ class NoiseModelTest(unittest.TestCase):
         w = np.concatenate([
             (1.0 / (np.sqrt(opt._velocities[opt._get_variable_index(v)].numpy().astype("float64"))
                     + 1e-6) ** 2).ravel() for v in inner.trainable_weights])
-        grads = []
-        for i in range(8):
-            with tf.GradientTape() as tape:
-                loss = self.loss()(self.y[6 * i:6 * i + 6], inner(self.x[6 * i:6 * i + 6]))
-            g = tape.gradient(loss, inner.trainable_weights)
-            grads.append(np.concatenate([t.numpy().ravel() for t in g]).astype("float64"))
+        grads = self.micro_grads(inner)
         m.fit(x[96:], y[96:], batch_size=48, epochs=1, verbose=0, shuffle=False, callbacks=[lines])
         rec = records(out)[2]
         pre = rec["noise"]["preconditioned"]

@@ -34,6 +34,16 @@ class NoiseProbeTest(unittest.TestCase):
         return torch.nn.Sequential(
             torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)).double()
 
+    def micro_grads(self, m, loss_fn):
+        """The gradients of the 8 micro-batches of 6 rows a batch of 50 is
+        measured with, each flattened to one vector."""
+        grads = []
+        for i in range(8):
+            sl = slice(6 * i, 6 * i + 6)
+            g = torch.autograd.grad(loss_fn(m(self.x[sl]), self.y[sl]), list(m.parameters()))
+            grads.append(torch.cat([t.reshape(-1) for t in g]))
+        return grads
+
     def test_fields_match_direct_micro_batch_gradients(self):
         m = self.model()
         opt = torch.optim.SGD(m.parameters(), lr=0.0)
@@ -45,11 +55,7 @@ class NoiseProbeTest(unittest.TestCase):
         # 50 = 8 x 6 + 2
         self.assertEqual(rec["noise"]["b_small"], 6)
         self.assertEqual(rec["noise"]["b_big"], 48)
-        grads = []
-        for i in range(8):
-            sl = slice(6 * i, 6 * i + 6)
-            g = torch.autograd.grad(loss_fn(m(self.x[sl]), self.y[sl]), list(m.parameters()))
-            grads.append(torch.cat([t.reshape(-1) for t in g]))
+        grads = self.micro_grads(m, loss_fn)
         small = float(sum((g * g).sum() for g in grads) / 8)
         mean = sum(grads) / 8
         big = float((mean * mean).sum())
@@ -99,11 +105,7 @@ class NoiseProbeTest(unittest.TestCase):
             v_hat = st["exp_avg_sq"] / (1 - 0.999 ** float(st["step"]))
             weights.append((1.0 / (v_hat.sqrt() + 1e-6) ** 2).reshape(-1))
         w = torch.cat(weights)
-        grads = []
-        for i in range(8):
-            sl = slice(6 * i, 6 * i + 6)
-            g = torch.autograd.grad(loss_fn(m(self.x[sl]), self.y[sl]), list(m.parameters()))
-            grads.append(torch.cat([t.reshape(-1) for t in g]))
+        grads = self.micro_grads(m, loss_fn)
         probe.step(lambda xb, yb: loss_fn(m(xb), yb), self.x, self.y)
         rec = records(out)[2]
         pre = rec["noise"]["preconditioned"]

@@ -82,7 +82,8 @@ const BETA: f64 = 0.95;
 /// The noise scale measured in one trial of the user's command.
 #[derive(Clone, Debug, Serialize)]
 pub struct RunNoise {
-    /// The trial it comes from (the one with the most noise measurements).
+    /// The trial it comes from: the noise trial, else the one with the most
+    /// noise measurements.
     pub batch: u64,
     /// The noise scale the prediction uses: B_eff of the trial's stretches
     /// (`method` "stretches", as `advise` draws it from its noise run), or the
