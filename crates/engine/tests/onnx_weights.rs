@@ -111,12 +111,17 @@ fn load(test: &str, graph: GraphProto) -> Graph {
         ..Default::default()
     }
     .encode_to_vec();
-    let dir = std::env::temp_dir().join(format!("batchfit-onnx-weights-{}", std::process::id()));
+    // One folder per test (tests run in parallel), removed with its file.
+    let dir = std::env::temp_dir().join(format!(
+        "batchfit-onnx-weights-{}-{test}",
+        std::process::id()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(format!("{test}.onnx"));
     std::fs::write(&path, bytes).unwrap();
     let g = onnx::load_with_loss(&path, Some(LossKind::Mse)).unwrap();
     std::fs::remove_file(&path).ok();
+    std::fs::remove_dir(&dir).ok();
     g
 }
 

@@ -352,7 +352,11 @@ mod tests {
         mark_no_gain(&mut slower, Some((128, 60.0)));
         let verdicts: Vec<RateVerdict> = slower.iter().map(|c| c.verdict).collect();
         use RateVerdict::{NoGain, Trains};
-        assert_eq!(verdicts, [NoGain, NoGain, Trains], "50 is fewer than 60 at 128");
+        assert_eq!(
+            verdicts,
+            [NoGain, NoGain, Trains],
+            "50 is fewer than 60 at 128"
+        );
         let mut faster = slower.map(|c| RateCheck {
             verdict: RateVerdict::Trains,
             ..c
