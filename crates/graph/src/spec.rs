@@ -112,8 +112,8 @@ fn add_layer(g: &mut GraphBuilder, name: &str, k: &mut Keys) -> Result<(), Graph
             let bias = k.bool_or("bias", true)?;
             g.linear_with(name, x, out, bias).map(drop)
         }
-        "conv1d" | "conv2d" => {
-            let spatial = if op == "conv1d" { 1 } else { 2 };
+        "conv1d" | "conv2d" | "conv3d" => {
+            let spatial = usize::from(op.as_bytes()[4] - b'0');
             let out_channels = k.usize("out_channels")?;
             let window = k.window(g, name, x, spatial)?;
             let groups = k.usize_opt("groups")?.unwrap_or(1);
@@ -137,13 +137,18 @@ fn add_layer(g: &mut GraphBuilder, name: &str, k: &mut Keys) -> Result<(), Graph
             )
             .map(drop)
         }
-        "maxpool" | "avgpool" | "maxpool1d" | "avgpool1d" | "maxpool2d" | "avgpool2d" => {
+        "maxpool" | "avgpool" | "maxpool1d" | "avgpool1d" | "maxpool2d" | "avgpool2d"
+        | "maxpool3d" | "avgpool3d" => {
             let pool = if op.starts_with("max") {
                 PoolKind::Max
             } else {
                 PoolKind::Avg
             };
-            let spatial = if op.ends_with("1d") { 1 } else { 2 };
+            let spatial = match op.as_bytes()[op.len() - 2] {
+                b'1' => 1,
+                b'3' => 3,
+                _ => 2,
+            };
             let window = k.window(g, name, x, spatial)?;
             g.push(name, Op::Pool { pool, window }, &refs).map(drop)
         }
@@ -218,6 +223,9 @@ fn add_layer(g: &mut GraphBuilder, name: &str, k: &mut Keys) -> Result<(), Graph
                     perm: k.usize_list("perm")?,
                 },
                 "add_param" => Op::AddParam {
+                    shape: k.usize_list("shape")?,
+                },
+                "mul_param" => Op::MulParam {
                     shape: k.usize_list("shape")?,
                 },
                 "causal_mask" => Op::CausalMask,

@@ -12,7 +12,7 @@ use crate::options::{Runtime, TrainOptions};
 use crate::pages::{DevicePages, PageMoment, WGPU_OUTSIDE_POOLS};
 use crate::rules::{self, RuntimeRules, Sizes};
 use crate::units::{Bytes, Flops};
-use batchfit_graph::{Graph, InputKind, Op};
+use batchfit_graph::{Graph, InputKind, LossKind, Op};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 
@@ -138,6 +138,8 @@ pub struct Plan {
     pub parameters: u64,
     /// The sequence length T used for recurrent models.
     pub seq_len: Option<usize>,
+    /// The loss the step trains (an imported model's is chosen from its output).
+    pub loss: LossKind,
     /// The options planned for.
     pub options: TrainOptions,
     /// One entry per node, in execution order.
@@ -700,6 +702,7 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         model: graph.name.clone(),
         parameters: params,
         seq_len: graph.has_seq().then_some(seq),
+        loss: graph.loss.kind,
         options: opts.clone(),
         layers,
         fixed,

@@ -80,9 +80,10 @@ pub fn render(plan: &Plan, budgets: &[BudgetFit]) -> String {
     let mut out = String::new();
     let o = &plan.options;
     out.push_str(&format!(
-        "Plan of {} — {} parameters; optimizer {:?}, precision {:?}, runtime {:?}{}{}{}\n",
+        "Plan of {} — {} parameters; loss {}, optimizer {:?}, precision {:?}, runtime {:?}{}{}{}\n",
         plan.model,
         thousands(plan.parameters),
+        plan.loss.name(),
         o.optimizer,
         o.precision,
         o.runtime,

@@ -187,6 +187,20 @@ pub(super) fn add_param(
     (x.reshape([b, before, mid, after]) + addend).reshape([b, k.out_elems()])
 }
 
+/// `x * p` for a learned `p` broadcast as [`add_param`]'s (a layer scale).
+pub(super) fn mul_param(
+    k: &Kernel,
+    p: &Params,
+    x: Tensor<2>,
+    b: usize,
+    shape: &[usize],
+) -> Tensor<2> {
+    let (before, mid, after) =
+        broadcast_run(&k.in_dims[0], shape).expect("checked by check_trainable");
+    let factor = p.t1(k.params[0]).reshape([1, 1, mid, 1]);
+    (x.reshape([b, before, mid, after]) * factor).reshape([b, k.out_elems()])
+}
+
 /// Scores `[.., T, T]` plus a causal mask: -inf above the diagonal, an untracked
 /// constant (nothing kept for the backward, as PyTorch's `scores + mask`).
 pub(super) fn causal_mask(k: &Kernel, x: Tensor<2>, b: usize) -> Tensor<2> {

@@ -128,6 +128,7 @@ fn run_canonical(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: 
         Op::Slice { axis, start, end } => reshape::slice(k, first(), b, *axis, *start, *end),
         Op::Transpose { perm } => reshape::transpose(k, first(), b, perm),
         Op::AddParam { shape } => elementwise::add_param(k, p, first(), b, shape),
+        Op::MulParam { shape } => elementwise::mul_param(k, p, first(), b, shape),
         Op::CausalMask => elementwise::causal_mask(k, first(), b),
         Op::ConcatParam {
             axis,

@@ -216,7 +216,10 @@ fn engine_layout(op: &Op, param: &batchfit_graph::Param) -> Layout {
     let transposed = matches!(op, Op::Linear { .. } | Op::Rnn { .. }) && param.shape.len() == 2;
     let shape = if transposed {
         vec![param.shape[1], param.shape[0]]
-    } else if matches!(op, Op::AddParam { .. } | Op::ConcatParam { .. }) {
+    } else if matches!(
+        op,
+        Op::AddParam { .. } | Op::MulParam { .. } | Op::ConcatParam { .. }
+    ) {
         // Flat: it broadcasts as one run of the sample's axes (elementwise `add_param`).
         vec![param.elements() as usize]
     } else {
@@ -251,6 +254,8 @@ fn random_start(op: &Op, param: &batchfit_graph::Param) -> Start {
         }
         // A positional embedding starts at zeros (`nn.Parameter(torch.zeros(..))`).
         Op::AddParam { .. } | Op::ConcatParam { .. } => return Start::Constant(0.0),
+        // A layer scale starts at ones unless the graph says otherwise.
+        Op::MulParam { .. } => return Start::Constant(1.0),
         _ => unreachable!("{} has no parameters", op.name()),
     };
     Start::Uniform { fan_in }

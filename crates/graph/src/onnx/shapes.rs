@@ -227,6 +227,9 @@ impl Importer {
                 let v = (0..p.len().max(q.len()))
                     .map(|k| match (op, p[k.min(p.len() - 1)], q[k.min(q.len() - 1)]) {
                         ("Mul", x, y) => Ok(x.mul(y)),
+                        // Integer Div truncates (the spec's integer division: PyTorch's
+                        // `chunk` sizes its parts as `(d + chunks - 1) / chunks`).
+                        ("Div", Sym::N(x), Sym::N(y)) if y != 0 => Ok(Sym::N(x / y)),
                         ("Div", x, y) => x.div(y).ok_or_else(|| {
                             err(format!("Div of {x} by {y} in a shape computation is not exact"))
                         }),

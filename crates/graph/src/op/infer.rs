@@ -144,7 +144,7 @@ impl Op {
                 }
                 Ok(Shape(perm.iter().map(|&p| x.0[p]).collect()))
             }
-            Op::AddParam { shape } => {
+            Op::AddParam { shape } | Op::MulParam { shape } => {
                 let fits = shape.len() <= x.rank()
                     && shape
                         .iter()

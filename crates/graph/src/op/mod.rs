@@ -129,7 +129,7 @@ pub enum Op {
     },
     /// Batched matrix product of two activations.
     MatMul,
-    /// 1-d or 2-d convolution over `[C, L]` or `[C, H, W]`.
+    /// 1-d, 2-d or 3-d convolution over `[C, L]`, `[C, H, W]` or `[C, D, H, W]`.
     Conv {
         in_channels: usize,
         out_channels: usize,
@@ -195,6 +195,11 @@ pub enum Op {
     /// `x + p` for a learned tensor `p` of `shape`, broadcast against the sample from the
     /// right (a learned positional embedding, `nn.Parameter(torch.zeros(1, T, d))`).
     AddParam {
+        shape: Vec<usize>,
+    },
+    /// `x * p` for a learned tensor `p` of `shape`, broadcast as [`Op::AddParam`]'s (a layer
+    /// scale: ConvNeXt's `gamma [C, 1, 1]`, timm's `LayerScale`).
+    MulParam {
         shape: Vec<usize>,
     },
     /// A learned tensor of `shape`, the same for every sample, concatenated with the input
@@ -286,6 +291,7 @@ pub const OP_NAMES: &[&str] = &[
     "matmul",
     "conv1d",
     "conv2d",
+    "conv3d",
     "batchnorm",
     "layernorm",
     "relu",
@@ -303,6 +309,7 @@ pub const OP_NAMES: &[&str] = &[
     "reduce_max",
     "transpose",
     "add_param",
+    "mul_param",
     "causal_mask",
     "concat_param",
     "softmax",
@@ -329,7 +336,8 @@ impl Op {
             Op::Linear { .. } => "linear",
             Op::MatMul => "matmul",
             Op::Conv { window, .. } if window.spatial() == 1 => "conv1d",
-            Op::Conv { .. } => "conv2d",
+            Op::Conv { window, .. } if window.spatial() == 2 => "conv2d",
+            Op::Conv { .. } => "conv3d",
             Op::BatchNorm { .. } => "batchnorm",
             Op::LayerNorm { .. } => "layernorm",
             Op::Relu => "relu",
@@ -353,6 +361,7 @@ impl Op {
             Op::Reduce { .. } => "reduce_max",
             Op::Transpose { .. } => "transpose",
             Op::AddParam { .. } => "add_param",
+            Op::MulParam { .. } => "mul_param",
             Op::CausalMask => "causal_mask",
             Op::ConcatParam { .. } => "concat_param",
             Op::Softmax { .. } => "softmax",
@@ -423,7 +432,9 @@ impl Op {
                 Param::new("bias", &[features]),
             ],
             Op::Embedding { vocab, dim } => vec![Param::new("weight", &[vocab, dim])],
-            Op::AddParam { ref shape } | Op::ConcatParam { ref shape, .. } => {
+            Op::AddParam { ref shape }
+            | Op::MulParam { ref shape }
+            | Op::ConcatParam { ref shape, .. } => {
                 vec![Param::new("weight", shape)]
             }
             Op::Rnn {

@@ -268,7 +268,7 @@ pub fn forward_flops(op: &Op, s: &Sizes) -> f64 {
         Op::Softmax { .. } => 5.0 * out,
         Op::Pool { window, .. } => out * window.kernel_elements() as f64,
         Op::GlobalPool { .. } => inp,
-        Op::Add | Op::Mul | Op::AddParam { .. } | Op::CausalMask => out,
+        Op::Add | Op::Mul | Op::AddParam { .. } | Op::MulParam { .. } | Op::CausalMask => out,
         Op::Transpose { .. } | Op::ConcatParam { .. } => 0.0,
         Op::Flatten | Op::Reshape { .. } | Op::Concat { .. } | Op::Embedding { .. } => 0.0,
         Op::Rnn {

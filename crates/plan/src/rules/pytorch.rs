@@ -94,7 +94,7 @@ impl RuntimeRules for Pytorch {
             | Op::ConcatParam { .. }
             | Op::CausalMask => none,
             // `mul`: each factor's gradient reads the other.
-            Op::Mul => inputs,
+            Op::Mul | Op::MulParam { .. } => inputs,
             // `at::native::dropout` returns its input when p is 0. On a GPU it runs the fused
             // `native_dropout`, which saves a one-byte bool mask; elsewhere
             // (`is_fused_kernel_acceptable` is false off CUDA) `_dropout_impl` multiplies by

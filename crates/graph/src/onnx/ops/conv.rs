@@ -9,16 +9,16 @@ use crate::onnx::view::Val;
 use crate::op::{Op, PoolKind, Window};
 
 impl Importer {
-    /// `Conv` over 1 or 2 spatial dimensions, folding a following bias `Add`.
+    /// `Conv` over 1, 2 or 3 spatial dimensions, folding a following bias `Add`.
     pub(super) fn conv(&mut self, i: usize, n: &NodeProto, a: &Attrs) -> Result<(), GraphError> {
         let err = |why: String| GraphError::node(label(n), why);
         let x = self.act(n, 0)?;
         let w = self.konst(n, 1, "Conv weight W")?;
         let wd = positive(&w.dims)
-            .filter(|d| (3..=4).contains(&d.len()))
+            .filter(|d| (3..=5).contains(&d.len()))
             .ok_or_else(|| {
                 err(format!(
-                    "Conv weight W has shape {:?}; only 1-d and 2-d convolutions are supported",
+                    "Conv weight W has shape {:?}; only 1-d, 2-d and 3-d convolutions are supported",
                     w.dims
                 ))
             })?;
@@ -85,9 +85,9 @@ impl Importer {
             .ok_or_else(|| err(format!("{} needs kernel_shape", n.op_type)))?;
         let kernel = positive(&kernel)
             .ok_or_else(|| err(format!("kernel_shape {kernel:?} must be positive")))?;
-        if !(1..=2).contains(&kernel.len()) {
+        if !(1..=3).contains(&kernel.len()) {
             return Err(err(format!(
-                "pooling over {} spatial dimensions is not supported (1 or 2)",
+                "pooling over {} spatial dimensions is not supported (1, 2 or 3)",
                 kernel.len()
             )));
         }

@@ -7,7 +7,7 @@ use crate::onnx::decode::{Attrs, positive, tensor_f32, tensor_floats};
 use crate::onnx::import::{Importer, auto_loss, label};
 use crate::onnx::proto::{NodeProto, TensorProto};
 use crate::onnx::view::Val;
-use crate::op::Op;
+use crate::op::{Op, sample_axis};
 use crate::shape::{Dim, Shape};
 
 impl Importer {
@@ -78,21 +78,42 @@ impl Importer {
         let last = axis == -1 || axis == full - 1;
         let is_loss_input =
             n.output.first() == self.outputs.first() && !self.consumers.contains_key(&n.output[0]);
+        // A final softmax over another axis than the last names the class axis
+        // (Wav2Letter's `log_softmax(dim=1)` of `[B, C, T]`, a segmentation's `[B, C, H, W]`).
+        let class_axis = match (last, sample_axis(&shape, axis)) {
+            (false, Ok(k)) if shape.0[k].fixed().is_some_and(|c| c > 1) => Some(k),
+            _ => None,
+        };
         let classify = match self.loss {
             Some(LossKind::Mse) => false,
             Some(_) => true,
-            None => auto_loss(&shape) != LossKind::Mse,
+            None => class_axis.is_some() || auto_loss(&shape) != LossKind::Mse,
         };
         // Keep a softmax applied straight to an input: the loss needs a node.
         let from_node = !self.graph_inputs.contains(&x);
         if is_loss_input && last && classify && from_node {
             // Cross-entropy takes logits: drop the final softmax.
             self.define(n, Val::Ir(x));
+        } else if let (true, true, true, Some(k)) = (is_loss_input, classify, from_node, class_axis)
+        {
+            // Dropped as above; the class axis moves last and the positions become rows
+            // `[positions, C]`, the per-position loss's layout (as PyTorch's
+            // `CrossEntropyLoss` reads `[B, C, d1, ...]`).
+            let rank = shape.rank();
+            let perm: Vec<usize> = (0..rank).filter(|&a| a != k).chain([k]).collect();
+            let classes = shape.0[k].fixed().unwrap_or(1) as i64;
+            let mut ops = vec![Op::Transpose { perm }];
+            if rank > 2 {
+                ops.push(Op::Reshape {
+                    shape: vec![-1, classes],
+                });
+            }
+            self.emit_chain(n, x, ops)?;
         } else if n.op_type == "LogSoftmax" {
             return Err(err(
-                "LogSoftmax is only supported as the model's final op, after a layer \
-                 and over the class axis, before a classification loss (where it is \
-                 removed)"
+                "LogSoftmax is only supported as the model's final op, after a layer, \
+                 before a classification loss (where it is removed and its axis is the \
+                 class axis)"
                     .into(),
             ));
         } else {
@@ -101,8 +122,8 @@ impl Importer {
         Ok(())
     }
 
-    /// `Add` and `Mul` of two activations, or of an activation and a neutral constant;
-    /// `Mul` by a scalar constant.
+    /// `Add` and `Mul` of two activations, of an activation and a learned tensor (an
+    /// initializer) or a neutral constant; `Mul` by a scalar constant.
     pub(super) fn add_mul(
         &mut self,
         _i: usize,
@@ -126,13 +147,18 @@ impl Importer {
                 let x = self.act(n, pos)?;
                 let neutral = if n.op_type == "Add" { 0.0 } else { 1.0 };
                 let scalar = scalar_value(&c);
-                // An initializer added is a parameter even while it holds its initial zeros.
-                let learned = match n.op_type == "Add" && self.initializers.contains(&c.name) {
-                    true => self.learned_addend(&x, &c)?,
+                // A float initializer an activation reads is a parameter (as PyTorch
+                // trains it), even while it holds its initial zeros or ones.
+                let learned = match self.initializers.contains(&c.name) {
+                    true => self.learned_shape(&x, &c)?,
                     false => None,
                 };
                 if let Some(shape) = learned {
-                    let name = self.emit(n, Op::AddParam { shape }, &[&x])?;
+                    let op = match n.op_type.as_str() {
+                        "Add" => Op::AddParam { shape },
+                        _ => Op::MulParam { shape },
+                    };
+                    let name = self.emit(n, op, &[&x])?;
                     self.attach(&name, vec![tensor_f32(&c)]);
                 } else if self.neutral(&x, &c, neutral)? {
                     self.define(n, Val::Ir(x));
@@ -144,8 +170,8 @@ impl Importer {
                     return Err(err(format!(
                         "{} of activation `{}` and constant `{}` {:?}: only a bias right \
                          after MatMul/Gemm/Conv (folded into that layer), a learned \
-                         tensor (an initializer, like a positional embedding), a causal \
-                         attention mask or two activations are supported",
+                         tensor (an initializer, like a positional embedding or a layer \
+                         scale), a causal attention mask or two activations are supported",
                         n.op_type, n.input[pos], c.name, c.dims
                     )));
                 }
@@ -247,10 +273,10 @@ impl Importer {
         Ok(())
     }
 
-    /// The IR parameter shape of initializer `c` added to `x`: a tensor (not one number)
-    /// the same for every sample (a leading batch axis of 1 dropped), finite,
-    /// broadcasting against the sample.
-    fn learned_addend(&self, x: &str, c: &TensorProto) -> Result<Option<Vec<usize>>, GraphError> {
+    /// The IR parameter shape of initializer `c` added to or multiplying `x`: a tensor
+    /// (not one number) the same for every sample (a leading batch axis of 1 dropped),
+    /// finite, broadcasting against the sample.
+    fn learned_shape(&self, x: &str, c: &TensorProto) -> Result<Option<Vec<usize>>, GraphError> {
         let s = self.shape(x)?;
         let (Some(mut dims), Some(values)) = (positive(&c.dims), tensor_f32(c)) else {
             return Ok(None);

@@ -1,4 +1,4 @@
-//! Indexing and reductions of activations: `Slice`, `Gather` with constant
+//! Indexing and reductions of activations: `Slice`, `Split`, `Gather` with constant
 //! indices (`y[:, -1]`, a CLS token) and `ReduceSum`/`ReduceMean`/`ReduceMax`.
 
 use crate::error::GraphError;
@@ -39,6 +39,7 @@ impl Importer {
                 "Slice starts, ends, axes and steps differ in length".into()
             ));
         }
+        self.align_unindexable(n, &axes)?;
         if let Val::View(v) = self.val(n, 0)?.clone() {
             let ([start], [end], [axis], [1]) = (&starts[..], &ends[..], &axes[..], &steps[..])
             else {
@@ -76,10 +77,112 @@ impl Importer {
         self.chain(n, x, slices)
     }
 
+    /// Input 0 of `n` as the batch-first IR tensor when it is a layout view with the
+    /// batch first whose `axes` are not each one atom of the view (channels merged from a
+    /// transpose, ShuffleNet's channel shuffle): the view is materialised and indexed as
+    /// a plain tensor.
+    fn align_unindexable(&mut self, n: &NodeProto, axes: &[i64]) -> Result<(), GraphError> {
+        let Some(Val::View(v)) = self.vals.get(n.input[0].as_str()).cloned() else {
+            return Ok(());
+        };
+        if v.batch_first() && axes.iter().any(|&a| v.index_atom(a, "Slice").is_err()) {
+            let (x, _) = self.align(n, &v)?;
+            self.vals.insert(n.input[0].clone(), Val::Ir(x));
+        }
+        Ok(())
+    }
+
+    /// `Split` of an activation (or of a layout view) along one axis: one `Slice` per
+    /// output, of the sizes the `split` input (or attribute) gives, else of `num_outputs`
+    /// (opset 18) or the output count equal parts (the last one smaller where the axis does
+    /// not divide, as the spec says).
+    pub(super) fn split(&mut self, _i: usize, n: &NodeProto, a: &Attrs) -> Result<(), GraphError> {
+        let err = |why: String| GraphError::node(label(n), why);
+        let axis = a.int("axis", 0);
+        self.align_unindexable(n, &[axis])?;
+        let view = match self.val(n, 0)? {
+            Val::View(v) => Some(v.clone()),
+            _ => None,
+        };
+        let len = match &view {
+            Some(v) => {
+                let atom = v
+                    .index_atom(axis, "Split")
+                    .map_err(|e| err(e.to_string()))?;
+                match v.atoms[atom] {
+                    Sym::N(d) => d as usize,
+                    _ => unreachable!("index_atom returns fixed atoms"),
+                }
+            }
+            None => {
+                let x = self.act(n, 0)?;
+                let shape = self.shape(&x)?;
+                let ax = sample_axis(shape, axis).map_err(|e| err(format!("Split: {e}")))?;
+                match shape.0[ax] {
+                    Dim::Fixed(d) => d,
+                    Dim::Seq => {
+                        return Err(err(format!(
+                            "Split of the symbolic sequence axis of {shape} is not supported"
+                        )));
+                    }
+                }
+            }
+        };
+        let sizes: Vec<i64> = if Self::has_input(n, 1) {
+            self.const_ints(n, 1, "Split split")?
+        } else if let Some(s) = a.ints("split") {
+            s
+        } else {
+            let parts = a.int("num_outputs", n.output.len() as i64).max(1) as usize;
+            let chunk = len.div_ceil(parts);
+            (0..parts)
+                .map(|k| chunk.min(len.saturating_sub(k * chunk)) as i64)
+                .collect()
+        };
+        if sizes.len() != n.output.len()
+            || sizes.iter().any(|&s| s < 0)
+            || sizes.iter().sum::<i64>() != len as i64
+        {
+            return Err(err(format!(
+                "Split of an axis of {len} into {sizes:?} for {} outputs: the sizes must \
+                 cover the axis, one per output",
+                n.output.len()
+            )));
+        }
+        let mut start = 0i64;
+        for (k, out) in n.output.iter().enumerate() {
+            let end = start + sizes[k];
+            if !out.is_empty() {
+                // Each output is the Slice of its part.
+                let part = NodeProto {
+                    output: vec![out.clone()],
+                    ..n.clone()
+                };
+                match &view {
+                    Some(v) => self.index_view(&part, v.clone(), axis, (start, end), false)?,
+                    None => {
+                        let x = self.act(n, 0)?;
+                        let ax = sample_axis(self.shape(&x)?, axis)
+                            .map_err(|e| err(format!("Split: {e}")))?;
+                        let full = (start, end) == (0, len as i64);
+                        let slices = match full {
+                            true => vec![],
+                            false => vec![(ax as i64 + 1, start as usize, end as usize)],
+                        };
+                        self.chain(&part, x, slices)?;
+                    }
+                }
+            }
+            start = end;
+        }
+        Ok(())
+    }
+
     /// `Gather` of an activation at constant indices along a sample axis: a slice
     /// (the indices must be consecutive), then a reshape for a scalar index.
     pub(super) fn gather_activation(&mut self, n: &NodeProto, a: &Attrs) -> Result<(), GraphError> {
         let err = |why: String| GraphError::node(label(n), why);
+        self.align_unindexable(n, &[a.int("axis", 0)])?;
         if let Val::View(v) = self.val(n, 0)?.clone() {
             let (idx, scalar) = self.ints_of(n, 1, "Gather indices")?;
             let ([Sym::N(i)], true) = (&idx[..], scalar) else {
@@ -244,7 +347,12 @@ impl Importer {
 
     /// `ops` applied to `x` one after another, the last one as `n`'s output (`x` itself when
     /// there are none).
-    fn emit_chain(&mut self, n: &NodeProto, x: String, ops: Vec<Op>) -> Result<(), GraphError> {
+    pub(super) fn emit_chain(
+        &mut self,
+        n: &NodeProto,
+        x: String,
+        ops: Vec<Op>,
+    ) -> Result<(), GraphError> {
         let mut acc = x;
         let count = ops.len();
         for (k, op) in ops.into_iter().enumerate() {

@@ -102,6 +102,7 @@ fn family(op: &Op) -> Family {
         | Op::Add
         | Op::Transpose { .. }
         | Op::AddParam { .. }
+        | Op::MulParam { .. }
         | Op::ConcatParam { .. }
         | Op::CausalMask
         | Op::Slice { .. }

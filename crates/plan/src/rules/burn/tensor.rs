@@ -18,8 +18,9 @@ pub(super) fn saved(op: &Op, s: &Sizes) -> Saved {
             extra_bytes: 4 * s.output,
             ..none
         },
-        // `float_mul` keeps each factor when the other one is tracked.
-        Op::Mul => Saved {
+        // `float_mul` keeps each factor when the other one is tracked (a learned factor is
+        // a parameter, kept anyway).
+        Op::Mul | Op::MulParam { .. } => Saved {
             inputs: true,
             ..none
         },
@@ -75,6 +76,8 @@ pub(super) fn backward(b: &Burn, op: &Op, s: &Sizes, dx: u64, act: u64) -> Vec<B
         } => out + 2 * dx,
         Op::Reduce { .. } => out + dx,
         Op::Mul => out + s.inputs.iter().sum::<u64>(),
+        // dx = dy * p, and dp = dy * x summed over the axes p broadcasts on.
+        Op::MulParam { .. } => 2 * out,
         _ => unreachable!("the dispatcher sends only tensor plumbing here"),
     };
     super::one(op, elems, act)

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The generated corpus (bench/corpus_gen.py: whole libraries by rule) through `batchfit plan`:
+# does each model load, and with PyTorch's trainable parameter count?
+#
+#   bench/corpus_gen.sh [NAME...]        (default: every name of `corpus_gen.py list`)
+#
+# Prints a markdown table per model (loads, or the refusal: node, op, reason; parameters,
+# batchfit / PyTorch) and then one per family (exported, loaded, loaded with PyTorch's count).
+# Exports are kept in CORPUS_DIR (default /tmp/batchfit-corpus) and reused when present, so a
+# second run only re-plans. Every row also goes to CORPUS_DIR/results.jsonl.
+#
+# torch and the model libraries are NOT dependencies of batchfit (see corpus_gen.py's header).
+# Environment: BATCHFIT (default ./target/release/batchfit), TORCH_PYTHON (default
+# /tmp/vt/bin/python), PLAN_TIMEOUT (seconds per plan, default 120).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BATCHFIT=${BATCHFIT:-./target/release/batchfit}
+PY=${TORCH_PYTHON:-/tmp/vt/bin/python}
+DIR=${CORPUS_DIR:-/tmp/batchfit-corpus}
+PLAN_TIMEOUT=${PLAN_TIMEOUT:-120}
+[ -x "$BATCHFIT" ] || { echo "no $BATCHFIT; run cargo build --release first" >&2; exit 1; }
+command -v jq >/dev/null || { echo "needs jq" >&2; exit 1; }
+mkdir -p "$DIR"
+
+models=("$@")
+[ ${#models[@]} -gt 0 ] || mapfile -t models < <("$PY" bench/corpus_gen.py list)
+
+results="$DIR/results.jsonl"
+: >"$results"
+for m in "${models[@]}"; do
+    file="$DIR/${m//:/--}.onnx"
+    meta="$file.json"
+    if [ ! -s "$meta" ]; then
+        timeout 900 "$PY" bench/corpus_gen.py export "$m" "$DIR" 2>"$DIR/export.err" | tail -n 1 >"$meta" \
+            || echo "{\"name\": \"$m\", \"family\": \"${m%%:*}\", \"export_error\": \"export timed out or crashed\"}" >"$meta"
+    fi
+    if jq -e 'has("export_error")' "$meta" >/dev/null; then
+        jq -c '. + {loads: null}' "$meta" >>"$results"
+        continue
+    fi
+    if timeout "$PLAN_TIMEOUT" "$BATCHFIT" plan "$file" --json >"$DIR/plan.json" 2>"$DIR/plan.err"; then
+        ours=$(jq .parameters "$DIR/plan.json")
+        jq -c --argjson ours "$ours" '. + {loads: true, ours: $ours}' "$meta" >>"$results"
+    else
+        why=$(head -c 400 "$DIR/plan.err" | tr '\n' ' ')
+        jq -c --arg why "$why" '. + {loads: false, refusal: $why}' "$meta" >>"$results"
+    fi
+done
+
+echo "| model | loads | params (batchfit / PyTorch) |"
+echo "|---|---|---|"
+jq -r '
+    if .loads == null then "| \(.name) | not exported: \(.export_error | .[0:160]) | – / \(.params // "–") |"
+    elif .loads then "| \(.name) | yes\(if .ours == .params then "" else " (count differs)" end) | \(.ours) / \(.params) |"
+    else "| \(.name) | no: \(.refusal | gsub("\\|"; "/") | .[0:200]) | – / \(.params) |" end
+    ' "$results"
+echo
+echo "| family | models | exported | load | load with PyTorch's count |"
+echo "|---|---:|---:|---:|---:|"
+jq -rs '
+    group_by(.family)[] as $f
+    | ($f | map(select(.loads != null))) as $ex
+    | ($ex | map(select(.loads))) as $ok
+    | "| \($f[0].family) | \($f | length) | \($ex | length) | \($ok | length) | \($ok | map(select(.ours == .params)) | length) |"
+    ' "$results"
+jq -rs '
+    map(select(.loads != null)) as $ex | ($ex | map(select(.loads))) as $ok
+    | "| all | \(length) | \($ex | length) | \($ok | length) | \($ok | map(select(.ours == .params)) | length) |"
+    ' "$results"
