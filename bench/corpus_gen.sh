@@ -11,7 +11,8 @@
 #
 # torch and the model libraries are NOT dependencies of batchfit (see corpus_gen.py's header).
 # Environment: BATCHFIT (default ./target/release/batchfit), TORCH_PYTHON (default
-# /tmp/vt/bin/python), PLAN_TIMEOUT (seconds per plan, default 120).
+# /tmp/vt/bin/python), PLAN_TIMEOUT (seconds per plan, default 120), EXPORT (default 1; 0:
+# plan only what CORPUS_DIR already holds, and list the rest as not exported in this run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +32,10 @@ results="$DIR/results.jsonl"
 for m in "${models[@]}"; do
     file="$DIR/${m//:/--}.onnx"
     meta="$file.json"
+    if [ ! -s "$meta" ] && [ "${EXPORT:-1}" = 0 ]; then
+        echo "{\"name\": \"$m\", \"family\": \"${m%%:*}\", \"export_error\": \"not exported in this run (EXPORT=0)\"}" >>"$results"
+        continue
+    fi
     if [ ! -s "$meta" ]; then
         timeout 900 "$PY" bench/corpus_gen.py export "$m" "$DIR" 2>"$DIR/export.err" | tail -n 1 >"$meta" \
             || echo "{\"name\": \"$m\", \"family\": \"${m%%:*}\", \"export_error\": \"export timed out or crashed\"}" >"$meta"

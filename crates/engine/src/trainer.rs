@@ -54,6 +54,9 @@ pub struct Trainer {
 impl Trainer {
     /// Compiles `graph` and creates its parameters and optimizer on the configured device.
     pub fn new(graph: &Graph, config: TrainConfig) -> Result<Trainer, EngineError> {
+        if config.device != DeviceSpec::Cpu {
+            crate::model::check_trainable_on_gpu(graph)?;
+        }
         let device = config.device.autodiff_device()?;
         device.seed(config.seed);
         let init = if config.init_random {

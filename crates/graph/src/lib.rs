@@ -19,7 +19,7 @@ pub mod zoo;
 
 pub use error::GraphError;
 pub use graph::{DEFAULT_SEQ_LEN, Graph, GraphBuilder, Input, InputKind, Loss, LossKind, Node};
-pub use op::{Cell, Op, Param, PoolKind, ReduceKind, RnnBias, ShapeError, Window};
+pub use op::{Cell, Op, Param, PoolKind, ReduceKind, ResizeMode, RnnBias, ShapeError, Window};
 pub use shape::{Dim, Shape};
 
 /// Loads a model from `zoo:NAME`, a `.toml` spec or an `.onnx` file.

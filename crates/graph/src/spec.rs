@@ -3,7 +3,7 @@
 
 use crate::error::GraphError;
 use crate::graph::{Graph, GraphBuilder, InputKind, LossKind};
-use crate::op::{Cell, Op, PoolKind, ReduceKind, RnnBias, Window};
+use crate::op::{Cell, Op, PoolKind, ReduceKind, ResizeMode, RnnBias, Window};
 use crate::shape::{Dim, Shape};
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -227,6 +227,16 @@ fn add_layer(g: &mut GraphBuilder, name: &str, k: &mut Keys) -> Result<(), Graph
                 },
                 "mul_param" => Op::MulParam {
                     shape: k.usize_list("shape")?,
+                },
+                "resize" => Op::Resize {
+                    size: k.usize_list("size")?,
+                    mode: match k.str_or("mode", "nearest")?.as_str() {
+                        "nearest" => ResizeMode::Nearest,
+                        "linear" => ResizeMode::Linear,
+                        "cubic" => ResizeMode::Cubic,
+                        _ => return Err(k.bad("mode", "is one of nearest, linear, cubic")),
+                    },
+                    align_corners: k.bool_or("align_corners", false)?,
                 },
                 "causal_mask" => Op::CausalMask,
                 "concat_param" => Op::ConcatParam {

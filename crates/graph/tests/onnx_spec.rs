@@ -5,7 +5,7 @@
 //! shape arithmetic (PyTorch's `chunk`), and a final log-softmax over the class axis of
 //! `[B, C, T]` (Wav2Letter) read by a per-position loss.
 
-use batchfit_graph::{LossKind, Op, onnx};
+use batchfit_graph::{LossKind, Op, ResizeMode, onnx};
 
 mod common;
 use common::*;
@@ -252,4 +252,74 @@ fn a_final_log_softmax_over_the_class_axis_becomes_a_per_position_loss() {
     // Positions become rows, classes last.
     assert_eq!(g.shape_of(&g.loss.input).unwrap().to_string(), "[B, 7, 3]");
     assert_eq!(g.param_count(), 3 * 4 + 3);
+}
+
+#[test]
+fn resize_to_sizes_or_by_scales_keeps_batch_and_channels() {
+    // torchvision's FCN head: `interpolate(x, size=input_shape, mode="bilinear")`, the
+    // sizes a shape value (the batch and the channels from `Shape`), then an upsample by
+    // constant scales.
+    let mut n = Net::new("fcn-head");
+    n.input("x", "batch,3,8,8");
+    n.weight("conv.W", &[4, 3, 3, 3]).weight("conv.B", &[4]);
+    n.node(
+        "Conv",
+        "/Conv",
+        &["x", "conv.W", "conv.B"],
+        &["c"],
+        vec![ints("kernel_shape", &[3, 3]), ints("strides", &[2, 2])],
+    );
+    n.node("Shape", "/Shape", &["c"], &["shape"], vec![]);
+    n.init(int64s("zero", &[0]));
+    n.init(int64s("two", &[2]));
+    n.node(
+        "Slice",
+        "/Slice",
+        &["shape", "zero", "two"],
+        &["bc"],
+        vec![],
+    );
+    n.init(int64s("hw", &[8, 8]));
+    n.node(
+        "Concat",
+        "/Concat",
+        &["bc", "hw"],
+        &["sizes"],
+        vec![int("axis", 0)],
+    );
+    n.init(floats("roi", &[0], &[]));
+    n.init(floats("no_scales", &[0], &[]));
+    n.node(
+        "Resize",
+        "/Resize",
+        &["c", "roi", "no_scales", "sizes"],
+        &["up"],
+        vec![string("mode", "linear")],
+    );
+    n.init(floats("scales", &[4], &[1.0, 1.0, 2.0, 2.0]));
+    n.node(
+        "Resize",
+        "/Resize2",
+        &["up", "roi", "scales"],
+        &["y"],
+        vec![string("mode", "nearest")],
+    );
+    n.output("y");
+
+    let g = onnx::parse(&n.bytes()).unwrap();
+    assert_eq!(g.shape_of("/Conv").unwrap().to_string(), "[B, 4, 3, 3]");
+    assert_eq!(g.shape_of("/Resize").unwrap().to_string(), "[B, 4, 8, 8]");
+    assert_eq!(
+        g.shape_of("/Resize2").unwrap().to_string(),
+        "[B, 4, 16, 16]"
+    );
+    let node = g.nodes.iter().find(|x| x.name == "/Resize").unwrap();
+    assert!(matches!(
+        node.op,
+        Op::Resize {
+            mode: ResizeMode::Linear,
+            align_corners: false,
+            ..
+        }
+    ));
 }

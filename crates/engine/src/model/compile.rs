@@ -88,12 +88,34 @@ impl Program {
     }
 }
 
+/// Checks that burn's GPU kernels (wgpu, CUDA) can train every node of `graph`, beyond
+/// [`check_trainable`]: they have no backward for linear or cubic interpolation.
+pub fn check_trainable_on_gpu(graph: &Graph) -> Result<(), Unsupported> {
+    check_trainable(graph)?;
+    for node in &graph.nodes {
+        if let Op::Resize { mode, .. } = &node.op
+            && *mode != batchfit_graph::ResizeMode::Nearest
+        {
+            return Err(Unsupported {
+                node: node.name.clone(),
+                what: "linear or cubic resizing on a GPU (burn's GPU kernels have no backward \
+                       for it; nearest resizing trains)"
+                    .into(),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Checks, without allocating anything, that the engine can train every node of `graph`.
 pub fn check_trainable(graph: &Graph) -> Result<(), Unsupported> {
     for node in &graph.nodes {
         let what = match &node.op {
             Op::Conv { window, .. } if window.spatial() > 2 => Some("3-d convolution"),
             Op::Pool { window, .. } if window.spatial() > 2 => Some("3-d pooling"),
+            Op::Resize { size, .. } if size.len() != 2 => {
+                Some("resizing other than 2 spatial dimensions")
+            }
             Op::Add | Op::Mul if node.shape.rank() > 5 => {
                 Some("broadcasting over more than 5 dimensions")
             }

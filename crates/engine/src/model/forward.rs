@@ -108,6 +108,11 @@ fn run_canonical(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: 
         Op::Conv { window, groups, .. } => conv::conv(k, p, first(), b, window, *groups),
         Op::Pool { pool, window } => pool::pool(k, first(), b, *pool, window),
         Op::GlobalPool { pool } => pool::global_pool(k, first(), b, *pool),
+        Op::Resize {
+            size,
+            mode,
+            align_corners,
+        } => pool::resize(k, first(), b, size, *mode, *align_corners),
         Op::BatchNorm { features } => norm::batch_norm(k, p, first(), b, *features),
         Op::LayerNorm { features } => norm::layer_norm(k, p, first(), b, *features),
         Op::Relu

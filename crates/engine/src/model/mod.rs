@@ -36,7 +36,7 @@ mod recurrent;
 mod reshape;
 mod unsupported;
 
-pub use compile::{Program, Unsupported, check_trainable};
+pub use compile::{Program, Unsupported, check_trainable, check_trainable_on_gpu};
 pub use params::{Init, Params};
 
 use burn::tensor::{Device, Int, Tensor};

@@ -1,15 +1,15 @@
 //! Pooling: windowed max and average (an average as one product with a window
-//! matrix where it fits), and global pooling.
+//! matrix where it fits), global pooling, and resizing.
 
 use super::conv::pads2;
 use super::kernel::Kernel;
 use super::prod;
 use crate::cpu::pool::max_pool2d_cpu;
-use batchfit_graph::{PoolKind, Window};
+use batchfit_graph::{PoolKind, ResizeMode, Window};
 use batchfit_plan::rules::POOL_MATRIX_MAX;
 use burn::tensor::Tensor;
-use burn::tensor::module::{avg_pool1d, avg_pool2d, max_pool1d, max_pool2d};
-use burn::tensor::ops::{AvgPoolOptions, MaxPoolOptions};
+use burn::tensor::module::{avg_pool1d, avg_pool2d, interpolate, max_pool1d, max_pool2d};
+use burn::tensor::ops::{AvgPoolOptions, InterpolateMode, InterpolateOptions, MaxPoolOptions};
 
 /// Max or average pooling by burn over `[B, C, L]` or `[B, C, H, W]`.
 pub(super) fn pool(
@@ -142,6 +142,28 @@ pub(super) fn avg_pool_matrix(input: &[usize], output: &[usize], w: &Window) -> 
         }
     }
     Some(m)
+}
+
+/// `[B, C, H, W]` resized to `size` by burn's `interpolate` (2 spatial axes: checked by
+/// `check_trainable`).
+pub(super) fn resize(
+    k: &Kernel,
+    x: Tensor<2>,
+    b: usize,
+    size: &[usize],
+    mode: ResizeMode,
+    align_corners: bool,
+) -> Tensor<2> {
+    let d = &k.in_dims[0];
+    let mode = match mode {
+        ResizeMode::Nearest => InterpolateMode::Nearest,
+        ResizeMode::Linear => InterpolateMode::Bilinear,
+        ResizeMode::Cubic => InterpolateMode::Bicubic,
+    };
+    let options = InterpolateOptions::new(mode)
+        .with_output_size([size[0], size[1]])
+        .with_align_corners(align_corners);
+    interpolate(x.reshape([b, d[0], d[1], d[2]]), options).reshape([b, k.out_elems()])
 }
 
 #[cfg(test)]

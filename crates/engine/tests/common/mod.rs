@@ -3,8 +3,8 @@
 
 use batchfit_engine::{DeviceSpec, TrainConfig, Trainer};
 use batchfit_graph::{
-    Cell, Graph, GraphBuilder, InputKind, LossKind, Op, PoolKind, ReduceKind, RnnBias, Shape,
-    Window,
+    Cell, Graph, GraphBuilder, InputKind, LossKind, Op, PoolKind, ReduceKind, ResizeMode, RnnBias,
+    Shape, Window,
 };
 use batchfit_plan::Optimizer;
 use std::sync::Mutex;
@@ -202,6 +202,33 @@ pub fn families() -> Vec<Graph> {
         .unwrap();
     g.linear("out", "half", 3).unwrap();
     out.push(g.finish(LossKind::CrossEntropy, "out").unwrap());
+
+    // A segmentation head as ONNX exports reach the IR: a learned layer scale, a nearest
+    // upsample and a bilinear resize, classes per position.
+    let mut g = GraphBuilder::new("layer-scale-resize");
+    g.input("x", Shape::fixed(&[2, 6, 6])).unwrap();
+    g.conv("c", "x", 8, 2, 3, 3, Some(0)).unwrap();
+    let scale = Op::MulParam {
+        shape: vec![8, 1, 1],
+    };
+    g.push("scaled", scale, &["c"]).unwrap();
+    let resize = |size: usize, mode| Op::Resize {
+        size: vec![size, size],
+        mode,
+        align_corners: false,
+    };
+    g.push("up", resize(4, ResizeMode::Nearest), &["scaled"])
+        .unwrap();
+    g.push("down", resize(2, ResizeMode::Linear), &["up"])
+        .unwrap();
+    g.conv("head", "down", 3, 2, 1, 1, Some(0)).unwrap();
+    let classes_last = Op::Transpose {
+        perm: vec![1, 2, 0],
+    };
+    g.push("classes_last", classes_last, &["head"]).unwrap();
+    let rows = Op::Reshape { shape: vec![-1, 3] };
+    g.push("rows", rows, &["classes_last"]).unwrap();
+    out.push(g.finish(LossKind::CrossEntropyPerFrame, "rows").unwrap());
 
     // Causal self-attention as ONNX exports reach the IR: a class token, a learned positional addend,
     // heads split by reshape and transpose, a causal mask, heads merged back.

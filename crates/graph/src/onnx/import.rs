@@ -293,6 +293,12 @@ impl Importer {
         }
     }
 
+    /// Whether input `pos` is a constant with no elements (a `Resize`'s unused `roi` or
+    /// `scales`, as exporters write them).
+    pub(super) fn is_empty_const(&self, n: &NodeProto, pos: usize) -> bool {
+        matches!(self.val(n, pos), Ok(Val::Const(t)) if t.dims.contains(&0) || t.dims.is_empty() && t.raw_data.is_empty() && t.float_data.is_empty() && t.int64_data.is_empty())
+    }
+
     /// The constant behind input `pos`.
     pub(super) fn konst(
         &self,

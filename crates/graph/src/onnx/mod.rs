@@ -56,16 +56,23 @@
 //!   `Softmax`/`LogSoftmax` over the class axis is **removed** when the loss
 //!   is a classification loss, because the IR's cross-entropy takes logits
 //!   (the same choice as PyTorch's `CrossEntropyLoss`); the loss then reads
-//!   the softmax's input.
+//!   the softmax's input. A final one over another axis names the class axis
+//!   (`[B, C, T]`, `[B, C, H, W]`): the classes move last and the positions
+//!   become rows, read by the per-position cross-entropy.
+//! * **Learned tensors.** A float initializer (more than one number) added to
+//!   or multiplying an activation is a parameter, as PyTorch trains it: a
+//!   positional embedding, a layer scale (`AddParam`, `MulParam`).
 //! * **Shape arithmetic.** `Shape` and the integer `Gather`, `Unsqueeze`,
 //!   `Squeeze`, `Concat`, `Slice`, `Mul`, `Add` around it are evaluated with a
 //!   symbolic batch, so PyTorch's `x.view(x.size(0), -1)` becomes a per-sample
 //!   `Reshape`; they leave no IR node.
 //!
-//! Limitations: no transposes except the recurrent layout ones, no
-//! element-wise arithmetic with constants except folded biases (or adding
-//! zeros / multiplying by ones), no arithmetic on the symbolic batch in shape
-//! computations, `Conv`/pools over 1 or 2 spatial dimensions only,
+//! Limitations: no element-wise arithmetic with constants except folded biases,
+//! learned tensors, scalars (or adding zeros / multiplying by ones), no
+//! arithmetic on the symbolic batch in shape computations (integer `Div` of
+//! numbers truncates, as the spec says), `Conv`/pools over 1 to 3 spatial
+//! dimensions (the engine trains 1 and 2; 3-d is planned only), `Resize` of
+//! the spatial axes only,
 //! `LSTM` peepholes rejected, `direction = reverse` counted as forward (same
 //! cost), a recurrent layer without `B` still counted with both bias vectors
 //! (zeros), non-default recurrent activations and `GRU`

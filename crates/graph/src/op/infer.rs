@@ -144,6 +144,17 @@ impl Op {
                 }
                 Ok(Shape(perm.iter().map(|&p| x.0[p]).collect()))
             }
+            Op::Resize { size, .. } => {
+                let fixed = x.rank() == size.len() + 1 && size.iter().all(|&s| s > 0);
+                if !fixed {
+                    return Err(ShapeError(format!(
+                        "resizing {x} to {size:?}: one positive size per spatial axis of [C, ...]"
+                    )));
+                }
+                let mut out = vec![x.0[0]];
+                out.extend(size.iter().map(|&s| Dim::Fixed(s)));
+                Ok(Shape(out))
+            }
             Op::AddParam { shape } | Op::MulParam { shape } => {
                 let fits = shape.len() <= x.rank()
                     && shape

@@ -16,6 +16,15 @@ pub enum PoolKind {
     Avg,
 }
 
+/// How [`Op::Resize`] interpolates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ResizeMode {
+    Nearest,
+    Linear,
+    Cubic,
+}
+
 /// How [`Op::Reduce`] combines the values along its axes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -222,6 +231,14 @@ pub enum Op {
         pool: PoolKind,
         window: Window,
     },
+    /// The spatial dimensions of `[C, spatial...]` resized to `size` (ONNX `Resize` and
+    /// `Upsample`, `F.interpolate`): `align_corners` maps the corner pixels onto each other,
+    /// else pixel centres (half-pixel; nearest takes the floor, as PyTorch).
+    Resize {
+        size: Vec<usize>,
+        mode: ResizeMode,
+        align_corners: bool,
+    },
     /// Pooling over all spatial dimensions to size 1.
     GlobalPool {
         pool: PoolKind,
@@ -315,6 +332,7 @@ pub const OP_NAMES: &[&str] = &[
     "softmax",
     "maxpool",
     "avgpool",
+    "resize",
     "global_maxpool",
     "global_avgpool",
     "flatten",
@@ -361,6 +379,7 @@ impl Op {
             Op::Reduce { .. } => "reduce_max",
             Op::Transpose { .. } => "transpose",
             Op::AddParam { .. } => "add_param",
+            Op::Resize { .. } => "resize",
             Op::MulParam { .. } => "mul_param",
             Op::CausalMask => "causal_mask",
             Op::ConcatParam { .. } => "concat_param",

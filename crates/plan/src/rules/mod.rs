@@ -24,7 +24,7 @@ pub mod pytorch;
 use crate::host::CpuHost;
 use crate::options::{Optimizer, Runtime};
 use crate::units::Bytes;
-use batchfit_graph::{LossKind, Op};
+use batchfit_graph::{LossKind, Op, ResizeMode};
 
 pub use burn::{
     Burn, BurnCpu, CONV_CHUNK_ROWS, CONV_MAX_SAMPLE_COLS_BYTES, CONV_PER_SAMPLE_MIN_POSITIONS,
@@ -268,6 +268,15 @@ pub fn forward_flops(op: &Op, s: &Sizes) -> f64 {
         Op::Softmax { .. } => 5.0 * out,
         Op::Pool { window, .. } => out * window.kernel_elements() as f64,
         Op::GlobalPool { .. } => inp,
+        // Per output element: the taps read and weighted (1, 2^d or 4^d of them).
+        Op::Resize { mode, size, .. } => {
+            let taps = match mode {
+                ResizeMode::Nearest => 1.0,
+                ResizeMode::Linear => 2f64.powi(size.len() as i32),
+                ResizeMode::Cubic => 4f64.powi(size.len() as i32),
+            };
+            2.0 * taps * out
+        }
         Op::Add | Op::Mul | Op::AddParam { .. } | Op::MulParam { .. } | Op::CausalMask => out,
         Op::Transpose { .. } | Op::ConcatParam { .. } => 0.0,
         Op::Flatten | Op::Reshape { .. } | Op::Concat { .. } | Op::Embedding { .. } => 0.0,

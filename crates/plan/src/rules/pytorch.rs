@@ -55,6 +55,8 @@ impl RuntimeRules for Pytorch {
             Op::ClippedRelu { .. } | Op::Gelu | Op::HardSigmoid { .. } | Op::HardSwish => inputs,
             // `mul` by a Python scalar, `slice`/`select`, `sum` and `mean` need only sizes.
             Op::Scale { .. } | Op::Slice { .. } => none,
+            // `upsample_*` backward needs only the sizes.
+            Op::Resize { .. } => none,
             // `amax` reads its input and its result (`grad * (self == result)`).
             Op::Reduce {
                 reduce: ReduceKind::Max,

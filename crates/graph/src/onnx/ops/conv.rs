@@ -2,11 +2,13 @@
 
 use super::linear::bias_values;
 use crate::error::GraphError;
+use crate::onnx::decode::tensor_floats;
 use crate::onnx::decode::{Attrs, positive, tensor_f32};
 use crate::onnx::import::{Importer, label};
 use crate::onnx::proto::NodeProto;
+use crate::onnx::sym::Sym;
 use crate::onnx::view::Val;
-use crate::op::{Op, PoolKind, Window};
+use crate::op::{Op, PoolKind, ResizeMode, Window};
 
 impl Importer {
     /// `Conv` over 1, 2 or 3 spatial dimensions, folding a following bias `Add`.
@@ -98,6 +100,81 @@ impl Importer {
             PoolKind::Avg
         };
         self.emit(n, Op::Pool { pool, window }, &[&x])?;
+        Ok(())
+    }
+
+    /// `Resize` (opset 10+: `X, roi, scales, sizes`) and `Upsample` (`X, scales`): the
+    /// spatial axes to the `sizes` given (a shape value, PyTorch's `interpolate(size=...)`)
+    /// or to `floor(in x scale)`; the batch and the channels keep their sizes.
+    pub(super) fn resize(&mut self, _i: usize, n: &NodeProto, a: &Attrs) -> Result<(), GraphError> {
+        let err = |why: String| GraphError::node(label(n), why);
+        let x = self.act(n, 0)?;
+        let s = self.shape(&x)?.clone();
+        let spatial: Option<Vec<usize>> = s.0.iter().skip(1).map(|d| d.fixed()).collect();
+        let Some(spatial) = spatial.filter(|sp| !sp.is_empty()) else {
+            return Err(err(format!(
+                "{} of {s}: needs [B, C, spatial...] with concrete spatial sizes",
+                n.op_type
+            )));
+        };
+        let rank = spatial.len() + 2;
+        let (scales_at, sizes_at) = match (n.op_type.as_str(), self.opset) {
+            ("Upsample", _) | (_, ..=10) => (1, None),
+            _ => (2, Some(3)),
+        };
+        let given = |pos: usize| Self::has_input(n, pos) && !self.is_empty_const(n, pos);
+        let size: Vec<usize> = if let Some(pos) = sizes_at.filter(|&p| given(p)) {
+            let (v, _) = self.ints_of(n, pos, "Resize sizes")?;
+            if v.len() != rank {
+                return Err(err(format!("Resize sizes {v:?} for a rank-{rank} input")));
+            }
+            let keeps = v[0] == Sym::Batch && v[1] == Sym::N(s.0[0].fixed().unwrap_or(0) as i64);
+            let out: Option<Vec<usize>> = v[2..]
+                .iter()
+                .map(|d| match d {
+                    Sym::N(k) if *k > 0 => Some(*k as usize),
+                    _ => None,
+                })
+                .collect();
+            match (keeps, out) {
+                (true, Some(out)) => out,
+                _ => {
+                    return Err(err(format!(
+                        "Resize sizes {v:?}: only the spatial axes may change, to fixed sizes"
+                    )));
+                }
+            }
+        } else if given(scales_at) {
+            let t = self.konst(n, scales_at, "Resize scales")?;
+            let scales = tensor_floats(&t).map_err(|e| err(format!("Resize scales: {e}")))?;
+            if scales.len() != rank || scales[0] != 1.0 || scales[1] != 1.0 {
+                return Err(err(format!(
+                    "Resize scales {scales:?}: one per axis of a rank-{rank} input, 1 for the \
+                     batch and the channels"
+                )));
+            }
+            spatial
+                .iter()
+                .zip(&scales[2..])
+                .map(|(&d, &f)| (d as f64 * f).floor() as usize)
+                .collect()
+        } else {
+            return Err(err(format!("{} needs scales or sizes", n.op_type)));
+        };
+        let mode = match a.string("mode").as_deref().unwrap_or("nearest") {
+            "nearest" => ResizeMode::Nearest,
+            "linear" | "bilinear" | "trilinear" => ResizeMode::Linear,
+            "cubic" | "bicubic" => ResizeMode::Cubic,
+            other => return Err(err(format!("Resize mode `{other}`"))),
+        };
+        let coords = a.string("coordinate_transformation_mode");
+        let align_corners = coords.as_deref() == Some("align_corners");
+        let op = Op::Resize {
+            size,
+            mode,
+            align_corners,
+        };
+        self.emit(n, op, &[&x])?;
         Ok(())
     }
 

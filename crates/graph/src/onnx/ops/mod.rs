@@ -59,6 +59,7 @@ const OPS: &[(&str, Import)] = &[
     ("ReduceSum", Importer::reduce),
     ("Relu", Importer::activation),
     ("Reshape", Importer::reshape),
+    ("Resize", Importer::resize),
     ("Shape", Importer::shapes_only),
     ("Sigmoid", Importer::activation),
     ("Slice", Importer::slice),
@@ -69,6 +70,7 @@ const OPS: &[(&str, Import)] = &[
     ("Tanh", Importer::activation),
     ("Transpose", Importer::transpose),
     ("Unsqueeze", Importer::squeeze),
+    ("Upsample", Importer::resize),
 ];
 
 /// Ops that read a layout view themselves (see [`crate::onnx::view`]).

@@ -103,6 +103,7 @@ fn family(op: &Op) -> Family {
         | Op::Transpose { .. }
         | Op::AddParam { .. }
         | Op::MulParam { .. }
+        | Op::Resize { .. }
         | Op::ConcatParam { .. }
         | Op::CausalMask
         | Op::Slice { .. }

@@ -20,7 +20,8 @@ pub(super) fn saved(op: &Op, s: &Sizes) -> Saved {
         },
         // `float_mul` keeps each factor when the other one is tracked (a learned factor is
         // a parameter, kept anyway).
-        Op::Mul | Op::MulParam { .. } => Saved {
+        // burn-autodiff's `interpolate` keeps its input for `interpolate_backward`.
+        Op::Mul | Op::MulParam { .. } | Op::Resize { .. } => Saved {
             inputs: true,
             ..none
         },
@@ -78,6 +79,8 @@ pub(super) fn backward(b: &Burn, op: &Op, s: &Sizes, dx: u64, act: u64) -> Vec<B
         Op::Mul => out + s.inputs.iter().sum::<u64>(),
         // dx = dy * p, and dp = dy * x summed over the axes p broadcasts on.
         Op::MulParam { .. } => 2 * out,
+        // `interpolate_backward` writes dx of the input's size.
+        Op::Resize { .. } => out + dx,
         _ => unreachable!("the dispatcher sends only tensor plumbing here"),
     };
     super::one(op, elems, act)
