@@ -182,6 +182,9 @@ fn add_layer(g: &mut GraphBuilder, name: &str, k: &mut Keys) -> Result<(), Graph
                 "clipped_relu" => Op::ClippedRelu {
                     max: k.f64("max")? as f32,
                 },
+                "leaky_relu" => Op::LeakyRelu {
+                    alpha: k.f64_or("alpha", 0.01)? as f32,
+                },
                 "gelu" => Op::Gelu,
                 "tanh" => Op::Tanh,
                 "sigmoid" => Op::Sigmoid,

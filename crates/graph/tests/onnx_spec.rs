@@ -2,9 +2,12 @@
 //! (bench/corpus_gen.py) export: 3-d convolutions and pools (torchvision's video
 //! models), a learned layer scale (ConvNeXt, timm's `LayerScale`), `Split` (a fused
 //! qkv, ShuffleNet's channel split) also of a transposed channel axis, integer `Div` in
-//! shape arithmetic (PyTorch's `chunk`), and a final log-softmax over the class axis of
-//! `[B, C, T]` (Wav2Letter) read by a per-position loss.
+//! shape arithmetic (PyTorch's `chunk`), a final log-softmax over the class axis of
+//! `[B, C, T]` (Wav2Letter) read by a per-position loss, `Resize`, Hugging Face
+//! embeddings (tables read at buffered ids), an expanded gate, `LeakyRelu` and the shape
+//! of a constant.
 
+use batchfit_graph::onnx::proto::{DataType, TensorProto};
 use batchfit_graph::{LossKind, Op, ResizeMode, onnx};
 
 mod common;
@@ -322,4 +325,212 @@ fn resize_to_sizes_or_by_scales_keeps_batch_and_channels() {
             ..
         }
     ));
+}
+
+/// An int64 constant of any rank (a registered buffer of ids).
+fn int64_tensor(name: &str, dims: &[i64], values: &[i64]) -> TensorProto {
+    TensorProto {
+        name: name.into(),
+        dims: dims.to_vec(),
+        data_type: DataType::Int64 as i32,
+        int64_data: values.to_vec(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn bert_style_embeddings_read_their_tables_at_buffered_ids() {
+    // Hugging Face's embeddings: a token lookup, `input_ids.view(-1, T)` first (GPT-2),
+    // position ids sliced from a `[1, max]` buffer, token type ids (zeros) expanded over
+    // the batch; each table a parameter of PyTorch's size.
+    const T: i64 = 4;
+    const MAX: i64 = 6;
+    const D: i64 = 3;
+    let mut n = Net::new("hf-embeddings");
+    n.input_of("ids", &format!("batch,{T}"), DataType::Int64);
+    n.init(int64s("view", &[-1, T]));
+    n.node("Reshape", "/view", &["ids", "view"], &["ids2"], vec![]);
+    n.weight("word", &[10, D]);
+    n.node("Gather", "/word", &["word", "ids2"], &["w"], vec![]);
+    n.init(int64_tensor("position_ids", &[1, MAX], &[0, 1, 2, 3, 4, 5]));
+    n.init(int64s("zero", &[0]));
+    n.init(int64s("t", &[T]));
+    n.init(int64s("one", &[1]));
+    n.node(
+        "Slice",
+        "/pos_slice",
+        &["position_ids", "zero", "t", "one"],
+        &["pos_ids"],
+        vec![],
+    );
+    n.weight("position", &[MAX, D]);
+    n.node(
+        "Gather",
+        "/position",
+        &["position", "pos_ids"],
+        &["p"],
+        vec![],
+    );
+    n.init(int64_tensor("token_type_ids", &[1, T], &[0; T as usize]));
+    n.node("Shape", "/Shape", &["ids"], &["shape"], vec![]);
+    n.node(
+        "Expand",
+        "/tt_expand",
+        &["token_type_ids", "shape"],
+        &["tt_ids"],
+        vec![],
+    );
+    n.weight("token_type", &[2, D]);
+    n.node(
+        "Gather",
+        "/token_type",
+        &["token_type", "tt_ids"],
+        &["tt"],
+        vec![],
+    );
+    n.node("Add", "/add_tt", &["w", "tt"], &["e1"], vec![]);
+    n.node("Add", "/add_pos", &["e1", "p"], &["e"], vec![]);
+    n.output("e");
+
+    let g = onnx::parse(&n.bytes()).unwrap();
+    assert_eq!(g.param_count(), (10 + MAX + 2) as u64 * D as u64);
+    let node = |name: &str| &g.nodes.iter().find(|x| x.name == name).unwrap().op;
+    let Op::AddTable { table, index, .. } = node("/add_pos") else {
+        panic!("{:?}", node("/add_pos"))
+    };
+    assert_eq!(*table, (MAX * D) as usize);
+    assert_eq!(index.len(), (T * D) as usize);
+    // Position ids 0..T: the first T rows.
+    assert_eq!(index[..], (0..(T * D) as usize).collect::<Vec<_>>()[..]);
+    // Token type 0 at every position: row 0, T times.
+    let Op::AddTable { index, .. } = node("/add_tt") else {
+        panic!("{:?}", node("/add_tt"))
+    };
+    assert_eq!(index[..], [0, 1, 2].repeat(T as usize)[..]);
+}
+
+#[test]
+fn an_activation_expanded_before_a_product_is_broadcast_and_sub_negates() {
+    // timm's ECA / squeeze-excite gate: `x * y.expand_as(x)`.
+    let mut n = Net::new("eca-gate");
+    n.input("x", "batch,4,3,3");
+    n.node("GlobalAveragePool", "/gap", &["x"], &["g"], vec![]);
+    n.node("Sigmoid", "/gate", &["g"], &["s"], vec![]);
+    n.node("Shape", "/Shape", &["x"], &["shape"], vec![]);
+    n.node("Expand", "/expand", &["s", "shape"], &["e"], vec![]);
+    n.node("Mul", "/Mul", &["x", "e"], &["y"], vec![]);
+    // FastViT's `x - mixer(x)`.
+    n.node("Sub", "/Sub", &["y", "x"], &["d"], vec![]);
+    n.node(
+        "LeakyRelu",
+        "/act",
+        &["d"],
+        &["z"],
+        vec![float("alpha", 0.1)],
+    );
+    n.output("z");
+
+    let g = onnx::parse(&n.bytes()).unwrap();
+    assert_eq!(g.shape_of("/Mul").unwrap().to_string(), "[B, 4, 3, 3]");
+    let op = |name: &str| &g.nodes.iter().find(|x| x.name == name).unwrap().op;
+    assert_eq!(op("/act"), &Op::LeakyRelu { alpha: 0.1 });
+    assert_eq!(op("/Sub"), &Op::Scale { factor: -1.0 });
+    assert_eq!(op("/Sub_2"), &Op::Add);
+}
+
+#[test]
+fn the_shape_of_a_constant_is_its_dims_and_no_parameter() {
+    // A buffer read only for its shape (timm's `pos_embed` sizes) is not a parameter.
+    let mut n = Net::new("shape-of-buffer");
+    n.input("x", "batch,6");
+    n.weight("table", &[2, 3]);
+    n.node("Shape", "/Shape", &["table"], &["ts"], vec![]);
+    n.init(int64s("keep", &[0]));
+    n.node(
+        "Concat",
+        "/Concat",
+        &["keep", "ts"],
+        &["target"],
+        vec![int("axis", 0)],
+    );
+    n.node("Reshape", "/Reshape", &["x", "target"], &["y"], vec![]);
+    n.node("Relu", "/Relu", &["y"], &["z"], vec![]);
+    n.output("z");
+
+    let g = onnx::parse(&n.bytes()).unwrap();
+    assert_eq!(g.shape_of("/Relu").unwrap().to_string(), "[B, 2, 3]");
+    assert_eq!(g.param_count(), 0);
+}
+
+#[test]
+fn gpt2_style_positions_from_range_a_merged_batch_and_a_tanh_gelu() {
+    // GPT-2: `arange(T)[None]` position ids, a Conv1D as `x.view(-1, d) @ W` (the batch
+    // merged with the positions and split back) and `gelu_new` written out.
+    const T: i64 = 4;
+    const D: i64 = 3;
+    let mut n = Net::new("gpt2-block");
+    n.input_of("ids", &format!("batch,{T}"), DataType::Int64);
+    n.weight("wte", &[10, D]);
+    n.node("Gather", "/wte", &["wte", "ids"], &["tok"], vec![]);
+    n.node("Shape", "/Shape", &["ids"], &["shape"], vec![]);
+    n.init(int64s("last", &[1]));
+    n.node(
+        "Gather",
+        "/len",
+        &["shape", "last"],
+        &["len"],
+        vec![int("axis", 0)],
+    );
+    n.init(int64s("zero", &[0]));
+    n.init(int64s("step", &[1]));
+    n.node(
+        "Range",
+        "/Range",
+        &["zero", "len", "step"],
+        &["pos"],
+        vec![],
+    );
+    n.node(
+        "Unsqueeze",
+        "/Unsqueeze",
+        &["pos", "zero"],
+        &["pos2"],
+        vec![],
+    );
+    n.weight("wpe", &[8, D]);
+    n.node("Gather", "/wpe", &["wpe", "pos2"], &["p"], vec![]);
+    n.node("Add", "/add_pos", &["tok", "p"], &["h"], vec![]);
+    n.init(int64s("rows", &[-1, D]));
+    n.node("Reshape", "/view", &["h", "rows"], &["flat"], vec![]);
+    n.weight("fc.W", &[D, D]).weight("fc.B", &[D]);
+    n.node("Gemm", "/fc", &["flat", "fc.W", "fc.B"], &["y"], vec![]);
+    n.init(int64s("back", &[-1, T, D]));
+    n.node("Reshape", "/unview", &["y", "back"], &["z"], vec![]);
+    // 0.5 z (1 + tanh(sqrt(2 / pi) (z + 0.044715 z^3)))
+    n.init(scalar("half", 0.5))
+        .init(scalar("three", 3.0))
+        .init(scalar("k", 0.044715))
+        .init(scalar("c", (2.0 / std::f32::consts::PI).sqrt()))
+        .init(scalar("one", 1.0));
+    n.node("Mul", "/g/half", &["z", "half"], &["g0"], vec![]);
+    n.node("Pow", "/g/pow", &["z", "three"], &["g1"], vec![]);
+    n.node("Mul", "/g/k", &["k", "g1"], &["g2"], vec![]);
+    n.node("Add", "/g/sum", &["z", "g2"], &["g3"], vec![]);
+    n.node("Mul", "/g/c", &["c", "g3"], &["g4"], vec![]);
+    n.node("Tanh", "/g/tanh", &["g4"], &["g5"], vec![]);
+    n.node("Add", "/g/one", &["one", "g5"], &["g6"], vec![]);
+    n.node("Mul", "/g/out", &["g0", "g6"], &["out"], vec![]);
+    n.output("out");
+
+    let g = onnx::parse(&n.bytes()).unwrap();
+    assert_eq!(g.param_count(), (10 * D + 8 * D + D * D + D) as u64);
+    let ops: Vec<&str> = g.nodes.iter().map(|x| x.op.name()).collect();
+    assert!(ops.contains(&"gelu"), "{ops:?}");
+    assert!(!ops.contains(&"tanh"), "{ops:?}");
+    assert_eq!(g.shape_of(&g.loss.input).unwrap().to_string(), "[B, 4, 3]");
+    let add = g.nodes.iter().find(|x| x.name == "/add_pos").unwrap();
+    let Op::AddTable { table, index, .. } = &add.op else {
+        panic!("{:?}", add.op)
+    };
+    assert_eq!((*table, index.len()), ((8 * D) as usize, (T * D) as usize));
 }

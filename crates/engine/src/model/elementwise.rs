@@ -8,8 +8,10 @@ use super::reshape::axis_index;
 use crate::cpu::act::{clamp_cpu, gelu_cpu, relu_cpu, softmax_rows_cpu};
 use crate::cpu::tensor::available;
 use batchfit_graph::Op;
-use burn::tensor::activation::{gelu, hard_sigmoid, hard_swish, relu, sigmoid, softmax, tanh};
-use burn::tensor::{Distribution, Tensor, TensorData};
+use burn::tensor::activation::{
+    gelu, hard_sigmoid, hard_swish, leaky_relu, relu, sigmoid, softmax, tanh,
+};
+use burn::tensor::{Distribution, Int, Tensor, TensorData};
 
 /// An activation (relu, clipped relu, gelu, tanh, sigmoid, the hard sigmoid and
 /// swish, a constant scale); any
@@ -20,6 +22,7 @@ pub(super) fn activation(op: &Op, t: Tensor<2>) -> Tensor<2> {
         Op::Relu if available(&t) => relu_cpu(t).expect("a CPU tensor"),
         Op::Relu => relu(t),
         Op::ClippedRelu { max } => clamp_cpu(t.clone(), *max).unwrap_or_else(|| t.clamp(0.0, *max)),
+        Op::LeakyRelu { alpha } => leaky_relu(t, f64::from(*alpha)),
         Op::Gelu => gelu_cpu(t.clone()).unwrap_or_else(|| gelu(t)),
         Op::Tanh => tanh(t),
         Op::Sigmoid => sigmoid(t),
@@ -184,6 +187,24 @@ pub(super) fn add_param(
     let (before, mid, after) =
         broadcast_run(&k.in_dims[0], shape).expect("checked by check_trainable");
     let addend = p.t1(k.params[0]).reshape([1, 1, mid, 1]);
+    (x.reshape([b, before, mid, after]) + addend).reshape([b, k.out_elems()])
+}
+
+/// `x + t[index]` for a learned table `t` read at constant indices, broadcast as
+/// [`add_param`]'s (burn's `select` scatters the gradient back into the table).
+pub(super) fn add_table(
+    k: &Kernel,
+    p: &Params,
+    x: Tensor<2>,
+    b: usize,
+    shape: &[usize],
+    index: &[usize],
+) -> Tensor<2> {
+    let (before, mid, after) =
+        broadcast_run(&k.in_dims[0], shape).expect("checked by check_trainable");
+    let ids: Vec<i64> = index.iter().map(|&i| i as i64).collect();
+    let ids = Tensor::<1, Int>::from_data(TensorData::new(ids, [index.len()]), &x.device());
+    let addend = p.t1(k.params[0]).select(0, ids).reshape([1, 1, mid, 1]);
     (x.reshape([b, before, mid, after]) + addend).reshape([b, k.out_elems()])
 }
 

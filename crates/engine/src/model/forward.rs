@@ -66,6 +66,7 @@ fn run_kernel(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: boo
         }
         Op::Relu
         | Op::ClippedRelu { .. }
+        | Op::LeakyRelu { .. }
         | Op::Gelu
         | Op::Tanh
         | Op::Sigmoid
@@ -117,6 +118,7 @@ fn run_canonical(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: 
         Op::LayerNorm { features } => norm::layer_norm(k, p, first(), b, *features),
         Op::Relu
         | Op::ClippedRelu { .. }
+        | Op::LeakyRelu { .. }
         | Op::Gelu
         | Op::Tanh
         | Op::Sigmoid
@@ -134,6 +136,7 @@ fn run_canonical(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: 
         Op::Transpose { perm } => reshape::transpose(k, first(), b, perm),
         Op::AddParam { shape } => elementwise::add_param(k, p, first(), b, shape),
         Op::MulParam { shape } => elementwise::mul_param(k, p, first(), b, shape),
+        Op::AddTable { shape, index, .. } => elementwise::add_table(k, p, first(), b, shape, index),
         Op::CausalMask => elementwise::causal_mask(k, first(), b),
         Op::ConcatParam {
             axis,

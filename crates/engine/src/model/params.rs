@@ -218,7 +218,7 @@ fn engine_layout(op: &Op, param: &batchfit_graph::Param) -> Layout {
         vec![param.shape[1], param.shape[0]]
     } else if matches!(
         op,
-        Op::AddParam { .. } | Op::MulParam { .. } | Op::ConcatParam { .. }
+        Op::AddParam { .. } | Op::MulParam { .. } | Op::AddTable { .. } | Op::ConcatParam { .. }
     ) {
         // Flat: it broadcasts as one run of the sample's axes (elementwise `add_param`).
         vec![param.elements() as usize]
@@ -253,7 +253,9 @@ fn random_start(op: &Op, param: &batchfit_graph::Param) -> Start {
             return Start::Constant(if param.name == "weight" { 1.0 } else { 0.0 });
         }
         // A positional embedding starts at zeros (`nn.Parameter(torch.zeros(..))`).
-        Op::AddParam { .. } | Op::ConcatParam { .. } => return Start::Constant(0.0),
+        Op::AddParam { .. } | Op::AddTable { .. } | Op::ConcatParam { .. } => {
+            return Start::Constant(0.0);
+        }
         // A layer scale starts at ones unless the graph says otherwise.
         Op::MulParam { .. } => return Start::Constant(1.0),
         _ => unreachable!("{} has no parameters", op.name()),

@@ -203,15 +203,17 @@ pub fn families() -> Vec<Graph> {
     g.linear("out", "half", 3).unwrap();
     out.push(g.finish(LossKind::CrossEntropy, "out").unwrap());
 
-    // A segmentation head as ONNX exports reach the IR: a learned layer scale, a nearest
+    // A segmentation head as ONNX exports reach the IR: a leaky ReLU, a learned layer scale, a nearest
     // upsample and a bilinear resize, classes per position.
     let mut g = GraphBuilder::new("layer-scale-resize");
     g.input("x", Shape::fixed(&[2, 6, 6])).unwrap();
     g.conv("c", "x", 8, 2, 3, 3, Some(0)).unwrap();
+    g.push("leaky", Op::LeakyRelu { alpha: 0.1 }, &["c"])
+        .unwrap();
     let scale = Op::MulParam {
         shape: vec![8, 1, 1],
     };
-    g.push("scaled", scale, &["c"]).unwrap();
+    g.push("scaled", scale, &["leaky"]).unwrap();
     let resize = |size: usize, mode| Op::Resize {
         size: vec![size, size],
         mode,

@@ -37,12 +37,37 @@ impl Dense {
         })
     }
 
+    /// An integer constant (a buffer of position ids) read exactly into floats.
+    fn of_ints(t: &TensorProto) -> Option<Dense> {
+        let dims = if t.dims.is_empty() {
+            Vec::new()
+        } else {
+            positive(&t.dims)?
+        };
+        let ints = tensor_ints(t).ok()?;
+        let exact = ints.iter().all(|v| v.unsigned_abs() <= EXACT_IN_F32);
+        exact.then(|| Dense {
+            dims,
+            values: ints.into_iter().map(|v| v as f32).collect(),
+        })
+    }
+
     fn into_tensor(self, name: &str) -> TensorProto {
         TensorProto {
             dims: self.dims.iter().map(|&d| d as i64).collect(),
             data_type: DataType::Float as i32,
             name: name.to_string(),
             float_data: self.values,
+            ..Default::default()
+        }
+    }
+
+    fn into_int_tensor(self, name: &str) -> TensorProto {
+        TensorProto {
+            dims: self.dims.iter().map(|&d| d as i64).collect(),
+            data_type: DataType::Int64 as i32,
+            name: name.to_string(),
+            int64_data: self.values.into_iter().map(|v| v as i64).collect(),
             ..Default::default()
         }
     }
@@ -73,6 +98,25 @@ impl Dense {
 
 /// Why a constant cannot be folded.
 type Why = String;
+
+/// Integers up to 2^24 are exact in an `f32` (element indices and ids carried as floats).
+const EXACT_IN_F32: u64 = 1 << 24;
+
+/// A constant read from a float initializer (a parameter) by folded `Gather`, `Slice`,
+/// `Reshape`, ...: element `k` of the constant is element `index[k]` of `table`.
+#[derive(Clone, Debug)]
+pub(super) struct ReadFrom {
+    pub(super) table: String,
+    pub(super) len: usize,
+    pub(super) index: Vec<usize>,
+}
+
+impl ReadFrom {
+    /// Whether the constant is the whole table in its order (a plain learned tensor).
+    pub(super) fn is_whole(&self) -> bool {
+        self.index.len() == self.len && self.index.iter().enumerate().all(|(k, &i)| k == i)
+    }
+}
 
 /// An integer constant input's values and dims, when the node has that input.
 type IntInput = Result<Option<(Vec<i64>, Vec<i64>)>, Why>;
@@ -158,19 +202,54 @@ impl Importer {
         ) {
             return Ok(false);
         }
+        // Float constants, or integer ones of rank 2 and more (rank 0 and 1 are shape
+        // values, `shapes`): a buffer of position ids sliced to the sequence.
+        let mut ints = false;
         let data: Vec<Dense> = {
             let count = if op == "Concat" { n.input.len() } else { 1 };
             let mut data = Vec::with_capacity(count);
             for pos in 0..count {
                 match n.input.get(pos).and_then(|i| self.vals.get(i.as_str())) {
+                    // A shape value of numbers becoming a tensor of rank 2 (`shapes`).
+                    Some(Val::Ints { .. }) if op != "Concat" => match self.dense_input(n, pos) {
+                        Some(d) => {
+                            ints = true;
+                            data.push(d);
+                        }
+                        None => return Ok(false),
+                    },
                     Some(Val::Const(t)) => match Dense::of(t) {
                         Some(d) => data.push(d),
-                        None => return Ok(false),
+                        None => match Dense::of_ints(t) {
+                            Some(d) if t.dims.len() >= 2 => {
+                                ints = true;
+                                data.push(d);
+                            }
+                            _ => return Ok(false),
+                        },
                     },
                     _ => return Ok(false),
                 }
             }
             data
+        };
+        // Which parameter elements the result reads, where input 0 is (read from) a float
+        // initializer and the op only moves elements.
+        let source = match (op, n.input.first()) {
+            ("Concat", _) | (_, None) => None,
+            (_, Some(_)) if ints => None,
+            (_, Some(x)) => match self.read_from.get(x.as_str()) {
+                Some(r) => Some(r.clone()),
+                None if self.initializers.contains(x.as_str()) => {
+                    let len = data[0].values.len();
+                    (len as u64 <= EXACT_IN_F32).then(|| ReadFrom {
+                        table: x.clone(),
+                        len,
+                        index: (0..len).collect(),
+                    })
+                }
+                None => None,
+            },
         };
         // Only constants in, like an embedding's ids: left to the op's import otherwise.
         // Indices may also be shape values (`in_proj_weight[E:]` sliced at a size).
@@ -179,7 +258,7 @@ impl Importer {
             .filter(|&p| Self::has_input(n, p))
             .all(|p| match self.vals.get(n.input[p].as_str()) {
                 Some(Val::Const(_)) => true,
-                Some(Val::Ints { v, .. }) => p > 0 && fixed_ints(v),
+                Some(Val::Ints { v, .. }) => fixed_ints(v),
                 _ => false,
             });
         if !all_const {
@@ -215,10 +294,32 @@ impl Importer {
                 )),
             }
         };
-        let folded = fold_one(op, data, a, int_input)
+        let read_from = match &source {
+            Some(r) => {
+                let ids = Dense {
+                    dims: data[0].dims.clone(),
+                    values: r.index.iter().map(|&i| i as f32).collect(),
+                };
+                fold_one(op, vec![ids], a, &int_input)
+                    .ok()
+                    .map(|d| ReadFrom {
+                        index: d.values.into_iter().map(|v| v as usize).collect(),
+                        ..r.clone()
+                    })
+            }
+            None => None,
+        };
+        let folded = fold_one(op, data, a, &int_input)
             .map_err(|why| GraphError::node(label(n), format!("{op} of a constant: {why}")))?;
         let name = n.output.first().cloned().unwrap_or_default();
-        self.define(n, Val::Const(Rc::new(folded.into_tensor(&name))));
+        let tensor = match ints {
+            true => folded.into_int_tensor(&name),
+            false => folded.into_tensor(&name),
+        };
+        if let Some(r) = read_from {
+            self.read_from.insert(name, r);
+        }
+        self.define(n, Val::Const(Rc::new(tensor)));
         Ok(true)
     }
 }
@@ -343,7 +444,7 @@ fn fold_one(
     op: &str,
     mut data: Vec<Dense>,
     a: &Attrs,
-    int_input_dims: impl Fn(usize) -> IntInput,
+    int_input_dims: &impl Fn(usize) -> IntInput,
 ) -> Result<Dense, Why> {
     let int_input = |pos: usize| Ok::<_, Why>(int_input_dims(pos)?.map(|(v, _)| v));
     if data.is_empty() {

@@ -1,7 +1,8 @@
 //! Patterns an exporter writes out op by op that the IR models as one op, fused
 //! before import so the plan sees what the user's framework runs: PyTorch's exact
 //! GELU (`F.gelu`, `nn.GELU()`) reaches ONNX before opset 20 as
-//! `x * 0.5 * (1 + erf(x / sqrt(2)))`, and `nn.LayerNorm` before opset 17 (and
+//! `x * 0.5 * (1 + erf(x / sqrt(2)))` (its tanh form as
+//! `0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))`), and `nn.LayerNorm` before opset 17 (and
 //! from Keras) as `ReduceMean`, `Sub`, `Pow`, `ReduceMean`, `Add`, `Sqrt`, `Div`,
 //! then the scale's `Mul` and the shift's `Add`.
 
@@ -85,6 +86,7 @@ pub(super) fn fuse_gelu(
         }
     };
     let mut rewrite = Rewrite::default();
+    fuse_tanh_gelu(&nodes, &uses, &other, &mut rewrite);
     for (e, erf) in nodes.iter().enumerate() {
         if erf.op_type != "Erf" || erf.input.len() != 1 {
             continue;
@@ -124,6 +126,76 @@ pub(super) fn fuse_gelu(
         }
     }
     rewrite.apply(nodes)
+}
+
+/// The tanh form of GELU written out (GPT-2's `gelu_new`, `F.gelu(approximate="tanh")`
+/// before opset 20): `0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))`, as one `Gelu`
+/// (the IR's GELU is the exact one; the two differ by under 1e-3).
+fn fuse_tanh_gelu(
+    nodes: &[NodeProto],
+    uses: &Uses,
+    other: &impl Fn(&NodeProto, &str, f32, bool) -> Option<String>,
+    rewrite: &mut Rewrite,
+) {
+    let (producer, sole) = (&uses.producer, |name: &str| uses.sole(name));
+    let made = |name: &str| producer.get(name).map(|&i| (i, &nodes[i]));
+    for (t, tanh) in nodes.iter().enumerate() {
+        if tanh.op_type != "Tanh" || tanh.input.len() != 1 {
+            continue;
+        }
+        let fused = (|| {
+            // tanh(c (x + 0.044715 x^3)), c = sqrt(2 / pi)
+            let (s, scaled) = made(&tanh.input[0])?;
+            let inner = other(scaled, "Mul", (2.0 / std::f32::consts::PI).sqrt(), true)?;
+            let (r, sum) = made(&inner)?;
+            let [p, q] = sum.input.as_slice() else {
+                return None;
+            };
+            (sum.op_type == "Add").then_some(())?;
+            let cubic_of = |name: &str| -> Option<(usize, usize, String)> {
+                let (k, kn) = made(name)?;
+                let cube = other(kn, "Mul", 0.044715, true)?;
+                let (c, cn) = made(&cube)?;
+                let x = match cn.op_type.as_str() {
+                    "Pow" => other(cn, "Pow", 3.0, false)?,
+                    _ => return None,
+                };
+                Some((k, c, x))
+            };
+            let (k, c, x) = match (cubic_of(q), cubic_of(p)) {
+                (Some((k, c, x)), _) if x == *p => (k, c, x),
+                (_, Some((k, c, x))) if x == *q => (k, c, x),
+                _ => return None,
+            };
+            (sole(&scaled.output[0])? == t && sole(&sum.output[0])? == s).then_some(())?;
+            (sole(&nodes[k].output[0])? == r && sole(&nodes[c].output[0])? == k).then_some(())?;
+            // 1 + tanh, times 0.5 x (either order of the two products).
+            let a = sole(&tanh.output[0])?;
+            (other(&nodes[a], "Add", 1.0, true)? == tanh.output[0]).then_some(())?;
+            let m = sole(&nodes[a].output[0])?;
+            let [u, v] = nodes[m].input.as_slice() else {
+                return None;
+            };
+            (nodes[m].op_type == "Mul").then_some(())?;
+            let half_x = if *u == nodes[a].output[0] { v } else { u };
+            if *half_x == x {
+                let last = sole(&nodes[m].output[0])?;
+                (other(&nodes[last], "Mul", 0.5, true)? == nodes[m].output[0]).then_some(())?;
+                Some((x, vec![c, k, r, s, t, a, m], last))
+            } else {
+                let (h, hn) = made(half_x)?;
+                (other(hn, "Mul", 0.5, true)? == x && sole(half_x)? == m).then_some(())?;
+                Some((x, vec![c, k, r, s, t, a, h], m))
+            }
+        })();
+        if let Some((x, gone, last)) = fused {
+            let mut gelu = nodes[last].clone();
+            gelu.op_type = "Gelu".into();
+            gelu.input = vec![x];
+            gelu.attribute.clear();
+            rewrite.fuse(gone, last, gelu);
+        }
+    }
 }
 
 /// Rewrites every layer norm over the last axis written out op by op, with its scale

@@ -2,6 +2,7 @@
 //! lookups and outputs every op family uses.
 
 use super::decode::{constant_value, tensor_f32, tensor_floats, tensor_ints};
+use super::fold::ReadFrom;
 use super::not_onnx;
 use super::proto::{self, GraphProto, NodeProto, TensorProto};
 use super::view::{Lay, Val, View};
@@ -49,6 +50,8 @@ pub(super) struct Importer {
     /// The initializers' names: the model's parameters and buffers (a `Constant`
     /// node or a folded value is neither).
     pub(super) initializers: HashSet<String>,
+    /// Folded constants that read a float initializer's elements (see [`ReadFrom`]).
+    pub(super) read_from: HashMap<String, ReadFrom>,
 }
 
 impl Importer {
@@ -88,6 +91,7 @@ impl Importer {
             wrap: None,
             aligned: HashMap::new(),
             initializers,
+            read_from: HashMap::new(),
         };
         imp.constants();
         let nodes = super::fuse::fuse_gelu(imp.nodes.to_vec(), |name| match imp.vals.get(name) {

@@ -38,7 +38,8 @@ impl Importer {
         Ok(())
     }
 
-    /// Graph inputs whose ids feed an embedding (`Gather` of a constant table),
+    /// Graph inputs whose ids feed an embedding (`Gather` of a constant table, through
+    /// `Identity`, `Cast` and `Reshape`),
     /// with the smallest table's row count.
     fn token_inputs(&self) -> HashMap<String, usize> {
         let producer: HashMap<&str, &NodeProto> = self
@@ -58,8 +59,9 @@ impl Importer {
                 continue;
             }
             let mut ids = n.input[1].as_str();
+            // Through aliases and reshapes (GPT-2's `input_ids.view(-1, T)`).
             while let Some(p) = producer.get(ids) {
-                if is_default(p) && matches!(p.op_type.as_str(), "Identity" | "Cast") {
+                if is_default(p) && matches!(p.op_type.as_str(), "Identity" | "Cast" | "Reshape") {
                     ids = &p.input[0];
                 } else {
                     break;

@@ -93,6 +93,8 @@ impl Importer {
                             vec![Sym::N(v.len() as i64)]
                         }
                     }
+                    // A constant's shape is its dims (a buffer's, as `pos_embed` reads it).
+                    Val::Const(t) => t.dims.iter().map(|&d| Sym::N(d)).collect(),
                     _ => {
                         let x = self.act(n, 0)?;
                         let mut v = vec![Sym::Batch];
@@ -128,8 +130,33 @@ impl Importer {
                 match (op, scalar) {
                     ("Unsqueeze", true) => (v, false),
                     ("Squeeze", false) if v.len() == 1 => (v, true),
+                    // Numbers of rank 2 and more (position ids `arange(T)[None]`): a
+                    // constant, folded (`fold`).
+                    _ if numbers(&v) => return Ok(false),
                     _ => return Err(err(format!("{op} of a shape value of rank > 1"))),
                 }
+            }
+            // `Range` of numbers (`torch.arange(T)` with T from a shape): the values.
+            "Range" if (0..3).all(|p| self.is_ints(n, p)) => {
+                let arg = |pos: usize| -> Result<i64, GraphError> {
+                    match self.ints_of(n, pos, "Range input")?.0[..] {
+                        [Sym::N(k)] => Ok(k),
+                        ref other => Err(err(format!(
+                            "Range of {other:?}: only of numbers (not the symbolic batch or \
+                             sequence length)"
+                        ))),
+                    }
+                };
+                let (start, limit, delta) = (arg(0)?, arg(1)?, arg(2)?);
+                let len = if delta == 0 {
+                    return Err(err("Range with delta 0".into()));
+                } else {
+                    ((limit - start) as f64 / delta as f64).ceil().max(0.0) as i64
+                };
+                if len > super::MAX_ELEMENTS as i64 {
+                    return Err(err(format!("Range of {len} values")));
+                }
+                ((0..len).map(|k| Sym::N(start + k * delta)).collect(), false)
             }
             "Reshape" if self.is_ints(n, 0) => {
                 let (v, _) = self.ints_of(n, 0, "data")?;
@@ -137,6 +164,7 @@ impl Importer {
                 match target[..] {
                     [] if v.len() == 1 => (v, true),
                     [Sym::N(k)] if k == -1 || k == v.len() as i64 => (v, false),
+                    _ if numbers(&v) => return Ok(false),
                     _ => {
                         return Err(err(format!(
                             "Reshape of a shape value of {} entries to {target:?}",
@@ -318,4 +346,9 @@ mod tests {
         assert_eq!(unsqueeze(&[32], Some(&[-1])).unwrap(), vec![32, 1]);
         assert_eq!(unsqueeze(&[32], Some(&[1])).unwrap(), vec![1, 32]);
     }
+}
+
+/// Whether every entry of a shape value is a number (neither the batch nor T).
+fn numbers(v: &[Sym]) -> bool {
+    v.iter().all(|s| matches!(s, Sym::N(_)))
 }

@@ -72,6 +72,7 @@ impl Op {
             }
             Op::Relu
             | Op::ClippedRelu { .. }
+            | Op::LeakyRelu { .. }
             | Op::Gelu
             | Op::Tanh
             | Op::Sigmoid
@@ -155,7 +156,7 @@ impl Op {
                 out.extend(size.iter().map(|&s| Dim::Fixed(s)));
                 Ok(Shape(out))
             }
-            Op::AddParam { shape } | Op::MulParam { shape } => {
+            Op::AddParam { shape } | Op::MulParam { shape } | Op::AddTable { shape, .. } => {
                 let fits = shape.len() <= x.rank()
                     && shape
                         .iter()

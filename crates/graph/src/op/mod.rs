@@ -159,6 +159,10 @@ pub enum Op {
     ClippedRelu {
         max: f32,
     },
+    /// `x` where positive, else `alpha x` (CSP networks, YOLO, GAN discriminators).
+    LeakyRelu {
+        alpha: f32,
+    },
     Gelu,
     Tanh,
     Sigmoid,
@@ -205,6 +209,15 @@ pub enum Op {
     /// right (a learned positional embedding, `nn.Parameter(torch.zeros(1, T, d))`).
     AddParam {
         shape: Vec<usize>,
+    },
+    /// `x + t[index]` for a learned table `t` of `table` numbers read at constant indices,
+    /// shaped `shape` and broadcast as [`Op::AddParam`]'s: position embeddings looked up at
+    /// the position ids, a relative position bias (Swin, CoAtNet). Built by the ONNX import
+    /// where a parameter reaches an activation through `Gather`/`Slice`/`Reshape`/...
+    AddTable {
+        shape: Vec<usize>,
+        table: usize,
+        index: Vec<usize>,
     },
     /// `x * p` for a learned tensor `p` of `shape`, broadcast as [`Op::AddParam`]'s (a layer
     /// scale: ConvNeXt's `gamma [C, 1, 1]`, timm's `LayerScale`).
@@ -313,6 +326,7 @@ pub const OP_NAMES: &[&str] = &[
     "layernorm",
     "relu",
     "clipped_relu",
+    "leaky_relu",
     "gelu",
     "tanh",
     "sigmoid",
@@ -327,6 +341,7 @@ pub const OP_NAMES: &[&str] = &[
     "transpose",
     "add_param",
     "mul_param",
+    "add_table",
     "causal_mask",
     "concat_param",
     "softmax",
@@ -360,6 +375,7 @@ impl Op {
             Op::LayerNorm { .. } => "layernorm",
             Op::Relu => "relu",
             Op::ClippedRelu { .. } => "clipped_relu",
+            Op::LeakyRelu { .. } => "leaky_relu",
             Op::Gelu => "gelu",
             Op::Tanh => "tanh",
             Op::Sigmoid => "sigmoid",
@@ -381,6 +397,7 @@ impl Op {
             Op::AddParam { .. } => "add_param",
             Op::Resize { .. } => "resize",
             Op::MulParam { .. } => "mul_param",
+            Op::AddTable { .. } => "add_table",
             Op::CausalMask => "causal_mask",
             Op::ConcatParam { .. } => "concat_param",
             Op::Softmax { .. } => "softmax",
@@ -456,6 +473,7 @@ impl Op {
             | Op::ConcatParam { ref shape, .. } => {
                 vec![Param::new("weight", shape)]
             }
+            Op::AddTable { table, .. } => vec![Param::new("weight", &[table])],
             Op::Rnn {
                 cell,
                 input_size,

@@ -255,6 +255,8 @@ pub fn forward_flops(op: &Op, s: &Sizes) -> f64 {
         // Mean, variance, normalise, scale and shift.
         Op::BatchNorm { .. } | Op::LayerNorm { .. } => 8.0 * inp,
         Op::Relu | Op::ClippedRelu { .. } | Op::Dropout { .. } | Op::DropPath { .. } => out,
+        // A comparison, the scaled copy and the select.
+        Op::LeakyRelu { .. } => 3.0 * out,
         Op::Tanh | Op::Sigmoid => 4.0 * out,
         Op::Gelu => 8.0 * out,
         // Scale and shift, two comparisons (and the product for the swish).
@@ -277,7 +279,12 @@ pub fn forward_flops(op: &Op, s: &Sizes) -> f64 {
             };
             2.0 * taps * out
         }
-        Op::Add | Op::Mul | Op::AddParam { .. } | Op::MulParam { .. } | Op::CausalMask => out,
+        Op::Add
+        | Op::Mul
+        | Op::AddParam { .. }
+        | Op::MulParam { .. }
+        | Op::AddTable { .. }
+        | Op::CausalMask => out,
         Op::Transpose { .. } | Op::ConcatParam { .. } => 0.0,
         Op::Flatten | Op::Reshape { .. } | Op::Concat { .. } | Op::Embedding { .. } => 0.0,
         Op::Rnn {

@@ -52,7 +52,11 @@ impl RuntimeRules for Pytorch {
             Op::Relu | Op::Tanh | Op::Sigmoid | Op::Softmax { .. } => output,
             // `clamp`/`hardtanh`, `gelu`, `hardsigmoid_backward` and `hardswish_backward` read
             // their input.
-            Op::ClippedRelu { .. } | Op::Gelu | Op::HardSigmoid { .. } | Op::HardSwish => inputs,
+            Op::ClippedRelu { .. }
+            | Op::LeakyRelu { .. }
+            | Op::Gelu
+            | Op::HardSigmoid { .. }
+            | Op::HardSwish => inputs,
             // `mul` by a Python scalar, `slice`/`select`, `sum` and `mean` need only sizes.
             Op::Scale { .. } | Op::Slice { .. } => none,
             // `upsample_*` backward needs only the sizes.
@@ -93,6 +97,7 @@ impl RuntimeRules for Pytorch {
             | Op::Concat { .. }
             | Op::Add
             | Op::AddParam { .. }
+            | Op::AddTable { .. }
             | Op::ConcatParam { .. }
             | Op::CausalMask => none,
             // `mul`: each factor's gradient reads the other.

@@ -11,7 +11,7 @@ use crate::op::{Op, sample_axis};
 use crate::shape::{Dim, Shape};
 
 impl Importer {
-    /// `Relu`, `Gelu`, `Tanh`, `Sigmoid`, `HardSigmoid` and `HardSwish`.
+    /// `Relu`, `LeakyRelu`, `Gelu`, `Tanh`, `Sigmoid`, `HardSigmoid` and `HardSwish`.
     pub(super) fn activation(
         &mut self,
         _i: usize,
@@ -21,6 +21,9 @@ impl Importer {
         let x = self.act(n, 0)?;
         let op = match n.op_type.as_str() {
             "Relu" => Op::Relu,
+            "LeakyRelu" => Op::LeakyRelu {
+                alpha: a.float("alpha", 0.01),
+            },
             "Gelu" => Op::Gelu,
             "Tanh" => Op::Tanh,
             "HardSigmoid" => Op::HardSigmoid {
@@ -149,11 +152,34 @@ impl Importer {
                 let scalar = scalar_value(&c);
                 // A float initializer an activation reads is a parameter (as PyTorch
                 // trains it), even while it holds its initial zeros or ones.
-                let learned = match self.initializers.contains(&c.name) {
+                // So is one read from an initializer by folded indexing (a table looked up
+                // at constant indices).
+                let read = self.read_from.get(&c.name).cloned();
+                let learned = match self.initializers.contains(&c.name) || read.is_some() {
                     true => self.learned_shape(&x, &c)?,
                     false => None,
                 };
-                if let Some(shape) = learned {
+                let table = read.filter(|r| !r.is_whole());
+                if let (Some(shape), Some(r)) = (&learned, table) {
+                    if n.op_type != "Add" {
+                        return Err(err(format!(
+                            "Mul of activation `{}` by parameter `{}` read at constant \
+                             indices: only adding such a table is supported",
+                            n.input[pos], r.table
+                        )));
+                    }
+                    let values = match self.vals.get(&r.table) {
+                        Some(Val::Const(t)) => tensor_f32(t),
+                        _ => None,
+                    };
+                    let op = Op::AddTable {
+                        shape: shape.clone(),
+                        table: r.len,
+                        index: r.index,
+                    };
+                    let name = self.emit(n, op, &[&x])?;
+                    self.attach(&name, vec![values]);
+                } else if let Some(shape) = learned {
                     let op = match n.op_type.as_str() {
                         "Add" => Op::AddParam { shape },
                         _ => Op::MulParam { shape },
@@ -182,6 +208,24 @@ impl Importer {
                 self.emit(n, op, &[&x, &y])?;
             }
         }
+        Ok(())
+    }
+
+    /// `Sub` of two activations: the sum with the second negated (`x - mixer(x)`); of a
+    /// constant zero, the activation itself.
+    pub(super) fn sub(&mut self, _i: usize, n: &NodeProto, _a: &Attrs) -> Result<(), GraphError> {
+        let x = self.act(n, 0)?;
+        if let Val::Const(c) = self.val(n, 1)? {
+            let c = c.clone();
+            if self.neutral(&x, &c, 0.0)? {
+                self.define(n, Val::Ir(x));
+                return Ok(());
+            }
+        }
+        let y = self.act(n, 1)?;
+        let negated = self.fresh(n);
+        let negated = self.b.push(&negated, Op::Scale { factor: -1.0 }, &[&y])?;
+        self.emit(n, Op::Add, &[&x, &negated])?;
         Ok(())
     }
 

@@ -82,12 +82,15 @@ impl Importer {
     /// transpose, ShuffleNet's channel shuffle): the view is materialised and indexed as
     /// a plain tensor.
     fn align_unindexable(&mut self, n: &NodeProto, axes: &[i64]) -> Result<(), GraphError> {
-        let Some(Val::View(v)) = self.vals.get(n.input[0].as_str()).cloned() else {
+        let Some(name) = n.input.first() else {
+            return Ok(());
+        };
+        let Some(Val::View(v)) = self.vals.get(name.as_str()).cloned() else {
             return Ok(());
         };
         if v.batch_first() && axes.iter().any(|&a| v.index_atom(a, "Slice").is_err()) {
             let (x, _) = self.align(n, &v)?;
-            self.vals.insert(n.input[0].clone(), Val::Ir(x));
+            self.vals.insert(name.clone(), Val::Ir(x));
         }
         Ok(())
     }

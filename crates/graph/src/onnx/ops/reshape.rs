@@ -2,13 +2,14 @@
 //! (of constants, or of activations as layout views) and `Concat` of activations.
 
 use crate::error::GraphError;
-use crate::onnx::decode::{Attrs, positive, tensor_f32};
+use crate::onnx::decode::{Attrs, is_int_type, positive, tensor_f32};
 use crate::onnx::import::{Importer, label};
 use crate::onnx::proto::{DataType, NodeProto, TensorProto};
 use crate::onnx::shapes::{squeeze, unsqueeze};
 use crate::onnx::sym::Sym;
 use crate::onnx::view::{LayoutError, Val, View, permutation};
 use crate::op::Op;
+use crate::shape::Dim;
 use std::rc::Rc;
 
 impl Importer {
@@ -60,6 +61,20 @@ impl Importer {
         let Some((&first, rest)) = target.split_first() else {
             return Err(err("Reshape to a scalar drops the batch".into()));
         };
+        // A leading -1 keeps the batch only where the rest holds one sample; otherwise it
+        // merges the batch with sample axes (GPT-2's `x.view(-1, x.size(-1))`): a view.
+        let s = self.shape(&x)?.clone();
+        let sample_fits = Op::Reshape {
+            shape: rest.to_vec(),
+        }
+        .infer(&[&s])
+        .is_ok();
+        if first == -1 && !sample_fits {
+            let (target, _) = self.ints_of(n, 1, "Reshape shape")?;
+            if let Ok(v) = View::of(&x, &s).reshape(&target) {
+                return self.define_view(n, v);
+            }
+        }
         if !(first == 0 || first == -1 || Some(first) == self.batch) {
             return Err(err(format!(
                 "Reshape to {target:?} changes the batch dimension; only \
@@ -74,13 +89,17 @@ impl Importer {
                 "Reshape to {target:?} with allowzero makes an empty tensor"
             )));
         }
-        self.emit(
-            n,
-            Op::Reshape {
-                shape: rest.to_vec(),
-            },
-            &[&x],
-        )?;
+        let op = Op::Reshape {
+            shape: rest.to_vec(),
+        };
+        // A reshape that keeps the sample's shape is the same tensor (GPT-2's
+        // `input_ids.view(-1, T)` of a token input stays the token input).
+        let s = self.shape(&x)?;
+        if op.infer(&[s]).as_ref() == Ok(s) {
+            self.define(n, Val::Ir(x));
+            return Ok(());
+        }
+        self.emit(n, op, &[&x])?;
         Ok(())
     }
 
@@ -178,6 +197,66 @@ impl Importer {
     ) -> Result<(), GraphError> {
         let err = |why: String| GraphError::node(label(n), why);
         let (target, _) = self.ints_of(n, 1, "Expand shape")?;
+        // Repeating over the batch only: each axis of the target is the input's, or the
+        // input's is 1 (numpy broadcasting from the right).
+        let over_batch = |dims: &[Sym]| {
+            let lead = target.len().saturating_sub(dims.len());
+            target.first() == Some(&Sym::Batch)
+                && target.len() >= dims.len()
+                && dims
+                    .iter()
+                    .zip(&target[lead..])
+                    .enumerate()
+                    .all(|(k, (d, t))| {
+                        d == t || *d == Sym::N(1) || (k + lead == 0 && *t == Sym::Batch)
+                    })
+        };
+        match self.val(n, 0)?.clone() {
+            // A computed constant or an integer buffer, the same for every sample (token
+            // type ids, a mask): consumers broadcast it over the batch as they would the
+            // expanded one. (A float initializer is a learned tensor: below.)
+            Val::Const(t)
+                if !self.initializers.contains(&n.input[0]) || is_int_type(t.data_type) =>
+            {
+                let dims: Vec<Sym> = t.dims.iter().map(|&d| Sym::N(d)).collect();
+                let batch_only = dims.first() == Some(&Sym::N(1))
+                    && dims.len() == target.len()
+                    && dims[1..] == target[1..];
+                if batch_only {
+                    self.define(n, Val::Const(t));
+                    return Ok(());
+                }
+            }
+            // An activation expanded before a broadcasting op (`x * gate.expand_as(x)`):
+            // PyTorch's expand is a view, the op broadcasts the same values.
+            Val::Ir(x) => {
+                let s = self.shape(&x)?;
+                let mut dims = vec![Sym::Batch];
+                dims.extend(s.0.iter().map(|d| match d {
+                    Dim::Fixed(k) => Sym::N(*k as i64),
+                    Dim::Seq => Sym::Seq,
+                }));
+                let out = n.output.first().map_or("", String::as_str);
+                let broadcasting = self.consumers.get(out).is_some_and(|uses| {
+                    uses.iter().all(|&(node, _)| {
+                        matches!(
+                            self.nodes[node].op_type.as_str(),
+                            "Mul" | "Add" | "Sub" | "Div"
+                        )
+                    })
+                });
+                if over_batch(&dims) && (dims == target || broadcasting) {
+                    self.define(n, Val::Ir(x));
+                    return Ok(());
+                }
+                return Err(err(format!(
+                    "Expand of activation `{}` {dims:?} to {target:?}: only an expansion \
+                     that broadcasting ops read (Mul, Add, Sub, Div) is supported",
+                    n.input[0]
+                )));
+            }
+            _ => {}
+        }
         let t = match self.val(n, 0)? {
             Val::Const(t) if self.initializers.contains(&n.input[0]) => t.clone(),
             _ => {

@@ -44,6 +44,12 @@ pub(super) fn saved(b: &Burn, op: &Op, s: &Sizes) -> Saved {
             extra_bytes: if b.gpu { 2 } else { 1 } * s.output,
             ..none
         },
+        // `leaky_relu` is burn-backend's default: `x < 0` (a bool mask), `mul_scalar`
+        // (nothing kept) and `float_mask_where`, which keeps the mask.
+        Op::LeakyRelu { .. } => Saved {
+            extra_bytes: s.output,
+            ..none
+        },
         // `hard_sigmoid` is burn-backend's default: `mul_scalar`, `add_scalar` (nothing kept)
         // and the clamp's two masks. `hard_swish` multiplies x by it: `float_mul` keeps both
         // factors, x and the hard sigmoid.

@@ -86,6 +86,7 @@ fn family(op: &Op) -> Family {
         Op::Linear { .. } | Op::MatMul | Op::Embedding { .. } => Family::Dense,
         Op::Relu
         | Op::ClippedRelu { .. }
+        | Op::LeakyRelu { .. }
         | Op::HardSigmoid { .. }
         | Op::HardSwish
         | Op::Tanh
@@ -103,6 +104,7 @@ fn family(op: &Op) -> Family {
         | Op::Transpose { .. }
         | Op::AddParam { .. }
         | Op::MulParam { .. }
+        | Op::AddTable { .. }
         | Op::Resize { .. }
         | Op::ConcatParam { .. }
         | Op::CausalMask

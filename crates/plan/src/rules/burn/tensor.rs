@@ -62,7 +62,8 @@ pub(super) fn backward(b: &Burn, op: &Op, s: &Sizes, dx: u64, act: u64) -> Vec<B
         | Op::Add
         | Op::CausalMask
         | Op::ConcatParam { .. }
-        | Op::AddParam { .. } => out,
+        | Op::AddParam { .. }
+        | Op::AddTable { .. } => out,
         // The inverse `permute` of dy is a view; the reshape back copies it into dx.
         Op::Transpose { .. } => out + dx,
         // On the CPU the engine's own slice writes dx once, zeros around dy. Elsewhere
