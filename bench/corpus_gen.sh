@@ -7,12 +7,15 @@
 # Prints a markdown table per model (loads, or the refusal: node, op, reason; parameters,
 # batchfit / PyTorch) and then one per family (exported, loaded, loaded with PyTorch's count).
 # Exports are kept in CORPUS_DIR (default /tmp/batchfit-corpus) and reused when present, so a
-# second run only re-plans. Every row also goes to CORPUS_DIR/results.jsonl.
+# second run only re-plans. Every row also goes to RESULTS (default CORPUS_DIR/results.jsonl).
 #
 # torch and the model libraries are NOT dependencies of batchfit (see corpus_gen.py's header).
 # Environment: BATCHFIT (default ./target/release/batchfit), TORCH_PYTHON (default
 # /tmp/vt/bin/python), PLAN_TIMEOUT (seconds per plan, default 120), EXPORT (default 1; 0:
-# plan only what CORPUS_DIR already holds, and list the rest as not exported in this run).
+# plan only what CORPUS_DIR already holds, and list the rest as not exported in this run),
+# PROBE (default 0; 1: `batchfit probe` each loaded model marked for probing at BATCHES,
+# default 2,8, and add planned against measured peak to its row; PROBE_TIMEOUT seconds per
+# model, default 900).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,7 +30,7 @@ mkdir -p "$DIR"
 models=("$@")
 [ ${#models[@]} -gt 0 ] || mapfile -t models < <("$PY" bench/corpus_gen.py list)
 
-results="$DIR/results.jsonl"
+results=${RESULTS:-$DIR/results.jsonl}
 : >"$results"
 for m in "${models[@]}"; do
     file="$DIR/${m//:/--}.onnx"
@@ -46,19 +49,35 @@ for m in "${models[@]}"; do
     fi
     if timeout "$PLAN_TIMEOUT" "$BATCHFIT" plan "$file" --json >"$DIR/plan.json" 2>"$DIR/plan.err"; then
         ours=$(jq .parameters "$DIR/plan.json")
-        jq -c --argjson ours "$ours" '. + {loads: true, ours: $ours}' "$meta" >>"$results"
+        probed='null'
+        if [ "${PROBE:-0}" = 1 ] && jq -e '.probe' "$meta" >/dev/null \
+            && timeout "${PROBE_TIMEOUT:-900}" "$BATCHFIT" probe "$file" --batches "${BATCHES:-2,8}" \
+                --json >"$DIR/probe.json" 2>"$DIR/probe.err"; then
+            probed=$(jq -c '[.devices[0].points[] | {batch, planned_bytes, peak_bytes,
+                plan_error_pct, step_time_s, failure}]' "$DIR/probe.json")
+        elif [ "${PROBE:-0}" = 1 ] && jq -e '.probe' "$meta" >/dev/null; then
+            probed=$(head -c 200 "$DIR/probe.err" | jq -Rs '{error: .}')
+        fi
+        jq -c --argjson ours "$ours" --argjson probed "$probed" \
+            '. + {loads: true, ours: $ours, probed: $probed}' "$meta" >>"$results"
     else
         why=$(head -c 400 "$DIR/plan.err" | tr '\n' ' ')
         jq -c --arg why "$why" '. + {loads: false, refusal: $why}' "$meta" >>"$results"
     fi
 done
 
-echo "| model | loads | params (batchfit / PyTorch) |"
-echo "|---|---|---|"
+echo "| model | loads | params (batchfit / PyTorch) | planned vs measured peak |"
+echo "|---|---|---|---|"
 jq -r '
-    if .loads == null then "| \(.name) | not exported: \(.export_error | .[0:160]) | – / \(.params // "–") |"
-    elif .loads then "| \(.name) | yes\(if .ours == .params then "" else " (count differs)" end) | \(.ours) / \(.params) |"
-    else "| \(.name) | no: \(.refusal | gsub("\\|"; "/") | .[0:200]) | – / \(.params) |" end
+    def mib: . / 1048576 | . * 10 | round / 10 | tostring;
+    def peaks: if .probed == null then ""
+        elif (.probed | type) == "object" then "probe failed: \(.probed.error | gsub("\n|\\|"; " ") | .[0:120])"
+        else [.probed[] | if .failure then "\(.batch): \(.failure | tostring | .[0:60])"
+            else "\(.batch): \(.planned_bytes | mib) / \(.peak_bytes | mib) MiB (\(.plan_error_pct | . * 10 | round / 10) %)" end]
+            | join(", ") end;
+    if .loads == null then "| \(.name) | not exported: \(.export_error | .[0:160]) | – / \(.params // "–") | |"
+    elif .loads then "| \(.name) | yes\(if .ours == .params then "" else " (count differs)" end) | \(.ours) / \(.params) | \(peaks) |"
+    else "| \(.name) | no: \(.refusal | gsub("\\|"; "/") | .[0:200]) | – / \(.params) | |" end
     ' "$results"
 echo
 echo "| family | models | exported | load | load with PyTorch's count |"
@@ -72,4 +91,11 @@ jq -rs '
 jq -rs '
     map(select(.loads != null)) as $ex | ($ex | map(select(.loads))) as $ok
     | "| all | \(length) | \($ex | length) | \($ok | length) | \($ok | map(select(.ours == .params)) | length) |"
+    ' "$results"
+jq -rs '
+    map(select((.probed | type) == "array")) as $p
+    | ($p | map(select(all(.probed[]; .failure == null and (.plan_error_pct | fabs) <= 10)))) as $ok
+    | if ($p | length) > 0 then
+        "\nprobed: \($p | length) models; planned within 10 % of the measured peak at every batch: \($ok | length)"
+      else empty end
     ' "$results"

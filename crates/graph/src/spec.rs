@@ -231,6 +231,20 @@ fn add_layer(g: &mut GraphBuilder, name: &str, k: &mut Keys) -> Result<(), Graph
                 "mul_param" => Op::MulParam {
                     shape: k.usize_list("shape")?,
                 },
+                "add_table" => Op::AddTable {
+                    shape: k.usize_list("shape")?,
+                    table: k.usize("table")?,
+                    index: k.usize_list("index")?,
+                },
+                "pad" => {
+                    let flat = k.usize_list("pads")?;
+                    if flat.len() % 2 != 0 {
+                        return Err(k.bad("pads", "holds a [before, after] pair per sample axis"));
+                    }
+                    Op::Pad {
+                        pads: flat.chunks(2).map(|p| [p[0], p[1]]).collect(),
+                    }
+                }
                 "resize" => Op::Resize {
                     size: k.usize_list("size")?,
                     mode: match k.str_or("mode", "nearest")?.as_str() {

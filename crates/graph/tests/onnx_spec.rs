@@ -534,3 +534,55 @@ fn gpt2_style_positions_from_range_a_merged_batch_and_a_tanh_gelu() {
     };
     assert_eq!((*table, index.len()), ((8 * D) as usize, (T * D) as usize));
 }
+
+#[test]
+fn pads_computed_in_the_graph_as_torch_writes_f_pad() {
+    // `F.pad(x, (0, 0, 0, pad_w, 0, pad_h))` of a channels-last `[B, H, W, C]` as
+    // torch.onnx writes it: the pads a shape value, reshaped to pairs, reversed,
+    // transposed and flattened, then `Pad`.
+    let mut n = Net::new("swin-pad");
+    n.input("x", "batch,5,6,4");
+    n.init(int64s("torch_pads", &[0, 0, 0, 2, 0, 3]));
+    n.init(int64s("zeros", &[0, 0]));
+    n.node(
+        "Concat",
+        "/Concat",
+        &["torch_pads", "zeros"],
+        &["p8"],
+        vec![int("axis", 0)],
+    );
+    n.init(int64s("pairs", &[-1, 2]));
+    n.node("Reshape", "/pairs", &["p8", "pairs"], &["p42"], vec![]);
+    n.init(int64s("m1", &[-1]));
+    n.init(int64s("big", &[-9223372036854775807]));
+    n.init(int64s("zero", &[0]));
+    n.node(
+        "Slice",
+        "/reverse",
+        &["p42", "m1", "big", "zero", "m1"],
+        &["rev"],
+        vec![],
+    );
+    n.node(
+        "Transpose",
+        "/T",
+        &["rev"],
+        &["t"],
+        vec![ints("perm", &[1, 0])],
+    );
+    n.node("Reshape", "/flat", &["t", "m1"], &["onnx_pads"], vec![]);
+    n.node("Pad", "/Pad", &["x", "onnx_pads"], &["y"], vec![]);
+    n.node("Relu", "/Relu", &["y"], &["z"], vec![]);
+    n.output("z");
+
+    let g = onnx::parse(&n.bytes()).unwrap();
+    // H padded by 3 at the end, W by 2 at the end.
+    assert_eq!(g.shape_of("/Pad").unwrap().to_string(), "[B, 8, 8, 4]");
+    let pad = g.nodes.iter().find(|x| x.name == "/Pad").unwrap();
+    assert_eq!(
+        pad.op,
+        Op::Pad {
+            pads: vec![[0, 3], [0, 2], [0, 0]]
+        }
+    );
+}

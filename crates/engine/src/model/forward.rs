@@ -134,6 +134,7 @@ fn run_canonical(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: 
         } => norm::lrn(k, first(), b, *size, *alpha, *beta, *bias),
         Op::Slice { axis, start, end } => reshape::slice(k, first(), b, *axis, *start, *end),
         Op::Transpose { perm } => reshape::transpose(k, first(), b, perm),
+        Op::Pad { pads } => reshape::pad(k, first(), b, pads),
         Op::AddParam { shape } => elementwise::add_param(k, p, first(), b, shape),
         Op::MulParam { shape } => elementwise::mul_param(k, p, first(), b, shape),
         Op::AddTable { shape, index, .. } => elementwise::add_table(k, p, first(), b, shape, index),

@@ -28,6 +28,31 @@ pub(super) fn concat(k: &Kernel, args: Vec<Value>, b: usize, axis: i64) -> Tenso
     Tensor::cat(parts, 2).reshape([b, k.out_elems()])
 }
 
+/// Zeros before and after each padded sample axis: the sample seen as `[before, axis,
+/// after]`, the zeros concatenated along the axis (burn's `cat` slices dy back).
+pub(super) fn pad(k: &Kernel, x: Tensor<2>, b: usize, pads: &[[usize; 2]]) -> Tensor<2> {
+    let mut dims = k.in_dims[0].clone();
+    let mut y = x;
+    for (a, &[lo, hi]) in pads.iter().enumerate() {
+        if lo + hi == 0 {
+            continue;
+        }
+        let (before, after) = (b * prod(&dims[..a]), prod(&dims[a + 1..]));
+        let device = y.device();
+        let mut parts = Vec::with_capacity(3);
+        if lo > 0 {
+            parts.push(Tensor::<3>::zeros([before, lo, after], &device));
+        }
+        parts.push(y.reshape([before, dims[a], after]));
+        if hi > 0 {
+            parts.push(Tensor::<3>::zeros([before, hi, after], &device));
+        }
+        dims[a] += lo + hi;
+        y = Tensor::cat(parts, 1).reshape([b, prod(&dims)]);
+    }
+    y
+}
+
 /// A full-tensor axis (batch = 0, negative from the end) as an index into the sample dims.
 pub(super) fn axis_index(sample_rank: usize, axis: i64) -> usize {
     let full = sample_rank as i64 + 1;

@@ -204,7 +204,7 @@ pub fn families() -> Vec<Graph> {
     out.push(g.finish(LossKind::CrossEntropy, "out").unwrap());
 
     // A segmentation head as ONNX exports reach the IR: a leaky ReLU, a learned layer scale, a nearest
-    // upsample and a bilinear resize, classes per position.
+    // upsample, a bilinear resize and zero padding, classes per position.
     let mut g = GraphBuilder::new("layer-scale-resize");
     g.input("x", Shape::fixed(&[2, 6, 6])).unwrap();
     g.conv("c", "x", 8, 2, 3, 3, Some(0)).unwrap();
@@ -223,7 +223,11 @@ pub fn families() -> Vec<Graph> {
         .unwrap();
     g.push("down", resize(2, ResizeMode::Linear), &["up"])
         .unwrap();
-    g.conv("head", "down", 3, 2, 1, 1, Some(0)).unwrap();
+    let pad = Op::Pad {
+        pads: vec![[0, 0], [1, 0], [0, 1]],
+    };
+    g.push("padded", pad, &["down"]).unwrap();
+    g.conv("head", "padded", 3, 2, 1, 1, Some(0)).unwrap();
     let classes_last = Op::Transpose {
         perm: vec![1, 2, 0],
     };

@@ -1,5 +1,5 @@
 //! Constant folding of weight rearrangements: `Slice`, `Concat`, `Unsqueeze`,
-//! `Squeeze`, `Reshape` and `Gather` whose data are constants. An export without
+//! `Squeeze`, `Reshape`, `Transpose` and `Gather` whose data are constants. An export without
 //! constant folding (`do_constant_folding=False`, which keeps BatchNorm and Dropout
 //! in training mode) leaves them in the graph: PyTorch's LSTM/GRU weights reach the
 //! ONNX node as slices of each gate block, concatenated in ONNX's gate order.
@@ -198,7 +198,7 @@ impl Importer {
         let op = n.op_type.as_str();
         if !matches!(
             op,
-            "Slice" | "Concat" | "Unsqueeze" | "Squeeze" | "Reshape" | "Gather"
+            "Slice" | "Concat" | "Unsqueeze" | "Squeeze" | "Reshape" | "Gather" | "Transpose"
         ) {
             return Ok(false);
         }
@@ -584,6 +584,23 @@ fn fold_one(
             }
             Ok(out)
         }
+        "Transpose" => {
+            let perm: Vec<usize> = match a.ints("perm") {
+                Some(p) => p
+                    .iter()
+                    .map(|&k| axis_of(k, rank))
+                    .collect::<Result<_, _>>()?,
+                None => (0..rank).rev().collect(),
+            };
+            let mut seen = perm.clone();
+            seen.sort_unstable();
+            if seen != (0..rank).collect::<Vec<_>>() {
+                return Err(format!("perm {perm:?} of a rank-{rank} tensor"));
+            }
+            let dims: Vec<usize> = perm.iter().map(|&k| x.dims[k]).collect();
+            let values = permute(&x.values, &x.dims, &perm);
+            Ok(Dense { dims, values })
+        }
         "Gather" => {
             let (idx, idx_dims) = int_input_dims(1)?.ok_or("Gather needs indices")?;
             let axis = axis_of(a.int("axis", 0), rank)?;
@@ -606,4 +623,34 @@ fn fold_one(
         }
         _ => unreachable!("not a folded op"),
     }
+}
+
+/// Row-major `values` of shape `dims` with the axes reordered: output axis `k` is input axis `perm[k]`.
+pub(super) fn permute(values: &[f32], dims: &[usize], perm: &[usize]) -> Vec<f32> {
+    let rank = dims.len();
+    let mut strides = vec![1usize; rank];
+    for d in (0..rank.saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * dims[d + 1];
+    }
+    let out_dims: Vec<usize> = perm.iter().map(|&p| dims[p]).collect();
+    let in_strides: Vec<usize> = perm.iter().map(|&p| strides[p]).collect();
+    let mut out = Vec::with_capacity(values.len());
+    let mut idx = vec![0usize; rank];
+    for _ in 0..values.len() {
+        out.push(
+            values[idx
+                .iter()
+                .zip(&in_strides)
+                .map(|(i, s)| i * s)
+                .sum::<usize>()],
+        );
+        for d in (0..rank).rev() {
+            idx[d] += 1;
+            if idx[d] < out_dims[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    out
 }

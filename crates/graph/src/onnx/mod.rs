@@ -61,7 +61,12 @@
 //!   become rows, read by the per-position cross-entropy.
 //! * **Learned tensors.** A float initializer (more than one number) added to
 //!   or multiplying an activation is a parameter, as PyTorch trains it: a
-//!   positional embedding, a layer scale (`AddParam`, `MulParam`).
+//!   positional embedding, a layer scale (`AddParam`, `MulParam`). Read through
+//!   folded `Gather`/`Slice`/`Reshape`/`Transpose` at constant indices (position
+//!   ids from a buffer or `Range`, token type ids expanded over the batch), the
+//!   whole table is the parameter and the indices are kept (`AddTable`).
+//! * **Padding.** `Pad` with zeros over sample axes, its pads a constant or the
+//!   shape arithmetic `F.pad` exports (pairs reshaped, reversed, transposed).
 //! * **Shape arithmetic.** `Shape` and the integer `Gather`, `Unsqueeze`,
 //!   `Squeeze`, `Concat`, `Slice`, `Mul`, `Add` around it are evaluated with a
 //!   symbolic batch, so PyTorch's `x.view(x.size(0), -1)` becomes a per-sample

@@ -145,6 +145,23 @@ impl Op {
                 }
                 Ok(Shape(perm.iter().map(|&p| x.0[p]).collect()))
             }
+            Op::Pad { pads } => {
+                if pads.len() != x.rank() {
+                    return Err(ShapeError(format!(
+                        "{} pads for the {} sample axes of {x}",
+                        pads.len(),
+                        x.rank()
+                    )));
+                }
+                let out = x.0.iter().zip(pads).map(|(d, &[lo, hi])| match d {
+                    Dim::Fixed(k) => Ok(Dim::Fixed(k + lo + hi)),
+                    Dim::Seq if lo + hi == 0 => Ok(Dim::Seq),
+                    Dim::Seq => Err(ShapeError(format!(
+                        "padding the symbolic sequence axis of {x} is not supported"
+                    ))),
+                });
+                Ok(Shape(out.collect::<Result<_, _>>()?))
+            }
             Op::Resize { size, .. } => {
                 let fixed = x.rank() == size.len() + 1 && size.iter().all(|&s| s > 0);
                 if !fixed {

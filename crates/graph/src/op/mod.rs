@@ -256,6 +256,11 @@ pub enum Op {
     GlobalPool {
         pool: PoolKind,
     },
+    /// Zeros added before and after each sample axis (`F.pad`, ONNX `Pad` in constant mode
+    /// with value 0): one `[before, after]` per sample axis.
+    Pad {
+        pads: Vec<[usize; 2]>,
+    },
     /// Collapse every sample dimension into one.
     Flatten,
     /// Reshape one sample to `shape` (`-1` inferred, `0` copies the input size).
@@ -350,6 +355,7 @@ pub const OP_NAMES: &[&str] = &[
     "resize",
     "global_maxpool",
     "global_avgpool",
+    "pad",
     "flatten",
     "reshape",
     "concat",
@@ -396,6 +402,7 @@ impl Op {
             Op::Transpose { .. } => "transpose",
             Op::AddParam { .. } => "add_param",
             Op::Resize { .. } => "resize",
+            Op::Pad { .. } => "pad",
             Op::MulParam { .. } => "mul_param",
             Op::AddTable { .. } => "add_table",
             Op::CausalMask => "causal_mask",

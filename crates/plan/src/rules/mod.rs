@@ -285,7 +285,7 @@ pub fn forward_flops(op: &Op, s: &Sizes) -> f64 {
         | Op::MulParam { .. }
         | Op::AddTable { .. }
         | Op::CausalMask => out,
-        Op::Transpose { .. } | Op::ConcatParam { .. } => 0.0,
+        Op::Transpose { .. } | Op::ConcatParam { .. } | Op::Pad { .. } => 0.0,
         Op::Flatten | Op::Reshape { .. } | Op::Concat { .. } | Op::Embedding { .. } => 0.0,
         Op::Rnn {
             cell,

@@ -59,8 +59,8 @@ impl RuntimeRules for Pytorch {
             | Op::HardSwish => inputs,
             // `mul` by a Python scalar, `slice`/`select`, `sum` and `mean` need only sizes.
             Op::Scale { .. } | Op::Slice { .. } => none,
-            // `upsample_*` backward needs only the sizes.
-            Op::Resize { .. } => none,
+            // `upsample_*` and `constant_pad_nd` backward need only the sizes.
+            Op::Resize { .. } | Op::Pad { .. } => none,
             // `amax` reads its input and its result (`grad * (self == result)`).
             Op::Reduce {
                 reduce: ReduceKind::Max,

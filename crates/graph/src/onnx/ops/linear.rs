@@ -1,9 +1,9 @@
 //! Linear layers: `Gemm`, `MatMul` (folding a following bias `Add`) and
 //! `Gather` embedding lookups; their weights move to the IR's `[out, in]` layout.
 
-use super::reshape::permute;
 use crate::error::GraphError;
 use crate::onnx::decode::{Attrs, dims2, tensor_f32};
+use crate::onnx::fold::permute;
 use crate::onnx::import::{Importer, label};
 use crate::onnx::proto::{NodeProto, TensorProto};
 use crate::onnx::view::Val;

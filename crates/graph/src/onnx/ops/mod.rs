@@ -52,6 +52,7 @@ const OPS: &[(&str, Import)] = &[
     ("LSTM", Importer::rnn),
     ("MatMul", Importer::matmul),
     ("MaxPool", Importer::pool),
+    ("Pad", Importer::pad),
     ("Mean", Importer::sum_mean),
     ("Mul", Importer::add_mul),
     ("RandomUniformLike", Importer::random_uniform_like),

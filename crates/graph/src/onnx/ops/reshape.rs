@@ -3,6 +3,7 @@
 
 use crate::error::GraphError;
 use crate::onnx::decode::{Attrs, is_int_type, positive, tensor_f32};
+use crate::onnx::fold::permute;
 use crate::onnx::import::{Importer, label};
 use crate::onnx::proto::{DataType, NodeProto, TensorProto};
 use crate::onnx::shapes::{squeeze, unsqueeze};
@@ -293,6 +294,73 @@ impl Importer {
         Ok(())
     }
 
+    /// `Pad` in constant mode with 0 (`F.pad`): the pads of the sample axes (the batch's
+    /// must be 0), from the `pads` input (opset 11+, a constant or computed from shapes
+    /// and folded) or attribute, for every axis or the `axes` given.
+    pub(super) fn pad(&mut self, _i: usize, n: &NodeProto, a: &Attrs) -> Result<(), GraphError> {
+        let err = |why: String| GraphError::node(label(n), why);
+        let x = self.act(n, 0)?;
+        let rank = self.shape(&x)?.rank() + 1;
+        let mode = a.string("mode").unwrap_or_else(|| "constant".into());
+        if mode != "constant" {
+            return Err(err(format!("Pad in mode `{mode}`: only constant padding")));
+        }
+        let value = match Self::has_input(n, 2) && !self.is_empty_const(n, 2) {
+            true => self.const_scalar(n, 2, "Pad constant_value")?,
+            false => f64::from(a.float("value", 0.0)),
+        };
+        if value != 0.0 {
+            return Err(err(format!("Pad with {value}: only zeros")));
+        }
+        // Numbers from a constant or a shape value (swin's pads computed from sizes).
+        let numbers = |pos: usize, what: &str| -> Result<Vec<i64>, GraphError> {
+            let (v, _) = self.ints_of(n, pos, what)?;
+            v.into_iter()
+                .map(|s| match s {
+                    Sym::N(k) => Ok(k),
+                    other => Err(err(format!("{what} holds {other}: only numbers"))),
+                })
+                .collect()
+        };
+        let pads = match Self::has_input(n, 1) {
+            true => numbers(1, "Pad pads")?,
+            false => a.ints("pads").ok_or_else(|| err("Pad needs pads".into()))?,
+        };
+        let axes: Vec<usize> = match Self::has_input(n, 3) {
+            true => numbers(3, "Pad axes")?
+                .iter()
+                .map(|&k| (if k < 0 { k + rank as i64 } else { k }) as usize)
+                .collect(),
+            false => (0..rank).collect(),
+        };
+        let k = axes.len();
+        if pads.len() != 2 * k || axes.iter().any(|&ax| ax >= rank) {
+            return Err(err(format!(
+                "Pad of {pads:?} over axes {axes:?} of rank {rank}"
+            )));
+        }
+        let mut per_axis = vec![[0usize; 2]; rank];
+        for (j, &ax) in axes.iter().enumerate() {
+            let (lo, hi) = (pads[j], pads[j + k]);
+            if lo < 0 || hi < 0 {
+                return Err(err(format!(
+                    "Pad of {pads:?}: negative pads crop, not supported"
+                )));
+            }
+            per_axis[ax] = [lo as usize, hi as usize];
+        }
+        if per_axis[0] != [0, 0] {
+            return Err(err(format!("Pad of {pads:?} pads the batch axis")));
+        }
+        if per_axis.iter().all(|p| *p == [0, 0]) {
+            self.define(n, Val::Ir(x));
+            return Ok(());
+        }
+        per_axis.remove(0);
+        self.emit(n, Op::Pad { pads: per_axis }, &[&x])?;
+        Ok(())
+    }
+
     /// `Concat` of activations, or of an activation and a learned tensor expanded over
     /// the batch (a class token).
     pub(super) fn concat(&mut self, _i: usize, n: &NodeProto, a: &Attrs) -> Result<(), GraphError> {
@@ -374,34 +442,4 @@ pub(super) fn transpose_const(t: &TensorProto, perm: &[i64]) -> Result<TensorPro
             ..Default::default()
         },
     })
-}
-
-/// Row-major `values` of shape `dims` with the axes reordered: output axis `k` is input axis `perm[k]`.
-pub(super) fn permute(values: &[f32], dims: &[usize], perm: &[usize]) -> Vec<f32> {
-    let rank = dims.len();
-    let mut strides = vec![1usize; rank];
-    for d in (0..rank.saturating_sub(1)).rev() {
-        strides[d] = strides[d + 1] * dims[d + 1];
-    }
-    let out_dims: Vec<usize> = perm.iter().map(|&p| dims[p]).collect();
-    let in_strides: Vec<usize> = perm.iter().map(|&p| strides[p]).collect();
-    let mut out = Vec::with_capacity(values.len());
-    let mut idx = vec![0usize; rank];
-    for _ in 0..values.len() {
-        out.push(
-            values[idx
-                .iter()
-                .zip(&in_strides)
-                .map(|(i, s)| i * s)
-                .sum::<usize>()],
-        );
-        for d in (0..rank).rev() {
-            idx[d] += 1;
-            if idx[d] < out_dims[d] {
-                break;
-            }
-            idx[d] = 0;
-        }
-    }
-    out
 }

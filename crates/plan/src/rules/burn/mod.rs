@@ -106,6 +106,7 @@ fn family(op: &Op) -> Family {
         | Op::MulParam { .. }
         | Op::AddTable { .. }
         | Op::Resize { .. }
+        | Op::Pad { .. }
         | Op::ConcatParam { .. }
         | Op::CausalMask
         | Op::Slice { .. }

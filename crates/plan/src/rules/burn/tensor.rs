@@ -80,8 +80,9 @@ pub(super) fn backward(b: &Burn, op: &Op, s: &Sizes, dx: u64, act: u64) -> Vec<B
         Op::Mul => out + s.inputs.iter().sum::<u64>(),
         // dx = dy * p, and dp = dy * x summed over the axes p broadcasts on.
         Op::MulParam { .. } => 2 * out,
-        // `interpolate_backward` writes dx of the input's size.
-        Op::Resize { .. } => out + dx,
+        // `interpolate_backward` writes dx of the input's size; `cat`'s backward slices dy
+        // into the padded input's gradient.
+        Op::Resize { .. } | Op::Pad { .. } => out + dx,
         _ => unreachable!("the dispatcher sends only tensor plumbing here"),
     };
     super::one(op, elems, act)
