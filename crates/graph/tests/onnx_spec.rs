@@ -40,17 +40,7 @@ fn a_3d_convolution_and_pool_load_with_their_windows() {
             ints("strides", &[2, 2, 2]),
         ],
     );
-    n.node("GlobalAveragePool", "/gap", &["p"], &["g"], vec![]);
-    n.node("Flatten", "/flat", &["g"], &["f"], vec![]);
-    n.weight("fc.W", &[5, 6]).weight("fc.B", &[5]);
-    n.node(
-        "Gemm",
-        "/fc",
-        &["f", "fc.W", "fc.B"],
-        &["logits"],
-        vec![int("transB", 1)],
-    );
-    n.output("logits");
+    classifier_head(&mut n, "p", 6, 5);
 
     let g = onnx::parse(&n.bytes()).unwrap();
     let node = |name: &str| g.nodes.iter().find(|x| x.name == name).unwrap();
@@ -82,17 +72,7 @@ fn a_layer_scale_initializer_is_a_learned_factor() {
     n.weight("layer_scale", &[4, 1, 1]);
     n.node("Mul", "/Mul", &["layer_scale", "d"], &["s"], vec![]);
     n.node("Add", "/res", &["s", "x"], &["y"], vec![]);
-    n.node("GlobalAveragePool", "/gap", &["y"], &["g"], vec![]);
-    n.node("Flatten", "/flat", &["g"], &["f"], vec![]);
-    n.weight("fc.W", &[3, 4]).weight("fc.B", &[3]);
-    n.node(
-        "Gemm",
-        "/fc",
-        &["f", "fc.W", "fc.B"],
-        &["logits"],
-        vec![int("transB", 1)],
-    );
-    n.output("logits");
+    classifier_head(&mut n, "y", 4, 3);
 
     let g = onnx::parse(&n.bytes()).unwrap();
     let node = g.nodes.iter().find(|x| x.name == "/Mul").unwrap();
@@ -103,6 +83,17 @@ fn a_layer_scale_initializer_is_a_learned_factor() {
         }
     );
     assert_eq!(g.param_count(), 4 * 9 + 4 + 4 + 3 * 4 + 3);
+}
+
+/// Global average pooling, flattened, and a `Gemm` to `classes` logits (the graph's output).
+fn classifier_head(n: &mut Net, x: &str, channels: i64, classes: i64) {
+    n.node("GlobalAveragePool", "/gap", &[x], &["g"], vec![]);
+    n.node("Flatten", "/flat", &["g"], &["f"], vec![]);
+    n.weight("fc.W", &[classes, channels])
+        .weight("fc.B", &[classes]);
+    let gemm = vec![int("transB", 1)];
+    n.node("Gemm", "/fc", &["f", "fc.W", "fc.B"], &["logits"], gemm);
+    n.output("logits");
 }
 
 /// `y = x Wᵀ` on a `[B, T, i]` input: MatMul by a constant `[i, o]`.

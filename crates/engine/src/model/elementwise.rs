@@ -176,22 +176,29 @@ pub(super) fn broadcast_run(sample: &[usize], shape: &[usize]) -> Option<(usize,
     })
 }
 
-/// `x + p` for a learned `p` of `shape` broadcast against the sample (stored flat).
-pub(super) fn add_param(
+/// How a learned tensor meets the activation.
+#[derive(Clone, Copy)]
+pub(super) enum Combine {
+    Add,
+    Mul,
+}
+
+/// `x + p` or `x * p` for a learned `p` of `shape` broadcast against the sample (stored
+/// flat): `AddParam`, `MulParam` (a layer scale).
+pub(super) fn learned(
     k: &Kernel,
     p: &Params,
     x: Tensor<2>,
     b: usize,
     shape: &[usize],
+    combine: Combine,
 ) -> Tensor<2> {
-    let (before, mid, after) =
-        broadcast_run(&k.in_dims[0], shape).expect("checked by check_trainable");
-    let addend = p.t1(k.params[0]).reshape([1, 1, mid, 1]);
-    (x.reshape([b, before, mid, after]) + addend).reshape([b, k.out_elems()])
+    let learned = p.t1(k.params[0]);
+    broadcast_learned(k, x, b, shape, learned, combine)
 }
 
 /// `x + t[index]` for a learned table `t` read at constant indices, broadcast as
-/// [`add_param`]'s (burn's `select` scatters the gradient back into the table).
+/// [`learned`]'s (burn's `select` scatters the gradient back into the table).
 pub(super) fn add_table(
     k: &Kernel,
     p: &Params,
@@ -200,26 +207,32 @@ pub(super) fn add_table(
     shape: &[usize],
     index: &[usize],
 ) -> Tensor<2> {
-    let (before, mid, after) =
-        broadcast_run(&k.in_dims[0], shape).expect("checked by check_trainable");
     let ids: Vec<i64> = index.iter().map(|&i| i as i64).collect();
     let ids = Tensor::<1, Int>::from_data(TensorData::new(ids, [index.len()]), &x.device());
-    let addend = p.t1(k.params[0]).select(0, ids).reshape([1, 1, mid, 1]);
-    (x.reshape([b, before, mid, after]) + addend).reshape([b, k.out_elems()])
+    let read = p.t1(k.params[0]).select(0, ids);
+    broadcast_learned(k, x, b, shape, read, Combine::Add)
 }
 
-/// `x * p` for a learned `p` broadcast as [`add_param`]'s (a layer scale).
-pub(super) fn mul_param(
+/// `x` combined with `learned` (one run of the sample's axes, [`broadcast_run`]).
+fn broadcast_learned(
     k: &Kernel,
-    p: &Params,
     x: Tensor<2>,
     b: usize,
     shape: &[usize],
+    learned: Tensor<1>,
+    combine: Combine,
 ) -> Tensor<2> {
     let (before, mid, after) =
         broadcast_run(&k.in_dims[0], shape).expect("checked by check_trainable");
-    let factor = p.t1(k.params[0]).reshape([1, 1, mid, 1]);
-    (x.reshape([b, before, mid, after]) * factor).reshape([b, k.out_elems()])
+    let (x, t) = (
+        x.reshape([b, before, mid, after]),
+        learned.reshape([1, 1, mid, 1]),
+    );
+    let y = match combine {
+        Combine::Add => x + t,
+        Combine::Mul => x * t,
+    };
+    y.reshape([b, k.out_elems()])
 }
 
 /// Scores `[.., T, T]` plus a causal mask: -inf above the diagonal, an untracked

@@ -1,6 +1,7 @@
 //! The forward pass: each kernel in graph order, dispatched to its op family.
 
 use super::compile::Program;
+use super::elementwise::Combine;
 use super::kernel::Kernel;
 use super::params::Params;
 use super::{Batch, Value, conv, dense, elementwise, float, norm, pool, prod, recurrent, reshape};
@@ -135,8 +136,8 @@ fn run_canonical(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: 
         Op::Slice { axis, start, end } => reshape::slice(k, first(), b, *axis, *start, *end),
         Op::Transpose { perm } => reshape::transpose(k, first(), b, perm),
         Op::Pad { pads } => reshape::pad(k, first(), b, pads),
-        Op::AddParam { shape } => elementwise::add_param(k, p, first(), b, shape),
-        Op::MulParam { shape } => elementwise::mul_param(k, p, first(), b, shape),
+        Op::AddParam { shape } => elementwise::learned(k, p, first(), b, shape, Combine::Add),
+        Op::MulParam { shape } => elementwise::learned(k, p, first(), b, shape, Combine::Mul),
         Op::AddTable { shape, index, .. } => elementwise::add_table(k, p, first(), b, shape, index),
         Op::CausalMask => elementwise::causal_mask(k, first(), b),
         Op::ConcatParam {

@@ -220,7 +220,7 @@ fn engine_layout(op: &Op, param: &batchfit_graph::Param) -> Layout {
         op,
         Op::AddParam { .. } | Op::MulParam { .. } | Op::AddTable { .. } | Op::ConcatParam { .. }
     ) {
-        // Flat: it broadcasts as one run of the sample's axes (elementwise `add_param`).
+        // Flat: it broadcasts as one run of the sample's axes (elementwise `learned`).
         vec![param.elements() as usize]
     } else {
         param.shape.clone()

@@ -118,14 +118,19 @@ pub(super) fn fuse_gelu(
             }
         })();
         if let Some((x, gone, last)) = fused {
-            let mut gelu = nodes[last].clone();
-            gelu.op_type = "Gelu".into();
-            gelu.input = vec![x];
-            gelu.attribute.clear();
-            rewrite.fuse(gone, last, gelu);
+            rewrite.fuse(gone, last, gelu_node(&nodes[last], x));
         }
     }
     rewrite.apply(nodes)
+}
+
+/// One `Gelu` of `x` in place of `last`, the pattern's final node (its name and output).
+fn gelu_node(last: &NodeProto, x: String) -> NodeProto {
+    let mut gelu = last.clone();
+    gelu.op_type = "Gelu".into();
+    gelu.input = vec![x];
+    gelu.attribute.clear();
+    gelu
 }
 
 /// The tanh form of GELU written out (GPT-2's `gelu_new`, `F.gelu(approximate="tanh")`
@@ -189,11 +194,7 @@ fn fuse_tanh_gelu(
             }
         })();
         if let Some((x, gone, last)) = fused {
-            let mut gelu = nodes[last].clone();
-            gelu.op_type = "Gelu".into();
-            gelu.input = vec![x];
-            gelu.attribute.clear();
-            rewrite.fuse(gone, last, gelu);
+            rewrite.fuse(gone, last, gelu_node(&nodes[last], x));
         }
     }
 }
