@@ -162,8 +162,20 @@ fn add_layer(g: &mut GraphBuilder, name: &str, k: &mut Keys) -> Result<(), Graph
         }
         "batchnorm" => g.batch_norm(name, x).map(drop),
         "layernorm" => g.layer_norm(name, x).map(drop),
-        "lstm" | "gru" => {
-            let cell = if op == "lstm" { Cell::Lstm } else { Cell::Gru };
+        "lstm" | "gru" | "rnn" => {
+            let cell = match op.as_str() {
+                "lstm" => Cell::Lstm,
+                "gru" => Cell::Gru,
+                _ => match k.str_or("activation", "tanh")?.as_str() {
+                    "tanh" => Cell::RnnTanh,
+                    "relu" => Cell::RnnRelu,
+                    other => {
+                        return Err(
+                            k.bad("activation", format!("`{other}`, expected tanh or relu"))
+                        );
+                    }
+                },
+            };
             let hidden = k.usize("hidden")?;
             let bidirectional = k.bool_or("bidirectional", false)?;
             let bias = match k.str_or("bias", "double")?.as_str() {
@@ -181,6 +193,15 @@ fn add_layer(g: &mut GraphBuilder, name: &str, k: &mut Keys) -> Result<(), Graph
                 "relu" => Op::Relu,
                 "clipped_relu" => Op::ClippedRelu {
                     max: k.f64("max")? as f32,
+                },
+                "instance_norm" => Op::InstanceNorm {
+                    channels: g
+                        .shape(x)?
+                        .0
+                        .first()
+                        .and_then(|d| d.fixed())
+                        .ok_or_else(|| GraphError::node(name, "needs [B, C, ...] input"))?,
+                    affine: k.bool_or("affine", false)?,
                 },
                 "leaky_relu" => Op::LeakyRelu {
                     alpha: k.f64_or("alpha", 0.01)? as f32,
@@ -229,6 +250,9 @@ fn add_layer(g: &mut GraphBuilder, name: &str, k: &mut Keys) -> Result<(), Graph
                     shape: k.usize_list("shape")?,
                 },
                 "mul_param" => Op::MulParam {
+                    shape: k.usize_list("shape")?,
+                },
+                "prelu" => Op::PRelu {
                     shape: k.usize_list("shape")?,
                 },
                 "add_table" => Op::AddTable {

@@ -7,8 +7,9 @@
 //! embeddings (tables read at buffered ids), an expanded gate, `LeakyRelu` and the shape
 //! of a constant.
 
+use batchfit_graph::onnx::proto::{AttributeProto, AttributeType};
 use batchfit_graph::onnx::proto::{DataType, TensorProto};
-use batchfit_graph::{LossKind, Op, ResizeMode, onnx};
+use batchfit_graph::{Cell, LossKind, Op, ResizeMode, onnx};
 
 mod common;
 use common::*;
@@ -575,5 +576,227 @@ fn pads_computed_in_the_graph_as_torch_writes_f_pad() {
         Op::Pad {
             pads: vec![[0, 3], [0, 2], [0, 0]]
         }
+    );
+}
+
+#[test]
+fn group_norm_as_torch_exports_it_is_an_instance_norm_and_its_own_scale_and_shift() {
+    // `nn.GroupNorm(2, 4)`: reshape to `[B, 2, -1]`, InstanceNormalization with
+    // constant ones and zeros, reshape back to the input's shape, then the learned
+    // per-channel scale and shift.
+    let mut n = Net::new("group-norm");
+    n.input("x", "batch,4,3,3");
+    n.init(int64s("groups", &[0, 2, -1]));
+    n.node("Reshape", "/gn/Reshape", &["x", "groups"], &["r"], vec![]);
+    let ones = tensor("value", floats("ones", &[2], &[1.0, 1.0]));
+    let zeros = tensor("value", floats("zeros", &[2], &[0.0, 0.0]));
+    n.node("Constant", "/gn/ones", &[], &["one"], vec![ones]);
+    n.node("Constant", "/gn/zeros", &[], &["zero"], vec![zeros]);
+    n.node(
+        "InstanceNormalization",
+        "/gn/InstanceNormalization",
+        &["r", "one", "zero"],
+        &["i"],
+        vec![float("epsilon", 1e-5)],
+    );
+    n.node("Shape", "/gn/Shape", &["x"], &["s"], vec![]);
+    n.node("Reshape", "/gn/Reshape_1", &["i", "s"], &["u"], vec![]);
+    n.weight("gn.weight", &[4, 1, 1])
+        .weight("gn.bias", &[4, 1, 1]);
+    n.node("Mul", "/gn/Mul", &["u", "gn.weight"], &["m"], vec![]);
+    n.node("Add", "/gn/Add", &["m", "gn.bias"], &["y"], vec![]);
+    classifier_head(&mut n, "y", 4, 3);
+
+    let g = onnx::parse(&n.bytes()).unwrap();
+    let node = |name: &str| g.nodes.iter().find(|x| x.name == name).unwrap();
+    assert_eq!(
+        node("/gn/InstanceNormalization").op,
+        Op::InstanceNorm {
+            channels: 2,
+            affine: false
+        }
+    );
+    assert_eq!(
+        g.shape_of("/gn/InstanceNormalization").unwrap().to_string(),
+        "[B, 2, 18]"
+    );
+    assert_eq!(g.shape_of("/gn/Add").unwrap().to_string(), "[B, 4, 3, 3]");
+    // GroupNorm's 4 + 4, none for the constant ones and zeros.
+    assert_eq!(g.param_count(), 4 + 4 + 3 * 4 + 3);
+}
+
+#[test]
+fn an_affine_instance_norm_learns_its_scale_and_shift() {
+    let mut n = Net::new("instance-norm");
+    n.input("x", "batch,3,4,4");
+    n.weight("in.weight", &[3]).weight("in.bias", &[3]);
+    n.node(
+        "InstanceNormalization",
+        "/in",
+        &["x", "in.weight", "in.bias"],
+        &["y"],
+        vec![],
+    );
+    classifier_head(&mut n, "y", 3, 2);
+    let g = onnx::parse(&n.bytes()).unwrap();
+    let node = g.nodes.iter().find(|x| x.name == "/in").unwrap();
+    assert_eq!(
+        node.op,
+        Op::InstanceNorm {
+            channels: 3,
+            affine: true
+        }
+    );
+    assert_eq!(g.param_count(), 3 + 3 + 2 * 3 + 2);
+
+    // Constant scales other than ones are refused, naming the node.
+    let mut n = Net::new("scaled-instance-norm");
+    n.input("x", "batch,3,4,4");
+    let twos = tensor("value", floats("twos", &[3], &[2.0; 3]));
+    let zeros = tensor("value", floats("zeros", &[3], &[0.0; 3]));
+    n.node("Constant", "/twos", &[], &["two"], vec![twos]);
+    n.node("Constant", "/zeros", &[], &["zero"], vec![zeros]);
+    n.node(
+        "InstanceNormalization",
+        "/in",
+        &["x", "two", "zero"],
+        &["y"],
+        vec![],
+    );
+    classifier_head(&mut n, "y", 3, 2);
+    let err = onnx::parse(&n.bytes()).unwrap_err().to_string();
+    assert!(
+        err.contains("/in") && err.contains("ones and zeros"),
+        "{err}"
+    );
+}
+
+#[test]
+fn prelu_learns_one_slope_or_one_per_channel() {
+    for (dims, shape) in [(vec![1], vec![1]), (vec![4, 1, 1], vec![4, 1, 1])] {
+        let mut n = Net::new("prelu");
+        n.input("x", "batch,4,3,3");
+        n.weight("act.weight", &dims);
+        n.node("PRelu", "/act/PRelu", &["x", "act.weight"], &["y"], vec![]);
+        classifier_head(&mut n, "y", 4, 2);
+        let g = onnx::parse(&n.bytes()).unwrap();
+        let node = g.nodes.iter().find(|x| x.name == "/act/PRelu").unwrap();
+        assert_eq!(node.op, Op::PRelu { shape });
+        assert_eq!(
+            g.param_count(),
+            dims.iter().product::<i64>() as u64 + 2 * 4 + 2
+        );
+    }
+    // A slope that does not broadcast is refused, naming the node.
+    let mut n = Net::new("bad-prelu");
+    n.input("x", "batch,4,3,3");
+    n.weight("act.weight", &[3, 1, 1]);
+    n.node("PRelu", "/act/PRelu", &["x", "act.weight"], &["y"], vec![]);
+    classifier_head(&mut n, "y", 4, 2);
+    let err = onnx::parse(&n.bytes()).unwrap_err().to_string();
+    assert!(
+        err.contains("/act/PRelu") && err.contains("broadcast"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_plain_rnn_loads_with_its_activation_and_pytorch_s_count() {
+    // `nn.RNN(5, 4, nonlinearity="relu", bidirectional=True, batch_first=True)` as
+    // torch.onnx writes it: Transpose to [T, B, I], RNN, Y [T, 2, B, H] back to
+    // batch-first and the directions merged.
+    let mut n = Net::new("deepspeech-rnn");
+    n.input("x", "batch,7,5");
+    n.node(
+        "Transpose",
+        "/tin",
+        &["x"],
+        &["xt"],
+        vec![ints("perm", &[1, 0, 2])],
+    );
+    n.weight("W", &[2, 4, 5])
+        .weight("R", &[2, 4, 4])
+        .weight("B", &[2, 8]);
+    let relu = AttributeProto {
+        name: "activations".into(),
+        r#type: AttributeType::Strings as i32,
+        strings: vec![b"Relu".to_vec(), b"Relu".to_vec()],
+        ..Default::default()
+    };
+    n.node(
+        "RNN",
+        "/rnn/RNN",
+        &["xt", "W", "R", "B"],
+        &["y"],
+        vec![
+            int("hidden_size", 4),
+            string("direction", "bidirectional"),
+            relu,
+        ],
+    );
+    n.node(
+        "Transpose",
+        "/tout",
+        &["y"],
+        &["yt"],
+        vec![ints("perm", &[0, 2, 1, 3])],
+    );
+    n.init(int64s("merged", &[0, 0, -1]));
+    n.node(
+        "Transpose",
+        "/tb",
+        &["yt"],
+        &["yb"],
+        vec![ints("perm", &[1, 0, 2, 3])],
+    );
+    n.node("Reshape", "/merge", &["yb", "merged"], &["h"], vec![]);
+    matmul(&mut n, "/fc", "h", 8, 3, "logits");
+    n.output("logits");
+
+    let g = onnx::parse(&n.bytes()).unwrap();
+    let rnn = g.nodes.iter().find(|x| x.op.name() == "rnn").unwrap();
+    assert!(
+        matches!(
+            rnn.op,
+            Op::Rnn {
+                cell: Cell::RnnRelu,
+                hidden: 4,
+                bidirectional: true,
+                ..
+            }
+        ),
+        "{:?}",
+        rnn.op
+    );
+    assert_eq!(g.param_count(), 2 * (4 * 5 + 4 * 4 + 2 * 4) + 8 * 3);
+
+    // An activation pair the cell does not have is refused, naming the node.
+    let mut n = Net::new("mixed-rnn");
+    n.input("x", "batch,7,5");
+    n.node(
+        "Transpose",
+        "/tin",
+        &["x"],
+        &["xt"],
+        vec![ints("perm", &[1, 0, 2])],
+    );
+    n.weight("W", &[2, 4, 5]).weight("R", &[2, 4, 4]);
+    let mixed = AttributeProto {
+        name: "activations".into(),
+        r#type: AttributeType::Strings as i32,
+        strings: vec![b"Relu".to_vec(), b"Tanh".to_vec()],
+        ..Default::default()
+    };
+    let attrs = vec![
+        int("hidden_size", 4),
+        string("direction", "bidirectional"),
+        mixed,
+    ];
+    n.node("RNN", "/rnn/RNN", &["xt", "W", "R"], &["y"], attrs);
+    n.output("y");
+    let err = onnx::parse(&n.bytes()).unwrap_err().to_string();
+    assert!(
+        err.contains("/rnn/RNN") && err.contains("same activation"),
+        "{err}"
     );
 }

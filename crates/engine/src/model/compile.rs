@@ -122,7 +122,10 @@ pub fn check_trainable(graph: &Graph) -> Result<(), Unsupported> {
             Op::Transpose { .. } if node.shape.rank() > 5 => {
                 Some("transposing more than 5 sample dimensions")
             }
-            Op::AddParam { shape } | Op::MulParam { shape } | Op::AddTable { shape, .. } => {
+            Op::AddParam { shape }
+            | Op::MulParam { shape }
+            | Op::PRelu { shape }
+            | Op::AddTable { shape, .. } => {
                 let sample = node.shape.all_fixed().unwrap_or_default();
                 (super::elementwise::broadcast_run(&sample, shape).is_none()).then_some(
                     "a learned tensor whose broadcast axes are not one run of the sample's",

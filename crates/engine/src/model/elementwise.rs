@@ -9,7 +9,7 @@ use crate::cpu::act::{clamp_cpu, gelu_cpu, relu_cpu, softmax_rows_cpu};
 use crate::cpu::tensor::available;
 use batchfit_graph::Op;
 use burn::tensor::activation::{
-    gelu, hard_sigmoid, hard_swish, leaky_relu, relu, sigmoid, softmax, tanh,
+    gelu, hard_sigmoid, hard_swish, leaky_relu, prelu, relu, sigmoid, softmax, tanh,
 };
 use burn::tensor::{Distribution, Int, Tensor, TensorData};
 
@@ -181,10 +181,12 @@ pub(super) fn broadcast_run(sample: &[usize], shape: &[usize]) -> Option<(usize,
 pub(super) enum Combine {
     Add,
     Mul,
+    /// `x` where positive, else `p x` (burn's `prelu`, the slope over axis 1).
+    PRelu,
 }
 
-/// `x + p` or `x * p` for a learned `p` of `shape` broadcast against the sample (stored
-/// flat): `AddParam`, `MulParam` (a layer scale).
+/// `x + p`, `x * p` or `prelu(x, p)` for a learned `p` of `shape` broadcast against the
+/// sample (stored flat): `AddParam`, `MulParam` (a layer scale), `PRelu`.
 pub(super) fn learned(
     k: &Kernel,
     p: &Params,
@@ -224,15 +226,13 @@ fn broadcast_learned(
 ) -> Tensor<2> {
     let (before, mid, after) =
         broadcast_run(&k.in_dims[0], shape).expect("checked by check_trainable");
-    let (x, t) = (
-        x.reshape([b, before, mid, after]),
-        learned.reshape([1, 1, mid, 1]),
-    );
-    let y = match combine {
-        Combine::Add => x + t,
-        Combine::Mul => x * t,
-    };
-    y.reshape([b, k.out_elems()])
+    let out = [b, k.out_elems()];
+    let x = x.reshape([b, before, mid, after]);
+    match combine {
+        Combine::Add => (x + learned.reshape([1, 1, mid, 1])).reshape(out),
+        Combine::Mul => (x * learned.reshape([1, 1, mid, 1])).reshape(out),
+        Combine::PRelu => prelu(x.reshape([b * before, mid, after]), learned).reshape(out),
+    }
 }
 
 /// Scores `[.., T, T]` plus a causal mask: -inf above the diagonal, an untracked

@@ -116,6 +116,9 @@ fn run_canonical(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: 
             align_corners,
         } => pool::resize(k, first(), b, size, *mode, *align_corners),
         Op::BatchNorm { features } => norm::batch_norm(k, p, first(), b, *features),
+        Op::InstanceNorm { channels, affine } => {
+            norm::instance_norm(k, p, first(), b, *channels, *affine)
+        }
         Op::LayerNorm { features } => norm::layer_norm(k, p, first(), b, *features),
         Op::Relu
         | Op::ClippedRelu { .. }
@@ -138,6 +141,7 @@ fn run_canonical(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: 
         Op::Pad { pads } => reshape::pad(k, first(), b, pads),
         Op::AddParam { shape } => elementwise::learned(k, p, first(), b, shape, Combine::Add),
         Op::MulParam { shape } => elementwise::learned(k, p, first(), b, shape, Combine::Mul),
+        Op::PRelu { shape } => elementwise::learned(k, p, first(), b, shape, Combine::PRelu),
         Op::AddTable { shape, index, .. } => elementwise::add_table(k, p, first(), b, shape, index),
         Op::CausalMask => elementwise::causal_mask(k, first(), b),
         Op::ConcatParam {

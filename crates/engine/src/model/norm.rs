@@ -1,5 +1,6 @@
 //! Normalisation: batch norm over the channel axis, layer norm over the last,
-//! local response normalisation across channels.
+//! instance norm over each channel's positions, local response normalisation across
+//! channels.
 
 use super::kernel::Kernel;
 use super::params::Params;
@@ -28,6 +29,41 @@ pub(super) fn batch_norm(
     let gamma = gamma.reshape([1, features, 1]);
     let beta = beta.reshape([1, features, 1]);
     (y * gamma + beta).reshape([b, k.out_elems()])
+}
+
+/// Instance normalisation: each `(sample, channel)` row normalised over its positions by
+/// the layer norm (the CPU's fused one with a scale of ones and a shift of zeros, neither
+/// trained), then the per-channel scale and shift when `affine`.
+pub(super) fn instance_norm(
+    k: &Kernel,
+    p: &Params,
+    x: Tensor<2>,
+    b: usize,
+    channels: usize,
+    affine: bool,
+) -> Tensor<2> {
+    let positions = prod(&k.in_dims[0]) / channels;
+    let rows = x.reshape([b * channels, positions]);
+    let device = rows.device();
+    let (ones, zeros) = (
+        Tensor::<1>::ones([positions], &device),
+        Tensor::<1>::zeros([positions], &device),
+    );
+    let y = layer_norm_cpu(rows.clone(), ones, zeros).unwrap_or_else(|| {
+        let centered = rows.clone() - rows.mean_dim(1);
+        let var = centered.clone().powi_scalar(2).mean_dim(1);
+        centered / (var + 1e-5).sqrt()
+    });
+    let y = y.reshape([b, channels, positions]);
+    let y = match affine {
+        true => {
+            let gamma = p.t1(k.params[0]).reshape([1, channels, 1]);
+            let beta = p.t1(k.params[1]).reshape([1, channels, 1]);
+            y * gamma + beta
+        }
+        false => y,
+    };
+    y.reshape([b, k.out_elems()])
 }
 
 /// Layer normalisation over the last `features` values of every position.

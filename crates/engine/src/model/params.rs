@@ -218,7 +218,11 @@ fn engine_layout(op: &Op, param: &batchfit_graph::Param) -> Layout {
         vec![param.shape[1], param.shape[0]]
     } else if matches!(
         op,
-        Op::AddParam { .. } | Op::MulParam { .. } | Op::AddTable { .. } | Op::ConcatParam { .. }
+        Op::AddParam { .. }
+            | Op::MulParam { .. }
+            | Op::PRelu { .. }
+            | Op::AddTable { .. }
+            | Op::ConcatParam { .. }
     ) {
         // Flat: it broadcasts as one run of the sample's axes (elementwise `learned`).
         vec![param.elements() as usize]
@@ -249,7 +253,7 @@ fn random_start(op: &Op, param: &batchfit_graph::Param) -> Start {
         // U(-1, 1) (PyTorch draws N(0, 1) here).
         Op::Embedding { .. } => 1,
         Op::Rnn { hidden, .. } => hidden,
-        Op::BatchNorm { .. } | Op::LayerNorm { .. } => {
+        Op::BatchNorm { .. } | Op::LayerNorm { .. } | Op::InstanceNorm { .. } => {
             return Start::Constant(if param.name == "weight" { 1.0 } else { 0.0 });
         }
         // A positional embedding starts at zeros (`nn.Parameter(torch.zeros(..))`).
@@ -258,6 +262,8 @@ fn random_start(op: &Op, param: &batchfit_graph::Param) -> Start {
         }
         // A layer scale starts at ones unless the graph says otherwise.
         Op::MulParam { .. } => return Start::Constant(1.0),
+        // `nn.PReLU`'s slope starts at 0.25.
+        Op::PRelu { .. } => return Start::Constant(0.25),
         _ => unreachable!("{} has no parameters", op.name()),
     };
     Start::Uniform { fan_in }

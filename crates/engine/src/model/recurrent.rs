@@ -1,12 +1,13 @@
-//! Recurrent layers: LSTM and GRU, one or both directions. Every step's input
-//! projection is one matrix product up front; the steps then run fused on the
-//! CPU ([`crate::cpu::recurrent::lstm`], [`crate::cpu::recurrent::gru`]), or composed of burn ops elsewhere.
+//! Recurrent layers: LSTM, GRU and the plain cell, one or both directions. Every
+//! step's input projection is one matrix product up front; the LSTM and GRU steps
+//! then run fused on the CPU ([`crate::cpu::recurrent::lstm`],
+//! [`crate::cpu::recurrent::gru`]); the rest are composed of burn ops.
 
 use super::kernel::Kernel;
 use super::params::{P, Params};
 use batchfit_graph::{Cell, Op, RnnBias};
 use burn::tensor::Tensor;
-use burn::tensor::activation::{sigmoid, tanh};
+use burn::tensor::activation::{relu, sigmoid, tanh};
 
 /// An LSTM or GRU layer over `x` `[B, T·I]`: every step's output `[B, T·H·dirs]`,
 /// the directions side by side.
@@ -85,9 +86,10 @@ fn rnn_projection(x: Tensor<3>, p: &Params, q: &[P]) -> Tensor<3> {
     (x.reshape([b * t, i]).matmul(w_ih) + p.t1(q[2]).unsqueeze::<2>()).reshape([b, t, g])
 }
 
-/// One direction of an LSTM or GRU from its input projection `xp` `[B, T, gates·H]`,
-/// returning `[B, T, H]`, composed of burn ops step by step (gate order i, f, g, o for
-/// LSTM; r, z, n for GRU). On the CPU both cells run fused instead.
+/// One direction of an LSTM, GRU or plain cell from its input projection `xp`
+/// `[B, T, gates·H]`, returning `[B, T, H]`, composed of burn ops step by step (gate
+/// order i, f, g, o for LSTM; r, z, n for GRU). On the CPU LSTM and GRU run fused
+/// instead.
 fn rnn_direction(
     cell: Cell,
     h: usize,
@@ -133,6 +135,8 @@ fn rnn_direction(
                 c_t = f * c_t + ig * gg;
                 h_t = o * tanh(c_t.clone());
             }
+            Cell::RnnTanh => h_t = tanh(xs + rec),
+            Cell::RnnRelu => h_t = relu(xs + rec),
             Cell::Gru => {
                 let mut xc = xs.chunk(3, 1);
                 let mut rc = rec.chunk(3, 1);

@@ -107,6 +107,24 @@ pub fn families() -> Vec<Graph> {
     g.linear("out", "rnn", 5).unwrap();
     out.push(g.finish(LossKind::Ctc { blank: 4 }, "out").unwrap());
 
+    // DeepSpeech's recurrence: plain cells, ReLU both ways, then tanh one way.
+    let mut g = GraphBuilder::new("plain-rnn-ctc");
+    g.input(
+        "x",
+        Shape(vec![
+            batchfit_graph::Dim::Seq,
+            batchfit_graph::Dim::Fixed(5),
+        ]),
+    )
+    .unwrap();
+    g.seq_len(6);
+    g.rnn("relu", "x", Cell::RnnRelu, 4, true, RnnBias::Double)
+        .unwrap();
+    g.rnn("tanh", "relu", Cell::RnnTanh, 3, false, RnnBias::Double)
+        .unwrap();
+    g.linear("out", "tanh", 5).unwrap();
+    out.push(g.finish(LossKind::Ctc { blank: 4 }, "out").unwrap());
+
     // Question 2's path: the conv's own row layout through ReLU, a conv of a tracked
     // input, the pool's window matrix, then NCHW; and a one-direction LSTM with
     // PyTorch's two biases.
@@ -213,7 +231,16 @@ pub fn families() -> Vec<Graph> {
     let scale = Op::MulParam {
         shape: vec![8, 1, 1],
     };
-    g.push("scaled", scale, &["leaky"]).unwrap();
+    let inorm = Op::InstanceNorm {
+        channels: 8,
+        affine: true,
+    };
+    g.push("inorm", inorm, &["leaky"]).unwrap();
+    let prelu = Op::PRelu {
+        shape: vec![8, 1, 1],
+    };
+    g.push("prelu", prelu, &["inorm"]).unwrap();
+    g.push("scaled", scale, &["prelu"]).unwrap();
     let resize = |size: usize, mode| Op::Resize {
         size: vec![size, size],
         mode,

@@ -334,6 +334,11 @@ pub(super) fn unsqueeze(dims: &[usize], axes: Option<&[i64]>) -> Result<Vec<i64>
         .collect())
 }
 
+/// Whether every entry of a shape value is a number (neither the batch nor T).
+fn numbers(v: &[Sym]) -> bool {
+    v.iter().all(|s| matches!(s, Sym::N(_)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -346,9 +351,4 @@ mod tests {
         assert_eq!(unsqueeze(&[32], Some(&[-1])).unwrap(), vec![32, 1]);
         assert_eq!(unsqueeze(&[32], Some(&[1])).unwrap(), vec![1, 32]);
     }
-}
-
-/// Whether every entry of a shape value is a number (neither the batch nor T).
-fn numbers(v: &[Sym]) -> bool {
-    v.iter().all(|s| matches!(s, Sym::N(_)))
 }

@@ -62,6 +62,15 @@ impl Op {
                 out.extend(spatial);
                 Ok(Shape(out))
             }
+            Op::InstanceNorm { channels, .. } => {
+                expect_dim(x, 0, *channels, "channels")?;
+                if x.rank() < 2 {
+                    return Err(ShapeError(format!(
+                        "instance norm needs [C, spatial...] per sample, got {x}"
+                    )));
+                }
+                Ok(x.clone())
+            }
             Op::BatchNorm { features } => {
                 expect_dim(x, 0, *features, "channels")?;
                 Ok(x.clone())
@@ -173,7 +182,10 @@ impl Op {
                 out.extend(size.iter().map(|&s| Dim::Fixed(s)));
                 Ok(Shape(out))
             }
-            Op::AddParam { shape } | Op::MulParam { shape } | Op::AddTable { shape, .. } => {
+            Op::AddParam { shape }
+            | Op::MulParam { shape }
+            | Op::PRelu { shape }
+            | Op::AddTable { shape, .. } => {
                 let fits = shape.len() <= x.rank()
                     && shape
                         .iter()

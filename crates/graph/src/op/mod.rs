@@ -40,14 +40,22 @@ pub enum ReduceKind {
 pub enum Cell {
     Lstm,
     Gru,
+    /// The plain (Elman) cell `h_t = tanh(x W_ih + b_ih + h_{t-1} W_hh + b_hh)`
+    /// (`nn.RNN`'s default).
+    #[serde(rename = "rnn_tanh")]
+    RnnTanh,
+    /// The plain cell with ReLU (`nn.RNN(nonlinearity="relu")`, DeepSpeech).
+    #[serde(rename = "rnn_relu")]
+    RnnRelu,
 }
 
 impl Cell {
-    /// Gates per cell: 4 for LSTM (i, f, g, o), 3 for GRU (r, z, n).
+    /// Gates per cell: 4 for LSTM (i, f, g, o), 3 for GRU (r, z, n), 1 for the plain cell.
     pub fn gates(self) -> usize {
         match self {
             Cell::Lstm => 4,
             Cell::Gru => 3,
+            Cell::RnnTanh | Cell::RnnRelu => 1,
         }
     }
 }
@@ -150,6 +158,13 @@ pub enum Op {
     BatchNorm {
         features: usize,
     },
+    /// Instance normalisation: each channel of each sample normalised over its spatial
+    /// positions (ONNX `InstanceNormalization`; GroupNorm exports as one over `[G, ...]`
+    /// between reshapes), with a per-channel scale and shift when `affine`.
+    InstanceNorm {
+        channels: usize,
+        affine: bool,
+    },
     /// Layer normalisation over the last dimension.
     LayerNorm {
         features: usize,
@@ -162,6 +177,11 @@ pub enum Op {
     /// `x` where positive, else `alpha x` (CSP networks, YOLO, GAN discriminators).
     LeakyRelu {
         alpha: f32,
+    },
+    /// `x` where positive, else `a x` for a learned slope `a` of `shape`, broadcast as
+    /// [`Op::AddParam`]'s (`nn.PReLU`: one slope, or one per channel as `[C, 1, 1]`).
+    PRelu {
+        shape: Vec<usize>,
     },
     Gelu,
     Tanh,
@@ -329,9 +349,11 @@ pub const OP_NAMES: &[&str] = &[
     "conv3d",
     "batchnorm",
     "layernorm",
+    "instance_norm",
     "relu",
     "clipped_relu",
     "leaky_relu",
+    "prelu",
     "gelu",
     "tanh",
     "sigmoid",
@@ -366,6 +388,7 @@ pub const OP_NAMES: &[&str] = &[
     "embedding",
     "lstm",
     "gru",
+    "rnn",
 ];
 
 impl Op {
@@ -378,10 +401,12 @@ impl Op {
             Op::Conv { window, .. } if window.spatial() == 2 => "conv2d",
             Op::Conv { .. } => "conv3d",
             Op::BatchNorm { .. } => "batchnorm",
+            Op::InstanceNorm { .. } => "instance_norm",
             Op::LayerNorm { .. } => "layernorm",
             Op::Relu => "relu",
             Op::ClippedRelu { .. } => "clipped_relu",
             Op::LeakyRelu { .. } => "leaky_relu",
+            Op::PRelu { .. } => "prelu",
             Op::Gelu => "gelu",
             Op::Tanh => "tanh",
             Op::Sigmoid => "sigmoid",
@@ -428,7 +453,10 @@ impl Op {
             Op::Rnn {
                 cell: Cell::Lstm, ..
             } => "lstm",
-            Op::Rnn { .. } => "gru",
+            Op::Rnn {
+                cell: Cell::Gru, ..
+            } => "gru",
+            Op::Rnn { .. } => "rnn",
         }
     }
 
@@ -470,6 +498,13 @@ impl Op {
                 }
                 p
             }
+            Op::InstanceNorm {
+                channels,
+                affine: true,
+            } => vec![
+                Param::new("weight", &[channels]),
+                Param::new("bias", &[channels]),
+            ],
             Op::BatchNorm { features } | Op::LayerNorm { features } => vec![
                 Param::new("weight", &[features]),
                 Param::new("bias", &[features]),
@@ -477,6 +512,7 @@ impl Op {
             Op::Embedding { vocab, dim } => vec![Param::new("weight", &[vocab, dim])],
             Op::AddParam { ref shape }
             | Op::MulParam { ref shape }
+            | Op::PRelu { ref shape }
             | Op::ConcatParam { ref shape, .. } => {
                 vec![Param::new("weight", shape)]
             }

@@ -253,10 +253,10 @@ pub fn forward_flops(op: &Op, s: &Sizes) -> f64 {
             out * (per_out + f64::from(u8::from(*bias)))
         }
         // Mean, variance, normalise, scale and shift.
-        Op::BatchNorm { .. } | Op::LayerNorm { .. } => 8.0 * inp,
+        Op::BatchNorm { .. } | Op::LayerNorm { .. } | Op::InstanceNorm { .. } => 8.0 * inp,
         Op::Relu | Op::ClippedRelu { .. } | Op::Dropout { .. } | Op::DropPath { .. } => out,
         // A comparison, the scaled copy and the select.
-        Op::LeakyRelu { .. } => 3.0 * out,
+        Op::LeakyRelu { .. } | Op::PRelu { .. } => 3.0 * out,
         Op::Tanh | Op::Sigmoid => 4.0 * out,
         Op::Gelu => 8.0 * out,
         // Scale and shift, two comparisons (and the product for the swish).

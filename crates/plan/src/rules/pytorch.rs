@@ -43,6 +43,13 @@ impl RuntimeRules for Pytorch {
             // `native_batch_norm`/`native_layer_norm`: x plus per-channel or per-row mean and
             // rstd (per-row stats scale with the sample: two floats per normalised row).
             Op::BatchNorm { .. } => inputs,
+            // `instance_norm` runs `batch_norm` over `[1, B x C, ...]`: x, and the mean and
+            // rstd per sample and channel.
+            Op::InstanceNorm { channels, .. } => Saved {
+                inputs: true,
+                extra_elems: 2 * *channels as u64,
+                ..none
+            },
             Op::LayerNorm { features } => Saved {
                 inputs: true,
                 extra_elems: 2 * (s.inputs[0] / *features as u64),
@@ -54,6 +61,8 @@ impl RuntimeRules for Pytorch {
             // their input.
             Op::ClippedRelu { .. }
             | Op::LeakyRelu { .. }
+            // `_prelu_kernel` keeps its input (and the weight, a parameter).
+            | Op::PRelu { .. }
             | Op::Gelu
             | Op::HardSigmoid { .. }
             | Op::HardSwish => inputs,
@@ -129,11 +138,13 @@ impl RuntimeRules for Pytorch {
             },
             // On a GPU, cuDNN's layer keeps its reserve space, taken as what an unfused layer
             // keeps per step and direction: LSTM i, f, g, o, c_t, tanh(c_t), h_t (7H); GRU
-            // r, z, n, h_t, W_hn h + b_hn, h_{t-1} (6H); plus the input sequence for dW_ih.
+            // r, z, n, h_t, W_hn h + b_hn, h_{t-1} (6H); the plain cell its pre-activation
+            // and h_t (2H); plus the input sequence for dW_ih.
             Op::Rnn { cell, hidden, .. } if self.gpu => {
                 let per_step = match cell {
                     Cell::Lstm => 7,
                     Cell::Gru => 6,
+                    Cell::RnnTanh | Cell::RnnRelu => 2,
                 } * *hidden as u64;
                 Saved {
                     inputs: true,
@@ -164,11 +175,17 @@ impl RuntimeRules for Pytorch {
             // A GRU is composed of autograd ops (`gru_cell` in aten/src/ATen/native/RNN.cpp),
             // per step and direction: the hidden gates' 3H (their sigmoids run in place),
             // `mul_`'s copies of the original n-gate slice and of h - n (2H), tanh's n (H)
-            // and h_{t-1}, read by the next step's `addmm` (H).
-            Op::Rnn { hidden, .. } => {
+            // and h_{t-1}, read by the next step's `addmm` (H). The plain cell
+            // (`SimpleCell`: `linear_hh(h).add_(x W_ih)`, then tanh or relu, which keep
+            // their output) keeps h_t, also read by the next step's `addmm` (H).
+            Op::Rnn { cell, hidden, .. } => {
                 let (steps, dirs) = steps_and_dirs(op, s);
+                let per_step = match cell {
+                    Cell::RnnTanh | Cell::RnnRelu => 1,
+                    _ => 7,
+                };
                 Saved {
-                    extra_elems: s.inputs[0] + dirs * steps * 7 * *hidden as u64,
+                    extra_elems: s.inputs[0] + dirs * steps * per_step * *hidden as u64,
                     ..none
                 }
             }
@@ -196,14 +213,13 @@ impl RuntimeRules for Pytorch {
     /// The node's output, its inputs that no earlier node keeps, what it keeps besides
     /// them, and its kernel's workspace.
     fn forward_live(&self, op: &Op, s: &Sizes, act: u64, loose: u64, extra: u64) -> u64 {
-        // A GRU's input projection of one direction's whole sequence (`gru` computes
-        // `x W_ih^T` for all steps at once) lives until that direction's last step.
+        // A GRU's (and the plain cell's) input projection of one direction's whole
+        // sequence (`x W_ih^T` for all steps at once) lives until that direction's last
+        // step.
         let projection = match op {
-            Op::Rnn {
-                cell: Cell::Gru,
-                hidden,
-                ..
-            } if !self.gpu => steps_and_dirs(op, s).0 * 3 * *hidden as u64 * act,
+            Op::Rnn { cell, hidden, .. } if !self.gpu && *cell != Cell::Lstm => {
+                steps_and_dirs(op, s).0 * (cell.gates() * *hidden) as u64 * act
+            }
             _ => 0,
         };
         s.output * act + loose + extra + projection + self.workspace(op, s, act)

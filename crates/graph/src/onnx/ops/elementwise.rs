@@ -37,6 +37,42 @@ impl Importer {
         Ok(())
     }
 
+    /// `PRelu` with a learned slope (an initializer, as `nn.PReLU` exports it: `[1]`, or
+    /// `[C, 1, 1]` per channel) broadcast against the sample.
+    pub(super) fn prelu(&mut self, _i: usize, n: &NodeProto, _a: &Attrs) -> Result<(), GraphError> {
+        let err = |why: String| GraphError::node(label(n), why);
+        let x = self.act(n, 0)?;
+        let slope = match n.input.get(1).and_then(|s| self.vals.get(s)) {
+            Some(Val::Const(t)) if self.initializers.contains(&t.name) => t.clone(),
+            _ => {
+                return Err(err(
+                    "PRelu whose slope is not an initializer: only a learned slope (nn.PReLU) \
+                     is supported"
+                        .into(),
+                ));
+            }
+        };
+        let s = self.shape(&x)?;
+        let mut dims = positive(&slope.dims)
+            .ok_or_else(|| err(format!("PRelu slope of dims {:?}", slope.dims)))?;
+        if dims.len() == s.rank() + 1 && dims[0] == 1 {
+            dims.remove(0);
+        }
+        if dims.is_empty() {
+            dims.push(1);
+        }
+        let op = Op::PRelu { shape: dims };
+        if let Err(e) = op.infer(&[s]) {
+            return Err(err(format!(
+                "PRelu slope of dims {:?} does not broadcast against `{}` {s}: {e}",
+                slope.dims, n.input[0]
+            )));
+        }
+        let name = self.emit(n, op, &[&x])?;
+        self.attach(&name, vec![tensor_f32(&slope)]);
+        Ok(())
+    }
+
     /// `Clip` to `[0, max]`: a (clipped) ReLU.
     pub(super) fn clip(&mut self, _i: usize, n: &NodeProto, a: &Attrs) -> Result<(), GraphError> {
         let err = |why: String| GraphError::node(label(n), why);

@@ -44,6 +44,7 @@ const OPS: &[(&str, Import)] = &[
     ("HardSigmoid", Importer::activation),
     ("HardSwish", Importer::activation),
     ("Identity", Importer::alias),
+    ("InstanceNormalization", Importer::instance_norm),
     ("LayerNormalization", Importer::layer_norm),
     ("LeakyRelu", Importer::activation),
     ("LogSoftmax", Importer::softmax),
@@ -59,7 +60,9 @@ const OPS: &[(&str, Import)] = &[
     ("ReduceMax", Importer::reduce),
     ("ReduceMean", Importer::reduce),
     ("ReduceSum", Importer::reduce),
+    ("PRelu", Importer::prelu),
     ("Relu", Importer::activation),
+    ("RNN", Importer::rnn),
     ("Reshape", Importer::reshape),
     ("Resize", Importer::resize),
     ("Shape", Importer::shapes_only),
@@ -143,7 +146,7 @@ impl Importer {
             "Relu" | "Gelu" | "Tanh" | "Sigmoid" | "HardSigmoid" | "HardSwish" | "Clip"
             | "Dropout" => 0,
             // A constant operand broadcasts against the trailing axes.
-            "Add" | "Mul" | "Div" | "Sum" | "Mean" => const_rank,
+            "Add" | "Mul" | "Div" | "Sum" | "Mean" | "PRelu" => const_rank,
             // A negative axis names the same axis once the batch is pulled out.
             "Softmax" if a.int("axis", if self.opset < 13 { 1 } else { -1 }) < 0 => {
                 (-a.int("axis", -1)) as usize

@@ -32,6 +32,51 @@ impl Importer {
         Ok(())
     }
 
+    /// `InstanceNormalization` over the spatial axes of each channel: affine where the
+    /// scale and shift are initializers (`nn.InstanceNorm2d(affine=True)`), plain where
+    /// they are constant ones and zeros (GroupNorm's export, whose own scale and shift
+    /// follow as learned tensors).
+    pub(super) fn instance_norm(
+        &mut self,
+        _i: usize,
+        n: &NodeProto,
+        _a: &Attrs,
+    ) -> Result<(), GraphError> {
+        let err = |why: String| GraphError::node(label(n), why);
+        let x = self.act(n, 0)?;
+        let channels = self.channels(n, &x)?;
+        let learned = |pos: usize| {
+            n.input
+                .get(pos)
+                .is_some_and(|i| self.initializers.contains(i))
+        };
+        let affine = learned(1) || learned(2);
+        let values = (self.const_f32(n, 1), self.const_f32(n, 2));
+        if !affine {
+            let plain = match &values {
+                (Some(s), Some(b)) => {
+                    s.len() == channels
+                        && b.len() == channels
+                        && s.iter().all(|&v| v == 1.0)
+                        && b.iter().all(|&v| v == 0.0)
+                }
+                _ => false,
+            };
+            if !plain {
+                return Err(err(
+                    "InstanceNormalization whose scale and shift are constants other than \
+                     ones and zeros"
+                        .into(),
+                ));
+            }
+        }
+        let name = self.emit(n, Op::InstanceNorm { channels, affine }, &[&x])?;
+        if affine {
+            self.attach(&name, vec![values.0, values.1]);
+        }
+        Ok(())
+    }
+
     /// `LayerNormalization` over the last axis; a missing bias is zeros.
     pub(super) fn layer_norm(
         &mut self,

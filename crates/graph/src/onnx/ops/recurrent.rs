@@ -1,4 +1,4 @@
-//! Recurrent layers: `LSTM` and `GRU` on a batch-first tensor.
+//! Recurrent layers: `LSTM`, `GRU` and the plain `RNN` on a batch-first tensor.
 
 use crate::error::GraphError;
 use crate::onnx::decode::{Attrs, positive};
@@ -10,14 +10,18 @@ use crate::op::{Cell, Op, RnnBias};
 use crate::shape::Dim;
 
 impl Importer {
-    /// `LSTM` and `GRU`; their output is a layout view until it is batch-first again.
+    /// `LSTM`, `GRU` and `RNN`; their output is a layout view until it is batch-first
+    /// again.
     pub(super) fn rnn(&mut self, _i: usize, n: &NodeProto, a: &Attrs) -> Result<(), GraphError> {
         let err = |why: String| GraphError::node(label(n), why);
-        let cell = if n.op_type == "LSTM" {
-            Cell::Lstm
-        } else {
-            Cell::Gru
+        let cell = match n.op_type.as_str() {
+            "LSTM" => Cell::Lstm,
+            "GRU" => Cell::Gru,
+            _ => plain_cell(a).map_err(err)?,
         };
+        if a.get("clip").is_some() {
+            return Err(err(format!("{} with `clip` is not supported", n.op_type)));
+        }
         let hidden = a
             .get("hidden_size")
             .map(|v| v.i)
@@ -150,6 +154,7 @@ fn rnn_weights(
     let from: &[usize] = match cell {
         Cell::Lstm => &[0, 2, 3, 1],
         Cell::Gru => &[1, 0, 2],
+        Cell::RnnTanh | Cell::RnnRelu => &[0],
     };
     let g = cell.gates() * hidden;
     let reorder = |block: &[f32], cols: usize| -> Vec<f32> {
@@ -167,4 +172,32 @@ fn rnn_weights(
         out.push(reorder(&bd[g..], 1));
     }
     out
+}
+
+/// The plain cell an ONNX `RNN` names in `activations` (default Tanh; one per
+/// direction, the same in both).
+fn plain_cell(a: &Attrs) -> Result<Cell, String> {
+    let names: Vec<String> = a
+        .get("activations")
+        .map(|v| {
+            v.strings
+                .iter()
+                .map(|s| String::from_utf8_lossy(s).to_ascii_lowercase())
+                .collect()
+        })
+        .unwrap_or_default();
+    let first = names.first().map_or("tanh", String::as_str);
+    if names.iter().any(|n| n != first) {
+        return Err(format!(
+            "RNN with activations {names:?}: only the same activation in both directions is \
+             supported"
+        ));
+    }
+    match first {
+        "tanh" => Ok(Cell::RnnTanh),
+        "relu" => Ok(Cell::RnnRelu),
+        other => Err(format!(
+            "RNN with activation `{other}`: only Tanh and Relu (nn.RNN's) are supported"
+        )),
+    }
 }

@@ -50,6 +50,13 @@ pub(super) fn saved(b: &Burn, op: &Op, s: &Sizes) -> Saved {
             extra_bytes: s.output,
             ..none
         },
+        // `prelu` is the same with `float_mul` by the learned slope, which keeps x (the
+        // slope is a parameter, kept anyway).
+        Op::PRelu { .. } => Saved {
+            inputs: true,
+            extra_bytes: s.output,
+            ..none
+        },
         // `hard_sigmoid` is burn-backend's default: `mul_scalar`, `add_scalar` (nothing kept)
         // and the clamp's two masks. `hard_swish` multiplies x by it: `float_mul` keeps both
         // factors, x and the hard sigmoid.

@@ -87,6 +87,7 @@ fn family(op: &Op) -> Family {
         Op::Relu
         | Op::ClippedRelu { .. }
         | Op::LeakyRelu { .. }
+        | Op::PRelu { .. }
         | Op::HardSigmoid { .. }
         | Op::HardSwish
         | Op::Tanh
@@ -94,7 +95,9 @@ fn family(op: &Op) -> Family {
         | Op::Gelu
         | Op::Softmax { .. }
         | Op::Scale { .. } => Family::Activation,
-        Op::BatchNorm { .. } | Op::LayerNorm { .. } | Op::Lrn { .. } => Family::Norm,
+        Op::BatchNorm { .. } | Op::LayerNorm { .. } | Op::InstanceNorm { .. } | Op::Lrn { .. } => {
+            Family::Norm
+        }
         Op::Pool { .. } | Op::GlobalPool { .. } => Family::Pool,
         Op::Rnn { .. } => Family::Recurrent,
         Op::Flatten

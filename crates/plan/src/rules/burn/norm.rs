@@ -41,6 +41,26 @@ pub(super) fn saved(b: &Burn, op: &Op, s: &Sizes) -> Saved {
             extra_elems: 2 * s.inputs[0] + 2 * (s.inputs[0] / *features as u64),
             ..none
         },
+        // The layer norm over each channel's positions (fused on the CPU: x and two numbers
+        // per row; composed elsewhere: the centred input and the quotient), then the affine
+        // product, which keeps the normalised values.
+        Op::InstanceNorm { channels, affine } => {
+            let rows = 2 * *channels as u64;
+            let norm = match b.gpu {
+                false => Saved {
+                    extra_elems: rows,
+                    ..inputs
+                },
+                true => Saved {
+                    extra_elems: 2 * s.inputs[0],
+                    ..none
+                },
+            };
+            Saved {
+                extra_elems: norm.extra_elems + if *affine { s.output } else { 0 },
+                ..norm
+            }
+        }
         _ => unreachable!("the dispatcher sends only normalisations here"),
     }
 }
@@ -52,6 +72,10 @@ pub(super) fn forward_temporaries(b: &Burn, op: &Op, s: &Sizes, act: u64) -> u64
     match op {
         Op::BatchNorm { .. } | Op::LayerNorm { .. } if !b.gpu => 0,
         Op::BatchNorm { .. } | Op::LayerNorm { .. } => s.inputs.first().copied().unwrap_or(0) * act,
+        // The normalised values before the affine product (on the CPU); the composed
+        // norm's squares elsewhere.
+        Op::InstanceNorm { affine, .. } if !b.gpu => u64::from(*affine) * s.output * act,
+        Op::InstanceNorm { .. } => s.inputs.first().copied().unwrap_or(0) * act,
         _ => 0,
     }
 }

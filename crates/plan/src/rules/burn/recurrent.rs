@@ -1,6 +1,6 @@
 //! burn's recurrent layers as the engine runs them: the fused LSTM and GRU
-//! cells on the CPU (engine `cpu/recurrent/`), composed cells elsewhere
-//! (engine `model/recurrent.rs` `rnn_direction`).
+//! cells on the CPU (engine `cpu/recurrent/`), composed cells elsewhere and for the
+//! plain cell everywhere (engine `model/recurrent.rs` `rnn_direction`).
 
 use super::Burn;
 use crate::rules::{BackwardMoment, Saved, Sizes, rnn_steps_dirs};
@@ -11,7 +11,7 @@ pub(super) fn saved(b: &Burn, op: &Op, s: &Sizes) -> Saved {
     let Op::Rnn { cell, hidden, .. } = op else {
         unreachable!("the dispatcher sends only recurrent layers here")
     };
-    if !b.gpu {
+    if fused(b, *cell) {
         // The fused cells keep per step and direction the gate activations and one more
         // row: LSTM i, f, g, o and c_t (5H), GRU r, z, n and `h W_hn + b_hn` (4H); and the
         // layer's output. The input projection's `matmul` keeps the input.
@@ -25,12 +25,23 @@ pub(super) fn saved(b: &Burn, op: &Op, s: &Sizes) -> Saved {
     // The composed cells keep per step and direction: the GRU the recurrent product 3H
     // (its n slice is kept by `r * rn`), the three gate pre-activations, r, z, n, 1 - z and
     // h_t; the LSTM the gates' sum 4H (its slices are kept by the activations), i, f, g, o,
-    // c_t, tanh(c_t) and h_t: 11H either way. Plus the input (`matmul`).
+    // c_t, tanh(c_t) and h_t: 11H either way. The plain cell keeps h_t (the activation's
+    // output, read by its backward and by the next step's `matmul`): H. Plus the input
+    // (`matmul`).
+    let per_step = match cell {
+        Cell::Lstm | Cell::Gru => 11,
+        Cell::RnnTanh | Cell::RnnRelu => 1,
+    };
     Saved {
         inputs: true,
-        extra_elems: rnn_steps_dirs(op, s) * 11 * *hidden as u64,
+        extra_elems: rnn_steps_dirs(op, s) * per_step * *hidden as u64,
         ..Saved::default()
     }
+}
+
+/// Whether the engine runs `cell` as its fused CPU layer (LSTM and GRU on the CPU).
+fn fused(b: &Burn, cell: Cell) -> bool {
+    !b.gpu && matches!(cell, Cell::Lstm | Cell::Gru)
 }
 
 /// Per-sample bytes the forward allocates besides its output and what it keeps.
@@ -38,7 +49,7 @@ pub(super) fn forward_temporaries(b: &Burn, op: &Op, s: &Sizes, act: u64) -> u64
     let Op::Rnn { cell, hidden, .. } = op else {
         return 0;
     };
-    if !b.gpu {
+    if fused(b, *cell) {
         // The fused cells: every direction's input projection `[T, gates x H]` and its h_t
         // `[T, H]` until the output is assembled.
         return rnn_steps_dirs(op, s) * (cell.gates() + 1) as u64 * *hidden as u64 * act;
@@ -64,7 +75,7 @@ pub(super) fn backward(b: &Burn, op: &Op, s: &Sizes, dx: u64, act: u64) -> Vec<B
     let largest = op.params().iter().map(|p| p.elements()).max().unwrap_or(0);
     let steps = s.in_dims.first().copied().unwrap_or(1) as u64;
     let dirs = if *bidirectional { 2 } else { 1 };
-    if !b.gpu {
+    if fused(b, *cell) {
         // The fused cells' backward (both directions at once, one per thread): the output's
         // gradient, each direction's projection gradient `[T, gates x H]`, its h_{t-1} rows
         // `[T, H]` (and the GRU's gradient of `h W_hn + b_hn`, `[T, H]`), and the recurrent
@@ -79,8 +90,8 @@ pub(super) fn backward(b: &Burn, op: &Op, s: &Sizes, dx: u64, act: u64) -> Vec<B
         // are alive.
         let (g, h) = ((cell.gates() * *hidden) as u64, *hidden as u64);
         let (per_step, bias) = match cell {
-            Cell::Lstm => (g + h, 0),
             Cell::Gru => (g + 2 * h, g),
+            _ => (g + h, 0),
         };
         let hh = g * h;
         return vec![
