@@ -25,12 +25,12 @@ pub(super) fn saved(b: &Burn, op: &Op, s: &Sizes) -> Saved {
     // The composed cells keep per step and direction: the GRU the recurrent product 3H
     // (its n slice is kept by `r * rn`), the three gate pre-activations, r, z, n, 1 - z and
     // h_t; the LSTM the gates' sum 4H (its slices are kept by the activations), i, f, g, o,
-    // c_t, tanh(c_t) and h_t: 11H either way. The plain cell keeps h_t (the activation's
-    // output, read by its backward and by the next step's `matmul`): H. Plus the input
-    // (`matmul`).
+    // c_t, tanh(c_t) and h_t: 11H either way. The plain cell keeps the activation's input
+    // (burn-autodiff's `relu` and `float_tanh` checkpoint it) and h_t (read by the next
+    // step's `matmul`): 2H. Plus the input (`matmul`).
     let per_step = match cell {
         Cell::Lstm | Cell::Gru => 11,
-        Cell::RnnTanh | Cell::RnnRelu => 1,
+        Cell::RnnTanh | Cell::RnnRelu => 2,
     };
     Saved {
         inputs: true,
