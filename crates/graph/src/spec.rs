@@ -280,6 +280,14 @@ fn add_layer(g: &mut GraphBuilder, name: &str, k: &mut Keys) -> Result<(), Graph
                     align_corners: k.bool_or("align_corners", false)?,
                 },
                 "causal_mask" => Op::CausalMask,
+                "add_const" => Op::AddConst {
+                    shape: k.usize_list("shape")?,
+                    values: k
+                        .f64_list("values")?
+                        .into_iter()
+                        .map(|v| v as f32)
+                        .collect(),
+                },
                 "concat_param" => Op::ConcatParam {
                     axis: k.i64_or("axis", 1)?,
                     shape: k.usize_list("shape")?,
@@ -428,6 +436,17 @@ impl<'a> Keys<'a> {
                 .collect::<Option<_>>()
                 .ok_or_else(|| self.bad(key, "must be a list of integers")),
             _ => Err(self.bad(key, "must be a list of integers")),
+        }
+    }
+
+    fn f64_list(&mut self, key: &'a str) -> Result<Vec<f64>, GraphError> {
+        match self.take(key) {
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| v.as_float().or_else(|| v.as_integer().map(|n| n as f64)))
+                .collect::<Option<_>>()
+                .ok_or_else(|| self.bad(key, "must be a list of numbers")),
+            _ => Err(self.bad(key, "must be a list of numbers")),
         }
     }
 

@@ -800,3 +800,91 @@ fn a_plain_rnn_loads_with_its_activation_and_pytorch_s_count() {
         "{err}"
     );
 }
+
+#[test]
+fn swin_style_strided_slices_and_a_mask_scattered_from_constants() {
+    // Patch merging: `x[:, 0::2, 0::2]` and `x[:, 1::2, 1::2]` of `[B, 4, 4, C]`,
+    // concatenated on the channels; then a shifted-window mask written by `ScatterND`
+    // into zeros, added to the merged tensor.
+    let mut n = Net::new("swin-merge");
+    n.input("x", "batch,4,4,2");
+    for (k, start) in [0i64, 1].into_iter().enumerate() {
+        let (s, e, ax, st) = (
+            format!("s{k}"),
+            format!("e{k}"),
+            format!("ax{k}"),
+            format!("st{k}"),
+        );
+        n.init(int64s(&s, &[start, start]))
+            .init(int64s(&e, &[i64::MAX, i64::MAX]))
+            .init(int64s(&ax, &[1, 2]))
+            .init(int64s(&st, &[2, 2]));
+        n.node(
+            "Slice",
+            &format!("/merge/Slice_{k}"),
+            &["x", &s, &e, &ax, &st],
+            &[&format!("x{k}")],
+            vec![],
+        );
+    }
+    n.node(
+        "Concat",
+        "/merge/Concat",
+        &["x0", "x1"],
+        &["m"],
+        vec![int("axis", -1)],
+    );
+    n.init(zeros("mask0", &[2, 2, 1]));
+    n.init(int64_tensor("where", &[2, 2], &[0, 1, 1, 0]));
+    n.init(floats("count", &[2, 1], &[-100.0, -50.0]));
+    n.node(
+        "ScatterND",
+        "/mask/ScatterND",
+        &["mask0", "where", "count"],
+        &["mask"],
+        vec![],
+    );
+    n.node("Add", "/attn/Add", &["m", "mask"], &["y"], vec![]);
+    n.node(
+        "Transpose",
+        "/nchw",
+        &["y"],
+        &["t"],
+        vec![ints("perm", &[0, 3, 1, 2])],
+    );
+    classifier_head(&mut n, "t", 4, 3);
+
+    let g = onnx::parse(&n.bytes()).unwrap();
+    assert_eq!(
+        g.shape_of("/merge/Concat").unwrap().to_string(),
+        "[B, 2, 2, 4]"
+    );
+    let add = g.nodes.iter().find(|x| x.name == "/attn/Add").unwrap();
+    assert_eq!(
+        add.op,
+        Op::AddConst {
+            shape: vec![2, 2, 1],
+            values: vec![0.0, -100.0, -50.0, 0.0],
+        }
+    );
+    // The mask is no parameter.
+    assert_eq!(g.param_count(), 3 * 4 + 3);
+
+    // A step that does not divide its axis is refused, naming the node.
+    let mut n = Net::new("odd-step");
+    n.input("x", "batch,5,4");
+    n.init(int64s("s", &[0]))
+        .init(int64s("e", &[5]))
+        .init(int64s("ax", &[1]))
+        .init(int64s("st", &[2]));
+    n.node(
+        "Slice",
+        "/odd",
+        &["x", "s", "e", "ax", "st"],
+        &["y"],
+        vec![],
+    );
+    n.output("y");
+    let err = onnx::parse(&n.bytes()).unwrap_err().to_string();
+    assert!(err.contains("/odd") && err.contains("step 2"), "{err}");
+}

@@ -235,6 +235,29 @@ fn broadcast_learned(
     }
 }
 
+/// `x + c` for an untracked constant `c` of `shape` broadcast against the sample (numpy's
+/// rules, through rank-6 tensors `[B, d1..d5]`; nothing kept for the backward).
+pub(super) fn add_const(
+    k: &Kernel,
+    x: Tensor<2>,
+    b: usize,
+    shape: &[usize],
+    values: &[f32],
+) -> Tensor<2> {
+    let pad = |lead: usize, d: &[usize]| -> [usize; 6] {
+        let mut s = [1usize; 6];
+        s[0] = lead;
+        s[6 - d.len()..].copy_from_slice(d);
+        s
+    };
+    let c = Tensor::<1>::from_data(
+        TensorData::new(values.to_vec(), [values.len()]),
+        &x.device(),
+    );
+    let y: Tensor<6> = x.reshape(pad(b, &k.in_dims[0])) + c.reshape(pad(1, shape));
+    y.reshape([b, k.out_elems()])
+}
+
 /// Scores `[.., T, T]` plus a causal mask: -inf above the diagonal, an untracked
 /// constant (nothing kept for the backward, as PyTorch's `scores + mask`).
 pub(super) fn causal_mask(k: &Kernel, x: Tensor<2>, b: usize) -> Tensor<2> {

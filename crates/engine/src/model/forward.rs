@@ -144,6 +144,7 @@ fn run_canonical(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: 
         Op::PRelu { shape } => elementwise::learned(k, p, first(), b, shape, Combine::PRelu),
         Op::AddTable { shape, index, .. } => elementwise::add_table(k, p, first(), b, shape, index),
         Op::CausalMask => elementwise::causal_mask(k, first(), b),
+        Op::AddConst { shape, values } => elementwise::add_const(k, first(), b, shape, values),
         Op::ConcatParam {
             axis,
             first: at_start,

@@ -254,7 +254,13 @@ pub fn families() -> Vec<Graph> {
         pads: vec![[0, 0], [1, 0], [0, 1]],
     };
     g.push("padded", pad, &["down"]).unwrap();
-    g.conv("head", "padded", 3, 2, 1, 1, Some(0)).unwrap();
+    // A constant mask broadcast over channels, as Swin's shifted windows add one.
+    let mask = Op::AddConst {
+        shape: vec![1, 3, 3],
+        values: vec![0.0, -1.0, 0.5, 0.0, 0.0, -2.0, 1.0, 0.0, 0.0],
+    };
+    g.push("masked", mask, &["padded"]).unwrap();
+    g.conv("head", "masked", 3, 2, 1, 1, Some(0)).unwrap();
     let classes_last = Op::Transpose {
         perm: vec![1, 2, 0],
     };

@@ -169,6 +169,7 @@ impl Importer {
                 | "Trilu"
                 | "Neg"
                 | "Not"
+                | "ScatterND"
         ) {
             return Ok(false);
         }
@@ -399,6 +400,44 @@ fn numeric(op: &str, mut data: Vec<Dense>, a: &Attrs) -> Result<Dense, Why> {
             let other = broadcast(&x, arg(1)?, |c, q| if c != 0.0 { f32::NAN } else { q })?;
             // Exactly one side of each element is a number: take it.
             broadcast(&picked, &other, |p, q| if p.is_nan() { q } else { p })
+        }
+        // `data[indices[i]] = updates[i]`: each index tuple of the last axis's length
+        // addresses one slice of `data` (PyTorch's `mask[a:b, c:d] = v` on a constant).
+        "ScatterND" => {
+            if a.string("reduction").is_some_and(|r| r != "none") {
+                return Err("ScatterND with a reduction".into());
+            }
+            let (indices, updates) = (arg(0)?, arg(1)?);
+            let k = *indices.dims.last().ok_or("ScatterND indices of rank 0")?;
+            if k == 0 || k > x.dims.len() {
+                return Err(format!(
+                    "ScatterND indices of dims {:?} into data of dims {:?}",
+                    indices.dims, x.dims
+                ));
+            }
+            let slice: usize = x.dims[k..].iter().product();
+            let tuples = indices.values.len() / k;
+            if updates.values.len() != tuples * slice {
+                return Err(format!(
+                    "ScatterND updates of dims {:?} for {tuples} slices of {slice}",
+                    updates.dims
+                ));
+            }
+            let mut values = x.values.clone();
+            for (t, tuple) in indices.values.chunks(k).enumerate() {
+                let mut at = 0usize;
+                for (axis, &i) in tuple.iter().enumerate() {
+                    let size = x.dims[axis] as i64;
+                    let i = if i < 0.0 { i as i64 + size } else { i as i64 };
+                    if !(0..size).contains(&i) {
+                        return Err(format!("ScatterND index {i} outside axis {axis} of {size}"));
+                    }
+                    at = at * x.dims[axis] + i as usize;
+                }
+                values[at * slice..(at + 1) * slice]
+                    .copy_from_slice(&updates.values[t * slice..(t + 1) * slice]);
+            }
+            Ok(Dense { values, ..x })
         }
         "Trilu" => {
             let k = data

@@ -214,6 +214,22 @@ impl Op {
                     ))),
                 }
             }
+            Op::AddConst { shape, values } => {
+                let fits = shape.len() <= x.rank()
+                    && shape
+                        .iter()
+                        .rev()
+                        .zip(x.0.iter().rev())
+                        .all(|(&p, &d)| p == 1 || Dim::Fixed(p) == d);
+                if !fits || values.len() != shape.iter().product::<usize>() {
+                    return Err(ShapeError(format!(
+                        "a constant of shape {shape:?} ({} values) does not broadcast onto {x} \
+                         without enlarging it",
+                        values.len()
+                    )));
+                }
+                Ok(x.clone())
+            }
             Op::CausalMask => {
                 let r = x.rank();
                 if r < 2 || x.0[r - 1] != x.0[r - 2] {

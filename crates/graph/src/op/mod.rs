@@ -255,6 +255,14 @@ pub enum Op {
     /// A causal attention mask over the last two axes `[.., T, T]`: entries above the
     /// diagonal become -inf (`scores + generate_square_subsequent_mask(T)`, `is_causal`).
     CausalMask,
+    /// `x + c` for a constant `c` of `shape` (row-major `values`), broadcast against the
+    /// sample by numpy's rules without enlarging it, and not trained: an attention mask
+    /// built from constants (Swin's shifted windows).
+    AddConst {
+        shape: Vec<usize>,
+        #[serde(skip)]
+        values: Vec<f32>,
+    },
     /// Softmax along `axis` (negative counts from the end).
     Softmax {
         axis: i64,
@@ -370,6 +378,7 @@ pub const OP_NAMES: &[&str] = &[
     "mul_param",
     "add_table",
     "causal_mask",
+    "add_const",
     "concat_param",
     "softmax",
     "maxpool",
@@ -431,6 +440,7 @@ impl Op {
             Op::MulParam { .. } => "mul_param",
             Op::AddTable { .. } => "add_table",
             Op::CausalMask => "causal_mask",
+            Op::AddConst { .. } => "add_const",
             Op::ConcatParam { .. } => "concat_param",
             Op::Softmax { .. } => "softmax",
             Op::Pool {

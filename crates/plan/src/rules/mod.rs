@@ -284,7 +284,8 @@ pub fn forward_flops(op: &Op, s: &Sizes) -> f64 {
         | Op::AddParam { .. }
         | Op::MulParam { .. }
         | Op::AddTable { .. }
-        | Op::CausalMask => out,
+        | Op::CausalMask
+        | Op::AddConst { .. } => out,
         Op::Transpose { .. } | Op::ConcatParam { .. } | Op::Pad { .. } => 0.0,
         Op::Flatten | Op::Reshape { .. } | Op::Concat { .. } | Op::Embedding { .. } => 0.0,
         Op::Rnn {

@@ -108,7 +108,8 @@ impl RuntimeRules for Pytorch {
             | Op::AddParam { .. }
             | Op::AddTable { .. }
             | Op::ConcatParam { .. }
-            | Op::CausalMask => none,
+            | Op::CausalMask
+            | Op::AddConst { .. } => none,
             // `mul`: each factor's gradient reads the other.
             Op::Mul | Op::MulParam { .. } => inputs,
             // `at::native::dropout` returns its input when p is 0. On a GPU it runs the fused

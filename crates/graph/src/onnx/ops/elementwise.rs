@@ -228,6 +228,8 @@ impl Importer {
                     self.emit(n, Op::Scale { factor }, &[&x])?;
                 } else if n.op_type == "Add" && is_causal_mask(&c, self.shape(&x)?) {
                     self.emit(n, Op::CausalMask, &[&x])?;
+                } else if let Some(op) = self.constant_addend(n, &x, &c)? {
+                    self.emit(n, op, &[&x])?;
                 } else {
                     return Err(err(format!(
                         "{} of activation `{}` and constant `{}` {:?}: only a bias right \
@@ -376,6 +378,38 @@ impl Importer {
             (Ok(_), Op::AddParam { shape }) => Some(shape),
             _ => None,
         })
+    }
+
+    /// `x + c` for a constant tensor `c` (not an initializer) that broadcasts onto the
+    /// sample without enlarging it (a leading batch axis of 1 dropped): an attention mask
+    /// folded from constants. `None` for anything else.
+    fn constant_addend(
+        &self,
+        n: &NodeProto,
+        x: &str,
+        c: &TensorProto,
+    ) -> Result<Option<Op>, GraphError> {
+        if n.op_type != "Add" {
+            return Ok(None);
+        }
+        let s = self.shape(x)?;
+        let (Some(mut dims), Some(values)) = (positive(&c.dims), tensor_f32(c)) else {
+            return Ok(None);
+        };
+        if values.len() < 2 || dims.len() > s.rank() + 1 {
+            return Ok(None);
+        }
+        if dims.len() == s.rank() + 1 {
+            if dims[0] != 1 {
+                return Ok(None);
+            }
+            dims.remove(0);
+        }
+        let op = Op::AddConst {
+            shape: dims,
+            values,
+        };
+        Ok(op.infer(&[s]).is_ok().then_some(op))
     }
 
     /// Whether adding (or multiplying by) constant `c` leaves `x` unchanged.

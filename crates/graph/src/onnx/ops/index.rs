@@ -11,7 +11,8 @@ use crate::op::{Op, ReduceKind, sample_axis};
 use crate::shape::Dim;
 
 impl Importer {
-    /// `Slice` of an activation with step 1: one IR slice per sliced axis.
+    /// `Slice` of an activation: one IR slice per sliced axis, a positive step through a
+    /// reshape that splits the axis.
     pub(super) fn slice(&mut self, _i: usize, n: &NodeProto, a: &Attrs) -> Result<(), GraphError> {
         let err = |why: String| GraphError::node(label(n), why);
         let list = |pos: usize, attr: &str| -> Result<Option<Vec<i64>>, GraphError> {
@@ -52,29 +53,76 @@ impl Importer {
             return self.index_view(n, v, *axis, (*start, *end), false);
         }
         let x = self.act(n, 0)?;
-        let mut slices = Vec::new();
+        let shape = self.shape(&x)?.clone();
+        let mut dims: Vec<Dim> = shape.0.clone();
+        let mut ops = Vec::new();
         for k in 0..starts.len() {
-            let shape = self.shape(&x)?;
-            let a = sample_axis(shape, axes[k]).map_err(|e| err(format!("Slice: {e}")))?;
-            if steps[k] != 1 {
-                return Err(err(format!(
-                    "Slice with step {} on axis {}: only step 1 is supported",
-                    steps[k], axes[k]
-                )));
-            }
-            let Dim::Fixed(d) = shape.0[a] else {
+            let a = sample_axis(&shape, axes[k]).map_err(|e| err(format!("Slice: {e}")))?;
+            let Dim::Fixed(d) = dims[a] else {
                 return Err(err(format!(
                     "Slice of the symbolic sequence axis of {shape} is not supported"
                 )));
             };
+            let step = steps[k];
+            if step < 1 {
+                return Err(err(format!(
+                    "Slice with step {step} on axis {}: only positive steps are supported",
+                    axes[k]
+                )));
+            }
             // ONNX clamps starts and ends into [0, d] after counting negatives from the end.
             let clamp = |i: i64| (if i < 0 { i + d as i64 } else { i }).clamp(0, d as i64) as usize;
             let (start, end) = (clamp(starts[k]), clamp(ends[k]));
-            if (start, end) != (0, d) {
-                slices.push((a as i64 + 1, start, end));
+            let step = step as usize;
+            let count = end.saturating_sub(start).div_ceil(step);
+            if count == 0 {
+                return Err(err(format!(
+                    "Slice of no elements ({start}..{end}) of axis {}",
+                    axes[k]
+                )));
             }
+            let axis = a as i64 + 1;
+            if step == 1 {
+                if (start, end) != (0, d) {
+                    ops.push(Op::Slice { axis, start, end });
+                }
+            } else {
+                // Every step-th element as plain ops: the axis split into [d / step, step],
+                // one inner index, a run of outer ones, the axis merged back (Swin's patch
+                // merging, `x[:, 0::2, 1::2]`).
+                let fixed = dims
+                    .iter()
+                    .map(|d| d.fixed().map(|v| v as i64))
+                    .collect::<Option<Vec<i64>>>();
+                let (Some(fixed), 0) = (fixed, d % step) else {
+                    return Err(err(format!(
+                        "Slice with step {step} of an axis of {d}: only a step that divides \
+                         the axis of a tensor without a symbolic length is supported"
+                    )));
+                };
+                let mut split = fixed.clone();
+                split.splice(a..=a, [(d / step) as i64, step as i64]);
+                let mut merged = fixed;
+                merged[a] = count as i64;
+                let first = start / step;
+                ops.push(Op::Reshape { shape: split });
+                ops.push(Op::Slice {
+                    axis: axis + 1,
+                    start: start % step,
+                    end: start % step + 1,
+                });
+                if (first, first + count) != (0, d / step) {
+                    ops.push(Op::Slice {
+                        axis,
+                        start: first,
+                        end: first + count,
+                    });
+                }
+                ops.push(Op::Reshape { shape: merged });
+            }
+            dims[a] = Dim::Fixed(count);
         }
-        self.chain(n, x, slices)
+        self.emit_chain(n, x, ops)
     }
 
     /// Input 0 of `n` as the batch-first IR tensor when it is a layout view with the

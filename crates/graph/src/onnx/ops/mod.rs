@@ -135,9 +135,10 @@ impl Importer {
     /// operand's rank).
     /// `None` for the rest, which need their inputs batch-first.
     fn axes_touched(&self, n: &NodeProto, a: &Attrs) -> Option<usize> {
+        // Leading axes of size 1 broadcast like missing ones: they touch nothing.
         let const_rank = (0..n.input.len())
             .filter_map(|p| match self.vals.get(n.input[p].as_str()) {
-                Some(Val::Const(t)) => Some(t.dims.len()),
+                Some(Val::Const(t)) => Some(t.dims.iter().skip_while(|&&d| d == 1).count()),
                 _ => None,
             })
             .max()

@@ -112,6 +112,7 @@ fn family(op: &Op) -> Family {
         | Op::Pad { .. }
         | Op::ConcatParam { .. }
         | Op::CausalMask
+        | Op::AddConst { .. }
         | Op::Slice { .. }
         | Op::Reduce { .. }
         | Op::Mul

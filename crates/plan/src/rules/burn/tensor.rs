@@ -61,6 +61,7 @@ pub(super) fn backward(b: &Burn, op: &Op, s: &Sizes, dx: u64, act: u64) -> Vec<B
         | Op::Concat { .. }
         | Op::Add
         | Op::CausalMask
+        | Op::AddConst { .. }
         | Op::ConcatParam { .. }
         | Op::AddParam { .. }
         | Op::AddTable { .. } => out,
