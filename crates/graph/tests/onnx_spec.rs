@@ -888,3 +888,67 @@ fn swin_style_strided_slices_and_a_mask_scattered_from_constants() {
     let err = onnx::parse(&n.bytes()).unwrap_err().to_string();
     assert!(err.contains("/odd") && err.contains("step 2"), "{err}");
 }
+
+#[test]
+fn a_roll_by_zero_concatenates_an_empty_slice_and_a_token_expands_both_ways() {
+    // `torch.roll(x, 0, 1)` as Swin3D exports it for a window as large as the input:
+    // `Concat(x[:, -0:], x[:, :-0])`, one side empty.
+    let mut n = Net::new("roll-zero");
+    n.input("x", "batch,4,3");
+    n.init(int64s("zero", &[0]))
+        .init(int64s("end", &[0]))
+        .init(int64s("ax", &[1]));
+    n.node(
+        "Slice",
+        "/empty",
+        &["x", "zero", "end", "ax"],
+        &["e"],
+        vec![],
+    );
+    n.node("Concat", "/roll", &["x", "e"], &["r"], vec![int("axis", 1)]);
+    // MViT's class token: a `[C]` initializer expanded to `[B, 1]` is `[B, C]` (numpy
+    // broadcasting both ways), then concatenated before the positions.
+    n.weight("cls", &[3]);
+    n.init(int64s("bshape", &[2, 1]));
+    n.node("Shape", "/shape", &["x"], &["xs"], vec![]);
+    n.init(int64s("i0", &[0]));
+    n.node("Gather", "/b", &["xs", "i0"], &["b"], vec![int("axis", 0)]);
+    n.init(int64s("one", &[1]));
+    n.node(
+        "Concat",
+        "/target",
+        &["b", "one"],
+        &["target"],
+        vec![int("axis", 0)],
+    );
+    n.node("Expand", "/Expand", &["cls", "target"], &["c"], vec![]);
+    n.init(int64s("unsq", &[1]));
+    n.node("Unsqueeze", "/Unsqueeze", &["c", "unsq"], &["c3"], vec![]);
+    n.node("Concat", "/cat", &["c3", "r"], &["y"], vec![int("axis", 1)]);
+    n.node("Flatten", "/flat", &["y"], &["logits"], vec![]);
+    n.output("logits");
+    let g = onnx::parse(&n.bytes()).unwrap();
+    assert_eq!(g.shape_of("/cat").unwrap().to_string(), "[B, 5, 3]");
+    assert_eq!(g.param_count(), 3);
+
+    // An empty slice read by anything but Concat is refused, naming the reader.
+    let mut n = Net::new("empty-read");
+    n.input("x", "batch,4,3");
+    n.init(int64s("zero", &[0]))
+        .init(int64s("end", &[0]))
+        .init(int64s("ax", &[1]));
+    n.node(
+        "Slice",
+        "/empty",
+        &["x", "zero", "end", "ax"],
+        &["e"],
+        vec![],
+    );
+    n.node("Relu", "/relu", &["e"], &["logits"], vec![]);
+    n.output("logits");
+    let err = onnx::parse(&n.bytes()).unwrap_err().to_string();
+    assert!(
+        err.contains("/relu") && err.contains("no elements"),
+        "{err}"
+    );
+}

@@ -26,11 +26,13 @@ struct Dense {
 
 impl Dense {
     fn of(t: &TensorProto) -> Option<Dense> {
-        let dims = if t.dims.is_empty() {
-            Vec::new()
-        } else {
-            positive(&t.dims)?
-        };
+        // Axes of size 0 are allowed: an empty slice (of a mask built by `x[a:] = v`
+        // with `a` the axis's length) folds on as one.
+        let dims = t
+            .dims
+            .iter()
+            .map(|&d| usize::try_from(d).ok())
+            .collect::<Option<Vec<_>>>()?;
         Some(Dense {
             dims,
             values: tensor_f32(t)?,
@@ -128,11 +130,11 @@ impl Importer {
         match self.vals.get(n.input.get(pos)?.as_str())? {
             Val::Const(t) => Dense::of(t).or_else(|| {
                 let values = tensor_ints(t).ok()?.into_iter().map(|v| v as f32).collect();
-                let dims = if t.dims.is_empty() {
-                    vec![]
-                } else {
-                    positive(&t.dims)?
-                };
+                let dims = t
+                    .dims
+                    .iter()
+                    .map(|&d| usize::try_from(d).ok())
+                    .collect::<Option<Vec<_>>>()?;
                 Some(Dense { dims, values })
             }),
             Val::Ints { v, scalar } => {

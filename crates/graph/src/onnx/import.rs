@@ -206,7 +206,7 @@ impl Importer {
                     "graph output `{out}` is a constant, a shape or a random mask"
                 )));
             }
-            Some(Val::Unusable(why)) => {
+            Some(Val::Unusable(why) | Val::Empty(why)) => {
                 return Err(GraphError::Invalid(format!("graph output `{out}`: {why}")));
             }
             None => {
@@ -294,6 +294,12 @@ impl Importer {
                 ),
             )),
             Val::Unusable(why) => Err(GraphError::node(label(n), format!("input `{name}`: {why}"))),
+            Val::Empty(what) => Err(GraphError::node(
+                label(n),
+                format!(
+                    "input `{name}` is {what}: only Concat of it (which drops it) is supported"
+                ),
+            )),
         }
     }
 

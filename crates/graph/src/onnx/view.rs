@@ -544,6 +544,9 @@ pub(super) enum Val {
     Broadcast(Rc<TensorProto>),
     /// A tensor the IR does not model, with the reason.
     Unusable(String),
+    /// A slice of no elements (`torch.roll` by 0 exports one): `Concat` drops it; read
+    /// anywhere else it is refused with this description.
+    Empty(String),
 }
 
 /// How far a random mask has been built; see [`Val::Mask`].

@@ -76,10 +76,12 @@ impl Importer {
             let step = step as usize;
             let count = end.saturating_sub(start).div_ceil(step);
             if count == 0 {
-                return Err(err(format!(
-                    "Slice of no elements ({start}..{end}) of axis {}",
+                let what = format!(
+                    "a slice of no elements ({start}..{end} of axis {})",
                     axes[k]
-                )));
+                );
+                self.define(n, Val::Empty(what));
+                return Ok(());
             }
             let axis = a as i64 + 1;
             if step == 1 {
@@ -355,6 +357,11 @@ impl Importer {
         };
         let clamp = |i: i64| (if i < 0 { i + d } else { i }).clamp(0, d) as usize;
         let (start, end) = (clamp(start), clamp(end));
+        if start >= end && !drop {
+            let what = format!("a slice of no elements ({start}..{end} of axis {axis})");
+            self.define(n, Val::Empty(what));
+            return Ok(());
+        }
         if start >= end || (drop && end - start != 1) {
             return Err(err(format!(
                 "{what} of elements {start}..{end} of an axis of {d} of {}",

@@ -129,6 +129,23 @@ impl Importer {
             let v = on_view(v).map_err(|e| err(e.to_string()))?;
             return self.define_view(n, v);
         }
+        // A learned tensor expanded over the batch keeps its batch axis of 1 first.
+        if let Val::Broadcast(t) = self.val(n, 0)?.clone() {
+            let sample = positive(&t.dims).unwrap_or_default()[1..].to_vec();
+            let dims = match n.op_type.as_str() {
+                "Squeeze" => squeeze(&sample, axes.as_deref()),
+                _ => unsqueeze(&sample, axes.as_deref()),
+            }
+            .map_err(|e| err(format!("{} of `{}`: {e}", n.op_type, t.name)))?;
+            let mut with_batch = vec![1];
+            with_batch.extend(dims);
+            let t = Rc::new(TensorProto {
+                dims: with_batch,
+                ..(*t).clone()
+            });
+            self.define(n, Val::Broadcast(t));
+            return Ok(());
+        }
         let x = self.act(n, 0)?;
         let s = self.shape(&x)?.clone();
         let target = match s.all_fixed() {
@@ -268,7 +285,14 @@ impl Importer {
                 )));
             }
         };
-        let dims = positive(&t.dims).unwrap_or_default();
+        // Expand broadcasts both ways (numpy): the initializer's dims, padded with leading
+        // ones to the target's rank (`cls.expand(B, -1)` of a `[C]` token is [B, C]).
+        let mut dims = positive(&t.dims).unwrap_or_default();
+        if dims.len() < target.len() {
+            let mut padded = vec![1; target.len() - dims.len()];
+            padded.extend(&dims);
+            dims = padded;
+        }
         let fits = dims.len() == target.len()
             && dims.first() == Some(&1)
             && target.first() == Some(&Sym::Batch)
@@ -277,6 +301,13 @@ impl Importer {
                 .zip(&target)
                 .skip(1)
                 .all(|(&d, s)| *s == Sym::N(1) || *s == Sym::N(d as i64));
+        let t = match fits && dims.len() != t.dims.len() {
+            true => Rc::new(TensorProto {
+                dims: dims.iter().map(|&d| d as i64).collect(),
+                ..(*t).clone()
+            }),
+            false => t,
+        };
         if !fits {
             return Err(err(format!(
                 "Expand of initializer `{}` {:?} to {}: only repeating it over the batch \
@@ -363,7 +394,20 @@ impl Importer {
 
     /// `Concat` of activations, or of an activation and a learned tensor expanded over
     /// the batch (a class token).
-    pub(super) fn concat(&mut self, _i: usize, n: &NodeProto, a: &Attrs) -> Result<(), GraphError> {
+    pub(super) fn concat(&mut self, i: usize, n: &NodeProto, a: &Attrs) -> Result<(), GraphError> {
+        // Inputs of no elements add nothing.
+        let empty = |v: Option<&Val>| matches!(v, Some(Val::Empty(_)));
+        if n.input.iter().any(|x| empty(self.vals.get(x.as_str()))) {
+            let mut kept = n.clone();
+            kept.input.retain(|x| !empty(self.vals.get(x.as_str())));
+            if kept.input.is_empty() {
+                return Err(GraphError::node(
+                    label(n),
+                    "Concat of slices of no elements",
+                ));
+            }
+            return self.concat(i, &kept, a);
+        }
         let err = |why: String| GraphError::node(label(n), why);
         let learned: Vec<usize> = (0..n.input.len())
             .filter(|&p| matches!(self.vals.get(n.input[p].as_str()), Some(Val::Broadcast(_))))
