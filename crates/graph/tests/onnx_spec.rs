@@ -952,3 +952,67 @@ fn a_roll_by_zero_concatenates_an_empty_slice_and_a_token_expands_both_ways() {
         "{err}"
     );
 }
+
+#[test]
+fn deepspeech_sums_its_directions_by_slicing_the_merged_axis() {
+    // torchaudio's DeepSpeech: `y[:, :, :H] + y[:, :, H:]` of the time-major `[T, B, 2H]`
+    // output of a bidirectional ReLU RNN; each slice is one direction.
+    let mut n = Net::new("deepspeech-sum");
+    n.input("x", "batch,7,5");
+    n.node(
+        "Transpose",
+        "/tin",
+        &["x"],
+        &["xt"],
+        vec![ints("perm", &[1, 0, 2])],
+    );
+    n.weight("W", &[2, 4, 5])
+        .weight("R", &[2, 4, 4])
+        .weight("B", &[2, 8]);
+    let relu = AttributeProto {
+        name: "activations".into(),
+        r#type: AttributeType::Strings as i32,
+        strings: vec![b"Relu".to_vec(), b"Relu".to_vec()],
+        ..Default::default()
+    };
+    let attrs = vec![
+        int("hidden_size", 4),
+        string("direction", "bidirectional"),
+        relu,
+    ];
+    n.node("RNN", "/rnn", &["xt", "W", "R", "B"], &["y"], attrs);
+    n.node(
+        "Transpose",
+        "/tdir",
+        &["y"],
+        &["yd"],
+        vec![ints("perm", &[0, 2, 1, 3])],
+    );
+    n.init(int64s("merged", &[0, 0, -1]));
+    n.node("Reshape", "/merge", &["yd", "merged"], &["m"], vec![]);
+    for (k, (s, e)) in [(0i64, 4i64), (4, 8)].into_iter().enumerate() {
+        n.init(int64s(&format!("s{k}"), &[s]))
+            .init(int64s(&format!("e{k}"), &[e]))
+            .init(int64s(&format!("a{k}"), &[2]));
+        n.node(
+            "Slice",
+            &format!("/dir{k}"),
+            &["m", &format!("s{k}"), &format!("e{k}"), &format!("a{k}")],
+            &[&format!("d{k}")],
+            vec![],
+        );
+    }
+    n.node("Add", "/sum", &["d0", "d1"], &["h"], vec![]);
+    n.node(
+        "Transpose",
+        "/bt",
+        &["h"],
+        &["hb"],
+        vec![ints("perm", &[1, 0, 2])],
+    );
+    matmul(&mut n, "/fc", "hb", 4, 3, "logits");
+    n.output("logits");
+    let g = onnx::parse(&n.bytes()).unwrap();
+    assert_eq!(g.shape_of("/sum").unwrap().to_string(), "[B, 7, 4]");
+    assert_eq!(g.param_count(), 2 * (4 * 5 + 4 * 4 + 2 * 4) + 4 * 3);
+}

@@ -385,6 +385,55 @@ impl View {
         }
     }
 
+    /// The atom holding elements `start..end` of ONNX axis `axis` and that range in it:
+    /// the axis's one atom of more than one element, or, where the axis merges several,
+    /// its first when the range covers whole blocks of the others (`y[:, :, :H]` of a
+    /// bidirectional RNN's `[T, B, 2H]` picks the first direction). Also the axis's size.
+    pub(super) fn index_range(
+        &self,
+        axis: i64,
+        (start, end): (i64, i64),
+        what: &'static str,
+    ) -> Result<(usize, usize, usize, usize), LayoutError> {
+        let bad = || LayoutError::Index {
+            what,
+            axis,
+            layout: self.describe(),
+        };
+        let k = self.axis(axis)?;
+        let r = self.ranges()[k].clone();
+        let real: Vec<usize> = self.order[r]
+            .iter()
+            .copied()
+            .filter(|&a| self.atoms[a] != Sym::N(1))
+            .collect();
+        let sizes = real
+            .iter()
+            .map(|&a| match self.atoms[a] {
+                Sym::N(d) if a != 0 => Some(d),
+                _ => None,
+            })
+            .collect::<Option<Vec<i64>>>()
+            .ok_or_else(bad)?;
+        let (Some(&first), Some(&outer)) = (real.first(), sizes.first()) else {
+            return Err(bad());
+        };
+        let inner: i64 = sizes[1..].iter().product();
+        let d = outer * inner;
+        // ONNX clamps starts and ends into [0, d] after counting negatives from the end.
+        let clamp = |i: i64| (if i < 0 { i + d } else { i }).clamp(0, d);
+        let (start, end) = (clamp(start), clamp(end));
+        if start % inner != 0 || end % inner != 0 {
+            return Err(bad());
+        }
+        Ok((
+            first,
+            (start / inner) as usize,
+            (end / inner) as usize,
+            d as usize,
+        ))
+    }
+
     /// After the IR sliced atom `a` to `len` elements; `drop` removes the ONNX axis
     /// holding it (`Gather` of one index).
     pub(super) fn sliced(&self, ir: String, a: usize, len: usize, axis: i64, drop: bool) -> View {

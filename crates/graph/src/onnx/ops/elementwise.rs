@@ -42,8 +42,17 @@ impl Importer {
     pub(super) fn prelu(&mut self, _i: usize, n: &NodeProto, _a: &Attrs) -> Result<(), GraphError> {
         let err = |why: String| GraphError::node(label(n), why);
         let x = self.act(n, 0)?;
-        let slope = match n.input.get(1).and_then(|s| self.vals.get(s)) {
-            Some(Val::Const(t)) if self.initializers.contains(&t.name) => t.clone(),
+        // The initializer itself, or all of it reshaped (`nn.PReLU`'s `[C]` unsqueezed).
+        let learned = |name: &str| {
+            self.initializers.contains(name)
+                || self.read_from.get(name).is_some_and(|r| r.is_whole())
+        };
+        let slope = match n
+            .input
+            .get(1)
+            .and_then(|s| self.vals.get(s).map(|v| (s, v)))
+        {
+            Some((name, Val::Const(t))) if learned(name) => t.clone(),
             _ => {
                 return Err(err(
                     "PRelu whose slope is not an initializer: only a learned slope (nn.PReLU) \

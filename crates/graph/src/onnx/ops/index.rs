@@ -351,12 +351,25 @@ impl Importer {
     ) -> Result<(), GraphError> {
         let err = |why: String| GraphError::node(label(n), why);
         let what = if drop { "Gather" } else { "Slice" };
-        let atom = v.index_atom(axis, what).map_err(|e| err(e.to_string()))?;
-        let Sym::N(d) = v.atoms[atom] else {
-            unreachable!("index_atom returns fixed atoms")
+        let (atom, start, end, d) = match drop {
+            true => {
+                let atom = v.index_atom(axis, what).map_err(|e| err(e.to_string()))?;
+                let Sym::N(d) = v.atoms[atom] else {
+                    unreachable!("index_atom returns fixed atoms")
+                };
+                let clamp = |i: i64| (if i < 0 { i + d } else { i }).clamp(0, d) as usize;
+                (atom, clamp(start), clamp(end), d as usize)
+            }
+            false => {
+                let (atom, s, e, _) = v
+                    .index_range(axis, (start, end), what)
+                    .map_err(|e| err(e.to_string()))?;
+                let Sym::N(d) = v.atoms[atom] else {
+                    unreachable!("index_range returns fixed atoms")
+                };
+                (atom, s, e, d as usize)
+            }
         };
-        let clamp = |i: i64| (if i < 0 { i + d } else { i }).clamp(0, d) as usize;
-        let (start, end) = (clamp(start), clamp(end));
         if start >= end && !drop {
             let what = format!("a slice of no elements ({start}..{end} of axis {axis})");
             self.define(n, Val::Empty(what));
@@ -376,7 +389,7 @@ impl Importer {
             let name = self.fresh(n);
             x = self.b.push(&name, Op::Reshape { shape }, &[&x])?;
         }
-        if (start, end) != (0, d as usize) {
+        if (start, end) != (0, d) {
             let name = self.fresh(n);
             let op = Op::Slice {
                 axis: atom as i64,
