@@ -394,20 +394,24 @@ impl Importer {
 
     /// `Concat` of activations, or of an activation and a learned tensor expanded over
     /// the batch (a class token).
-    pub(super) fn concat(&mut self, i: usize, n: &NodeProto, a: &Attrs) -> Result<(), GraphError> {
+    pub(super) fn concat(&mut self, _i: usize, n: &NodeProto, a: &Attrs) -> Result<(), GraphError> {
         // Inputs of no elements add nothing.
         let empty = |v: Option<&Val>| matches!(v, Some(Val::Empty(_)));
-        if n.input.iter().any(|x| empty(self.vals.get(x.as_str()))) {
-            let mut kept = n.clone();
-            kept.input.retain(|x| !empty(self.vals.get(x.as_str())));
-            if kept.input.is_empty() {
+        let kept;
+        let n = if n.input.iter().any(|x| empty(self.vals.get(x.as_str()))) {
+            let mut k = n.clone();
+            k.input.retain(|x| !empty(self.vals.get(x.as_str())));
+            if k.input.is_empty() {
                 return Err(GraphError::node(
                     label(n),
                     "Concat of slices of no elements",
                 ));
             }
-            return self.concat(i, &kept, a);
-        }
+            kept = k;
+            &kept
+        } else {
+            n
+        };
         let err = |why: String| GraphError::node(label(n), why);
         let learned: Vec<usize> = (0..n.input.len())
             .filter(|&p| matches!(self.vals.get(n.input[p].as_str()), Some(Val::Broadcast(_))))
