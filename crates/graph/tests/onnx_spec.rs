@@ -706,34 +706,7 @@ fn a_plain_rnn_loads_with_its_activation_and_pytorch_s_count() {
     // torch.onnx writes it: Transpose to [T, B, I], RNN, Y [T, 2, B, H] back to
     // batch-first and the directions merged.
     let mut n = Net::new("deepspeech-rnn");
-    n.input("x", "batch,7,5");
-    n.node(
-        "Transpose",
-        "/tin",
-        &["x"],
-        &["xt"],
-        vec![ints("perm", &[1, 0, 2])],
-    );
-    n.weight("W", &[2, 4, 5])
-        .weight("R", &[2, 4, 4])
-        .weight("B", &[2, 8]);
-    let relu = AttributeProto {
-        name: "activations".into(),
-        r#type: AttributeType::Strings as i32,
-        strings: vec![b"Relu".to_vec(), b"Relu".to_vec()],
-        ..Default::default()
-    };
-    n.node(
-        "RNN",
-        "/rnn/RNN",
-        &["xt", "W", "R", "B"],
-        &["y"],
-        vec![
-            int("hidden_size", 4),
-            string("direction", "bidirectional"),
-            relu,
-        ],
-    );
+    time_major_rnn(&mut n, "/rnn/RNN", &[b"Relu", b"Relu"], true);
     n.node(
         "Transpose",
         "/tout",
@@ -772,27 +745,7 @@ fn a_plain_rnn_loads_with_its_activation_and_pytorch_s_count() {
 
     // An activation pair the cell does not have is refused, naming the node.
     let mut n = Net::new("mixed-rnn");
-    n.input("x", "batch,7,5");
-    n.node(
-        "Transpose",
-        "/tin",
-        &["x"],
-        &["xt"],
-        vec![ints("perm", &[1, 0, 2])],
-    );
-    n.weight("W", &[2, 4, 5]).weight("R", &[2, 4, 4]);
-    let mixed = AttributeProto {
-        name: "activations".into(),
-        r#type: AttributeType::Strings as i32,
-        strings: vec![b"Relu".to_vec(), b"Tanh".to_vec()],
-        ..Default::default()
-    };
-    let attrs = vec![
-        int("hidden_size", 4),
-        string("direction", "bidirectional"),
-        mixed,
-    ];
-    n.node("RNN", "/rnn/RNN", &["xt", "W", "R"], &["y"], attrs);
+    time_major_rnn(&mut n, "/rnn/RNN", &[b"Relu", b"Tanh"], false);
     n.output("y");
     let err = onnx::parse(&n.bytes()).unwrap_err().to_string();
     assert!(
@@ -958,29 +911,7 @@ fn deepspeech_sums_its_directions_by_slicing_the_merged_axis() {
     // torchaudio's DeepSpeech: `y[:, :, :H] + y[:, :, H:]` of the time-major `[T, B, 2H]`
     // output of a bidirectional ReLU RNN; each slice is one direction.
     let mut n = Net::new("deepspeech-sum");
-    n.input("x", "batch,7,5");
-    n.node(
-        "Transpose",
-        "/tin",
-        &["x"],
-        &["xt"],
-        vec![ints("perm", &[1, 0, 2])],
-    );
-    n.weight("W", &[2, 4, 5])
-        .weight("R", &[2, 4, 4])
-        .weight("B", &[2, 8]);
-    let relu = AttributeProto {
-        name: "activations".into(),
-        r#type: AttributeType::Strings as i32,
-        strings: vec![b"Relu".to_vec(), b"Relu".to_vec()],
-        ..Default::default()
-    };
-    let attrs = vec![
-        int("hidden_size", 4),
-        string("direction", "bidirectional"),
-        relu,
-    ];
-    n.node("RNN", "/rnn", &["xt", "W", "R", "B"], &["y"], attrs);
+    time_major_rnn(&mut n, "/rnn", &[b"Relu", b"Relu"], true);
     n.node(
         "Transpose",
         "/tdir",
@@ -1015,4 +946,35 @@ fn deepspeech_sums_its_directions_by_slicing_the_merged_axis() {
     let g = onnx::parse(&n.bytes()).unwrap();
     assert_eq!(g.shape_of("/sum").unwrap().to_string(), "[B, 7, 4]");
     assert_eq!(g.param_count(), 2 * (4 * 5 + 4 * 4 + 2 * 4) + 4 * 3);
+}
+
+/// `x` `[B, 7, 5]` transposed to time-major and a bidirectional `RNN` (hidden 4, these
+/// `activations`, with or without its bias) named `name`, writing `y` `[T, 2, B, 4]`.
+fn time_major_rnn(n: &mut Net, name: &str, activations: &[&[u8]], bias: bool) {
+    n.input("x", "batch,7,5");
+    n.node(
+        "Transpose",
+        "/tin",
+        &["x"],
+        &["xt"],
+        vec![ints("perm", &[1, 0, 2])],
+    );
+    n.weight("W", &[2, 4, 5]).weight("R", &[2, 4, 4]);
+    let mut inputs = vec!["xt", "W", "R"];
+    if bias {
+        n.weight("B", &[2, 8]);
+        inputs.push("B");
+    }
+    let activations = AttributeProto {
+        name: "activations".into(),
+        r#type: AttributeType::Strings as i32,
+        strings: activations.iter().map(|a| a.to_vec()).collect(),
+        ..Default::default()
+    };
+    let attrs = vec![
+        int("hidden_size", 4),
+        string("direction", "bidirectional"),
+        activations,
+    ];
+    n.node("RNN", name, &inputs, &["y"], attrs);
 }

@@ -186,13 +186,7 @@ impl Op {
             | Op::MulParam { shape }
             | Op::PRelu { shape }
             | Op::AddTable { shape, .. } => {
-                let fits = shape.len() <= x.rank()
-                    && shape
-                        .iter()
-                        .rev()
-                        .zip(x.0.iter().rev())
-                        .all(|(&p, &d)| p == 1 || Dim::Fixed(p) == d);
-                if !fits {
+                if !broadcasts_onto(shape, x) {
                     return Err(ShapeError(format!(
                         "a parameter of shape {shape:?} does not broadcast against {x}"
                     )));
@@ -215,13 +209,7 @@ impl Op {
                 }
             }
             Op::AddConst { shape, values } => {
-                let fits = shape.len() <= x.rank()
-                    && shape
-                        .iter()
-                        .rev()
-                        .zip(x.0.iter().rev())
-                        .all(|(&p, &d)| p == 1 || Dim::Fixed(p) == d);
-                if !fits || values.len() != shape.iter().product::<usize>() {
+                if !broadcasts_onto(shape, x) || values.len() != shape.iter().product::<usize>() {
                     return Err(ShapeError(format!(
                         "a constant of shape {shape:?} ({} values) does not broadcast onto {x} \
                          without enlarging it",
@@ -464,6 +452,17 @@ fn broadcast(a: &Shape, b: &Shape) -> Result<Shape, ShapeError> {
         });
     }
     Ok(Shape(out))
+}
+
+/// Whether a tensor of `shape` broadcasts onto sample shape `x` (numpy's rules, from the
+/// right) without enlarging it.
+fn broadcasts_onto(shape: &[usize], x: &Shape) -> bool {
+    shape.len() <= x.rank()
+        && shape
+            .iter()
+            .rev()
+            .zip(x.0.iter().rev())
+            .all(|(&p, &d)| p == 1 || Dim::Fixed(p) == d)
 }
 
 #[cfg(test)]
