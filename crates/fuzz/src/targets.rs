@@ -259,6 +259,7 @@ const SPEC_OPS: &[(&str, &[&str])] = &[
     ("global_avgpool", &[]),
     ("batchnorm", &[]),
     ("layernorm", &[]),
+    ("rmsnorm", &[]),
     ("lstm", &["hidden", "bidirectional", "layers", "first"]),
     ("gru", &["hidden", "bidirectional", "bias"]),
     ("matmul", &["inputs"]),

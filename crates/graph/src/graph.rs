@@ -37,6 +37,36 @@ pub struct Node {
     /// order and shape. `None`: the engine initialises randomly.
     #[serde(skip)]
     pub weights: Option<Vec<Vec<f32>>>,
+    /// Parameters of this op that are the same tensor as an earlier node's (a language
+    /// model's head tied to its token embedding, one relative-position table read by
+    /// every layer): counted once, as PyTorch's `model.parameters()` does.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tied: Vec<Tie>,
+}
+
+/// One parameter of a node that is the same tensor as parameter `to_param` of the
+/// earlier node `to`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Tie {
+    /// Index into the node's [`Op::params`].
+    pub param: usize,
+    pub to: String,
+    pub to_param: usize,
+}
+
+impl Node {
+    /// Trainable parameters this node owns: its op's, less those tied to an earlier
+    /// node's.
+    pub fn own_param_count(&self) -> u64 {
+        let params = self.op.params();
+        let tied: u64 = self
+            .tied
+            .iter()
+            .filter_map(|t| params.get(t.param))
+            .map(|p| p.elements())
+            .sum();
+        self.op.param_count() - tied
+    }
 }
 
 /// The training objective.
@@ -98,9 +128,9 @@ impl Graph {
         }
     }
 
-    /// Trainable parameters.
+    /// Trainable parameters, a tied tensor counted once.
     pub fn param_count(&self) -> u64 {
-        self.nodes.iter().map(|n| n.op.param_count()).sum()
+        self.nodes.iter().map(Node::own_param_count).sum()
     }
 
     /// [`EVAL_EXPORT_NOTE`] when `source` is an ONNX file and the graph has a
@@ -253,6 +283,7 @@ impl GraphBuilder {
             inputs: inputs.iter().map(|s| s.to_string()).collect(),
             shape,
             weights: None,
+            tied: Vec::new(),
         });
         Ok(name.to_string())
     }
@@ -278,6 +309,53 @@ impl GraphBuilder {
         }
         node.weights = Some(weights);
         Ok(())
+    }
+
+    /// Records that parameter `param` of node `name` is the same tensor as parameter
+    /// `to_param` of the earlier node `to`: both of one shape.
+    pub fn tie(
+        &mut self,
+        name: &str,
+        param: usize,
+        to: &str,
+        to_param: usize,
+    ) -> Result<(), GraphError> {
+        let shape_of = |node: &Node, k: usize| node.op.params().get(k).map(|p| p.shape.clone());
+        let target = self
+            .nodes
+            .iter()
+            .position(|n| n.name == to)
+            .ok_or_else(|| GraphError::node(to, "no such node"))?;
+        let at = self
+            .nodes
+            .iter()
+            .position(|n| n.name == name)
+            .ok_or_else(|| GraphError::node(name, "no such node"))?;
+        let (mine, theirs) = (
+            shape_of(&self.nodes[at], param),
+            shape_of(&self.nodes[target], to_param),
+        );
+        if target >= at || mine.is_none() || mine != theirs {
+            return Err(GraphError::node(
+                name,
+                format!("parameter {param} cannot be tied to parameter {to_param} of `{to}`"),
+            ));
+        }
+        self.nodes[at].tied.push(Tie {
+            param,
+            to: to.to_string(),
+            to_param,
+        });
+        Ok(())
+    }
+
+    /// The trained values of node `name`'s parameters, when it has them.
+    pub fn weights_of(&self, name: &str) -> Option<&[Vec<f32>]> {
+        self.nodes
+            .iter()
+            .find(|n| n.name == name)?
+            .weights
+            .as_deref()
     }
 
     fn check_tokens(&self, node: &str, input: &str, vocab: usize) -> Result<(), GraphError> {
@@ -427,6 +505,12 @@ impl GraphBuilder {
     pub fn layer_norm(&mut self, name: &str, input: &str) -> Result<String, GraphError> {
         let features = self.last_dim(name, input)?;
         self.push(name, Op::LayerNorm { features }, &[input])
+    }
+
+    /// Root-mean-square normalisation over `input`'s last dimension.
+    pub fn rms_norm(&mut self, name: &str, input: &str) -> Result<String, GraphError> {
+        let features = self.last_dim(name, input)?;
+        self.push(name, Op::RmsNorm { features }, &[input])
     }
 
     /// Finishes the graph with `kind` applied to tensor `input`.

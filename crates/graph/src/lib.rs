@@ -18,7 +18,9 @@ pub mod spec;
 pub mod zoo;
 
 pub use error::GraphError;
-pub use graph::{DEFAULT_SEQ_LEN, Graph, GraphBuilder, Input, InputKind, Loss, LossKind, Node};
+pub use graph::{
+    DEFAULT_SEQ_LEN, Graph, GraphBuilder, Input, InputKind, Loss, LossKind, Node, Tie,
+};
 pub use op::{Cell, Op, Param, PoolKind, ReduceKind, ResizeMode, RnnBias, ShapeError, Window};
 pub use shape::{Dim, Shape};
 

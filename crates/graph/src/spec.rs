@@ -162,6 +162,7 @@ fn add_layer(g: &mut GraphBuilder, name: &str, k: &mut Keys) -> Result<(), Graph
         }
         "batchnorm" => g.batch_norm(name, x).map(drop),
         "layernorm" => g.layer_norm(name, x).map(drop),
+        "rmsnorm" => g.rms_norm(name, x).map(drop),
         "lstm" | "gru" | "rnn" => {
             let cell = match op.as_str() {
                 "lstm" => Cell::Lstm,
@@ -281,6 +282,14 @@ fn add_layer(g: &mut GraphBuilder, name: &str, k: &mut Keys) -> Result<(), Graph
                 },
                 "causal_mask" => Op::CausalMask,
                 "add_const" => Op::AddConst {
+                    shape: k.usize_list("shape")?,
+                    values: k
+                        .f64_list("values")?
+                        .into_iter()
+                        .map(|v| v as f32)
+                        .collect(),
+                },
+                "mul_const" => Op::MulConst {
                     shape: k.usize_list("shape")?,
                     values: k
                         .f64_list("values")?

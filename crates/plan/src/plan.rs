@@ -12,7 +12,7 @@ use crate::options::{Runtime, TrainOptions};
 use crate::pages::{DevicePages, PageMoment, WGPU_OUTSIDE_POOLS};
 use crate::rules::{self, RuntimeRules, Sizes};
 use crate::units::{Bytes, Flops};
-use batchfit_graph::{Graph, InputKind, LossKind, Op};
+use batchfit_graph::{Graph, InputKind, LossKind, Node, Op};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 
@@ -246,6 +246,15 @@ fn pieces(bytes: u64, largest: u64) -> Vec<u64> {
 /// The most tensors [`pieces`] splits a moment into.
 const MAX_PIECES: u64 = 64;
 
+/// The parameters `runtime` holds for `node`: PyTorch holds a tied tensor (and its
+/// gradient and optimizer state) once; batchfit's engine gives every node its own copy.
+fn held_params(node: &Node, runtime: Runtime) -> u64 {
+    match runtime {
+        Runtime::Pytorch => node.own_param_count(),
+        Runtime::Burn => node.op.param_count(),
+    }
+}
+
 /// Builds the plan of `graph` under `opts` (burn on a CPU: for this machine's threads and L2).
 pub fn plan(graph: &Graph, opts: &TrainOptions) -> Plan {
     let host = match (opts.runtime, opts.gpu) {
@@ -392,7 +401,7 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         let f = rules::forward_flops(&node.op, &sizes);
         flops += f;
         saved.push(bytes);
-        param_bytes.push(node.op.param_count() * 4);
+        param_bytes.push(held_params(node, opts.runtime) * 4);
         tracked.insert(
             node.name.as_str(),
             node.op.param_count() > 0 || in_tracked.iter().any(|&t| t),
@@ -433,7 +442,7 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
             name: node.name.clone(),
             op: node.op.name(),
             output_shape: node.shape.to_string(),
-            parameters: node.op.param_count(),
+            parameters: node.own_param_count(),
             saved_bytes_per_sample: Bytes(bytes),
             forward_flops_per_sample: Flops(f),
         });
@@ -472,7 +481,11 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         })
         .sum::<u64>()
         + rules.target_bytes(graph.loss.kind, logits, seq);
-    let params = graph.param_count();
+    let params: u64 = graph
+        .nodes
+        .iter()
+        .map(|n| held_params(n, opts.runtime))
+        .sum();
     let largest_param = graph
         .nodes
         .iter()
@@ -700,7 +713,7 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
     };
     Plan {
         model: graph.name.clone(),
-        parameters: params,
+        parameters: graph.param_count(),
         seq_len: graph.has_seq().then_some(seq),
         loss: graph.loss.kind,
         options: opts.clone(),
@@ -729,5 +742,31 @@ mod tests {
         let huge = pieces(1 << 60, 4);
         assert_eq!(huge.len() as u64, MAX_PIECES + 1);
         assert_eq!(huge.iter().sum::<u64>(), 1 << 60);
+    }
+
+    /// A weight two layers share is one parameter; PyTorch holds it once, the engine
+    /// (which gives every layer its own tensor) twice.
+    #[test]
+    fn a_tied_weight_is_held_once_by_pytorch_and_per_layer_by_the_engine() {
+        use batchfit_graph::{GraphBuilder, Shape};
+        let mut g = GraphBuilder::new("tied");
+        g.input("x", Shape::fixed(&[16])).unwrap();
+        g.linear("a", "x", 16).unwrap();
+        g.linear("b", "a", 16).unwrap();
+        g.tie("b", 0, "a", 0).unwrap();
+        assert!(g.tie("a", 1, "b", 1).is_err(), "ties point to earlier layers");
+        let graph = g.finish(LossKind::Mse, "b").unwrap();
+        assert_eq!(graph.param_count(), 16 * 16 + 2 * 16);
+        let weights = |runtime| {
+            let opts = TrainOptions {
+                runtime,
+                ..TrainOptions::default()
+            };
+            let p = plan(&graph, &opts);
+            assert_eq!(p.parameters, 16 * 16 + 2 * 16);
+            p.fixed.weights.0
+        };
+        assert_eq!(weights(Runtime::Pytorch), 4 * (16 * 16 + 2 * 16));
+        assert_eq!(weights(Runtime::Burn), 4 * (2 * 16 * 16 + 2 * 16));
     }
 }

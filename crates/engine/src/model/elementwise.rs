@@ -235,14 +235,16 @@ fn broadcast_learned(
     }
 }
 
-/// `x + c` for an untracked constant `c` of `shape` broadcast against the sample (numpy's
-/// rules, through rank-6 tensors `[B, d1..d5]`; nothing kept for the backward).
-pub(super) fn add_const(
+/// `x + c` or `x * c` for an untracked constant `c` of `shape` broadcast against the
+/// sample (numpy's rules, through rank-6 tensors `[B, d1..d5]`; the sum keeps nothing for
+/// the backward, the product only `c`).
+pub(super) fn with_const(
     k: &Kernel,
     x: Tensor<2>,
     b: usize,
     shape: &[usize],
     values: &[f32],
+    how: Combine,
 ) -> Tensor<2> {
     let pad = |lead: usize, d: &[usize]| -> [usize; 6] {
         let mut s = [1usize; 6];
@@ -254,7 +256,12 @@ pub(super) fn add_const(
         TensorData::new(values.to_vec(), [values.len()]),
         &x.device(),
     );
-    let y: Tensor<6> = x.reshape(pad(b, &k.in_dims[0])) + c.reshape(pad(1, shape));
+    let (x, c): (Tensor<6>, Tensor<6>) =
+        (x.reshape(pad(b, &k.in_dims[0])), c.reshape(pad(1, shape)));
+    let y = match how {
+        Combine::Mul => x * c,
+        _ => x + c,
+    };
     y.reshape([b, k.out_elems()])
 }
 

@@ -120,6 +120,7 @@ fn run_canonical(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: 
             norm::instance_norm(k, p, first(), b, *channels, *affine)
         }
         Op::LayerNorm { features } => norm::layer_norm(k, p, first(), b, *features),
+        Op::RmsNorm { features } => norm::rms_norm(k, p, first(), b, *features),
         Op::Relu
         | Op::ClippedRelu { .. }
         | Op::LeakyRelu { .. }
@@ -144,7 +145,12 @@ fn run_canonical(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: 
         Op::PRelu { shape } => elementwise::learned(k, p, first(), b, shape, Combine::PRelu),
         Op::AddTable { shape, index, .. } => elementwise::add_table(k, p, first(), b, shape, index),
         Op::CausalMask => elementwise::causal_mask(k, first(), b),
-        Op::AddConst { shape, values } => elementwise::add_const(k, first(), b, shape, values),
+        Op::AddConst { shape, values } => {
+            elementwise::with_const(k, first(), b, shape, values, Combine::Add)
+        }
+        Op::MulConst { shape, values } => {
+            elementwise::with_const(k, first(), b, shape, values, Combine::Mul)
+        }
         Op::ConcatParam {
             axis,
             first: at_start,

@@ -89,6 +89,22 @@ pub(super) fn layer_norm(
     y.reshape([b, k.out_elems()])
 }
 
+/// Root-mean-square normalisation over the last `features` values of every position,
+/// composed of burn ops (autodiff differentiates it), with T5's and LLaMA's epsilon.
+pub(super) fn rms_norm(
+    k: &Kernel,
+    p: &Params,
+    x: Tensor<2>,
+    b: usize,
+    features: usize,
+) -> Tensor<2> {
+    let rows = b * prod(&k.in_dims[0]) / features;
+    let x = x.reshape([rows, features]);
+    let rms = (x.clone().powi_scalar(2).mean_dim(1) + 1e-6).sqrt();
+    let y = x / rms * p.t1(k.params[0]).unsqueeze::<2>();
+    y.reshape([b, k.out_elems()])
+}
+
 /// Local response normalisation across channels (ONNX `LRN`): each value divided by
 /// `(bias + alpha / size * sum of the squares of `size` neighbouring channels)^beta`,
 /// the window taking `(size - 1) / 2` channels before and the rest after.

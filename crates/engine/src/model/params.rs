@@ -253,7 +253,10 @@ fn random_start(op: &Op, param: &batchfit_graph::Param) -> Start {
         // U(-1, 1) (PyTorch draws N(0, 1) here).
         Op::Embedding { .. } => 1,
         Op::Rnn { hidden, .. } => hidden,
-        Op::BatchNorm { .. } | Op::LayerNorm { .. } | Op::InstanceNorm { .. } => {
+        Op::BatchNorm { .. }
+        | Op::LayerNorm { .. }
+        | Op::RmsNorm { .. }
+        | Op::InstanceNorm { .. } => {
             return Start::Constant(if param.name == "weight" { 1.0 } else { 0.0 });
         }
         // A positional embedding starts at zeros (`nn.Parameter(torch.zeros(..))`).

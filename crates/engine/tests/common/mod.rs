@@ -337,6 +337,27 @@ pub fn families() -> Vec<Graph> {
         .unwrap();
     g.linear("out", "norm", 3).unwrap();
     out.push(g.finish(LossKind::CrossEntropyPerFrame, "out").unwrap());
+    // A decoder's normalisation and rotary embedding: RMSNorm, then `x * cos` plus the
+    // negated `x * sin` (constants broadcast over the positions' features).
+    let mut g = GraphBuilder::new("rms-norm-rotary");
+    g.input("x", Shape::fixed(&[4, 6])).unwrap();
+    g.linear("proj", "x", 6).unwrap();
+    g.rms_norm("norm", "proj").unwrap();
+    let table = |f: fn(f32) -> f32| (0..24).map(|k| f(k as f32 * 0.3)).collect::<Vec<f32>>();
+    let cos = Op::MulConst {
+        shape: vec![4, 6],
+        values: table(f32::cos),
+    };
+    let sin = Op::MulConst {
+        shape: vec![1, 6],
+        values: table(f32::sin)[..6].to_vec(),
+    };
+    g.push("cos", cos, &["norm"]).unwrap();
+    g.push("sin", sin, &["norm"]).unwrap();
+    g.push("neg", Op::Scale { factor: -1.0 }, &["sin"]).unwrap();
+    g.push("rope", Op::Add, &["cos", "neg"]).unwrap();
+    g.linear("head", "rope", 3).unwrap();
+    out.push(g.finish(LossKind::Mse, "head").unwrap());
     out
 }
 

@@ -159,20 +159,39 @@ impl Importer {
         let op = n.op_type.as_str();
         if !matches!(
             op,
-            "Sqrt"
-                | "Add"
+            "Add"
                 | "Sub"
                 | "Mul"
                 | "Div"
                 | "Pow"
+                | "Min"
+                | "Max"
+                | "Mod"
                 | "Equal"
+                | "Less"
+                | "LessOrEqual"
+                | "Greater"
+                | "GreaterOrEqual"
+                | "And"
+                | "Or"
+                | "Xor"
                 | "Where"
                 | "Expand"
                 | "Trilu"
-                | "Neg"
-                | "Not"
                 | "ScatterND"
-        ) {
+                | "GatherElements"
+                | "Cast"
+        ) && unary_fn(op).is_none()
+        {
+            return Ok(false);
+        }
+        // A shape value stays one through a `Cast` (`alias`), and so does a float tensor
+        // cast to a float type (a parameter read at constant indices stays one); only
+        // tensors cast to integers or booleans convert.
+        let to_int = matches!(a.int("to", 1), 2..=7 | 9 | 12 | 13);
+        if op == "Cast"
+            && !(to_int && matches!(self.vals.get(n.input[0].as_str()), Some(Val::Const(_))))
+        {
             return Ok(false);
         }
         let mut data = Vec::new();
@@ -182,13 +201,33 @@ impl Importer {
             }
             match self.dense_input(n, pos) {
                 Some(d) => data.push(d),
+                // A buffer expanded over the batch has the same rows for every sample: a
+                // gather along another axis reads them as the buffer's (BERT's
+                // `token_type_ids.expand(B, T).gather(1, position_ids)`).
+                None if op == "GatherElements" && pos == 0 && a.int("axis", 0) != 0 => {
+                    match self.vals.get(n.input[0].as_str()) {
+                        Some(Val::Broadcast(t)) => match Dense::of(t).or_else(|| {
+                            let values = tensor_ints(t).ok()?.iter().map(|&v| v as f32).collect();
+                            let dims = t.dims.iter().map(|&d| d as usize).collect();
+                            Some(Dense { dims, values })
+                        }) {
+                            Some(d) => data.push(d),
+                            None => return Ok(false),
+                        },
+                        _ => return Ok(false),
+                    }
+                }
                 None => return Ok(false),
             }
         }
         let folded = numeric(op, data, a)
             .map_err(|why| GraphError::node(label(n), format!("{op} of constants: {why}")))?;
         let name = n.output.first().cloned().unwrap_or_default();
-        self.define(n, Val::Const(Rc::new(folded.into_tensor(&name))));
+        let tensor = match op {
+            "Cast" => folded.into_int_tensor(&name),
+            _ => folded.into_tensor(&name),
+        };
+        self.define(n, Val::Const(Rc::new(tensor)));
         Ok(true)
     }
 
@@ -365,6 +404,33 @@ fn broadcast(x: &Dense, y: &Dense, f: impl Fn(f32, f32) -> f32) -> Result<Dense,
     Ok(Dense { dims, values })
 }
 
+/// The spec's element-wise functions of one input, as they fold on constants (a
+/// rotary embedding's `Cos`/`Sin` of its frequencies, T5's `Log`/`Abs` of relative
+/// positions); `None` for any other op.
+fn unary_fn(op: &str) -> Option<fn(f32) -> f32> {
+    Some(match op {
+        "Sqrt" => f32::sqrt,
+        "Neg" => |v| -v,
+        "Not" => |v| f32::from(v == 0.0),
+        "Abs" => f32::abs,
+        "Exp" => f32::exp,
+        "Log" => f32::ln,
+        "Cos" => f32::cos,
+        "Sin" => f32::sin,
+        "Tan" => f32::tan,
+        "Tanh" => f32::tanh,
+        "Reciprocal" => |v| 1.0 / v,
+        "Floor" => f32::floor,
+        "Ceil" => f32::ceil,
+        // Halves to even, as the spec says.
+        "Round" => f32::round_ties_even,
+        "Sign" => |v| if v == 0.0 { 0.0 } else { v.signum() },
+        "Relu" => |v| v.max(0.0),
+        "Sigmoid" => |v| 1.0 / (1.0 + (-v).exp()),
+        _ => return None,
+    })
+}
+
 /// Element-wise ops, `Expand`, `Trilu` and `Where` on dense constants.
 fn numeric(op: &str, mut data: Vec<Dense>, a: &Attrs) -> Result<Dense, Why> {
     let unary = |d: Dense, f: fn(f32) -> f32| Dense {
@@ -379,16 +445,39 @@ fn numeric(op: &str, mut data: Vec<Dense>, a: &Attrs) -> Result<Dense, Why> {
         data.get(k)
             .ok_or_else(|| format!("{op} needs input {}", k + 1))
     };
+    if let Some(f) = unary_fn(op) {
+        return Ok(unary(x, f));
+    }
     match op {
-        "Sqrt" => Ok(unary(x, f32::sqrt)),
-        "Neg" => Ok(unary(x, |v| -v)),
-        "Not" => Ok(unary(x, |v| f32::from(v == 0.0))),
         "Add" => broadcast(&x, arg(0)?, |p, q| p + q),
         "Sub" => broadcast(&x, arg(0)?, |p, q| p - q),
         "Mul" => broadcast(&x, arg(0)?, |p, q| p * q),
+        // Integer division truncates; a shape computation's `Div` of integers is
+        // exact or handled as shape values (`shapes`), so the float quotient stands.
         "Div" => broadcast(&x, arg(0)?, |p, q| p / q),
         "Pow" => broadcast(&x, arg(0)?, f32::powf),
+        // Variadic in the spec: folded pairwise, left to right.
+        "Min" => data
+            .iter()
+            .try_fold(x, |acc, d| broadcast(&acc, d, f32::min)),
+        "Max" => data
+            .iter()
+            .try_fold(x, |acc, d| broadcast(&acc, d, f32::max)),
+        // `fmod = 1` is C's remainder (the dividend's sign), else Python's (the divisor's).
+        "Mod" if a.int("fmod", 0) != 0 => broadcast(&x, arg(0)?, |p, q| p % q),
+        "Mod" => broadcast(&x, arg(0)?, |p, q| p - q * (p / q).floor()),
         "Equal" => broadcast(&x, arg(0)?, |p, q| f32::from(p == q)),
+        "Less" => broadcast(&x, arg(0)?, |p, q| f32::from(p < q)),
+        "LessOrEqual" => broadcast(&x, arg(0)?, |p, q| f32::from(p <= q)),
+        "Greater" => broadcast(&x, arg(0)?, |p, q| f32::from(p > q)),
+        "GreaterOrEqual" => broadcast(&x, arg(0)?, |p, q| f32::from(p >= q)),
+        "And" => broadcast(&x, arg(0)?, |p, q| f32::from(p != 0.0 && q != 0.0)),
+        "Or" => broadcast(&x, arg(0)?, |p, q| f32::from(p != 0.0 || q != 0.0)),
+        "Xor" => broadcast(&x, arg(0)?, |p, q| f32::from((p != 0.0) != (q != 0.0))),
+        // To an integer type the value truncates toward zero, to bool it is `!= 0`
+        // (T5's relative position buckets: `log(...).to(torch.long)`).
+        "Cast" if a.int("to", 1) == 9 => Ok(unary(x, |v| f32::from(v != 0.0))),
+        "Cast" => Ok(unary(x, f32::trunc)),
         "Expand" => {
             let shape = arg(0)?;
             let ones = Dense {
@@ -402,6 +491,57 @@ fn numeric(op: &str, mut data: Vec<Dense>, a: &Attrs) -> Result<Dense, Why> {
             let other = broadcast(&x, arg(1)?, |c, q| if c != 0.0 { f32::NAN } else { q })?;
             // Exactly one side of each element is a number: take it.
             broadcast(&picked, &other, |p, q| if p.is_nan() { q } else { p })
+        }
+        // `out[i_0, .., i_k, ..] = x[i_0, .., indices[i_0, .., i_k, ..], ..]` along `axis`;
+        // the output has the indices' shape. Along other axes an index may exceed only
+        // axes of size 1 in `x` (a buffer expanded over the batch, read as its one row).
+        "GatherElements" => {
+            let indices = arg(0)?;
+            let r = x.dims.len();
+            if indices.dims.len() != r {
+                return Err(format!(
+                    "GatherElements indices of rank {} for data of rank {r}",
+                    indices.dims.len()
+                ));
+            }
+            let axis = a.int("axis", 0);
+            let axis = usize::try_from(if axis < 0 { axis + r as i64 } else { axis })
+                .ok()
+                .filter(|&k| k < r)
+                .ok_or_else(|| format!("GatherElements axis {axis} of rank {r}"))?;
+            let mut values = Vec::with_capacity(indices.values.len());
+            for (flat, &i) in indices.values.iter().enumerate() {
+                let (mut rest, mut at, mut stride) = (flat, 0usize, 1usize);
+                for k in (0..r).rev() {
+                    let c = rest % indices.dims[k];
+                    rest /= indices.dims[k];
+                    let c = match k == axis {
+                        true => {
+                            let size = x.dims[k] as i64;
+                            let i = if i < 0.0 { i as i64 + size } else { i as i64 };
+                            if !(0..size).contains(&i) {
+                                return Err(format!("GatherElements index {i} outside {size}"));
+                            }
+                            i as usize
+                        }
+                        false if x.dims[k] == 1 => 0,
+                        false if c < x.dims[k] => c,
+                        false => {
+                            return Err(format!(
+                                "GatherElements indices of dims {:?} exceed data of dims {:?}",
+                                indices.dims, x.dims
+                            ));
+                        }
+                    };
+                    at += c * stride;
+                    stride *= x.dims[k];
+                }
+                values.push(x.values[at]);
+            }
+            Ok(Dense {
+                dims: indices.dims.clone(),
+                values,
+            })
         }
         // `data[indices[i]] = updates[i]`: each index tuple of the last axis's length
         // addresses one slice of `data` (PyTorch's `mask[a:b, c:d] = v` on a constant).

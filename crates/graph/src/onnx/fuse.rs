@@ -300,3 +300,103 @@ pub(super) fn fuse_layer_norm(
     }
     rewrite.apply(nodes)
 }
+
+/// Rewrites every RMS norm over the last axis written out op by op (Hugging Face's T5 and
+/// LLaMA: `x.pow(2).mean(-1, keepdim=True)`, `x * rsqrt(v + eps)`, `weight * x`; ONNX
+/// writes `rsqrt` as `1 / Sqrt` or `Reciprocal`, or the whole as `x / Sqrt`) with its
+/// scale into one `RMSNormalization` (the spec's op since opset 23). Arguments as
+/// [`fuse_layer_norm`]'s.
+pub(super) fn fuse_rms_norm(
+    nodes: Vec<NodeProto>,
+    scalar: impl Fn(&str) -> Option<f32>,
+    ints: impl Fn(&str) -> Option<Vec<i64>>,
+    is_weight: impl Fn(&str) -> bool,
+) -> Vec<NodeProto> {
+    let uses = Uses::of(&nodes);
+    let mean_last = |n: &NodeProto| {
+        let a = Attrs(&n.attribute);
+        let axes = a
+            .ints("axes")
+            .or_else(|| n.input.get(1).and_then(|i| ints(i)));
+        n.op_type == "ReduceMean" && axes.as_deref() == Some(&[-1]) && a.int("keepdims", 1) == 1
+    };
+    let two = |n: &NodeProto, op: &str| n.op_type == op && n.input.len() == 2;
+    // The operand of the two-input `n` that is not `mine`.
+    let other = |n: &NodeProto, mine: &str| -> Option<String> {
+        match n.input.as_slice() {
+            [p, q] if p == mine => Some(q.clone()),
+            [p, q] if q == mine => Some(p.clone()),
+            _ => None,
+        }
+    };
+    let mut rewrite = Rewrite::default();
+    for (q, square) in nodes.iter().enumerate() {
+        let x = match square.input.as_slice() {
+            [x, two_] if two(square, "Pow") && scalar(two_) == Some(2.0) => x.clone(),
+            [x, y] if two(square, "Mul") && x == y => x.clone(),
+            _ => continue,
+        };
+        let fused = (|| {
+            let var = uses.sole(&square.output[0])?;
+            (mean_last(&nodes[var]) && nodes[var].input[0] == square.output[0]).then_some(())?;
+            let add = uses.sole(&nodes[var].output[0])?;
+            two(&nodes[add], "Add").then_some(())?;
+            let eps = scalar(&other(&nodes[add], &nodes[var].output[0])?)?;
+            let sqrt = uses.sole(&nodes[add].output[0])?;
+            (nodes[sqrt].op_type == "Sqrt").then_some(())?;
+            let root = &nodes[sqrt].output[0];
+            let next = uses.sole(root)?;
+            // `x / root`, or `x * (1 / root)`.
+            let (normed, mut gone) = match (nodes[next].op_type.as_str(), &nodes[next].input[..]) {
+                ("Div", [p, r]) if p == &x && r == root => (next, vec![q, var, add, sqrt]),
+                ("Div", [one, r]) if r == root && scalar(one) == Some(1.0) => {
+                    let m = uses.sole(&nodes[next].output[0])?;
+                    (two(&nodes[m], "Mul") && other(&nodes[m], &nodes[next].output[0])? == x)
+                        .then_some(())?;
+                    (m, vec![q, var, add, sqrt, next])
+                }
+                ("Reciprocal", [r]) if r == root => {
+                    let m = uses.sole(&nodes[next].output[0])?;
+                    (two(&nodes[m], "Mul") && other(&nodes[m], &nodes[next].output[0])? == x)
+                        .then_some(())?;
+                    (m, vec![q, var, add, sqrt, next])
+                }
+                _ => return None,
+            };
+            // The scale, a weight (a `Cast` back to the input's type may come between).
+            let mut y = nodes[normed].output[0].clone();
+            let mut at = uses.sole(&y)?;
+            if nodes[at].op_type == "Cast" {
+                gone.push(at);
+                y = nodes[at].output[0].clone();
+                at = uses.sole(&y)?;
+            }
+            let weight = two(&nodes[at], "Mul")
+                .then(|| other(&nodes[at], &y))?
+                .filter(|w| is_weight(w))?;
+            gone.push(normed);
+            Some((x.clone(), weight, eps, gone, at))
+        })();
+        if let Some((x, weight, eps, gone, last)) = fused {
+            let mut norm = nodes[last].clone();
+            norm.op_type = "RMSNormalization".into();
+            norm.input = vec![x, weight];
+            norm.attribute = vec![
+                AttributeProto {
+                    name: "axis".into(),
+                    i: -1,
+                    r#type: AttributeType::Int as i32,
+                    ..Default::default()
+                },
+                AttributeProto {
+                    name: "epsilon".into(),
+                    f: eps,
+                    r#type: AttributeType::Float as i32,
+                    ..Default::default()
+                },
+            ];
+            rewrite.fuse(gone, last, norm);
+        }
+    }
+    rewrite.apply(nodes)
+}

@@ -52,6 +52,11 @@ pub(super) struct Importer {
     pub(super) initializers: HashSet<String>,
     /// Folded constants that read a float initializer's elements (see [`ReadFrom`]).
     pub(super) read_from: HashMap<String, ReadFrom>,
+    /// The initializers each emitted IR node's ONNX node read, directly or through
+    /// folded indexing: where its parameters may come from.
+    pub(super) sources: HashMap<String, Vec<String>>,
+    /// Per initializer, the IR parameters (node, index) already holding its values.
+    pub(super) claims: HashMap<String, Vec<(String, usize)>>,
 }
 
 impl Importer {
@@ -92,6 +97,8 @@ impl Importer {
             aligned: HashMap::new(),
             initializers,
             read_from: HashMap::new(),
+            sources: HashMap::new(),
+            claims: HashMap::new(),
         };
         imp.constants();
         let nodes = super::fuse::fuse_gelu(imp.nodes.to_vec(), |name| match imp.vals.get(name) {
@@ -101,21 +108,20 @@ impl Importer {
             },
             _ => None,
         });
-        let nodes = super::fuse::fuse_layer_norm(
-            nodes,
-            |name| match imp.vals.get(name) {
-                Some(Val::Const(t)) => match tensor_floats(t).ok()?[..] {
-                    [v] => Some(v as f32),
-                    _ => None,
-                },
+        let scalar = |name: &str| match imp.vals.get(name) {
+            Some(Val::Const(t)) => match tensor_floats(t).ok()?[..] {
+                [v] => Some(v as f32),
                 _ => None,
             },
-            |name| match imp.vals.get(name) {
-                Some(Val::Const(t)) => tensor_ints(t).ok(),
-                _ => None,
-            },
-            |name| imp.initializers.contains(name),
-        );
+            _ => None,
+        };
+        let ints = |name: &str| match imp.vals.get(name) {
+            Some(Val::Const(t)) => tensor_ints(t).ok(),
+            _ => None,
+        };
+        let is_weight = |name: &str| imp.initializers.contains(name);
+        let nodes = super::fuse::fuse_layer_norm(nodes, scalar, ints, is_weight);
+        let nodes = super::fuse::fuse_rms_norm(nodes, scalar, ints, is_weight);
         imp.nodes = nodes.into();
         imp.liveness();
         imp.add_inputs()?;
@@ -415,6 +421,17 @@ impl Importer {
         let name = self.fresh(n);
         self.b.push(&name, op, inputs)?;
         self.define(n, Val::Ir(name.clone()));
+        let read: Vec<String> = n
+            .input
+            .iter()
+            .filter_map(|i| match self.read_from.get(i) {
+                Some(r) => Some(r.table.clone()),
+                None => self.initializers.contains(i).then(|| i.clone()),
+            })
+            .collect();
+        if !read.is_empty() {
+            self.sources.insert(name.clone(), read);
+        }
         Ok(name)
     }
 
@@ -589,10 +606,39 @@ impl Importer {
 
     /// Attaches trained values to IR node `name` when every parameter could be read
     /// (in [`Op::params`] order and layout); otherwise the node keeps random initialisation.
+    ///
+    /// A parameter read from an initializer whose values an earlier parameter of the
+    /// same shape already holds, element for element, is tied to it: one tensor read
+    /// twice (a head tied to the token embedding, a position-bias table every layer
+    /// adds), counted once as PyTorch counts it.
     pub(super) fn attach(&mut self, name: &str, weights: Vec<Option<Vec<f32>>>) {
-        if let Some(weights) = weights.into_iter().collect::<Option<Vec<_>>>() {
-            // Values whose sizes do not fit the op's parameters are not attached.
-            let _ = self.b.set_weights(name, weights);
+        let Some(weights) = weights.into_iter().collect::<Option<Vec<_>>>() else {
+            return;
+        };
+        // Values whose sizes do not fit the op's parameters are not attached.
+        if self.b.set_weights(name, weights).is_err() {
+            return;
+        }
+        let sources = self.sources.get(name).cloned().unwrap_or_default();
+        let count = self.b.weights_of(name).map_or(0, <[_]>::len);
+        for k in 0..count {
+            let tied_to = sources.iter().find_map(|s| {
+                self.claims.get(s)?.iter().find(|(other, j)| {
+                    let (mine, theirs) = (self.b.weights_of(name), self.b.weights_of(other));
+                    mine.zip(theirs).is_some_and(|(m, t)| t.get(*j) == m.get(k))
+                })
+            });
+            match tied_to.cloned() {
+                Some((other, j)) if self.b.tie(name, k, &other, j).is_ok() => {}
+                _ => {
+                    for s in &sources {
+                        self.claims
+                            .entry(s.clone())
+                            .or_default()
+                            .push((name.to_string(), k));
+                    }
+                }
+            }
         }
     }
 

@@ -75,7 +75,7 @@ impl Op {
                 expect_dim(x, 0, *features, "channels")?;
                 Ok(x.clone())
             }
-            Op::LayerNorm { features } => {
+            Op::LayerNorm { features } | Op::RmsNorm { features } => {
                 expect_last(x, *features, "normalized size")?;
                 Ok(x.clone())
             }
@@ -208,7 +208,7 @@ impl Op {
                     ))),
                 }
             }
-            Op::AddConst { shape, values } => {
+            Op::AddConst { shape, values } | Op::MulConst { shape, values } => {
                 if !broadcasts_onto(shape, x) || values.len() != shape.iter().product::<usize>() {
                     return Err(ShapeError(format!(
                         "a constant of shape {shape:?} ({} values) does not broadcast onto {x} \

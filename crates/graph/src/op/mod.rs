@@ -169,6 +169,11 @@ pub enum Op {
     LayerNorm {
         features: usize,
     },
+    /// Root-mean-square normalisation over the last dimension with a learned scale and no
+    /// shift (`x / sqrt(mean(x^2) + eps) * g`: T5, LLaMA; ONNX `RMSNormalization`).
+    RmsNorm {
+        features: usize,
+    },
     Relu,
     /// `min(max(x, 0), max)` (DeepSpeech's ReLU clipped at 20).
     ClippedRelu {
@@ -259,6 +264,13 @@ pub enum Op {
     /// sample by numpy's rules without enlarging it, and not trained: an attention mask
     /// built from constants (Swin's shifted windows).
     AddConst {
+        shape: Vec<usize>,
+        #[serde(skip)]
+        values: Vec<f32>,
+    },
+    /// `x * c` for a constant `c` of `shape`, broadcast as [`Op::AddConst`]'s and not
+    /// trained: a rotary position embedding's cosines and sines (LLaMA, GPT-NeoX).
+    MulConst {
         shape: Vec<usize>,
         #[serde(skip)]
         values: Vec<f32>,
@@ -357,6 +369,7 @@ pub const OP_NAMES: &[&str] = &[
     "conv3d",
     "batchnorm",
     "layernorm",
+    "rmsnorm",
     "instance_norm",
     "relu",
     "clipped_relu",
@@ -379,6 +392,7 @@ pub const OP_NAMES: &[&str] = &[
     "add_table",
     "causal_mask",
     "add_const",
+    "mul_const",
     "concat_param",
     "softmax",
     "maxpool",
@@ -412,6 +426,7 @@ impl Op {
             Op::BatchNorm { .. } => "batchnorm",
             Op::InstanceNorm { .. } => "instance_norm",
             Op::LayerNorm { .. } => "layernorm",
+            Op::RmsNorm { .. } => "rmsnorm",
             Op::Relu => "relu",
             Op::ClippedRelu { .. } => "clipped_relu",
             Op::LeakyRelu { .. } => "leaky_relu",
@@ -441,6 +456,7 @@ impl Op {
             Op::AddTable { .. } => "add_table",
             Op::CausalMask => "causal_mask",
             Op::AddConst { .. } => "add_const",
+            Op::MulConst { .. } => "mul_const",
             Op::ConcatParam { .. } => "concat_param",
             Op::Softmax { .. } => "softmax",
             Op::Pool {
@@ -519,6 +535,7 @@ impl Op {
                 Param::new("weight", &[features]),
                 Param::new("bias", &[features]),
             ],
+            Op::RmsNorm { features } => vec![Param::new("weight", &[features])],
             Op::Embedding { vocab, dim } => vec![Param::new("weight", &[vocab, dim])],
             Op::AddParam { ref shape }
             | Op::MulParam { ref shape }

@@ -254,6 +254,8 @@ pub fn forward_flops(op: &Op, s: &Sizes) -> f64 {
         }
         // Mean, variance, normalise, scale and shift.
         Op::BatchNorm { .. } | Op::LayerNorm { .. } | Op::InstanceNorm { .. } => 8.0 * inp,
+        // Square, mean, divide and scale.
+        Op::RmsNorm { .. } => 4.0 * inp,
         Op::Relu | Op::ClippedRelu { .. } | Op::Dropout { .. } | Op::DropPath { .. } => out,
         // A comparison, the scaled copy and the select.
         Op::LeakyRelu { .. } | Op::PRelu { .. } => 3.0 * out,
@@ -285,7 +287,8 @@ pub fn forward_flops(op: &Op, s: &Sizes) -> f64 {
         | Op::MulParam { .. }
         | Op::AddTable { .. }
         | Op::CausalMask
-        | Op::AddConst { .. } => out,
+        | Op::AddConst { .. }
+        | Op::MulConst { .. } => out,
         Op::Transpose { .. } | Op::ConcatParam { .. } | Op::Pad { .. } => 0.0,
         Op::Flatten | Op::Reshape { .. } | Op::Concat { .. } | Op::Embedding { .. } => 0.0,
         Op::Rnn {

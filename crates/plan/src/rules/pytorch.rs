@@ -55,6 +55,14 @@ impl RuntimeRules for Pytorch {
                 extra_elems: 2 * (s.inputs[0] / *features as u64),
                 ..none
             },
+            // RMSNorm as Hugging Face writes it (`x.pow(2).mean(-1)`, `x * rsqrt(v + eps)`,
+            // `weight * x`): `pow` and `mul` keep x, `rsqrt` its result per row, the scale's
+            // `mul` the normalised values.
+            Op::RmsNorm { features } => Saved {
+                inputs: true,
+                extra_elems: s.output + s.inputs[0] / *features as u64,
+                ..none
+            },
             // `relu`, `tanh`, `sigmoid`, `softmax` differentiate through their result.
             Op::Relu | Op::Tanh | Op::Sigmoid | Op::Softmax { .. } => output,
             // `clamp`/`hardtanh`, `gelu`, `hardsigmoid_backward` and `hardswish_backward` read
@@ -110,6 +118,8 @@ impl RuntimeRules for Pytorch {
             | Op::ConcatParam { .. }
             | Op::CausalMask
             | Op::AddConst { .. } => none,
+            // `mul` by an untracked buffer keeps that buffer (no per-sample memory).
+            Op::MulConst { .. } => none,
             // `mul`: each factor's gradient reads the other.
             Op::Mul | Op::MulParam { .. } => inputs,
             // `at::native::dropout` returns its input when p is 0. On a GPU it runs the fused

@@ -237,7 +237,7 @@ impl Importer {
                     self.emit(n, Op::Scale { factor }, &[&x])?;
                 } else if n.op_type == "Add" && is_causal_mask(&c, self.shape(&x)?) {
                     self.emit(n, Op::CausalMask, &[&x])?;
-                } else if let Some(op) = self.constant_addend(n, &x, &c)? {
+                } else if let Some(op) = self.constant_operand(n, &x, &c)? {
                     self.emit(n, op, &[&x])?;
                 } else {
                     return Err(err(format!(
@@ -255,6 +255,13 @@ impl Importer {
                 self.emit(n, op, &[&x, &y])?;
             }
         }
+        Ok(())
+    }
+
+    /// `Neg` of an activation (rotary embeddings' `rotate_half`): a scale by -1.
+    pub(super) fn neg(&mut self, _i: usize, n: &NodeProto, _a: &Attrs) -> Result<(), GraphError> {
+        let x = self.act(n, 0)?;
+        self.emit(n, Op::Scale { factor: -1.0 }, &[&x])?;
         Ok(())
     }
 
@@ -389,16 +396,17 @@ impl Importer {
         })
     }
 
-    /// `x + c` for a constant tensor `c` (not an initializer) that broadcasts onto the
-    /// sample without enlarging it (a leading batch axis of 1 dropped): an attention mask
-    /// folded from constants. `None` for anything else.
-    fn constant_addend(
+    /// `x + c` or `x * c` for a constant tensor `c` (not an initializer) that broadcasts
+    /// onto the sample without enlarging it (a leading batch axis of 1 dropped): an
+    /// attention mask folded from constants, a rotary embedding's cosines and sines.
+    /// `None` for anything else.
+    fn constant_operand(
         &self,
         n: &NodeProto,
         x: &str,
         c: &TensorProto,
     ) -> Result<Option<Op>, GraphError> {
-        if n.op_type != "Add" {
+        if n.op_type != "Add" && n.op_type != "Mul" {
             return Ok(None);
         }
         let s = self.shape(x)?;
@@ -414,9 +422,15 @@ impl Importer {
             }
             dims.remove(0);
         }
-        let op = Op::AddConst {
-            shape: dims,
-            values,
+        let op = match n.op_type.as_str() {
+            "Add" => Op::AddConst {
+                shape: dims,
+                values,
+            },
+            _ => Op::MulConst {
+                shape: dims,
+                values,
+            },
         };
         Ok(op.infer(&[s]).is_ok().then_some(op))
     }

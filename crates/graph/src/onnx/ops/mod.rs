@@ -46,6 +46,7 @@ const OPS: &[(&str, Import)] = &[
     ("Identity", Importer::alias),
     ("InstanceNormalization", Importer::instance_norm),
     ("LayerNormalization", Importer::layer_norm),
+    ("RMSNormalization", Importer::rms_norm),
     ("LeakyRelu", Importer::activation),
     ("LogSoftmax", Importer::softmax),
     ("Less", Importer::less),
@@ -53,6 +54,7 @@ const OPS: &[(&str, Import)] = &[
     ("LSTM", Importer::rnn),
     ("MatMul", Importer::matmul),
     ("MaxPool", Importer::pool),
+    ("Neg", Importer::neg),
     ("Pad", Importer::pad),
     ("Mean", Importer::sum_mean),
     ("Mul", Importer::add_mul),
@@ -145,14 +147,16 @@ impl Importer {
             .unwrap_or(0);
         Some(match n.op_type.as_str() {
             "Relu" | "Gelu" | "Tanh" | "Sigmoid" | "HardSigmoid" | "HardSwish" | "Clip"
-            | "Dropout" => 0,
+            | "Dropout" | "Neg" => 0,
             // A constant operand broadcasts against the trailing axes.
             "Add" | "Mul" | "Div" | "Sum" | "Mean" | "PRelu" => const_rank,
             // A negative axis names the same axis once the batch is pulled out.
             "Softmax" if a.int("axis", if self.opset < 13 { 1 } else { -1 }) < 0 => {
                 (-a.int("axis", -1)) as usize
             }
-            "LayerNormalization" if a.int("axis", -1) < 0 => (-a.int("axis", -1)) as usize,
+            "LayerNormalization" | "RMSNormalization" if a.int("axis", -1) < 0 => {
+                (-a.int("axis", -1)) as usize
+            }
             "Gemm" => 1,
             "MatMul" => match self.vals.get(n.input.get(1)?.as_str()) {
                 Some(Val::Const(_)) => 1,

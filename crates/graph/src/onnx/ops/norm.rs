@@ -106,6 +106,33 @@ impl Importer {
         Ok(())
     }
 
+    /// `RMSNormalization` over the last axis with its learned scale (written out op by op
+    /// before opset 23, fused by `fuse::fuse_rms_norm`).
+    pub(super) fn rms_norm(
+        &mut self,
+        _i: usize,
+        n: &NodeProto,
+        a: &Attrs,
+    ) -> Result<(), GraphError> {
+        let x = self.act(n, 0)?;
+        let rank = self.shape(&x)?.rank() as i64 + 1;
+        let axis = a.int("axis", -1);
+        if axis != -1 && axis != rank - 1 {
+            return Err(GraphError::node(
+                label(n),
+                format!(
+                    "RMSNormalization over axis {axis} of a rank-{rank} tensor: only the \
+                     last axis is supported"
+                ),
+            ));
+        }
+        let features = self.last_dim(n, &x)?;
+        let name = self.emit(n, Op::RmsNorm { features }, &[&x])?;
+        let weights = vec![self.const_f32(n, 1)];
+        self.attach(&name, weights);
+        Ok(())
+    }
+
     /// `LRN` across channels.
     pub(super) fn lrn(&mut self, _i: usize, n: &NodeProto, a: &Attrs) -> Result<(), GraphError> {
         let x = self.act(n, 0)?;

@@ -95,9 +95,11 @@ fn family(op: &Op) -> Family {
         | Op::Gelu
         | Op::Softmax { .. }
         | Op::Scale { .. } => Family::Activation,
-        Op::BatchNorm { .. } | Op::LayerNorm { .. } | Op::InstanceNorm { .. } | Op::Lrn { .. } => {
-            Family::Norm
-        }
+        Op::BatchNorm { .. }
+        | Op::LayerNorm { .. }
+        | Op::RmsNorm { .. }
+        | Op::InstanceNorm { .. }
+        | Op::Lrn { .. } => Family::Norm,
         Op::Pool { .. } | Op::GlobalPool { .. } => Family::Pool,
         Op::Rnn { .. } => Family::Recurrent,
         Op::Flatten
@@ -113,6 +115,7 @@ fn family(op: &Op) -> Family {
         | Op::ConcatParam { .. }
         | Op::CausalMask
         | Op::AddConst { .. }
+        | Op::MulConst { .. }
         | Op::Slice { .. }
         | Op::Reduce { .. }
         | Op::Mul

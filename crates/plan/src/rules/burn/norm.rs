@@ -41,6 +41,13 @@ pub(super) fn saved(b: &Burn, op: &Op, s: &Sizes) -> Saved {
             extra_elems: 2 * s.inputs[0] + 2 * (s.inputs[0] / *features as u64),
             ..none
         },
+        // Composed everywhere (engine `model/norm.rs`): the square keeps x, the division
+        // x and the root per row, the scale's product the quotient.
+        Op::RmsNorm { features } => Saved {
+            inputs: true,
+            extra_elems: s.output + s.inputs[0] / *features as u64,
+            ..none
+        },
         // The layer norm over each channel's positions (fused on the CPU: x and two numbers
         // per row; composed elsewhere: the centred input and the quotient), then the affine
         // product, which keeps the normalised values.
@@ -76,6 +83,8 @@ pub(super) fn forward_temporaries(b: &Burn, op: &Op, s: &Sizes, act: u64) -> u64
         // norm's squares elsewhere.
         Op::InstanceNorm { affine, .. } if !b.gpu => u64::from(*affine) * s.output * act,
         Op::InstanceNorm { .. } => s.inputs.first().copied().unwrap_or(0) * act,
+        // The squares before their mean, and the quotient before the scale.
+        Op::RmsNorm { .. } => s.inputs.first().copied().unwrap_or(0) * act,
         _ => 0,
     }
 }
@@ -90,7 +99,7 @@ pub(super) fn backward(b: &Burn, op: &Op, s: &Sizes, dx: u64, act: u64) -> Vec<B
         Op::Lrn { .. } => out + 3 * input,
         // The fused norms' backward: dy and dx (and the layer norm's per-job partial
         // parameter gradients, a few rows of `features`: not counted).
-        _ if !b.gpu => out + dx,
+        _ if !b.gpu && !matches!(op, Op::RmsNorm { .. }) => out + dx,
         // The composed norm's backward: dy * gamma, the quotient rule's product and the
         // statistics' reductions, one input-sized temporary at a time.
         _ => out + dx + input,

@@ -41,7 +41,7 @@ pub(super) fn saved(op: &Op, s: &Sizes) -> Saved {
         // `slice` keeps only shapes; views, `cat` and `add` nothing; `permute` keeps the
         // axes, the reshape that copies it back to `[B, elements]` its shape; the learned
         // addend's and the causal mask's `add` keep nothing (the mask is an untracked
-        // constant).
+        // constant); the product with an untracked constant keeps only the constant.
         _ => none,
     }
 }
@@ -81,6 +81,8 @@ pub(super) fn backward(b: &Burn, op: &Op, s: &Sizes, dx: u64, act: u64) -> Vec<B
         Op::Mul => out + s.inputs.iter().sum::<u64>(),
         // dx = dy * p, and dp = dy * x summed over the axes p broadcasts on.
         Op::MulParam { .. } => 2 * out,
+        // dx = dy * c.
+        Op::MulConst { .. } => out + dx,
         // `interpolate_backward` writes dx of the input's size; `cat`'s backward slices dy
         // into the padded input's gradient.
         Op::Resize { .. } | Op::Pad { .. } => out + dx,
