@@ -754,7 +754,10 @@ mod tests {
         g.linear("a", "x", 16).unwrap();
         g.linear("b", "a", 16).unwrap();
         g.tie("b", 0, "a", 0).unwrap();
-        assert!(g.tie("a", 1, "b", 1).is_err(), "ties point to earlier layers");
+        assert!(
+            g.tie("a", 1, "b", 1).is_err(),
+            "ties point to earlier layers"
+        );
         let graph = g.finish(LossKind::Mse, "b").unwrap();
         assert_eq!(graph.param_count(), 16 * 16 + 2 * 16);
         let weights = |runtime| {
