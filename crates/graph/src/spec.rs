@@ -281,22 +281,18 @@ fn add_layer(g: &mut GraphBuilder, name: &str, k: &mut Keys) -> Result<(), Graph
                     align_corners: k.bool_or("align_corners", false)?,
                 },
                 "causal_mask" => Op::CausalMask,
-                "add_const" => Op::AddConst {
-                    shape: k.usize_list("shape")?,
-                    values: k
+                "add_const" | "mul_const" => {
+                    let shape = k.usize_list("shape")?;
+                    let values = k
                         .f64_list("values")?
                         .into_iter()
                         .map(|v| v as f32)
-                        .collect(),
-                },
-                "mul_const" => Op::MulConst {
-                    shape: k.usize_list("shape")?,
-                    values: k
-                        .f64_list("values")?
-                        .into_iter()
-                        .map(|v| v as f32)
-                        .collect(),
-                },
+                        .collect();
+                    match op.as_str() {
+                        "add_const" => Op::AddConst { shape, values },
+                        _ => Op::MulConst { shape, values },
+                    }
+                }
                 "concat_param" => Op::ConcatParam {
                     axis: k.i64_or("axis", 1)?,
                     shape: k.usize_list("shape")?,

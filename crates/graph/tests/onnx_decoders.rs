@@ -4,7 +4,7 @@
 //! constants and one bias table read by every layer, a head tied to the token
 //! embedding, and BERT's token type ids gathered from an expanded buffer.
 
-use batchfit_graph::onnx::proto::{DataType, TensorProto};
+use batchfit_graph::onnx::proto::DataType;
 use batchfit_graph::{Op, onnx};
 
 mod common;
@@ -12,16 +12,6 @@ use common::*;
 
 const T: i64 = 4;
 const D: i64 = 8;
-
-fn int64_tensor(name: &str, dims: &[i64], values: &[i64]) -> TensorProto {
-    TensorProto {
-        name: name.into(),
-        dims: dims.to_vec(),
-        data_type: DataType::Int64 as i32,
-        int64_data: values.to_vec(),
-        ..Default::default()
-    }
-}
 
 /// `x.pow(2).mean(-1, keepdim=True)`, `x * (1 / sqrt(v + eps))`, `weight * x` into `out`.
 fn rms_norm(n: &mut Net, name: &str, x: &str, out: &str) {

@@ -7,8 +7,8 @@
 //! embeddings (tables read at buffered ids), an expanded gate, `LeakyRelu` and the shape
 //! of a constant.
 
+use batchfit_graph::onnx::proto::DataType;
 use batchfit_graph::onnx::proto::{AttributeProto, AttributeType};
-use batchfit_graph::onnx::proto::{DataType, TensorProto};
 use batchfit_graph::{Cell, LossKind, Op, ResizeMode, onnx};
 
 mod common;
@@ -320,16 +320,6 @@ fn resize_to_sizes_or_by_scales_keeps_batch_and_channels() {
 }
 
 /// An int64 constant of any rank (a registered buffer of ids).
-fn int64_tensor(name: &str, dims: &[i64], values: &[i64]) -> TensorProto {
-    TensorProto {
-        name: name.into(),
-        dims: dims.to_vec(),
-        data_type: DataType::Int64 as i32,
-        int64_data: values.to_vec(),
-        ..Default::default()
-    }
-}
-
 #[test]
 fn bert_style_embeddings_read_their_tables_at_buffered_ids() {
     // Hugging Face's embeddings: a token lookup, `input_ids.view(-1, T)` first (GPT-2),

@@ -278,23 +278,12 @@ pub(super) fn fuse_layer_norm(
             ))
         })();
         if let Some((x, gamma, beta, eps, gone, last)) = fused {
-            let mut norm = nodes[last].clone();
-            norm.op_type = "LayerNormalization".into();
-            norm.input = vec![x, gamma, beta];
-            norm.attribute = vec![
-                AttributeProto {
-                    name: "axis".into(),
-                    i: -1,
-                    r#type: AttributeType::Int as i32,
-                    ..Default::default()
-                },
-                AttributeProto {
-                    name: "epsilon".into(),
-                    f: eps,
-                    r#type: AttributeType::Float as i32,
-                    ..Default::default()
-                },
-            ];
+            let norm = last_axis_norm(
+                &nodes[last],
+                "LayerNormalization",
+                vec![x, gamma, beta],
+                eps,
+            );
             rewrite.fuse(gone, last, norm);
         }
     }
@@ -378,25 +367,32 @@ pub(super) fn fuse_rms_norm(
             Some((x.clone(), weight, eps, gone, at))
         })();
         if let Some((x, weight, eps, gone, last)) = fused {
-            let mut norm = nodes[last].clone();
-            norm.op_type = "RMSNormalization".into();
-            norm.input = vec![x, weight];
-            norm.attribute = vec![
-                AttributeProto {
-                    name: "axis".into(),
-                    i: -1,
-                    r#type: AttributeType::Int as i32,
-                    ..Default::default()
-                },
-                AttributeProto {
-                    name: "epsilon".into(),
-                    f: eps,
-                    r#type: AttributeType::Float as i32,
-                    ..Default::default()
-                },
-            ];
+            let norm = last_axis_norm(&nodes[last], "RMSNormalization", vec![x, weight], eps);
             rewrite.fuse(gone, last, norm);
         }
     }
     rewrite.apply(nodes)
+}
+
+/// A normalisation over the last axis with epsilon `eps`, of op type `op` reading
+/// `input`, in place of `last` (the pattern's final node: its name and output).
+fn last_axis_norm(last: &NodeProto, op: &str, input: Vec<String>, eps: f32) -> NodeProto {
+    let mut norm = last.clone();
+    norm.op_type = op.into();
+    norm.input = input;
+    norm.attribute = vec![
+        AttributeProto {
+            name: "axis".into(),
+            i: -1,
+            r#type: AttributeType::Int as i32,
+            ..Default::default()
+        },
+        AttributeProto {
+            name: "epsilon".into(),
+            f: eps,
+            r#type: AttributeType::Float as i32,
+            ..Default::default()
+        },
+    ];
+    norm
 }

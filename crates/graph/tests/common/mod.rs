@@ -249,6 +249,17 @@ pub fn seed2() -> Net {
     n
 }
 
+/// An int64 initializer of `dims` with these values.
+pub fn int64_tensor(name: &str, dims: &[i64], values: &[i64]) -> TensorProto {
+    TensorProto {
+        name: name.into(),
+        dims: dims.to_vec(),
+        data_type: DataType::Int64 as i32,
+        int64_data: values.to_vec(),
+        ..Default::default()
+    }
+}
+
 /// A float initializer with these values in `float_data`.
 pub fn floats(name: &str, dims: &[i64], values: &[f32]) -> TensorProto {
     TensorProto {
