@@ -232,10 +232,11 @@ fn add_layer(g: &mut GraphBuilder, name: &str, k: &mut Keys) -> Result<(), Graph
                         .map_err(|_| k.bad("start", "must not be negative"))?,
                     end: k.usize("end")?,
                 },
-                "reduce_sum" | "reduce_mean" | "reduce_max" => Op::Reduce {
+                "reduce_sum" | "reduce_mean" | "reduce_max" | "reduce_l2" => Op::Reduce {
                     reduce: match simple {
                         "reduce_sum" => ReduceKind::Sum,
                         "reduce_mean" => ReduceKind::Mean,
+                        "reduce_l2" => ReduceKind::L2,
                         _ => ReduceKind::Max,
                     },
                     axes: k.i64_list("axes")?,
@@ -268,6 +269,7 @@ fn add_layer(g: &mut GraphBuilder, name: &str, k: &mut Keys) -> Result<(), Graph
                     }
                     Op::Pad {
                         pads: flat.chunks(2).map(|p| [p[0], p[1]]).collect(),
+                        value: k.f64_or("value", 0.0)? as f32,
                     }
                 }
                 "resize" => Op::Resize {
@@ -307,6 +309,7 @@ fn add_layer(g: &mut GraphBuilder, name: &str, k: &mut Keys) -> Result<(), Graph
                 },
                 "add" => Op::Add,
                 "mul" => Op::Mul,
+                "div" => Op::Div,
                 "dropout" => Op::Dropout {
                     p: k.f64("p")? as f32,
                 },

@@ -72,7 +72,7 @@ fn unknown_op_names_node_and_type() {
 
 #[test]
 fn unfoldable_constants_and_batch_reshapes_are_errors() {
-    // x + 2: arithmetic with a constant that is no bias (x * 2 is a scale).
+    // x + 2: a constant added (an epsilon before a division), untrained.
     let mut n = Net::new("scale");
     n.input("x", "batch,8");
     n.init(scalar("two", 2.0));
@@ -80,7 +80,21 @@ fn unfoldable_constants_and_batch_reshapes_are_errors() {
     n.weight("W", &[1, 8]);
     n.node("Gemm", "fc", &["y", "W"], &["out"], vec![int("transB", 1)]);
     n.output("out");
-    let msg = onnx::parse(&n.bytes()).unwrap_err().to_string();
+    let g = onnx::parse(&n.bytes()).unwrap();
+    assert_eq!(
+        g.nodes[0].op,
+        Op::AddConst {
+            shape: vec![],
+            values: vec![2.0]
+        }
+    );
+    assert_eq!(g.param_count(), 8);
+
+    // A constant that would enlarge the sample (a new leading axis of 3) is refused,
+    // naming the node.
+    let mut wide = n.clone();
+    wide.g.initializer[0] = floats("two", &[3, 8], &[2.0; 24]);
+    let msg = onnx::parse(&wide.bytes()).unwrap_err().to_string();
     assert!(
         msg.contains("node `scale`") && msg.contains("constant"),
         "{msg}"

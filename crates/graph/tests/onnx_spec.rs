@@ -564,7 +564,8 @@ fn pads_computed_in_the_graph_as_torch_writes_f_pad() {
     assert_eq!(
         pad.op,
         Op::Pad {
-            pads: vec![[0, 3], [0, 2], [0, 0]]
+            pads: vec![[0, 3], [0, 2], [0, 0]],
+            value: 0.0
         }
     );
 }
@@ -967,4 +968,118 @@ fn time_major_rnn(n: &mut Net, name: &str, activations: &[&[u8]], bias: bool) {
         activations,
     ];
     n.node("RNN", name, &inputs, &["y"], attrs);
+}
+
+#[test]
+fn a_pad_with_ones_whose_size_is_clipped_from_shapes_in_the_graph() {
+    // timm's `pad_same`: `max((ceil(W / s) - 1) * s + k - W, 0)` in floats from the
+    // input's width (`Ceil`, `Clip` folded), then `F.pad(x, (0, pad), value=1)` as
+    // EfficientViT's linear attention pads its values with ones.
+    let mut n = Net::new("pad-same-ones");
+    n.input("x", "batch,5,6");
+    n.node("Shape", "/Shape", &["x"], &["shape"], vec![]);
+    // A scalar index, as torch.onnx writes `x.size(2)`.
+    n.init(int64_tensor("two", &[], &[2]));
+    n.node(
+        "Gather",
+        "/W",
+        &["shape", "two"],
+        &["w"],
+        vec![int("axis", 0)],
+    );
+    n.node("Cast", "/Wf", &["w"], &["wf"], vec![int("to", 1)]);
+    n.init(scalar("s", 4.0))
+        .init(scalar("k", 3.0))
+        .init(scalar("one", 1.0));
+    n.init(scalar("zero_f", 0.0));
+    n.node("Div", "/div", &["wf", "s"], &["q"], vec![]);
+    n.node("Ceil", "/ceil", &["q"], &["c"], vec![]);
+    n.node("Sub", "/sub1", &["c", "one"], &["c1"], vec![]);
+    n.node("Mul", "/mul", &["c1", "s"], &["m"], vec![]);
+    n.node("Add", "/addk", &["m", "k"], &["mk"], vec![]);
+    n.node("Sub", "/subw", &["mk", "wf"], &["raw"], vec![]);
+    n.node("Clip", "/clip", &["raw", "zero_f", ""], &["pad"], vec![]);
+    n.node("Cast", "/padi", &["pad"], &["padi"], vec![int("to", 7)]);
+    n.init(int64s("axis0", &[0]));
+    n.node("Unsqueeze", "/unsq", &["padi", "axis0"], &["p1"], vec![]);
+    n.init(int64s("four_zeros", &[0, 0, 0, 0, 0]));
+    n.node(
+        "Concat",
+        "/pads",
+        &["four_zeros", "p1"],
+        &["pads"],
+        vec![int("axis", 0)],
+    );
+    n.init(scalar("ones", 1.0));
+    n.node("Pad", "/Pad", &["x", "pads", "ones"], &["y"], vec![]);
+    n.output("y");
+
+    let g = onnx::parse(&n.bytes()).unwrap();
+    // (ceil(6 / 4) - 1) * 4 + 3 - 6 = 1 column of ones after W.
+    assert_eq!(g.shape_of("/Pad").unwrap().to_string(), "[B, 5, 7]");
+    let pad = g.nodes.iter().find(|x| x.name == "/Pad").unwrap();
+    assert_eq!(
+        pad.op,
+        Op::Pad {
+            pads: vec![[0, 0], [0, 1]],
+            value: 1.0
+        }
+    );
+}
+
+#[test]
+fn convnext_v2_global_response_norm_divides_activations() {
+    // timm's GRN on channels-last `[B, H, W, C]`: `Gx = torch.norm(x, p=2, dim=(1, 2))`,
+    // `Nx = Gx / (Gx.mean(-1) + 1e-6)`, then `gamma * (x * Nx) + beta + x`.
+    const C: i64 = 6;
+    let mut n = Net::new("grn");
+    n.input("x", &format!("batch,3,3,{C}"));
+    n.node(
+        "ReduceL2",
+        "/grn/ReduceL2",
+        &["x"],
+        &["gx"],
+        vec![ints("axes", &[1, 2]), int("keepdims", 1)],
+    );
+    n.node(
+        "ReduceMean",
+        "/grn/ReduceMean",
+        &["gx"],
+        &["mean"],
+        vec![ints("axes", &[-1]), int("keepdims", 1)],
+    );
+    n.init(scalar("eps", 1e-6));
+    n.node("Add", "/grn/Add", &["mean", "eps"], &["denom"], vec![]);
+    n.node("Div", "/grn/Div", &["gx", "denom"], &["nx"], vec![]);
+    n.node("Mul", "/grn/Mul", &["x", "nx"], &["xn"], vec![]);
+    n.weight("gamma", &[1, 1, 1, C])
+        .weight("beta", &[1, 1, 1, C]);
+    n.node("Mul", "/grn/Scale", &["gamma", "xn"], &["scaled"], vec![]);
+    n.node(
+        "Add",
+        "/grn/Shift",
+        &["scaled", "beta"],
+        &["shifted"],
+        vec![],
+    );
+    n.node("Add", "/grn/Residual", &["shifted", "x"], &["y"], vec![]);
+    n.output("y");
+
+    let g = onnx::parse(&n.bytes()).unwrap();
+    assert_eq!(g.param_count(), 2 * C as u64);
+    let op = |name: &str| &g.nodes.iter().find(|x| x.name == name).unwrap().op;
+    assert_eq!(
+        *op("/grn/ReduceL2"),
+        Op::Reduce {
+            reduce: batchfit_graph::ReduceKind::L2,
+            axes: vec![1, 2],
+            keep_dims: true
+        }
+    );
+    assert_eq!(*op("/grn/Div"), Op::Div);
+    assert_eq!(g.shape_of("/grn/Div").unwrap().to_string(), "[B, 1, 1, 6]");
+    assert_eq!(
+        g.shape_of(&g.loss.input).unwrap().to_string(),
+        "[B, 3, 3, 6]"
+    );
 }

@@ -114,10 +114,10 @@ pub(super) fn binary(k: &Kernel, x: Tensor<2>, y: Tensor<2>, b: usize) -> Tensor
     if k.in_dims[0] != k.in_dims[1] {
         return broadcast_binary(&k.op, x, &k.in_dims[0], y, &k.in_dims[1], b, k.out_elems());
     }
-    if matches!(k.op, Op::Add) {
-        x + y
-    } else {
-        x * y
+    match k.op {
+        Op::Add => x + y,
+        Op::Div => x / y,
+        _ => x * y,
     }
 }
 
@@ -144,10 +144,10 @@ fn broadcast_binary(
     );
     let x6: Tensor<6> = x.reshape(pad(xd));
     let y6: Tensor<6> = y.reshape(pad(yd));
-    let z = if matches!(op, Op::Add) {
-        x6 + y6
-    } else {
-        x6 * y6
+    let z = match op {
+        Op::Add => x6 + y6,
+        Op::Div => x6 / y6,
+        _ => x6 * y6,
     };
     z.reshape([b, out_elems])
 }

@@ -139,7 +139,7 @@ fn run_canonical(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: 
         } => norm::lrn(k, first(), b, *size, *alpha, *beta, *bias),
         Op::Slice { axis, start, end } => reshape::slice(k, first(), b, *axis, *start, *end),
         Op::Transpose { perm } => reshape::transpose(k, first(), b, perm),
-        Op::Pad { pads } => reshape::pad(k, first(), b, pads),
+        Op::Pad { pads, value } => reshape::pad(k, first(), b, pads, *value),
         Op::AddParam { shape } => elementwise::learned(k, p, first(), b, shape, Combine::Add),
         Op::MulParam { shape } => elementwise::learned(k, p, first(), b, shape, Combine::Mul),
         Op::PRelu { shape } => elementwise::learned(k, p, first(), b, shape, Combine::PRelu),
@@ -157,7 +157,7 @@ fn run_canonical(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: 
             ..
         } => reshape::concat_param(k, p, first(), b, *axis, *at_start),
         Op::Reduce { reduce, axes, .. } => reshape::reduce(k, first(), b, *reduce, axes),
-        Op::Add | Op::Mul => {
+        Op::Add | Op::Mul | Op::Div => {
             let x = first();
             elementwise::binary(k, x, first(), b)
         }

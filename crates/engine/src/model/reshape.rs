@@ -30,7 +30,13 @@ pub(super) fn concat(k: &Kernel, args: Vec<Value>, b: usize, axis: i64) -> Tenso
 
 /// Zeros before and after each padded sample axis: the sample seen as `[before, axis,
 /// after]`, the zeros concatenated along the axis (burn's `cat` slices dy back).
-pub(super) fn pad(k: &Kernel, x: Tensor<2>, b: usize, pads: &[[usize; 2]]) -> Tensor<2> {
+pub(super) fn pad(
+    k: &Kernel,
+    x: Tensor<2>,
+    b: usize,
+    pads: &[[usize; 2]],
+    value: f32,
+) -> Tensor<2> {
     let mut dims = k.in_dims[0].clone();
     let mut y = x;
     for (a, &[lo, hi]) in pads.iter().enumerate() {
@@ -41,11 +47,11 @@ pub(super) fn pad(k: &Kernel, x: Tensor<2>, b: usize, pads: &[[usize; 2]]) -> Te
         let device = y.device();
         let mut parts = Vec::with_capacity(3);
         if lo > 0 {
-            parts.push(Tensor::<3>::zeros([before, lo, after], &device));
+            parts.push(Tensor::<3>::full([before, lo, after], value, &device));
         }
         parts.push(y.reshape([before, dims[a], after]));
         if hi > 0 {
-            parts.push(Tensor::<3>::zeros([before, hi, after], &device));
+            parts.push(Tensor::<3>::full([before, hi, after], value, &device));
         }
         dims[a] += lo + hi;
         y = Tensor::cat(parts, 1).reshape([b, prod(&dims)]);
@@ -102,6 +108,7 @@ pub(super) fn reduce(
             ReduceKind::Sum => v.sum_dim(2),
             ReduceKind::Mean => v.mean_dim(2),
             ReduceKind::Max => v.max_dim(2),
+            ReduceKind::L2 => v.powi_scalar(2).sum_dim(2).sqrt(),
         };
         dims[a] = 1;
         t = r.reshape([b, before * after]);

@@ -250,8 +250,10 @@ pub fn families() -> Vec<Graph> {
         .unwrap();
     g.push("down", resize(2, ResizeMode::Linear), &["up"])
         .unwrap();
+    // Padded with ones, as EfficientViT's linear attention pads its values.
     let pad = Op::Pad {
         pads: vec![[0, 0], [1, 0], [0, 1]],
+        value: 1.0,
     };
     g.push("padded", pad, &["down"]).unwrap();
     // A constant mask broadcast over channels, as Swin's shifted windows add one.
@@ -338,7 +340,8 @@ pub fn families() -> Vec<Graph> {
     g.linear("out", "norm", 3).unwrap();
     out.push(g.finish(LossKind::CrossEntropyPerFrame, "out").unwrap());
     // A decoder's normalisation and rotary embedding: RMSNorm, then `x * cos` plus the
-    // negated `x * sin` (constants broadcast over the positions' features).
+    // negated `x * sin` (constants broadcast over the positions' features), then each
+    // position divided by its L2 norm.
     let mut g = GraphBuilder::new("rms-norm-rotary");
     g.input("x", Shape::fixed(&[4, 6])).unwrap();
     g.linear("proj", "x", 6).unwrap();
@@ -356,7 +359,15 @@ pub fn families() -> Vec<Graph> {
     g.push("sin", sin, &["norm"]).unwrap();
     g.push("neg", Op::Scale { factor: -1.0 }, &["sin"]).unwrap();
     g.push("rope", Op::Add, &["cos", "neg"]).unwrap();
-    g.linear("head", "rope", 3).unwrap();
+    // Each position scaled to unit length: an L2 norm and a quotient of activations.
+    let l2 = Op::Reduce {
+        reduce: ReduceKind::L2,
+        axes: vec![-1],
+        keep_dims: true,
+    };
+    g.push("length", l2, &["rope"]).unwrap();
+    g.push("unit", Op::Div, &["rope", "length"]).unwrap();
+    g.linear("head", "unit", 3).unwrap();
     out.push(g.finish(LossKind::Mse, "head").unwrap());
     out
 }

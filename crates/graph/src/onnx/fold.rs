@@ -181,6 +181,7 @@ impl Importer {
                 | "ScatterND"
                 | "GatherElements"
                 | "Cast"
+                | "Clip"
         ) && unary_fn(op).is_none()
         {
             return Ok(false);
@@ -196,7 +197,15 @@ impl Importer {
         }
         let mut data = Vec::new();
         for pos in 0..n.input.len() {
+            // `Clip`'s bounds are optional inputs: a missing one reads as no bound.
             if !Self::has_input(n, pos) {
+                if op == "Clip" {
+                    let unbounded = if pos == 1 { f32::MIN } else { f32::MAX };
+                    data.push(Dense {
+                        dims: vec![],
+                        values: vec![unbounded],
+                    });
+                }
                 continue;
             }
             match self.dense_input(n, pos) {
@@ -263,7 +272,8 @@ impl Importer {
                     Some(Val::Const(t)) => match Dense::of(t) {
                         Some(d) => data.push(d),
                         None => match Dense::of_ints(t) {
-                            Some(d) if t.dims.len() >= 2 => {
+                            // ... or of rank 1 made rank 2 (`Unsqueeze`).
+                            Some(d) if t.dims.len() >= 2 || op == "Unsqueeze" => {
                                 ints = true;
                                 data.push(d);
                             }
@@ -476,6 +486,20 @@ fn numeric(op: &str, mut data: Vec<Dense>, a: &Attrs) -> Result<Dense, Why> {
         "Xor" => broadcast(&x, arg(0)?, |p, q| f32::from((p != 0.0) != (q != 0.0))),
         // To an integer type the value truncates toward zero, to bool it is `!= 0`
         // (T5's relative position buckets: `log(...).to(torch.long)`).
+        // Bounds from the inputs (opset 11 on), else the attributes (a padding computed in
+        // the graph: timm's `pad_same` clips `(ceil(x / s) - 1) s + k - x` at zero).
+        "Clip" => {
+            let bound = |k: usize, name: &str, none: f32| match data.get(k) {
+                Some(d) => d.values.first().copied().unwrap_or(none),
+                None => a.float(name, none),
+            };
+            let (lo, hi) = (bound(0, "min", f32::MIN), bound(1, "max", f32::MAX));
+            Ok(Dense {
+                // `max` then `min`, never `clamp` (which panics where min > max).
+                values: x.values.iter().map(|&v| v.max(lo).min(hi)).collect(),
+                ..x
+            })
+        }
         "Cast" if a.int("to", 1) == 9 => Ok(unary(x, |v| f32::from(v != 0.0))),
         "Cast" => Ok(unary(x, f32::trunc)),
         "Expand" => {

@@ -154,7 +154,7 @@ impl Op {
                 }
                 Ok(Shape(perm.iter().map(|&p| x.0[p]).collect()))
             }
-            Op::Pad { pads } => {
+            Op::Pad { pads, .. } => {
                 if pads.len() != x.rank() {
                     return Err(ShapeError(format!(
                         "{} pads for the {} sample axes of {x}",
@@ -278,7 +278,7 @@ impl Op {
                 }
                 Ok(Shape(out))
             }
-            Op::Add | Op::Mul => broadcast(x, inputs[1]),
+            Op::Add | Op::Mul | Op::Div => broadcast(x, inputs[1]),
             Op::Embedding { dim, .. } => {
                 let mut out = x.0.clone();
                 out.push(Dim::Fixed(*dim));

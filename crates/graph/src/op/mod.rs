@@ -32,6 +32,8 @@ pub enum ReduceKind {
     Sum,
     Mean,
     Max,
+    /// The Euclidean norm, `sqrt(sum(x^2))` (`torch.norm`, ONNX `ReduceL2`).
+    L2,
 }
 
 /// Recurrent cell type.
@@ -296,10 +298,13 @@ pub enum Op {
     GlobalPool {
         pool: PoolKind,
     },
-    /// Zeros added before and after each sample axis (`F.pad`, ONNX `Pad` in constant mode
-    /// with value 0): one `[before, after]` per sample axis.
+    /// `value` (zero unless given) added before and after each sample axis (`F.pad`, ONNX
+    /// `Pad` in constant mode; EfficientViT's linear attention pads with ones): one
+    /// `[before, after]` per sample axis.
     Pad {
         pads: Vec<[usize; 2]>,
+        #[serde(skip_serializing_if = "is_zero")]
+        value: f32,
     },
     /// Collapse every sample dimension into one.
     Flatten,
@@ -315,6 +320,9 @@ pub enum Op {
     Add,
     /// Element-wise product with broadcasting.
     Mul,
+    /// Element-wise quotient with broadcasting (ConvNeXt V2's `Gx / Gx.mean()`, an
+    /// L2-normalised embedding).
+    Div,
     /// Dropout with drop probability `p`.
     Dropout {
         p: f32,
@@ -337,6 +345,10 @@ pub enum Op {
         bidirectional: bool,
         bias: RnnBias,
     },
+}
+
+fn is_zero(v: &f32) -> bool {
+    *v == 0.0
 }
 
 /// One parameter tensor owned by an op.
@@ -386,6 +398,7 @@ pub const OP_NAMES: &[&str] = &[
     "reduce_sum",
     "reduce_mean",
     "reduce_max",
+    "reduce_l2",
     "transpose",
     "add_param",
     "mul_param",
@@ -406,6 +419,7 @@ pub const OP_NAMES: &[&str] = &[
     "concat",
     "add",
     "mul",
+    "div",
     "dropout",
     "drop_path",
     "embedding",
@@ -447,6 +461,10 @@ impl Op {
                 reduce: ReduceKind::Mean,
                 ..
             } => "reduce_mean",
+            Op::Reduce {
+                reduce: ReduceKind::L2,
+                ..
+            } => "reduce_l2",
             Op::Reduce { .. } => "reduce_max",
             Op::Transpose { .. } => "transpose",
             Op::AddParam { .. } => "add_param",
@@ -473,6 +491,7 @@ impl Op {
             Op::Concat { .. } => "concat",
             Op::Add => "add",
             Op::Mul => "mul",
+            Op::Div => "div",
             Op::Dropout { .. } => "dropout",
             Op::DropPath { .. } => "drop_path",
             Op::Embedding { .. } => "embedding",
@@ -489,7 +508,7 @@ impl Op {
     /// Number of inputs the op takes.
     pub fn arity(&self) -> std::ops::RangeInclusive<usize> {
         match self {
-            Op::MatMul | Op::Add | Op::Mul => 2..=2,
+            Op::MatMul | Op::Add | Op::Mul | Op::Div => 2..=2,
             Op::Concat { .. } => 2..=usize::MAX,
             _ => 1..=1,
         }

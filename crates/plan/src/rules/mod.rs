@@ -24,7 +24,7 @@ pub mod pytorch;
 use crate::host::CpuHost;
 use crate::options::{Optimizer, Runtime};
 use crate::units::Bytes;
-use batchfit_graph::{LossKind, Op, ResizeMode};
+use batchfit_graph::{LossKind, Op, ReduceKind, ResizeMode};
 
 pub use burn::{
     Burn, BurnCpu, CONV_CHUNK_ROWS, CONV_MAX_SAMPLE_COLS_BYTES, CONV_PER_SAMPLE_MIN_POSITIONS,
@@ -268,6 +268,11 @@ pub fn forward_flops(op: &Op, s: &Sizes) -> f64 {
         // Square, the window's sum, scale, power and divide.
         Op::Lrn { size, .. } => (*size as f64 + 6.0) * out,
         Op::Slice { .. } => 0.0,
+        // Square, sum and the root.
+        Op::Reduce {
+            reduce: ReduceKind::L2,
+            ..
+        } => 2.0 * inp + out,
         Op::Reduce { .. } => inp,
         Op::Softmax { .. } => 5.0 * out,
         Op::Pool { window, .. } => out * window.kernel_elements() as f64,
@@ -283,6 +288,7 @@ pub fn forward_flops(op: &Op, s: &Sizes) -> f64 {
         }
         Op::Add
         | Op::Mul
+        | Op::Div
         | Op::AddParam { .. }
         | Op::MulParam { .. }
         | Op::AddTable { .. }

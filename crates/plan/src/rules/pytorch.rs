@@ -78,9 +78,10 @@ impl RuntimeRules for Pytorch {
             Op::Scale { .. } | Op::Slice { .. } => none,
             // `upsample_*` and `constant_pad_nd` backward need only the sizes.
             Op::Resize { .. } | Op::Pad { .. } => none,
-            // `amax` reads its input and its result (`grad * (self == result)`).
+            // `amax` reads its input and its result (`grad * (self == result)`), as
+            // `linalg_vector_norm` does (`self * grad / result`).
             Op::Reduce {
-                reduce: ReduceKind::Max,
+                reduce: ReduceKind::Max | ReduceKind::L2,
                 ..
             } => Saved {
                 inputs: true,
@@ -122,6 +123,8 @@ impl RuntimeRules for Pytorch {
             Op::MulConst { .. } => none,
             // `mul`: each factor's gradient reads the other.
             Op::Mul | Op::MulParam { .. } => inputs,
+            // `div`: `grad / other` and `-grad * self / other^2` read both.
+            Op::Div => inputs,
             // `at::native::dropout` returns its input when p is 0. On a GPU it runs the fused
             // `native_dropout`, which saves a one-byte bool mask; elsewhere
             // (`is_fused_kernel_acceptable` is false off CUDA) `_dropout_impl` multiplies by

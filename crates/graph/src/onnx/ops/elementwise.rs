@@ -292,6 +292,12 @@ impl Importer {
         let x = self.act(n, 0)?;
         let divisor = match self.val(n, 1)? {
             Val::Const(c) => scalar_value(c).filter(|&d| d != 0.0),
+            // Two activations: their quotient, broadcast.
+            Val::Ir(_) | Val::View(_) => {
+                let y = self.act(n, 1)?;
+                self.emit(n, Op::Div, &[&x, &y])?;
+                return Ok(());
+            }
             _ => None,
         };
         let Some(divisor) = divisor else {
@@ -299,7 +305,7 @@ impl Importer {
                 label(n),
                 format!(
                     "Div of activation `{}` by `{}`: only a division by a nonzero scalar \
-                     constant is supported",
+                     constant or by an activation is supported",
                     n.input[0], n.input[1]
                 ),
             ));
@@ -396,9 +402,10 @@ impl Importer {
         })
     }
 
-    /// `x + c` or `x * c` for a constant tensor `c` (not an initializer) that broadcasts
+    /// `x + c` or `x * c` for a constant tensor `c` (not a learned one) that broadcasts
     /// onto the sample without enlarging it (a leading batch axis of 1 dropped): an
-    /// attention mask folded from constants, a rotary embedding's cosines and sines.
+    /// attention mask folded from constants, a rotary embedding's cosines and sines, an
+    /// epsilon added before a division.
     /// `None` for anything else.
     fn constant_operand(
         &self,
@@ -413,7 +420,7 @@ impl Importer {
         let (Some(mut dims), Some(values)) = (positive(&c.dims), tensor_f32(c)) else {
             return Ok(None);
         };
-        if values.len() < 2 || dims.len() > s.rank() + 1 {
+        if values.is_empty() || dims.len() > s.rank() + 1 {
             return Ok(None);
         }
         if dims.len() == s.rank() + 1 {

@@ -328,6 +328,7 @@ impl Importer {
         let reduce = match n.op_type.as_str() {
             "ReduceSum" => ReduceKind::Sum,
             "ReduceMean" => ReduceKind::Mean,
+            "ReduceL2" => ReduceKind::L2,
             _ => ReduceKind::Max,
         };
         let op = Op::Reduce {

@@ -59,6 +59,7 @@ const OPS: &[(&str, Import)] = &[
     ("Mean", Importer::sum_mean),
     ("Mul", Importer::add_mul),
     ("RandomUniformLike", Importer::random_uniform_like),
+    ("ReduceL2", Importer::reduce),
     ("ReduceMax", Importer::reduce),
     ("ReduceMean", Importer::reduce),
     ("ReduceSum", Importer::reduce),

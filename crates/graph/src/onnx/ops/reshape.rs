@@ -325,7 +325,7 @@ impl Importer {
         Ok(())
     }
 
-    /// `Pad` in constant mode with 0 (`F.pad`): the pads of the sample axes (the batch's
+    /// `Pad` in constant mode with its value (`F.pad`): the pads of the sample axes (the batch's
     /// must be 0), from the `pads` input (opset 11+, a constant or computed from shapes
     /// and folded) or attribute, for every axis or the `axes` given.
     pub(super) fn pad(&mut self, _i: usize, n: &NodeProto, a: &Attrs) -> Result<(), GraphError> {
@@ -340,8 +340,9 @@ impl Importer {
             true => self.const_scalar(n, 2, "Pad constant_value")?,
             false => f64::from(a.float("value", 0.0)),
         };
-        if value != 0.0 {
-            return Err(err(format!("Pad with {value}: only zeros")));
+        // -inf is what `pad_same` pads before a max pool.
+        if value.is_nan() {
+            return Err(err("Pad with NaN".into()));
         }
         // Numbers from a constant or a shape value (swin's pads computed from sizes).
         let numbers = |pos: usize, what: &str| -> Result<Vec<i64>, GraphError> {
@@ -388,7 +389,11 @@ impl Importer {
             return Ok(());
         }
         per_axis.remove(0);
-        self.emit(n, Op::Pad { pads: per_axis }, &[&x])?;
+        let op = Op::Pad {
+            pads: per_axis,
+            value: value as f32,
+        };
+        self.emit(n, op, &[&x])?;
         Ok(())
     }
 

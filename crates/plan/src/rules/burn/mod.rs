@@ -119,6 +119,7 @@ fn family(op: &Op) -> Family {
         | Op::Slice { .. }
         | Op::Reduce { .. }
         | Op::Mul
+        | Op::Div
         | Op::Dropout { .. }
         | Op::DropPath { .. } => Family::Tensor,
     }

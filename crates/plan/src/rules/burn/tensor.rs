@@ -18,10 +18,21 @@ pub(super) fn saved(op: &Op, s: &Sizes) -> Saved {
             extra_bytes: 4 * s.output,
             ..none
         },
+        // The engine's composed norm: `powi_scalar` keeps x, `sqrt` the sum.
+        Op::Reduce {
+            reduce: ReduceKind::L2,
+            ..
+        } => Saved {
+            inputs: true,
+            extra_elems: s.output,
+            ..none
+        },
         // `float_mul` keeps each factor when the other one is tracked (a learned factor is
         // a parameter, kept anyway).
         // burn-autodiff's `interpolate` keeps its input for `interpolate_backward`.
-        Op::Mul | Op::MulParam { .. } | Op::Resize { .. } => Saved {
+        // `float_div` keeps both operands (each one's gradient reads the other, the
+        // divisor's also the dividend).
+        Op::Mul | Op::Div | Op::MulParam { .. } | Op::Resize { .. } => Saved {
             inputs: true,
             ..none
         },
@@ -77,8 +88,16 @@ pub(super) fn backward(b: &Burn, op: &Op, s: &Sizes, dx: u64, act: u64) -> Vec<B
             reduce: ReduceKind::Max,
             ..
         } => out + 2 * dx,
+        // The norm's chain: the root's gradient, expanded, times 2x (two of x's size).
+        Op::Reduce {
+            reduce: ReduceKind::L2,
+            ..
+        } => out + 2 * dx,
         Op::Reduce { .. } => out + dx,
         Op::Mul => out + s.inputs.iter().sum::<u64>(),
+        // Both quotient-rule terms, each of the output's size, then reduced to the
+        // operands' shapes.
+        Op::Div => 3 * out + s.inputs.iter().sum::<u64>(),
         // dx = dy * p, and dp = dy * x summed over the axes p broadcasts on.
         Op::MulParam { .. } => 2 * out,
         // dx = dy * c.
