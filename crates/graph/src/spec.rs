@@ -137,6 +137,32 @@ fn add_layer(g: &mut GraphBuilder, name: &str, k: &mut Keys) -> Result<(), Graph
             )
             .map(drop)
         }
+        "conv_transpose" => {
+            let spatial = g.shape(x)?.rank().saturating_sub(1);
+            if matches!(k.table.get("padding"), Some(Value::String(_))) {
+                return Err(k.bad("padding", "is a number or a list (what is cropped)"));
+            }
+            let out_channels = k.usize("out_channels")?;
+            let window = k.window(g, name, x, spatial)?;
+            let output_padding = k.per_dim("output_padding", spatial, 0)?;
+            let groups = k.usize_opt("groups")?.unwrap_or(1);
+            let bias = k.bool_or("bias", true)?;
+            let in_channels = g
+                .shape(x)?
+                .0
+                .first()
+                .and_then(|d| d.fixed())
+                .ok_or_else(|| GraphError::node(name, "needs [B, C, ...] input"))?;
+            let op = Op::ConvTranspose {
+                in_channels,
+                out_channels,
+                window,
+                output_padding,
+                groups,
+                bias,
+            };
+            g.push(name, op, &refs).map(drop)
+        }
         "maxpool" | "avgpool" | "maxpool1d" | "avgpool1d" | "maxpool2d" | "avgpool2d"
         | "maxpool3d" | "avgpool3d" => {
             let pool = if op.starts_with("max") {

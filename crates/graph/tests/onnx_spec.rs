@@ -1083,3 +1083,44 @@ fn convnext_v2_global_response_norm_divides_activations() {
         "[B, 3, 3, 6]"
     );
 }
+
+#[test]
+fn a_transposed_convolution_upsamples_by_its_stride_with_pytorch_s_weight_layout() {
+    // `nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1)` on 5 x 7,
+    // then a 1-d one with groups: out = (in - 1) s - 2p + d (k - 1) + output_padding + 1.
+    let mut n = Net::new("upsample");
+    n.input("x", "batch,4,5,7");
+    n.weight("W", &[4, 6, 3, 3]).weight("B", &[6]);
+    n.node(
+        "ConvTranspose",
+        "/up",
+        &["x", "W", "B"],
+        &["y"],
+        vec![
+            ints("strides", &[2, 2]),
+            ints("pads", &[1, 1, 1, 1]),
+            ints("output_padding", &[1, 1]),
+        ],
+    );
+    n.init(int64s("rows", &[0, 6, -1]));
+    n.node("Reshape", "/rows", &["y", "rows"], &["r"], vec![]);
+    n.weight("W1", &[6, 2, 4]);
+    n.node(
+        "ConvTranspose",
+        "/up1d",
+        &["r", "W1"],
+        &["z"],
+        vec![ints("strides", &[4]), int("group", 2)],
+    );
+    n.output("z");
+
+    let g = onnx::parse(&n.bytes()).unwrap();
+    // (5 - 1) 2 - 2 + 2 + 1 + 1 = 10, (7 - 1) 2 - 2 + 2 + 1 + 1 = 14.
+    assert_eq!(g.shape_of("/up").unwrap().to_string(), "[B, 6, 10, 14]");
+    // (140 - 1) 4 + 3 + 1 = 560 positions, 2 groups of 2 output channels.
+    assert_eq!(g.shape_of("/up1d").unwrap().to_string(), "[B, 4, 560]");
+    assert_eq!(g.param_count(), 4 * 6 * 9 + 6 + 6 * 2 * 4);
+    let up = &g.nodes.iter().find(|x| x.name == "/up1d").unwrap().op;
+    assert_eq!(up.params()[0].shape, [6, 2, 4]);
+    assert_eq!(up.name(), "conv_transpose");
+}

@@ -170,6 +170,7 @@ pub(super) fn compile_params(
         Op::Pool { window, .. } if window.spatial() > 2 => {
             return Err(unsupported("3-d pooling"));
         }
+        Op::ConvTranspose { .. } => return Err(unsupported("transposed convolution")),
         _ => {}
     }
     Ok(shapes

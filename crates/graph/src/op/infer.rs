@@ -62,6 +62,64 @@ impl Op {
                 out.extend(spatial);
                 Ok(Shape(out))
             }
+            Op::ConvTranspose {
+                in_channels,
+                out_channels,
+                window,
+                output_padding,
+                groups,
+                ..
+            } => {
+                expect_dim(x, 0, *in_channels, "input channels")?;
+                if *groups == 0 || in_channels % groups != 0 || out_channels % groups != 0 {
+                    return Err(ShapeError(format!(
+                        "groups {groups} must divide in_channels {in_channels} and out_channels {out_channels}"
+                    )));
+                }
+                let spatial = window.spatial();
+                let sizes_fit = [
+                    window.stride.len(),
+                    window.padding.len(),
+                    window.dilation.len(),
+                ]
+                .iter()
+                .chain([&output_padding.len()])
+                .all(|&l| l == spatial);
+                if x.rank() != spatial + 1 || !sizes_fit {
+                    return Err(ShapeError(format!(
+                        "a transposed convolution over {spatial} spatial dimension(s) needs an \
+                         input of rank {} per sample ([B, C, ...]) and one stride, padding, \
+                         dilation and output padding per dimension, got {x}",
+                        spatial + 1
+                    )));
+                }
+                let mut out = vec![Dim::Fixed(*out_channels)];
+                for (d, dim) in x.0[1..].iter().enumerate() {
+                    let Dim::Fixed(i) = *dim else {
+                        return Err(ShapeError(
+                            "a transposed convolution over the symbolic length T".into(),
+                        ));
+                    };
+                    let grown = (i as u128).saturating_sub(1) * window.stride[d] as u128
+                        + window.dilation[d] as u128 * (window.kernel[d] as u128).saturating_sub(1)
+                        + output_padding[d] as u128
+                        + 1;
+                    let cropped = window.padding[d][0] as u128 + window.padding[d][1] as u128;
+                    match grown.checked_sub(cropped) {
+                        Some(o) if o >= 1 && i >= 1 && o <= usize::MAX as u128 => {
+                            out.push(Dim::Fixed(o as usize))
+                        }
+                        _ => {
+                            return Err(ShapeError(format!(
+                                "a transposed convolution of {i} positions with kernel {}, \
+                                 stride {} and padding {:?} has no output",
+                                window.kernel[d], window.stride[d], window.padding[d]
+                            )));
+                        }
+                    }
+                }
+                Ok(Shape(out))
+            }
             Op::InstanceNorm { channels, .. } => {
                 expect_dim(x, 0, *channels, "channels")?;
                 if x.rank() < 2 {

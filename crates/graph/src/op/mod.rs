@@ -156,6 +156,19 @@ pub enum Op {
         groups: usize,
         bias: bool,
     },
+    /// The transpose of a 1-d, 2-d or 3-d convolution (`nn.ConvTranspose2d`, ONNX
+    /// `ConvTranspose`): each input position spreads the kernel over outputs `stride`
+    /// apart, `window.padding` crops the output and `output_padding` adds to its end:
+    /// `out = (in - 1) stride - pads + dilation (kernel - 1) + output_padding + 1`.
+    /// Weight `[in_channels, out_channels / groups, kernel...]`.
+    ConvTranspose {
+        in_channels: usize,
+        out_channels: usize,
+        window: Window,
+        output_padding: Vec<usize>,
+        groups: usize,
+        bias: bool,
+    },
     /// Batch normalisation over the channel dimension (axis 1).
     BatchNorm {
         features: usize,
@@ -379,6 +392,7 @@ pub const OP_NAMES: &[&str] = &[
     "conv1d",
     "conv2d",
     "conv3d",
+    "conv_transpose",
     "batchnorm",
     "layernorm",
     "rmsnorm",
@@ -437,6 +451,7 @@ impl Op {
             Op::Conv { window, .. } if window.spatial() == 1 => "conv1d",
             Op::Conv { window, .. } if window.spatial() == 2 => "conv2d",
             Op::Conv { .. } => "conv3d",
+            Op::ConvTranspose { .. } => "conv_transpose",
             Op::BatchNorm { .. } => "batchnorm",
             Op::InstanceNorm { .. } => "instance_norm",
             Op::LayerNorm { .. } => "layernorm",
@@ -536,6 +551,22 @@ impl Op {
                 bias,
             } => {
                 let mut shape = vec![out_channels, in_channels / groups];
+                shape.extend(&window.kernel);
+                let mut p = vec![Param::new("weight", &shape)];
+                if bias {
+                    p.push(Param::new("bias", &[out_channels]));
+                }
+                p
+            }
+            Op::ConvTranspose {
+                in_channels,
+                out_channels,
+                ref window,
+                groups,
+                bias,
+                ..
+            } => {
+                let mut shape = vec![in_channels, out_channels / groups];
                 shape.extend(&window.kernel);
                 let mut p = vec![Param::new("weight", &shape)];
                 if bias {

@@ -252,6 +252,17 @@ pub fn forward_flops(op: &Op, s: &Sizes) -> f64 {
             let per_out = 2.0 * (*in_channels / *groups) as f64 * window.kernel_elements() as f64;
             out * (per_out + f64::from(u8::from(*bias)))
         }
+        // Every input element meets `out_channels / groups` kernels.
+        Op::ConvTranspose {
+            out_channels,
+            window,
+            groups,
+            bias,
+            ..
+        } => {
+            let per_in = 2.0 * (*out_channels / *groups) as f64 * window.kernel_elements() as f64;
+            inp * per_in + out * f64::from(u8::from(*bias))
+        }
         // Mean, variance, normalise, scale and shift.
         Op::BatchNorm { .. } | Op::LayerNorm { .. } | Op::InstanceNorm { .. } => 8.0 * inp,
         // Square, mean, divide and scale.
@@ -328,6 +339,17 @@ pub fn workspace_elems(op: &Op, s: &Sizes) -> u64 {
         } => {
             let out_spatial = s.output / *out_channels as u64;
             (*in_channels / *groups) as u64 * window.kernel_elements() as u64 * out_spatial
+        }
+        // The transposed product's columns `[k·C_out/groups, in positions]`, before col2im.
+        Op::ConvTranspose {
+            in_channels,
+            out_channels,
+            window,
+            groups,
+            ..
+        } => {
+            let in_spatial = s.inputs.first().copied().unwrap_or(0) / *in_channels as u64;
+            (*out_channels / *groups) as u64 * window.kernel_elements() as u64 * in_spatial
         }
         _ => 0,
     }

@@ -37,7 +37,7 @@ impl RuntimeRules for Pytorch {
         };
         match op {
             // derivatives.yaml `addmm`/`mm`/`convolution`: dW needs x; dx needs W (a parameter).
-            Op::Linear { .. } | Op::Conv { .. } => inputs,
+            Op::Linear { .. } | Op::Conv { .. } | Op::ConvTranspose { .. } => inputs,
             // `bmm`: each operand's gradient reads the other.
             Op::MatMul => inputs,
             // `native_batch_norm`/`native_layer_norm`: x plus per-channel or per-row mean and

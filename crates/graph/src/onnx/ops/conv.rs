@@ -42,23 +42,7 @@ impl Importer {
         }
         let window = self.window(n, a, &x, kernel, false)?;
         let out_channels = wd[0];
-        let mut bias = Self::has_input(n, 2);
-        let mut bias_vals = if bias { self.const_f32(n, 2) } else { None };
-        let mut folded = None;
-        if !bias {
-            folded = self.bias_fold(i, |d| {
-                // Broadcasts as [1, C, 1, ...] against [B, C, spatial...].
-                let mut full = vec![1i64; (spatial + 2).saturating_sub(d.len())];
-                full.extend_from_slice(d);
-                full.len() == spatial + 2
-                    && full[1] == out_channels as i64
-                    && full.iter().enumerate().all(|(k, &v)| k == 1 || v == 1)
-            });
-            bias = folded.is_some();
-            if let Some((_, t)) = &folded {
-                bias_vals = bias_values(t, out_channels);
-            }
-        }
+        let (bias, bias_vals, folded) = self.channel_bias(i, n, spatial, out_channels);
         let op = Op::Conv {
             in_channels,
             out_channels,
@@ -66,16 +50,155 @@ impl Importer {
             groups: groups as usize,
             bias,
         };
-        let name = self.emit(n, op, &[&x])?;
-        if let Some((f, _)) = folded {
+        self.emit_with_bias(n, op, &x, tensor_f32(&w), bias_vals, folded)
+    }
+
+    /// A convolution's bias: input 2, else a following `Add` of `[1, C, 1, ...]` folded
+    /// in (its values, and the folded node's output to redirect).
+    #[allow(clippy::type_complexity)] // (has bias, its values, the folded Add's output)
+    fn channel_bias(
+        &mut self,
+        i: usize,
+        n: &NodeProto,
+        spatial: usize,
+        out_channels: usize,
+    ) -> (bool, Option<Vec<f32>>, Option<String>) {
+        if Self::has_input(n, 2) {
+            return (true, self.const_f32(n, 2), None);
+        }
+        let folded = self.bias_fold(i, |d| {
+            // Broadcasts as [1, C, 1, ...] against [B, C, spatial...].
+            let mut full = vec![1i64; (spatial + 2).saturating_sub(d.len())];
+            full.extend_from_slice(d);
+            full.len() == spatial + 2
+                && full[1] == out_channels as i64
+                && full.iter().enumerate().all(|(k, &v)| k == 1 || v == 1)
+        });
+        match folded {
+            Some((f, t)) => (true, bias_values(&t, out_channels), Some(f)),
+            None => (false, None, None),
+        }
+    }
+
+    /// Emits a convolution `op` of `x` with its weight and bias values; a folded bias
+    /// `Add`'s output becomes the convolution's.
+    fn emit_with_bias(
+        &mut self,
+        n: &NodeProto,
+        op: Op,
+        x: &str,
+        weight: Option<Vec<f32>>,
+        bias: Option<Vec<f32>>,
+        folded: Option<String>,
+    ) -> Result<(), GraphError> {
+        let has_bias = op.params().len() == 2;
+        let name = self.emit(n, op, &[x])?;
+        if let Some(f) = folded {
             self.vals.insert(f, Val::Ir(name.clone()));
         }
-        let mut weights = vec![tensor_f32(&w)];
-        if bias {
-            weights.push(bias_vals);
+        let mut weights = vec![weight];
+        if has_bias {
+            weights.push(bias);
         }
         self.attach(&name, weights);
         Ok(())
+    }
+
+    /// `ConvTranspose` over 1, 2 or 3 spatial dimensions with explicit pads (`auto_pad`
+    /// and `output_shape` are refused), folding a following bias `Add`.
+    pub(super) fn conv_transpose(
+        &mut self,
+        i: usize,
+        n: &NodeProto,
+        a: &Attrs,
+    ) -> Result<(), GraphError> {
+        let err = |why: String| GraphError::node(label(n), why);
+        let x = self.act(n, 0)?;
+        let w = self.konst(n, 1, "ConvTranspose weight W")?;
+        let wd = positive(&w.dims)
+            .filter(|d| (3..=5).contains(&d.len()))
+            .ok_or_else(|| {
+                err(format!(
+                    "ConvTranspose weight W has shape {:?}; only 1-d, 2-d and 3-d are supported",
+                    w.dims
+                ))
+            })?;
+        let sp = wd.len() - 2;
+        let in_channels = self.channels(n, &x)?;
+        let groups = a.int("group", 1);
+        if groups < 1 || wd[0] != in_channels {
+            return Err(err(format!(
+                "weight W {wd:?} with group {groups} does not fit {in_channels} input channels"
+            )));
+        }
+        if a.ints("output_shape").is_some() {
+            return Err(err(
+                "ConvTranspose with output_shape: only explicit pads".into()
+            ));
+        }
+        let auto_pad = a.string("auto_pad").unwrap_or_default();
+        if !matches!(auto_pad.as_str(), "" | "NOTSET" | "VALID") {
+            return Err(err(format!(
+                "ConvTranspose with auto_pad {auto_pad}: only explicit pads"
+            )));
+        }
+        let kernel = wd[2..].to_vec();
+        if let Some(ks) = a.ints("kernel_shape")
+            && positive(&ks).as_deref() != Some(&kernel[..])
+        {
+            return Err(err(format!(
+                "kernel_shape {ks:?} differs from the weight's kernel {kernel:?}"
+            )));
+        }
+        let per_dim = |attr: &str, default: i64| -> Result<Vec<usize>, GraphError> {
+            let v = a.ints(attr).unwrap_or_else(|| vec![default; sp]);
+            match v
+                .iter()
+                .map(|&k| usize::try_from(k).ok())
+                .collect::<Option<Vec<_>>>()
+            {
+                Some(u) if u.len() == sp => Ok(u),
+                _ => Err(err(format!(
+                    "{attr} {v:?} must hold {sp} non-negative numbers"
+                ))),
+            }
+        };
+        let (stride, dilation) = (per_dim("strides", 1)?, per_dim("dilations", 1)?);
+        if stride.contains(&0) || dilation.contains(&0) {
+            return Err(err("strides and dilations must be positive".into()));
+        }
+        let output_padding = per_dim("output_padding", 0)?;
+        let pads = match a.ints("pads") {
+            None => vec![0; 2 * sp],
+            Some(p) => p
+                .iter()
+                .map(|&k| usize::try_from(k).ok())
+                .collect::<Option<Vec<_>>>()
+                .filter(|p| p.len() == 2 * sp)
+                .ok_or_else(|| {
+                    err(format!(
+                        "pads {p:?} must hold {} non-negative numbers",
+                        2 * sp
+                    ))
+                })?,
+        };
+        let window = Window {
+            kernel,
+            stride,
+            padding: (0..sp).map(|d| [pads[d], pads[d + sp]]).collect(),
+            dilation,
+        };
+        let out_channels = wd[1] * groups as usize;
+        let (bias, bias_vals, folded) = self.channel_bias(i, n, sp, out_channels);
+        let op = Op::ConvTranspose {
+            in_channels,
+            out_channels,
+            window,
+            output_padding,
+            groups: groups as usize,
+            bias,
+        };
+        self.emit_with_bias(n, op, &x, tensor_f32(&w), bias_vals, folded)
     }
 
     /// `MaxPool` and `AveragePool`.

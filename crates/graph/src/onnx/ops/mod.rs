@@ -31,6 +31,7 @@ const OPS: &[(&str, Import)] = &[
     ("Constant", Importer::constant),
     ("ConstantOfShape", Importer::constant_of_shape),
     ("Conv", Importer::conv),
+    ("ConvTranspose", Importer::conv_transpose),
     ("Div", Importer::div),
     ("Dropout", Importer::dropout),
     ("Expand", Importer::expand),

@@ -120,6 +120,8 @@ fn family(op: &Op) -> Family {
         | Op::Reduce { .. }
         | Op::Mul
         | Op::Div
+        // Planned, not trained: the engine refuses it (`check_trainable`).
+        | Op::ConvTranspose { .. }
         | Op::Dropout { .. }
         | Op::DropPath { .. } => Family::Tensor,
     }

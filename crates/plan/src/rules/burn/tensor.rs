@@ -32,7 +32,12 @@ pub(super) fn saved(op: &Op, s: &Sizes) -> Saved {
         // burn-autodiff's `interpolate` keeps its input for `interpolate_backward`.
         // `float_div` keeps both operands (each one's gradient reads the other, the
         // divisor's also the dividend).
-        Op::Mul | Op::Div | Op::MulParam { .. } | Op::Resize { .. } => Saved {
+        Op::Mul
+        | Op::Div
+        | Op::MulParam { .. }
+        | Op::Resize { .. }
+        // burn's `conv_transpose` backward reads x (for the weight) and the weight.
+        | Op::ConvTranspose { .. } => Saved {
             inputs: true,
             ..none
         },
@@ -102,6 +107,8 @@ pub(super) fn backward(b: &Burn, op: &Op, s: &Sizes, dx: u64, act: u64) -> Vec<B
         Op::MulParam { .. } => 2 * out,
         // dx = dy * c.
         Op::MulConst { .. } => out + dx,
+        // dy, and dx as a convolution of dy.
+        Op::ConvTranspose { .. } => out + dx,
         // `interpolate_backward` writes dx of the input's size; `cat`'s backward slices dy
         // into the padded input's gradient.
         Op::Resize { .. } | Op::Pad { .. } => out + dx,
