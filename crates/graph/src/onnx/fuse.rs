@@ -209,15 +209,7 @@ pub(super) fn fuse_layer_norm(
     is_weight: impl Fn(&str) -> bool,
 ) -> Vec<NodeProto> {
     let uses = Uses::of(&nodes);
-    // `ReduceMean` over the last axis, keeping it: the axes from the attribute (before
-    // opset 18) or the second input.
-    let mean_last = |n: &NodeProto| {
-        let a = Attrs(&n.attribute);
-        let axes = a
-            .ints("axes")
-            .or_else(|| n.input.get(1).and_then(|i| ints(i)));
-        n.op_type == "ReduceMean" && axes.as_deref() == Some(&[-1]) && a.int("keepdims", 1) == 1
-    };
+    let mean_last = |n: &NodeProto| is_mean_over_last(n, &ints);
     let one = |n: &NodeProto, op: &str| n.op_type == op && n.input.len() == 2;
     let mut rewrite = Rewrite::default();
     for (d, sub) in nodes.iter().enumerate() {
@@ -302,13 +294,7 @@ pub(super) fn fuse_rms_norm(
     is_weight: impl Fn(&str) -> bool,
 ) -> Vec<NodeProto> {
     let uses = Uses::of(&nodes);
-    let mean_last = |n: &NodeProto| {
-        let a = Attrs(&n.attribute);
-        let axes = a
-            .ints("axes")
-            .or_else(|| n.input.get(1).and_then(|i| ints(i)));
-        n.op_type == "ReduceMean" && axes.as_deref() == Some(&[-1]) && a.int("keepdims", 1) == 1
-    };
+    let mean_last = |n: &NodeProto| is_mean_over_last(n, &ints);
     let two = |n: &NodeProto, op: &str| n.op_type == op && n.input.len() == 2;
     // The operand of the two-input `n` that is not `mine`.
     let other = |n: &NodeProto, mine: &str| -> Option<String> {
@@ -372,6 +358,16 @@ pub(super) fn fuse_rms_norm(
         }
     }
     rewrite.apply(nodes)
+}
+
+/// Whether `n` is a `ReduceMean` over the last axis keeping it: the axes from the
+/// attribute (before opset 18) or the second input, which `ints` reads.
+fn is_mean_over_last(n: &NodeProto, ints: &impl Fn(&str) -> Option<Vec<i64>>) -> bool {
+    let a = Attrs(&n.attribute);
+    let axes = a
+        .ints("axes")
+        .or_else(|| n.input.get(1).and_then(|i| ints(i)));
+    n.op_type == "ReduceMean" && axes.as_deref() == Some(&[-1]) && a.int("keepdims", 1) == 1
 }
 
 /// A normalisation over the last axis with epsilon `eps`, of op type `op` reading
