@@ -83,7 +83,8 @@ def timm_names():
     return names[::TIMM_EVERY]
 
 
-HF = ["bert", "roberta", "distilbert", "gpt2", "llama", "t5-encoder", "vit", "whisper-encoder"]
+HF = ["bert", "roberta", "distilbert", "gpt2", "llama", "llama-gqa", "t5-encoder", "vit",
+      "whisper-encoder"]
 TA = ["deepspeech", "wav2letter", "conformer", "convtasnet"]
 
 
@@ -122,6 +123,13 @@ def hf_model(name):
         return Logits(tf.GPT2LMHeadModel(cfg), "logits"), tokens
     if name == "llama":
         cfg = tf.LlamaConfig(**small, num_key_value_heads=4)
+        return Logits(tf.LlamaForCausalLM(cfg), "logits"), tokens
+    if name == "llama-gqa":
+        # Grouped-query attention: two key/value heads shared by four query heads
+        # (`repeat_kv` expands them), as LLaMA 2 70B, Mistral and Qwen2 train. Eager
+        # attention: torch 2.15 cannot export `scaled_dot_product_attention` with
+        # `enable_gqa`.
+        cfg = tf.LlamaConfig(**small, num_key_value_heads=2, attn_implementation="eager")
         return Logits(tf.LlamaForCausalLM(cfg), "logits"), tokens
     if name == "t5-encoder":
         cfg = tf.T5Config(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,

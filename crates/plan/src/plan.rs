@@ -343,7 +343,10 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         // under the input's name.
         let view = matches!(node.op, Op::Flatten | Op::Reshape { .. })
             || (rules.strided_views_share_buffers()
-                && matches!(node.op, Op::Slice { .. } | Op::Transpose { .. }));
+                && matches!(
+                    node.op,
+                    Op::Slice { .. } | Op::Transpose { .. } | Op::Expand { .. }
+                ));
         if rules.views_share_buffers() && view {
             let base_name = alias.get(node.inputs[0].as_str()).copied();
             alias.insert(

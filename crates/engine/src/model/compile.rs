@@ -117,7 +117,12 @@ pub fn check_trainable(graph: &Graph) -> Result<(), Unsupported> {
             Op::Resize { size, .. } if size.len() != 2 => {
                 Some("resizing other than 2 spatial dimensions")
             }
-            Op::Add | Op::Mul | Op::Div | Op::AddConst { .. } | Op::MulConst { .. }
+            Op::Add
+            | Op::Mul
+            | Op::Div
+            | Op::AddConst { .. }
+            | Op::MulConst { .. }
+            | Op::Expand { .. }
                 if node.shape.rank() > 5 =>
             {
                 Some("broadcasting over more than 5 dimensions")

@@ -142,6 +142,7 @@ fn run_canonical(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: 
         Op::Slice { axis, start, end } => reshape::slice(k, first(), b, *axis, *start, *end),
         Op::Transpose { perm } => reshape::transpose(k, first(), b, perm),
         Op::Pad { pads, value } => reshape::pad(k, first(), b, pads, *value),
+        Op::Expand { .. } => reshape::expand(k, first(), b),
         Op::AddParam { shape } => elementwise::learned(k, p, first(), b, shape, Combine::Add),
         Op::MulParam { shape } => elementwise::learned(k, p, first(), b, shape, Combine::Mul),
         Op::PRelu { shape } => elementwise::learned(k, p, first(), b, shape, Combine::PRelu),

@@ -116,6 +116,21 @@ pub(super) fn reduce(
     t.reshape([b, k.out_elems()])
 }
 
+/// Each sample repeated along its axes of size 1 (`Op::Expand`), through rank-6
+/// `[B, d1..d5]` tensors as the broadcasting ops do; autodiff sums dy back over the
+/// repeated axes.
+pub(super) fn expand(k: &Kernel, x: Tensor<2>, b: usize) -> Tensor<2> {
+    let six = |d: &[usize]| -> [usize; 6] {
+        let mut s = [1usize; 6];
+        s[0] = b;
+        s[6 - d.len()..].copy_from_slice(d);
+        s
+    };
+    // `compile` refuses a sample of more axes (`check_trainable`).
+    let x6: Tensor<6> = x.reshape(six(&k.in_dims[0]));
+    x6.expand(six(&k.out_dims)).reshape([b, k.out_elems()])
+}
+
 /// Sample axes reordered (`perm[k]` is the input axis of output axis `k`): a permuted
 /// view of `[B, dims..]`, copied back to `[B, elements]`.
 pub(super) fn transpose(k: &Kernel, x: Tensor<2>, b: usize, perm: &[usize]) -> Tensor<2> {

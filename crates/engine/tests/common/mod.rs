@@ -262,7 +262,21 @@ pub fn families() -> Vec<Graph> {
         values: vec![0.0, -1.0, 0.5, 0.0, 0.0, -2.0, 1.0, 0.0, 0.0],
     };
     g.push("masked", mask, &["padded"]).unwrap();
-    g.conv("head", "masked", 3, 2, 1, 1, Some(0)).unwrap();
+    // The channel mean repeated over four channels beside them (an `expand` a
+    // concatenation reads, as BoTNet's relative logits are repeated).
+    g.push(
+        "channel_mean",
+        reduce(ReduceKind::Mean, &[1], true),
+        &["masked"],
+    )
+    .unwrap();
+    let repeat = Op::Expand {
+        shape: vec![4, 1, 1],
+    };
+    g.push("repeated", repeat, &["channel_mean"]).unwrap();
+    g.push("with_mean", Op::Concat { axis: 1 }, &["masked", "repeated"])
+        .unwrap();
+    g.conv("head", "with_mean", 3, 2, 1, 1, Some(0)).unwrap();
     let classes_last = Op::Transpose {
         perm: vec![1, 2, 0],
     };

@@ -229,6 +229,15 @@ impl Op {
                 });
                 Ok(Shape(out.collect::<Result<_, _>>()?))
             }
+            Op::Expand { shape } => {
+                let out = broadcast(x, &Shape::fixed(shape))?;
+                if out.rank() != x.rank() {
+                    return Err(ShapeError(format!(
+                        "expand of {x} to {shape:?}: the target has another rank"
+                    )));
+                }
+                Ok(out)
+            }
             Op::Resize { size, .. } => {
                 let fixed = x.rank() == size.len() + 1 && size.iter().all(|&s| s > 0);
                 if !fixed {

@@ -319,6 +319,13 @@ pub enum Op {
         #[serde(skip_serializing_if = "is_zero")]
         value: f32,
     },
+    /// Each sample repeated along its axes of size 1 to `shape` (ONNX `Expand`,
+    /// `x.expand(...)` read by an op that does not broadcast: BoTNet's relative
+    /// logits, a decoder's grouped keys): numpy broadcasting from the right, 1 where
+    /// an axis keeps its size.
+    Expand {
+        shape: Vec<usize>,
+    },
     /// Collapse every sample dimension into one.
     Flatten,
     /// Reshape one sample to `shape` (`-1` inferred, `0` copies the input size).
@@ -485,6 +492,7 @@ impl Op {
             Op::AddParam { .. } => "add_param",
             Op::Resize { .. } => "resize",
             Op::Pad { .. } => "pad",
+            Op::Expand { .. } => "expand",
             Op::MulParam { .. } => "mul_param",
             Op::AddTable { .. } => "add_table",
             Op::CausalMask => "causal_mask",

@@ -112,6 +112,7 @@ impl RuntimeRules for Pytorch {
             Op::Flatten
             | Op::Reshape { .. }
             | Op::Transpose { .. }
+            | Op::Expand { .. }
             | Op::Concat { .. }
             | Op::Add
             | Op::AddParam { .. }

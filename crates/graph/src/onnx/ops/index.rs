@@ -6,7 +6,7 @@ use crate::onnx::decode::Attrs;
 use crate::onnx::import::{Importer, label};
 use crate::onnx::proto::NodeProto;
 use crate::onnx::sym::Sym;
-use crate::onnx::view::{Val, View};
+use crate::onnx::view::{Lay, Val, View};
 use crate::op::{Op, ReduceKind, sample_axis};
 use crate::shape::Dim;
 
@@ -303,14 +303,30 @@ impl Importer {
     /// `ReduceSum`, `ReduceMean` and `ReduceMax` over sample axes.
     pub(super) fn reduce(&mut self, _i: usize, n: &NodeProto, a: &Attrs) -> Result<(), GraphError> {
         let err = |why: String| GraphError::node(label(n), why);
-        let x = self.act(n, 0)?;
+        // Of a layout view: on the tensor aligned to it, its axes renumbered, and the
+        // result seen through the layout less the reduced axes.
+        let view = match self.val(n, 0)?.clone() {
+            Val::View(v) => Some(v),
+            _ => None,
+        };
+        let (x, lay) = match &view {
+            Some(v) => {
+                let (x, lay) = self.align(n, v)?;
+                (x, Some(lay))
+            }
+            None => (self.act(n, 0)?, None),
+        };
         // Axes are an input from opset 18 (13 for ReduceSum), an attribute before.
         let axes = if Self::has_input(n, 1) {
             Some(self.const_ints(n, 1, "axes")?)
         } else {
             a.ints("axes")
         };
-        let rank = self.shape(&x)?.rank() as i64 + 1;
+        let rank = match lay {
+            Some(l) => l.rank as i64,
+            None => self.shape(&x)?.rank() as i64 + 1,
+        };
+        let keep_dims = a.int("keepdims", 1) != 0;
         let axes = match axes {
             Some(v) if !v.is_empty() => v,
             _ if a.int("noop_with_empty_axes", 0) != 0 => {
@@ -319,12 +335,42 @@ impl Importer {
             }
             _ => (0..rank).collect(),
         };
-        if axes.iter().any(|&k| k == 0 || k == -rank) {
+        let b_axis = lay.map_or(0, |l| l.b_axis) as i64;
+        let normal: Vec<i64> = axes
+            .iter()
+            .map(|&k| if k < 0 { k + rank } else { k })
+            .collect();
+        if normal
+            .iter()
+            .any(|&k| k == b_axis || !(0..rank).contains(&k))
+        {
             return Err(err(format!(
                 "{} over axes {axes:?} reduces the batch axis; only sample axes are supported",
                 n.op_type
             )));
         }
+        let (axes, wrap) = match lay {
+            None => (axes, None),
+            Some(l) => {
+                // The aligned tensor's axes: the view's, the batch pulled out first.
+                let ir_axis = |k: i64| if l.b_alone && k > b_axis { k } else { k + 1 };
+                let before = normal.iter().filter(|&&k| k < b_axis).count();
+                let out = Lay {
+                    rank: if keep_dims {
+                        l.rank
+                    } else {
+                        l.rank - normal.len()
+                    },
+                    b_axis: if keep_dims {
+                        l.b_axis
+                    } else {
+                        l.b_axis - before
+                    },
+                    ..l
+                };
+                (normal.iter().map(|&k| ir_axis(k)).collect(), Some(out))
+            }
+        };
         let reduce = match n.op_type.as_str() {
             "ReduceSum" => ReduceKind::Sum,
             "ReduceMean" => ReduceKind::Mean,
@@ -334,10 +380,12 @@ impl Importer {
         let op = Op::Reduce {
             reduce,
             axes,
-            keep_dims: a.int("keepdims", 1) != 0,
+            keep_dims,
         };
-        self.emit(n, op, &[&x])?;
-        Ok(())
+        self.wrap = wrap;
+        let done = self.emit(n, op, &[&x]);
+        self.wrap = None;
+        done.map(|_| ())
     }
 
     /// Elements `start..end` (ONNX `Slice` bounds) of axis `axis` of layout view `v`;

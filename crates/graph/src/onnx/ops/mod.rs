@@ -86,6 +86,7 @@ const OPS: &[(&str, Import)] = &[
 /// Ops that read a layout view themselves (see [`crate::onnx::view`]).
 const LAYOUT_OPS: &[&str] = &[
     "Cast",
+    "Flatten",
     "Gather",
     "GRU",
     "Identity",
@@ -160,6 +161,8 @@ impl Importer {
                 (-a.int("axis", -1)) as usize
             }
             "Gemm" => 1,
+            "Pad" => self.pad_touched(n, a)?,
+            "Expand" => self.expand_touched(n)?,
             "MatMul" => match self.vals.get(n.input.get(1)?.as_str()) {
                 Some(Val::Const(_)) => 1,
                 _ => 2,

@@ -8,7 +8,7 @@ use crate::onnx::import::{Importer, label};
 use crate::onnx::proto::{DataType, NodeProto, TensorProto};
 use crate::onnx::shapes::{squeeze, unsqueeze};
 use crate::onnx::sym::Sym;
-use crate::onnx::view::{LayoutError, Val, View, permutation};
+use crate::onnx::view::{Lay, LayoutError, Val, View, permutation};
 use crate::op::Op;
 use crate::shape::Dim;
 use std::rc::Rc;
@@ -22,6 +22,22 @@ impl Importer {
         a: &Attrs,
     ) -> Result<(), GraphError> {
         let err = |why: String| GraphError::node(label(n), why);
+        // Of a layout view: the reshape to the two products it names.
+        if let Val::View(v) = self.val(n, 0)?.clone() {
+            let dims = v.dims();
+            let rank = dims.len() as i64;
+            let axis = a.int("axis", 1);
+            let axis = if axis < 0 { axis + rank } else { axis };
+            if !(0..=rank).contains(&axis) {
+                return Err(err(format!("Flatten with axis {axis} of rank {rank}")));
+            }
+            let product = |ds: &[Sym]| ds.iter().fold(Sym::N(1), |p, &d| p.mul(d));
+            let (head, tail) = dims.split_at(axis as usize);
+            let v = v
+                .reshape(&[product(head), product(tail)])
+                .map_err(|e| err(e.to_string()))?;
+            return self.define_view(n, v);
+        }
         let x = self.act(n, 0)?;
         let full = self.shape(&x)?.rank() as i64 + 1;
         let axis = a.int("axis", 1);
@@ -263,15 +279,11 @@ impl Importer {
                         )
                     })
                 });
-                if over_batch(&dims) && (dims == target || broadcasting) {
+                if self.wrap.is_none() && over_batch(&dims) && (dims == target || broadcasting) {
                     self.define(n, Val::Ir(x));
                     return Ok(());
                 }
-                return Err(err(format!(
-                    "Expand of activation `{}` {dims:?} to {target:?}: only an expansion \
-                     that broadcasting ops read (Mul, Add, Sub, Div) is supported",
-                    n.input[0]
-                )));
+                return self.expand_activation(n, &x);
             }
             _ => {}
         }
@@ -325,13 +337,140 @@ impl Importer {
         Ok(())
     }
 
-    /// `Pad` in constant mode with its value (`F.pad`): the pads of the sample axes (the batch's
-    /// must be 0), from the `pads` input (opset 11+, a constant or computed from shapes
-    /// and folded) or attribute, for every axis or the `axes` given.
+    /// How many trailing axes of its input an `Expand` repeats (for
+    /// [`Importer::axes_touched`]): from the first whose target is not 1 to the last.
+    pub(super) fn expand_touched(&self, n: &NodeProto) -> Option<usize> {
+        let Val::View(v) = self.vals.get(n.input.first()?.as_str())? else {
+            return None;
+        };
+        let rank = v.groups.len();
+        let (target, _) = self.ints_of(n, 1, "Expand shape").ok()?;
+        let lead = rank.checked_sub(target.len())?;
+        Some(
+            target
+                .iter()
+                .position(|t| *t != Sym::N(1))
+                .map_or(0, |first| rank - lead - first),
+        )
+    }
+
+    /// `Expand` of activation `x` (batch-first, or aligned to a layout view whose axes
+    /// the target names): each sample repeated along its axes of size 1. The target's
+    /// entries for the batch's axis and any before it must keep their size (1, or the
+    /// batch itself).
+    fn expand_activation(&mut self, n: &NodeProto, x: &str) -> Result<(), GraphError> {
+        let err = |why: String| GraphError::node(label(n), why);
+        let (target, _) = self.ints_of(n, 1, "Expand shape")?;
+        let sample = self.shape(x)?.clone();
+        let (rank, batch_axis) = match self.wrap {
+            Some(lay) => (lay.rank, lay.b_axis),
+            None => (sample.rank() + 1, 0),
+        };
+        if target.len() > rank {
+            return Err(err(format!(
+                "Expand to {target:?}: more axes than its input's {rank} (new leading axes \
+                 would come before the batch)"
+            )));
+        }
+        // The target's entry for each of the input's axes, from the right.
+        let lead = rank - target.len();
+        let entry = |axis: usize| axis.checked_sub(lead).map_or(Sym::N(1), |k| target[k]);
+        if let Some(a) = (0..=batch_axis).find(|&a| !matches!(entry(a), Sym::N(1) | Sym::Batch)) {
+            return Err(err(format!(
+                "Expand to {target:?} repeats axis {a}, the batch's or one before it"
+            )));
+        }
+        let mut shape = vec![1usize; sample.rank()];
+        let trailing = rank - 1 - batch_axis;
+        for (j, slot) in shape.iter_mut().rev().take(trailing).enumerate() {
+            *slot = match entry(rank - 1 - j) {
+                Sym::N(k) if k >= 1 => k as usize,
+                other => {
+                    return Err(err(format!(
+                        "Expand to {target:?}: entry {other} is not a size"
+                    )));
+                }
+            };
+        }
+        self.emit(n, Op::Expand { shape }, &[x])?;
+        Ok(())
+    }
+
+    /// `Concat` of tensors seen through one layout view (CrossViT stacks its branches'
+    /// logits before the batch, `[2, B, classes]`), along an axis other than the batch's:
+    /// the tensors aligned to the view, concatenated on the matching sample axis, and the
+    /// result seen through the same layout.
+    fn concat_views(&mut self, n: &NodeProto, a: &Attrs) -> Result<(), GraphError> {
+        let err = |why: String| GraphError::node(label(n), why);
+        let mut xs = Vec::with_capacity(n.input.len());
+        let mut lay: Option<Lay> = None;
+        for (p, name) in n.input.iter().enumerate() {
+            let Val::View(v) = self.val(n, p)?.clone() else {
+                return Err(err(format!(
+                    "Concat of `{name}` with a tensor whose batch moved or merged: only \
+                     tensors seen through one layout are concatenated"
+                )));
+            };
+            let (x, l) = self.align(n, &v)?;
+            if lay.is_some_and(|q| q != l) {
+                return Err(err(format!(
+                    "Concat of `{name}` {} with tensors whose batch sits elsewhere",
+                    v.describe()
+                )));
+            }
+            lay = Some(l);
+            xs.push(x);
+        }
+        let lay = lay.ok_or_else(|| err("Concat of nothing".into()))?;
+        let axis = a
+            .get("axis")
+            .map(|v| v.i)
+            .ok_or_else(|| err("Concat needs an axis".into()))?;
+        let k = if axis < 0 {
+            axis + lay.rank as i64
+        } else {
+            axis
+        };
+        if !(0..lay.rank as i64).contains(&k) || k as usize == lay.b_axis {
+            return Err(err(format!(
+                "Concat along axis {axis} of a layout whose batch is axis {}: only along \
+                 another axis",
+                lay.b_axis
+            )));
+        }
+        let k = k as usize;
+        // The aligned sample has the view's axes in order, less the batch's where the
+        // batch is alone.
+        let sample_axis = if lay.b_alone && k > lay.b_axis {
+            k - 1
+        } else {
+            k
+        };
+        let refs: Vec<&str> = xs.iter().map(String::as_str).collect();
+        self.wrap = Some(lay);
+        let done = self.emit(
+            n,
+            Op::Concat {
+                axis: sample_axis as i64 + 1,
+            },
+            &refs,
+        );
+        self.wrap = None;
+        done.map(|_| ())
+    }
+
+    /// `Pad` in constant mode with its value (`F.pad`): the pads of the sample axes (the
+    /// batch's, and any before it in a layout view, must be 0).
     pub(super) fn pad(&mut self, _i: usize, n: &NodeProto, a: &Attrs) -> Result<(), GraphError> {
         let err = |why: String| GraphError::node(label(n), why);
         let x = self.act(n, 0)?;
-        let rank = self.shape(&x)?.rank() + 1;
+        let sample_rank = self.shape(&x)?.rank();
+        // On a tensor aligned to a layout view the pads name the view's axes; the
+        // padded ones trail the batch's and are the aligned tensor's last axes.
+        let (rank, batch_axis) = match self.wrap {
+            Some(lay) => (lay.rank, lay.b_axis),
+            None => (sample_rank + 1, 0),
+        };
         let mode = a.string("mode").unwrap_or_else(|| "constant".into());
         if mode != "constant" {
             return Err(err(format!("Pad in mode `{mode}`: only constant padding")));
@@ -344,6 +483,57 @@ impl Importer {
         if value.is_nan() {
             return Err(err("Pad with NaN".into()));
         }
+        let per_axis = self.pads_per_axis(n, a, rank)?;
+        let pads = &per_axis;
+        if per_axis[..=batch_axis].iter().any(|p| *p != [0, 0]) {
+            return Err(err(format!(
+                "Pad of {pads:?} pads the batch axis or an axis before it"
+            )));
+        }
+        if per_axis.iter().all(|p| *p == [0, 0]) {
+            self.define(n, Val::Ir(x));
+            return Ok(());
+        }
+        // The axes after the batch's, as the sample's last axes.
+        let mut sample = vec![[0usize; 2]; sample_rank];
+        for (to, from) in sample.iter_mut().rev().zip(per_axis.iter().rev()) {
+            *to = *from;
+        }
+        let op = Op::Pad {
+            pads: sample,
+            value: value as f32,
+        };
+        self.emit(n, op, &[&x])?;
+        Ok(())
+    }
+
+    /// How many trailing axes of its input a `Pad` pads (for [`Importer::axes_touched`]):
+    /// from the first padded axis to the last.
+    pub(super) fn pad_touched(&self, n: &NodeProto, a: &Attrs) -> Option<usize> {
+        let rank = match self.vals.get(n.input.first()?.as_str())? {
+            Val::View(v) => v.groups.len(),
+            Val::Ir(x) => self.shape(x).ok()?.rank() + 1,
+            _ => return None,
+        };
+        let per_axis = self.pads_per_axis(n, a, rank).ok()?;
+        Some(
+            per_axis
+                .iter()
+                .position(|p| *p != [0, 0])
+                .map_or(0, |first| rank - first),
+        )
+    }
+
+    /// `Pad`'s (before, after) per axis of an input of `rank` axes, from the `pads`
+    /// input (opset 11+, a constant or computed from shapes and folded) or
+    /// attribute, for every axis or the `axes` given.
+    fn pads_per_axis(
+        &self,
+        n: &NodeProto,
+        a: &Attrs,
+        rank: usize,
+    ) -> Result<Vec<[usize; 2]>, GraphError> {
+        let err = |why: String| GraphError::node(label(n), why);
         // Numbers from a constant or a shape value (swin's pads computed from sizes).
         let numbers = |pos: usize, what: &str| -> Result<Vec<i64>, GraphError> {
             let (v, _) = self.ints_of(n, pos, what)?;
@@ -381,20 +571,7 @@ impl Importer {
             }
             per_axis[ax] = [lo as usize, hi as usize];
         }
-        if per_axis[0] != [0, 0] {
-            return Err(err(format!("Pad of {pads:?} pads the batch axis")));
-        }
-        if per_axis.iter().all(|p| *p == [0, 0]) {
-            self.define(n, Val::Ir(x));
-            return Ok(());
-        }
-        per_axis.remove(0);
-        let op = Op::Pad {
-            pads: per_axis,
-            value: value as f32,
-        };
-        self.emit(n, op, &[&x])?;
-        Ok(())
+        Ok(per_axis)
     }
 
     /// `Concat` of activations, or of an activation and a learned tensor expanded over
@@ -418,6 +595,12 @@ impl Importer {
             n
         };
         let err = |why: String| GraphError::node(label(n), why);
+        if n.input
+            .iter()
+            .any(|x| matches!(self.vals.get(x.as_str()), Some(Val::View(_))))
+        {
+            return self.concat_views(n, a);
+        }
         let learned: Vec<usize> = (0..n.input.len())
             .filter(|&p| matches!(self.vals.get(n.input[p].as_str()), Some(Val::Broadcast(_))))
             .collect();

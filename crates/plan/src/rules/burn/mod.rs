@@ -107,6 +107,7 @@ fn family(op: &Op) -> Family {
         | Op::Concat { .. }
         | Op::Add
         | Op::Transpose { .. }
+        | Op::Expand { .. }
         | Op::AddParam { .. }
         | Op::MulParam { .. }
         | Op::AddTable { .. }

@@ -83,6 +83,9 @@ pub(super) fn backward(b: &Burn, op: &Op, s: &Sizes, dx: u64, act: u64) -> Vec<B
         | Op::AddTable { .. } => out,
         // The inverse `permute` of dy is a view; the reshape back copies it into dx.
         Op::Transpose { .. } => out + dx,
+        // The repeated values copied into `[B, elements]`; `expand`'s backward sums dy
+        // over the repeated axes into dx.
+        Op::Expand { .. } => out + dx,
         // On the CPU the engine's own slice writes dx once, zeros around dy. Elsewhere
         // `slice` backward: `float_zeros` of x's shape (an `empty`, two copies for a moment)
         // and a `slice_assign` of dy.

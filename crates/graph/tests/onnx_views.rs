@@ -1,0 +1,222 @@
+//! Ops on tensors whose batch a reshape merged with another axis or a transpose
+//! moved: they compute on the tensor aligned to the view where they leave the
+//! batch's axis alone (`Pad`, `Flatten`, `Expand`, `Concat`, the reductions), as
+//! timm's BoTNet (relative logits over `[B·heads·H, W, 2W-1]`) and CrossViT
+//! (branch logits stacked before the batch) export them, and refuse by node where
+//! they would touch it.
+
+use batchfit_graph::{Graph, Op, ReduceKind, onnx};
+
+mod common;
+use common::*;
+
+fn ops(g: &Graph, name: &str) -> Vec<Op> {
+    g.nodes
+        .iter()
+        .filter(|n| n.op.name() == name)
+        .map(|n| n.op.clone())
+        .collect()
+}
+
+/// BoTNet's shift from relative to absolute positions: `F.pad(x, [0, 1])` of the
+/// batch merged with the heads, `flatten(1)`, a second pad, a reshape and a slice,
+/// then the batch split out again.
+#[test]
+fn relative_logits_pad_and_flatten_a_merged_batch() {
+    let (h, w) = (2i64, 3i64);
+    let rel = 2 * w - 1;
+    let mut n = Net::new("rel-logits");
+    n.input("x", &format!("batch,{h},{w},{rel}"));
+    n.init(int64s("merged", &[-1, w, rel]))
+        .init(int64s("pad1", &[0, 0, 0, 0, 0, 1]))
+        .init(int64s("pad2", &[0, 0, 0, rel - w]))
+        .init(int64s("rows", &[-1, w + 1, rel]))
+        .init(int64s("row_start", &[0]))
+        .init(int64s("row_end", &[w]))
+        .init(int64s("col_start", &[w - 1]))
+        .init(int64s("col_end", &[rel]))
+        .init(int64s("axis1", &[1]))
+        .init(int64s("axis2", &[2]))
+        .init(int64s("split", &[-1, h, w, w]));
+    n.node("Reshape", "m", &["x", "merged"], &["xm"], vec![]);
+    n.node("Pad", "p1", &["xm", "pad1"], &["xp"], vec![]);
+    n.node("Flatten", "f", &["xp"], &["xf"], vec![int("axis", 1)]);
+    n.node("Pad", "p2", &["xf", "pad2"], &["xq"], vec![]);
+    n.node("Reshape", "r", &["xq", "rows"], &["xr"], vec![]);
+    n.node(
+        "Slice",
+        "rows_kept",
+        &["xr", "row_start", "row_end", "axis1"],
+        &["xk"],
+        vec![],
+    );
+    n.node(
+        "Slice",
+        "cols_kept",
+        &["xk", "col_start", "col_end", "axis2"],
+        &["xs"],
+        vec![],
+    );
+    n.node("Reshape", "back", &["xs", "split"], &["y"], vec![]);
+    n.output("y");
+    let g = onnx::parse(&n.bytes()).unwrap();
+    // The first pad acts on the last axis of the aligned [B, heads, W, 2W-1].
+    let pads: Vec<Vec<[usize; 2]>> = ops(&g, "pad")
+        .into_iter()
+        .map(|op| match op {
+            Op::Pad { pads, .. } => pads,
+            _ => unreachable!(),
+        })
+        .collect();
+    assert_eq!(pads[0], vec![[0, 0], [0, 0], [0, 1]]);
+    assert_eq!(pads[1], vec![[0, 0], [0, (rel - w) as usize]]);
+    assert_eq!(
+        g.shape_of(&g.loss.input).unwrap().to_string(),
+        "[B, 2, 3, 3]"
+    );
+}
+
+/// A merged view padded on its merged axis, or flattened into the batch, names
+/// the node.
+#[test]
+fn a_pad_of_the_merged_axis_is_refused_by_node() {
+    let mut n = Net::new("pad-batch");
+    n.input("x", "batch,2,3,5");
+    n.init(int64s("merged", &[-1, 3, 5]))
+        .init(int64s("pads", &[1, 0, 0, 0, 0, 0]));
+    n.node("Reshape", "m", &["x", "merged"], &["xm"], vec![]);
+    n.node("Pad", "pad_batch", &["xm", "pads"], &["y"], vec![]);
+    n.output("y");
+    let e = onnx::parse(&n.bytes()).unwrap_err().to_string();
+    assert!(e.contains("pad_batch"), "{e}");
+}
+
+/// `x.reshape(B, H, 1, W, k).expand(-1, -1, k, -1, -1)` read by a transpose (not a
+/// broadcasting op): the repeated values are an IR `Expand`; of a merged view too.
+#[test]
+fn expand_of_an_activation_repeats_its_axes_of_size_one() {
+    let mut n = Net::new("expand");
+    n.input("x", "batch,3,1,4");
+    n.init(int64s("shape", &[1, 1, 5, 1]));
+    n.node("Expand", "e", &["x", "shape"], &["xe"], vec![]);
+    n.node(
+        "Transpose",
+        "t",
+        &["xe"],
+        &["y"],
+        vec![ints("perm", &[0, 2, 1, 3])],
+    );
+    n.output("y");
+    let g = onnx::parse(&n.bytes()).unwrap();
+    assert_eq!(
+        ops(&g, "expand"),
+        vec![Op::Expand {
+            shape: vec![1, 5, 1]
+        }]
+    );
+    assert_eq!(
+        g.shape_of(&g.loss.input).unwrap().to_string(),
+        "[B, 5, 3, 4]"
+    );
+
+    // The batch merged with the first axis: the target names the view's axes.
+    let mut n = Net::new("expand-merged");
+    n.input("x", "batch,2,3,1,4");
+    n.init(int64s("merged", &[-1, 3, 1, 4]))
+        .init(int64s("shape", &[1, 1, 5, 1]))
+        .init(int64s("split", &[-1, 2, 3, 5, 4]));
+    n.node("Reshape", "m", &["x", "merged"], &["xm"], vec![]);
+    n.node("Expand", "e", &["xm", "shape"], &["xe"], vec![]);
+    n.node("Reshape", "back", &["xe", "split"], &["y"], vec![]);
+    n.output("y");
+    let g = onnx::parse(&n.bytes()).unwrap();
+    assert_eq!(
+        ops(&g, "expand"),
+        vec![Op::Expand {
+            shape: vec![1, 1, 5, 1]
+        }]
+    );
+    assert_eq!(
+        g.shape_of(&g.loss.input).unwrap().to_string(),
+        "[B, 2, 3, 5, 4]"
+    );
+
+    // Repeating the batch's axis is refused by node.
+    let mut n = Net::new("expand-batch");
+    n.input("x", "batch,3,1,4");
+    n.init(int64s("shape", &[2, 3, 5, 4]));
+    n.node("Expand", "repeat_batch", &["x", "shape"], &["xe"], vec![]);
+    n.node("Relu", "r", &["xe"], &["y"], vec![]);
+    n.output("y");
+    let e = onnx::parse(&n.bytes()).unwrap_err().to_string();
+    assert!(e.contains("repeat_batch"), "{e}");
+}
+
+/// CrossViT: each branch's logits unsqueezed before the batch, stacked along that
+/// axis and averaged over it.
+#[test]
+fn branch_logits_stacked_before_the_batch_and_averaged() {
+    let (f, c) = (8i64, 10i64);
+    let mut n = Net::new("stacked-heads");
+    n.input("x", &format!("batch,{f}"));
+    n.init(int64s("lead", &[0]));
+    for head in ["a", "b"] {
+        n.weight(&format!("{head}.weight"), &[c, f])
+            .weight(&format!("{head}.bias"), &[c]);
+        n.node(
+            "Gemm",
+            head,
+            &["x", &format!("{head}.weight"), &format!("{head}.bias")],
+            &[&format!("{head}_out")],
+            vec![int("transB", 1)],
+        );
+        n.node(
+            "Unsqueeze",
+            &format!("{head}_u"),
+            &[&format!("{head}_out"), "lead"],
+            &[&format!("{head}_stacked")],
+            vec![],
+        );
+    }
+    n.node(
+        "Concat",
+        "stack",
+        &["a_stacked", "b_stacked"],
+        &["both"],
+        vec![int("axis", 0)],
+    );
+    n.node(
+        "ReduceMean",
+        "mean",
+        &["both", "lead"],
+        &["y"],
+        vec![int("keepdims", 0)],
+    );
+    n.output("y");
+    let g = onnx::parse(&n.bytes()).unwrap();
+    assert_eq!(g.param_count(), 2 * (c * f + c) as u64);
+    assert_eq!(ops(&g, "concat"), vec![Op::Concat { axis: 1 }]);
+    // ONNX axis 0 of [2, B, 10] is axis 1 of the aligned [B, 2, 10].
+    assert_eq!(
+        ops(&g, "reduce_mean"),
+        vec![Op::Reduce {
+            reduce: ReduceKind::Mean,
+            axes: vec![1],
+            keep_dims: false,
+        }]
+    );
+    assert_eq!(g.shape_of(&g.loss.input).unwrap().to_string(), "[B, 10]");
+
+    // Stacked along the batch's own axis: refused by node.
+    let mut n2 = n.clone();
+    n2.g.node.retain(|x| x.name != "stack" && x.name != "mean");
+    n2.node(
+        "Concat",
+        "along_batch",
+        &["a_stacked", "b_stacked"],
+        &["y"],
+        vec![int("axis", 1)],
+    );
+    let e = onnx::parse(&n2.bytes()).unwrap_err().to_string();
+    assert!(e.contains("along_batch"), "{e}");
+}
