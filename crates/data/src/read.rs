@@ -86,9 +86,50 @@ pub fn npy(path: &Path) -> Result<Array, DataError> {
 
 /// An `.npy` file's bytes to its array; see [`npy()`].
 pub fn npy_bytes(bytes: &[u8]) -> Result<Array, FormatError> {
+    header_nesting(bytes)?;
     let file =
         npyz::NpyFile::new(bytes).map_err(|e| FormatError::because("not a valid .npy file", e))?;
     npy_file(file, bytes.len() as u64)
+}
+
+/// A plain array's header is a dict holding a shape tuple: brackets nest two
+/// deep. npyz parses the header with a backtracking grammar whose time grows
+/// exponentially with the nesting, so a header nesting deeper than any array
+/// we read is refused before it is parsed (a 500-byte file once took minutes).
+fn header_nesting(bytes: &[u8]) -> Result<(), FormatError> {
+    const DEEPEST: usize = 3;
+    if bytes.len() < 10 || !bytes.starts_with(b"\x93NUMPY") {
+        return Ok(()); // npyz names what is wrong
+    }
+    let (start, len) = match bytes[6] {
+        1 => (10, u16::from_le_bytes([bytes[8], bytes[9]]) as usize),
+        _ if bytes.len() >= 12 => (
+            12,
+            u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
+        ),
+        _ => return Ok(()),
+    };
+    let text = &bytes[start.min(bytes.len())..start.saturating_add(len).min(bytes.len())];
+    let (mut depth, mut deepest, mut quote) = (0usize, 0usize, None);
+    for &c in text {
+        match (quote, c) {
+            (Some(q), _) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, b'\'' | b'"') => quote = Some(c),
+            (None, b'(' | b'[' | b'{') => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            (None, b')' | b']' | b'}') => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    if deepest > DEEPEST {
+        return Err(
+            format!("the header nests brackets {deepest} deep; a plain array's nests 2").into(),
+        );
+    }
+    Ok(())
 }
 
 /// The array of `file`, whose data can be at most `available` bytes: a header
@@ -212,10 +253,19 @@ pub fn npz_bytes(bytes: &[u8]) -> Result<Vec<(String, Array)>, FormatError> {
     let available = (bytes.len() as u64).saturating_mul(1000);
     let mut out = Vec::new();
     for name in names {
-        let file = archive
-            .by_name(&name)
+        // The entry is read whole (at most `available` bytes) so that its
+        // header is checked before npyz parses it.
+        let mut entry = Vec::new();
+        archive
+            .zip_archive()
+            .by_name(&npyz::npz::file_name_from_array_name(&name))
             .map_err(|e| FormatError::because(format!("key `{name}`"), e))?
-            .ok_or_else(|| format!("key `{name}` is listed but missing"))?;
+            .take(available.saturating_add(1 << 16))
+            .read_to_end(&mut entry)
+            .map_err(|e| FormatError::because(format!("key `{name}`"), e))?;
+        header_nesting(&entry).map_err(|e| FormatError::because(format!("key `{name}`"), e))?;
+        let file = npyz::NpyFile::new(&entry[..])
+            .map_err(|e| FormatError::because(format!("key `{name}`"), e))?;
         let array = npy_file(file, available)
             .map_err(|e| FormatError::because(format!("key `{name}`"), e))?;
         out.push((name, array));

@@ -263,6 +263,7 @@ const SPEC_OPS: &[(&str, &[&str])] = &[
     ("lstm", &["hidden", "bidirectional", "layers", "first"]),
     ("gru", &["hidden", "bidirectional", "bias"]),
     ("matmul", &["inputs"]),
+    ("expand", &["shape"]),
     ("relu", &[]),
     ("softmax", &["dim"]),
     ("slice", &["dim", "start", "end"]),

@@ -3,12 +3,20 @@
 //! reader (`regressions/TARGET/`). A panic saves its input under the build's
 //! temporary folder and prints the seed that replays it:
 //! `ARBTEST_SEED=0x... cargo test -p batchfit-fuzz --test fuzz TARGET`.
-//! Each target prints how many inputs it tried.
+//! Each target prints how many inputs it tried. A reader still busy with one
+//! input after [`HANG`] is hung: its input is saved the same way and the
+//! process exits, so a hang fails the run instead of stalling it.
 
 use batchfit_fuzz::Target;
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// Inputs are a few KB and read in micro- to milliseconds; one that takes
+/// this long (even on a loaded 2-core machine) never ends or is quadratic.
+const HANG: Duration = Duration::from_secs(20);
 
 fn budget() -> Duration {
     let seconds = std::env::var("BATCHFIT_FUZZ_SECONDS")
@@ -28,8 +36,9 @@ fn regressions(target: &str) -> PathBuf {
 /// Fuzzes `name` for the budget; on a panic, keeps the input and fails.
 fn fuzz(name: &str) {
     let target = Target::named(name);
+    let watchdog = Watchdog::start(target.name);
     // Replay first: a fixed crash stays fixed.
-    replay(target);
+    replay(target, &watchdog);
     let budget = budget();
     if budget.is_zero() {
         // Replay only (arbtest cannot run on a zero budget).
@@ -44,19 +53,11 @@ fn fuzz(name: &str) {
     let mut test = arbtest::arbtest(|u| {
         let input = (target.generate)(u)?;
         tried += 1;
-        match std::panic::catch_unwind(AssertUnwindSafe(|| (target.check)(&input))) {
+        match std::panic::catch_unwind(AssertUnwindSafe(|| watchdog.check(target, &input))) {
             Ok(valid) => read += u64::from(valid),
             Err(panic) => {
-            let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fuzz-crashes");
-            let _ = std::fs::create_dir_all(&dir);
-            let file = dir.join(format!("{name}-{:016x}", fnv1a(&input)));
-            let _ = std::fs::write(&file, &input);
-            eprintln!(
-                "fuzz {name}: a panic; the input is in {} (copy it to {} to keep it as a regression)",
-                file.display(),
-                regressions(name).display()
-            );
-            std::panic::resume_unwind(panic);
+                save_crash(name, "a panic", &input);
+                std::panic::resume_unwind(panic);
             }
         }
         Ok(())
@@ -73,14 +74,80 @@ fn fuzz(name: &str) {
 }
 
 /// Feeds every saved input of `target` to its reader (valid or refused, it
-/// must not panic).
-fn replay(target: &Target) {
+/// must not panic or hang).
+fn replay(target: &Target, watchdog: &Watchdog) {
     let Ok(entries) = std::fs::read_dir(regressions(target.name)) else {
         return;
     };
     for entry in entries.flatten() {
         let input = std::fs::read(entry.path()).expect("a regression input");
-        let _ = (target.check)(&input);
+        let _ = watchdog.check(target, &input);
+    }
+}
+
+/// Keeps an input that crashed or hung a reader and says where it is.
+fn save_crash(name: &str, what: &str, input: &[u8]) {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fuzz-crashes");
+    let _ = std::fs::create_dir_all(&dir);
+    let file = dir.join(format!("{name}-{:016x}", fnv1a(input)));
+    let _ = std::fs::write(&file, input);
+    eprintln!(
+        "fuzz {name}: {what}; the input is in {} (copy it to {} to keep it as a regression)",
+        file.display(),
+        regressions(name).display()
+    );
+}
+
+/// The input being read and since when, watched by a thread that ends the
+/// process when one takes longer than [`HANG`]. A hung reader cannot be
+/// interrupted from outside its thread, and arbtest has no timeout of its own.
+struct Watchdog {
+    current: Arc<Mutex<Option<(Instant, Vec<u8>)>>>,
+    done: Arc<AtomicBool>,
+}
+
+impl Watchdog {
+    fn start(name: &'static str) -> Self {
+        let current: Arc<Mutex<Option<(Instant, Vec<u8>)>>> = Arc::default();
+        let done = Arc::new(AtomicBool::new(false));
+        let (watched, finished) = (Arc::clone(&current), Arc::clone(&done));
+        std::thread::spawn(move || {
+            while !finished.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(500));
+                let guard = watched.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some((since, input)) = guard.as_ref()
+                    && since.elapsed() > HANG
+                {
+                    save_crash(name, &format!("one input ran past {HANG:?}"), input);
+                    std::process::exit(1);
+                }
+            }
+        });
+        Watchdog { current, done }
+    }
+
+    /// Runs the reader on `input` under watch.
+    fn check(&self, target: &Target, input: &[u8]) -> bool {
+        /// Clears the watch however the reader returns, a panic included.
+        struct Clear<'a>(&'a Watchdog);
+        impl Drop for Clear<'_> {
+            fn drop(&mut self) {
+                self.0.set(None);
+            }
+        }
+        self.set(Some((Instant::now(), input.to_vec())));
+        let _clear = Clear(self);
+        (target.check)(input)
+    }
+
+    fn set(&self, value: Option<(Instant, Vec<u8>)>) {
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = value;
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.done.store(true, Ordering::Relaxed);
     }
 }
 

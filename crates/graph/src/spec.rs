@@ -327,6 +327,9 @@ fn add_layer(g: &mut GraphBuilder, name: &str, k: &mut Keys) -> Result<(), Graph
                     first: k.bool_or("first", true)?,
                 },
                 "flatten" => Op::Flatten,
+                "expand" => Op::Expand {
+                    shape: k.usize_list("shape")?,
+                },
                 "reshape" => Op::Reshape {
                     shape: k.i64_list("shape")?,
                 },
@@ -653,5 +656,26 @@ mod tests {
         "#;
         let err = parse(spec).unwrap_err().to_string();
         assert!(err.contains("layer `a`"), "{err}");
+    }
+
+    #[test]
+    fn expand_repeats_axes_of_size_one_and_names_a_bad_target() {
+        let spec = |target: &str| {
+            format!(
+                r#"
+                [[input]]
+                name = "x"
+                shape = [4, 1, 1]
+                [[layer]]
+                name = "e"
+                op = "expand"
+                shape = {target}
+                "#
+            )
+        };
+        let graph = parse(&spec("[4, 3, 5]")).unwrap();
+        assert_eq!(graph.shape_of("e"), Some(&Shape::fixed(&[4, 3, 5])));
+        let err = parse(&spec("[2, 3, 5]")).unwrap_err().to_string();
+        assert!(err.contains("`e`"), "{err}");
     }
 }
