@@ -456,10 +456,13 @@ fn a_model_plan_predicts_the_limit_from_the_first_trial() {
 }
 
 /// Advice that holds when asked twice: step times that vary by up to 20 %
-/// (as on a busy machine) still name the same batch and the same knee in 10
-/// of 10 invocations: both are read off the line fitted to every step time
-/// (the tie among batches that cannot be told apart broken by that line's
-/// optimum), not off the single noisy median that happens to be fastest.
+/// (as on a busy machine) still name the same batch in 10 of 10 invocations:
+/// it is read off the line fitted to every step time (the tie among batches
+/// that cannot be told apart broken by that line's optimum), not off the
+/// single noisy median that happens to be fastest. The knee here sits next to
+/// the efficiency threshold (645 runs at 91 % of the best), so an invocation
+/// may name its neighbour: each one's knee lies within the range every
+/// invocation states for it, and every range holds its own knee.
 #[test]
 fn the_recommendation_is_stable_under_noisy_step_times() {
     let mut named = Vec::new();
@@ -481,9 +484,24 @@ fn the_recommendation_is_stable_under_noisy_step_times() {
             .map(|v| v.as_u64().unwrap())
             .collect();
         assert_eq!(tied.first(), Some(&b), "{rec}");
-        named.push((b, doc["devices"][0]["knee_batch"].as_u64().unwrap()));
+        let dev = &doc["devices"][0];
+        let range = &dev["knee_range"];
+        named.push((
+            b,
+            dev["knee_batch"].as_u64().unwrap(),
+            range["low"].as_u64().unwrap(),
+            range["high"].as_u64().unwrap(),
+        ));
     }
-    assert!(named.iter().all(|&b| b == named[0]), "{named:?}");
+    assert!(named.iter().all(|n| n.0 == named[0].0), "{named:?}");
+    for &(_, knee, ..) in &named {
+        assert!(
+            named
+                .iter()
+                .all(|&(_, _, low, high)| (low..=high).contains(&knee)),
+            "knee {knee} outside a stated range: {named:?}"
+        );
+    }
 }
 
 #[test]

@@ -283,7 +283,8 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunSummary> {
     let gpu = log.iter().find_map(|t| t.result.gpu_device);
     let points = curve.points;
     let device = DeviceProbe {
-        knee_range: knee_range(&curve_with_errors(&points), cfg.efficiency),
+        knee_range: knee_range(&curve_with_errors(&points), cfg.efficiency)
+            .map(|r| r.covering(curve.knee_batch)),
         device: gpu.map_or(DeviceSpec::Host, |d| DeviceSpec::Cuda(d as usize)),
         threads: None,
         points,

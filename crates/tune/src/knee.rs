@@ -30,6 +30,20 @@ pub struct KneeRange {
     pub flat_from: u64,
 }
 
+impl KneeRange {
+    /// The range widened to hold `knee`: the knee is read off the line fitted to
+    /// every step time ([`smooth_knee`]), the range off the medians, and one
+    /// straying median can move the range past the knee it stands for.
+    pub fn covering(self, knee: Option<u64>) -> KneeRange {
+        let Some(k) = knee else { return self };
+        KneeRange {
+            low: self.low.min(k),
+            high: self.high.max(k),
+            flat_from: self.flat_from,
+        }
+    }
+}
+
 /// See [`KneeRange`]; `None` for no points.
 pub fn knee_range(points: &[(u64, f64, f64)], efficiency: f64) -> Option<KneeRange> {
     let rel = |e: f64| if e.is_finite() { e.min(1.0) } else { 1.0 };
@@ -168,6 +182,11 @@ mod tests {
         assert_eq!((r.low, r.high), (64, 128));
         assert_eq!(r.flat_from, 64);
         assert!(knee_range(&[], 0.9).is_none());
+        // A knee read elsewhere (the fitted line) widens the range to hold it.
+        let held = r.covering(Some(32));
+        assert_eq!((held.low, held.high, held.flat_from), (32, 128, 64));
+        assert_eq!(r.covering(Some(100)), r);
+        assert_eq!(r.covering(None), r);
     }
 
     /// On a line of step times the smooth knee is the medians' knee; one noisy

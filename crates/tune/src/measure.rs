@@ -361,7 +361,7 @@ pub fn measure_curve(trials: &mut dyn Trials, plan: &CurvePlan, points: Vec<Prob
     Curve {
         points,
         knee_batch,
-        knee_range: range,
+        knee_range: range.map(|r| r.covering(knee_batch)),
         not_measured,
     }
 }
