@@ -453,8 +453,8 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
 
     // The loss keeps its own tensors (fp32 even under mixed precision) until backward starts.
     let logits = graph.output().shape.elements(seq);
-    let steps = if graph.has_seq() { seq as u64 } else { 1 };
-    let loss_bytes = rules.loss_saved_bytes(graph.loss.kind, logits, steps);
+    let frames = loss_frames(graph, seq);
+    let loss_bytes = rules.loss_saved_bytes(graph.loss.kind, logits, frames as u64);
     flops += 4.0 * logits as f64;
 
     // Checkpointing: keep only segment outputs, recompute one segment at a time.
@@ -483,7 +483,7 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
                 }
         })
         .sum::<u64>()
-        + rules.target_bytes(graph.loss.kind, logits, seq);
+        + rules.target_bytes(graph.loss.kind, logits, frames);
     let params: u64 = graph
         .nodes
         .iter()
@@ -642,7 +642,7 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
             .inputs
             .iter()
             .map(|i| i.shape.elements(seq) * 4)
-            .chain([rules.target_bytes(graph.loss.kind, logits, seq)])
+            .chain([rules.target_bytes(graph.loss.kind, logits, loss_frames(graph, seq))])
             .collect();
         // The tensors of a line: the parameters with their state (and half copies),
         // the gradients from backward on, the optimizer's copy of the largest at the
@@ -729,6 +729,14 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         train_flops_per_sample: Flops(3.0 * flops),
         measured_error: accuracy::measured_error(opts.runtime, opts.gpu),
     }
+}
+
+/// The positions a per-frame loss reads (CTC's frames, a segmentation's pixels):
+/// every axis of the loss's input but the classes, as the engine reads them,
+/// whether a symbolic `T`, a fixed length or an image made them.
+fn loss_frames(graph: &Graph, seq: usize) -> usize {
+    let dims = graph.output().shape.resolve(seq);
+    dims.iter().rev().skip(1).product::<usize>().max(1)
 }
 
 #[cfg(test)]
