@@ -3,7 +3,7 @@
 
 use crate::error::{CliError, CliResult};
 use batchfit_pipeline::Progress;
-use batchfit_pipeline::noise::{DataSource, LossChoice};
+use batchfit_pipeline::noise::{DataSource, LossChoice, LossRequest};
 use batchfit_pipeline::probe::MeasureConfig;
 use batchfit_plan::distributed::{LinkPreset, Strategy};
 use batchfit_plan::{Bytes, Optimizer, Precision, Runtime, TrainOptions};
@@ -371,9 +371,8 @@ pub struct DataFlags {
     /// CSV column holding the label (negative counts from the end) [default: last].
     #[arg(long, allow_hyphen_values = true)]
     pub label_col: Option<isize>,
-    /// Override the model's loss.
-    #[arg(long, value_enum)]
-    pub loss: Option<LossChoice>,
+    #[command(flatten)]
+    pub loss: LossFlags,
     /// Standardise every input feature (and regression targets) to zero mean
     /// and unit spread for batchfit's own runs, as a fix for unscaled data.
     #[arg(long)]
@@ -381,15 +380,59 @@ pub struct DataFlags {
 }
 
 impl DataFlags {
-    pub fn source(&self) -> DataSource {
-        DataSource {
+    pub fn source(&self) -> Result<DataSource, CliError> {
+        Ok(DataSource {
             data: self.data.clone(),
             labels: self.labels.clone(),
             label_col: self.label_col,
-            loss: self.loss,
+            loss: self.loss.request()?,
             standardize: self.standardize,
-        }
+        })
     }
+}
+
+/// `--loss`, `--class-axis`, `--blank`: the loss the model trains with, where
+/// the one chosen from its output's shape is not it (docs/model-spec.md).
+#[derive(Args, Clone, Debug, Default)]
+pub struct LossFlags {
+    /// The loss to train with, replacing the one chosen from the output's shape:
+    /// mse, ce (cross-entropy; per position for [B, T, C] or [B, C, H, W]) or ctc.
+    #[arg(long, value_parser = parse_loss)]
+    pub loss: Option<LossChoice>,
+    /// The output's class axis, numbered as PyTorch numbers the output's dims
+    /// (1: the first after the batch, -1: the last) [default: -1 for [B, C] and
+    /// [B, T, C], 1 for [B, C, H, W] and more axes].
+    #[arg(long, allow_hyphen_values = true, requires = "loss")]
+    pub class_axis: Option<i64>,
+    /// The blank class of --loss ctc [default: 0, as PyTorch's CTCLoss].
+    #[arg(long, requires = "loss")]
+    pub blank: Option<usize>,
+}
+
+impl LossFlags {
+    /// The loss asked for, if any; `--blank` belongs to `--loss ctc` alone.
+    pub fn request(&self) -> Result<Option<LossRequest>, CliError> {
+        let Some(choice) = self.loss else {
+            return Ok(None);
+        };
+        if self.blank.is_some() && choice != LossChoice::Ctc {
+            return Err(CliError::Pipeline(batchfit_pipeline::Error::input(
+                format!(
+                    "--blank is the blank class of --loss ctc, not of --loss {}",
+                    choice.name()
+                ),
+            )));
+        }
+        Ok(Some(LossRequest {
+            choice,
+            class_axis: self.class_axis,
+            blank: self.blank,
+        }))
+    }
+}
+
+fn parse_loss(s: &str) -> Result<LossChoice, String> {
+    LossChoice::parse(s).ok_or_else(|| format!("`{s}` is not a loss: mse, ce or ctc"))
 }
 
 /// A size such as `6GiB`; zero and negative sizes are refused.

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{batchfit, json};
+use common::{batchfit, document, json};
 use predicates::str::contains;
 use std::io::Write;
 use std::path::Path;
@@ -344,4 +344,100 @@ fn noise_scale_of_linear_regression_at_zero_is_201() {
         v["b_simple_low"].as_f64().unwrap() < 201.0
             && 201.0 < v["b_simple_high"].as_f64().unwrap_or(f64::INFINITY)
     );
+}
+
+/// A 1x1 convolution labelling each pixel of a 3x4x4 image with one of 3 classes.
+const TINY_SEGMENTER: &str = "[[input]]\nname = \"x\"\nshape = [3, 4, 4]\n[[layer]]\nname = \"logits\"\nop = \"conv2d\"\nout_channels = 3\nkernel = 1\n";
+
+#[test]
+fn a_segmentation_trains_on_per_pixel_labels_with_loss_ce() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    std::fs::write(d("seg.toml"), TINY_SEGMENTER).unwrap();
+    // 32 images whose pixel class is the channel with the largest value.
+    let (n, pixels) = (32, 16);
+    let mut x = Vec::with_capacity(n * 3 * pixels);
+    let mut y = Vec::with_capacity(n * pixels);
+    for i in 0..n {
+        let class = |p: usize| (i + p) % 3;
+        for c in 0..3 {
+            x.extend((0..pixels).map(|p| if class(p) == c { 1.0 } else { -1.0 }));
+        }
+        y.extend((0..pixels).map(|p| class(p) as f32));
+    }
+    write_npy(Path::new(&d("x.npy")), &[n, 3, 4, 4], &x);
+    write_npy(Path::new(&d("y.npy")), &[n, 4, 4], &y);
+    let args = |extra: &[&str]| {
+        let mut a: Vec<String> = ["noise", &d("seg.toml"), "--steps", "6", "--b-small", "4"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        a.extend(["--data", &d("x.npy"), "--labels", &d("y.npy")].map(String::from));
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    // By its shape the output is an image to regress: a mask of 16 labels is not its target.
+    batchfit()
+        .args(args(&[]))
+        .assert()
+        .code(2)
+        .stderr(contains("48 values per row"));
+    // Asked for, the classes are the first axis and every pixel has a label.
+    let v = document(
+        batchfit()
+            .args(args(&["--loss", "ce", "--json"]))
+            .output()
+            .unwrap(),
+    );
+    let first = v["history"][0]["loss"].as_f64().unwrap();
+    assert!(
+        (first - 3f64.ln()).abs() < 1.0,
+        "a cross-entropy over 3 classes starts near ln 3, got {first}"
+    );
+}
+
+#[test]
+fn a_ctc_model_trains_on_padded_label_sequences() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    // Twelve frames of 4 features to 5 classes a frame, blank 4 (Keras's last).
+    std::fs::write(
+        d("speech.toml"),
+        "[[input]]\nname = \"x\"\nshape = [12, 4]\n[[layer]]\nname = \"fc\"\n\
+         op = \"linear\"\nout_features = 5\n",
+    )
+    .unwrap();
+    let n = 32;
+    let x: Vec<f32> = (0..n * 48).map(|i| ((i * 7) % 11) as f32 / 11.0).collect();
+    // One to three labels a row, padded with -1.
+    let y: Vec<f32> = (0..n)
+        .flat_map(|r| {
+            let len = 1 + r % 3;
+            (0..3).map(move |k| if k < len { ((r + k) % 4) as f32 } else { -1.0 })
+        })
+        .collect();
+    write_npy(Path::new(&d("x.npy")), &[n, 12, 4], &x);
+    write_npy(Path::new(&d("y.npy")), &[n, 3], &y);
+    let (model, x, y) = (d("speech.toml"), d("x.npy"), d("y.npy"));
+    let noise = |extra: &[&str]| {
+        let mut a = vec!["noise", &model, "--steps", "6", "--b-small", "4"];
+        a.extend(["--data", &x, "--labels", &y]);
+        a.extend(extra);
+        a.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    let v = document(
+        batchfit()
+            .args(noise(&["--loss", "ctc", "--blank", "4", "--json"]))
+            .output()
+            .unwrap(),
+    );
+    assert!(v["history"][0]["loss"].as_f64().unwrap().is_finite());
+    assert_eq!(v["data_profile"]["targets"]["kind"], "labels");
+    assert_eq!(v["data_profile"]["targets"]["blank"], 4);
+    // With the blank at 0 (the default), the labels 0 in the rows are refused.
+    batchfit()
+        .args(noise(&["--loss", "ctc"]))
+        .assert()
+        .code(2)
+        .stderr(contains("is the blank"));
 }

@@ -88,3 +88,44 @@ fn missing_file_is_named() {
         .code(2)
         .stderr(contains("/nonexistent/model.onnx"));
 }
+
+#[test]
+fn loss_flags_read_the_output_by_its_layout_and_refuse_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("speech.toml");
+    // A 1-d convolution to [B, 29, 50]: 29 classes first, 50 frames.
+    std::fs::write(
+        &model,
+        "[[input]]\nname = \"x\"\nshape = [8, 50]\n[[layer]]\nname = \"logits\"\n\
+         op = \"conv1d\"\nout_channels = 29\nkernel = 1\n",
+    )
+    .unwrap();
+    let m = model.to_str().unwrap();
+    let plan = |extra: &[&str]| {
+        let mut args = vec!["plan", m, "--memory", "1GiB"];
+        args.extend(extra);
+        json(&args)
+    };
+    assert_eq!(plan(&[])["loss"]["kind"], "mse");
+    let ctc = plan(&["--loss", "ctc", "--class-axis", "1", "--blank", "28"]);
+    assert_eq!(ctc["loss"]["kind"], "ctc");
+    assert_eq!(ctc["loss"]["blank"], 28);
+    // Refused, with exit code 2: the batch as the class axis, a blank of another
+    // loss, a loss the output cannot feed.
+    for (extra, says) in [
+        (&["--loss", "ce", "--class-axis", "0"][..], "`logits`"),
+        (&["--loss", "ce", "--blank", "3"][..], "--blank"),
+        (
+            &["--loss", "ctc", "--class-axis", "1", "--blank", "29"][..],
+            "blank 29",
+        ),
+        (&["--class-axis", "1"][..], "--loss"),
+    ] {
+        batchfit()
+            .args(["plan", m])
+            .args(extra)
+            .assert()
+            .code(2)
+            .stderr(contains(says));
+    }
+}

@@ -116,3 +116,39 @@ fn bad_input_exits_2_and_says_what_to_do() {
             .stderr(contains(*msg));
     }
 }
+
+#[test]
+fn each_worker_trains_the_loss_asked_for() {
+    // Wav2Letter's raw [B, C, T] logits under CTC: the workers load the model
+    // again and must read it as the parent did (classes first, blank 28). burn's
+    // CTC keeps [T, 2T/4 + 1] tables per sample, so a worker that trained MSE
+    // instead would peak far lower.
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("speech.toml");
+    std::fs::write(
+        &model,
+        "[[input]]\nname = \"x\"\nshape = [8, 400]\n[[layer]]\nname = \"logits\"\n\
+         op = \"conv1d\"\nout_channels = 29\nkernel = 1\n",
+    )
+    .unwrap();
+    let peak = |loss: &[&str]| {
+        let mut args = vec!["probe", model.to_str().unwrap(), "--batches", "4"];
+        args.extend(loss);
+        args.extend(FAST);
+        let v = json(&args);
+        let p = &v["devices"][0]["points"][0];
+        assert!(p["failure"].is_null(), "{p}");
+        (
+            p["peak_bytes"].as_f64().unwrap(),
+            p["planned_bytes"].as_f64().unwrap(),
+        )
+    };
+    let (mse, mse_planned) = peak(&[]);
+    let (ctc, ctc_planned) = peak(&["--loss", "ctc", "--class-axis", "1", "--blank", "28"]);
+    assert!(ctc > 4.0 * mse, "CTC peaked at {ctc} bytes, MSE at {mse}");
+    // The plan counts CTC's tables at the output's 400 frames too.
+    assert!(
+        ctc_planned > 4.0 * mse_planned,
+        "planned {ctc_planned} vs {mse_planned}"
+    );
+}

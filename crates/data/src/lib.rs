@@ -39,6 +39,16 @@ pub enum Targets {
         per_row: usize,
         classes: usize,
     },
+    /// Label sequences for CTC: row r's labels are the first `lengths[r]` of
+    /// `labels[r * width..(r + 1) * width]` (the rest is padding, held as 0),
+    /// each a class below `classes` other than `blank`.
+    Sequences {
+        labels: Vec<usize>,
+        width: usize,
+        lengths: Vec<usize>,
+        classes: usize,
+        blank: usize,
+    },
 }
 
 /// Rows bound to a model: one array per model input, in the model's input order.
@@ -217,8 +227,11 @@ impl Dataset {
                     classes,
                 }
             }
-            LossKind::Ctc { .. } => {
-                return Err(fail("CTC targets (label sequences) cannot be read from files yet; use synthetic data".into()));
+            LossKind::Ctc { blank } => {
+                sequences(t, &out, blank).map_err(|(row, why)| match row {
+                    Some(r) => fail(format!("key `{key}` row {r}: {why}")),
+                    None => fail(format!("key `{key}`: {why}")),
+                })?
             }
         };
         let rows = rows.map(|r| r.0).unwrap_or(0);
@@ -275,6 +288,22 @@ impl Dataset {
                     .collect(),
                 per_row: *per_row,
                 classes: *classes,
+            },
+            Targets::Sequences {
+                labels,
+                width,
+                lengths,
+                classes,
+                blank,
+            } => Targets::Sequences {
+                labels: idx
+                    .iter()
+                    .flat_map(|&r| labels[r * width..(r + 1) * width].iter().copied())
+                    .collect(),
+                width: *width,
+                lengths: idx.iter().map(|&r| lengths[r]).collect(),
+                classes: *classes,
+                blank: *blank,
             },
         };
         Dataset {
@@ -376,6 +405,73 @@ pub mod digits {
     }
 }
 
+/// CTC's label sequences from an array of rows `[N, S]` (or `[N]`, one label
+/// each): a row's labels come first and negative values pad it to S, the usual
+/// way to store sequences of unequal length in one array (PyTorch's padded
+/// `targets` with their `target_lengths`). A failure names the 1-based row.
+fn sequences(t: &Array, out: &[usize], blank: usize) -> Result<Targets, (Option<usize>, String)> {
+    let [frames, classes] = out[..] else {
+        return Err((
+            None,
+            format!("CTC reads outputs [T, C], the model's is {out:?}"),
+        ));
+    };
+    let width = t.row_elems();
+    if t.row_shape().len() > 1 || width == 0 {
+        return Err((
+            None,
+            format!(
+                "CTC targets are rows of labels [N, S] padded with negative values, found rows of {:?}",
+                t.row_shape()
+            ),
+        ));
+    }
+    let mut labels = Vec::with_capacity(t.values.len());
+    let mut lengths = Vec::with_capacity(t.rows());
+    for (r, row) in t.values.chunks(width).enumerate() {
+        let at = |why: String| (Some(r + 1), why);
+        let len = row.iter().position(|&v| v < 0.0).unwrap_or(width);
+        if let Some(k) = row[len..].iter().position(|&v| v >= 0.0) {
+            return Err(at(format!(
+                "label {} at position {} follows the padding at {}; pad at the end",
+                row[len + k],
+                len + k + 1,
+                len + 1
+            )));
+        }
+        if len == 0 {
+            return Err(at("no label (the row is all padding)".into()));
+        }
+        for &v in &row[..len] {
+            if v.fract() != 0.0 || v as usize >= classes {
+                return Err(at(format!(
+                    "label {v} is not a class of the model (0..{classes})"
+                )));
+            }
+            if v as usize == blank {
+                return Err(at(format!("label {v} is the blank (--blank {blank})")));
+            }
+        }
+        // A path through the frames emits each label and a blank between repeats.
+        let repeats = row[..len].windows(2).filter(|w| w[0] == w[1]).count();
+        if len + repeats > frames {
+            return Err(at(format!(
+                "{len} labels ({repeats} repeated) need {} frames, the model outputs {frames}",
+                len + repeats
+            )));
+        }
+        labels.extend(row.iter().map(|&v| if v < 0.0 { 0 } else { v as usize }));
+        lengths.push(len);
+    }
+    Ok(Targets::Sequences {
+        labels,
+        width,
+        lengths,
+        classes,
+        blank,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -398,6 +494,90 @@ mod tests {
             _ => panic!("classification"),
         }
         assert!(d.inputs[0].iter().all(|&v| (0.0..=1.0).contains(&v)));
+    }
+
+    /// A [T = 6, C = 5] CTC model over 4 features a frame, blank 0.
+    fn ctc_model() -> Graph {
+        batchfit_graph::spec::parse(
+            "[[input]]\nname = \"x\"\nshape = [6, 4]\n[[layer]]\nname = \"fc\"\n\
+             op = \"linear\"\nout_features = 5\n[loss]\nkind = \"ctc\"\n",
+        )
+        .unwrap()
+    }
+
+    fn bind_labels(rows: &[&[f32]]) -> Result<Dataset, String> {
+        let width = rows[0].len();
+        let arrays = vec![
+            (
+                "x".to_string(),
+                Array {
+                    shape: vec![rows.len(), 6, 4],
+                    values: vec![0.5; rows.len() * 24],
+                    integral: false,
+                },
+            ),
+            (
+                "target".to_string(),
+                Array {
+                    shape: vec![rows.len(), width],
+                    values: rows.concat(),
+                    integral: true,
+                },
+            ),
+        ];
+        Dataset::bind("speech.npz", arrays, &ctc_model(), 6).map_err(|e| {
+            let mut why = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                why.push_str(&format!(": {s}"));
+                source = s.source();
+            }
+            why
+        })
+    }
+
+    #[test]
+    fn ctc_targets_are_label_rows_padded_with_negatives() {
+        let d = bind_labels(&[&[1.0, 2.0, 2.0, -1.0], &[4.0, -1.0, -1.0, -1.0]]).unwrap();
+        match &d.targets {
+            Targets::Sequences {
+                labels,
+                width,
+                lengths,
+                classes,
+                blank,
+            } => {
+                assert_eq!((*width, *classes, *blank), (4, 5, 0));
+                assert_eq!(lengths, &[3, 1]);
+                assert_eq!(labels, &[1, 2, 2, 0, 4, 0, 0, 0]);
+            }
+            other => panic!("{other:?}"),
+        }
+        // A subset keeps each row's labels with its length.
+        match d.subset(&[1]).targets {
+            Targets::Sequences {
+                labels, lengths, ..
+            } => {
+                assert_eq!((labels, lengths), (vec![4, 0, 0, 0], vec![1]));
+            }
+            other => panic!("{other:?}"),
+        }
+        let refused = |rows: &[&[f32]], says: &str| {
+            let err = bind_labels(rows).unwrap_err();
+            assert!(err.contains(says), "{err}");
+        };
+        refused(
+            &[&[1.0, -1.0, 2.0]],
+            "row 1: label 2 at position 3 follows the padding",
+        );
+        refused(&[&[1.0, 2.0], &[-1.0, -1.0]], "row 2: no label");
+        refused(&[&[0.0, 1.0]], "label 0 is the blank");
+        refused(&[&[5.0]], "label 5 is not a class");
+        // Six frames hold 1 1 1 1 only with a blank between each repeat: seven.
+        refused(
+            &[&[1.0, 1.0, 1.0, 1.0]],
+            "need 7 frames, the model outputs 6",
+        );
     }
 
     #[test]

@@ -145,6 +145,22 @@ impl Dataset {
                 }
                 TargetProfile::Classes { counts }
             }
+            Targets::Sequences {
+                labels,
+                width,
+                lengths,
+                classes,
+                blank,
+            } => {
+                let mut counts = vec![0; *classes];
+                for (row, &len) in labels.chunks(*width).zip(lengths) {
+                    row[..len].iter().for_each(|&l| counts[l] += 1);
+                }
+                TargetProfile::Labels {
+                    counts,
+                    blank: *blank,
+                }
+            }
             Targets::Dense { values, .. } => {
                 let mut m = Moments::EMPTY;
                 values.iter().for_each(|&v| m.push(v as f64));

@@ -130,6 +130,24 @@ pub fn from_rows(
             }
             Target::OneHot(one_hot(&l, *classes, device))
         }
+        batchfit_data::Targets::Sequences {
+            labels,
+            width,
+            lengths,
+            ..
+        } => {
+            // Padded to the batch's longest sequence; CTC reads each to its length.
+            let w = idx.iter().map(|&r| lengths[r]).max().unwrap_or(1);
+            let mut l = Vec::with_capacity(b * w);
+            for &r in idx {
+                l.extend(labels[r * width..r * width + w].iter().map(|&c| c as i64));
+            }
+            let len: Vec<i64> = idx.iter().map(|&r| lengths[r] as i64).collect();
+            Target::Ctc {
+                labels: Tensor::<2, Int>::from_data(TensorData::new(l, [b, w]), device),
+                label_lengths: Tensor::<1, Int>::from_data(TensorData::new(len, [b]), device),
+            }
+        }
     };
     Batch {
         inputs,

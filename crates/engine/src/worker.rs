@@ -26,6 +26,9 @@ const ANSWER: &str = "BATCHFIT_WORKER ";
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct WorkerRequest {
     pub model: String,
+    /// The loss the user named, applied to the model as the parent applied it.
+    #[serde(default)]
+    pub loss: Option<batchfit_graph::LossRequest>,
     pub device: DeviceSpec,
     pub batch: u64,
     pub optimizer: Optimizer,
@@ -87,7 +90,7 @@ pub enum WorkerError {
 pub fn serve(request_json: &str) -> Result<(), WorkerError> {
     let req: WorkerRequest = serde_json::from_str(request_json).map_err(WorkerError::Request)?;
     crate::set_threads(req.threads.unwrap_or(0))?;
-    let mut graph = batchfit_graph::load(&req.model)?;
+    let mut graph = batchfit_graph::load_with_loss(&req.model, req.loss.as_ref())?;
     let (host_limit, device_limit) = if req.device.is_gpu() {
         (None, req.memory_limit)
     } else {

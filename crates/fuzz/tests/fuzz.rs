@@ -98,17 +98,20 @@ fn save_crash(name: &str, what: &str, input: &[u8]) {
     );
 }
 
+/// The input being read and since when (none between inputs).
+type Watched = Arc<Mutex<Option<(Instant, Vec<u8>)>>>;
+
 /// The input being read and since when, watched by a thread that ends the
 /// process when one takes longer than [`HANG`]. A hung reader cannot be
 /// interrupted from outside its thread, and arbtest has no timeout of its own.
 struct Watchdog {
-    current: Arc<Mutex<Option<(Instant, Vec<u8>)>>>,
+    current: Watched,
     done: Arc<AtomicBool>,
 }
 
 impl Watchdog {
     fn start(name: &'static str) -> Self {
-        let current: Arc<Mutex<Option<(Instant, Vec<u8>)>>> = Arc::default();
+        let current: Watched = Arc::default();
         let done = Arc::new(AtomicBool::new(false));
         let (watched, finished) = (Arc::clone(&current), Arc::clone(&done));
         std::thread::spawn(move || {

@@ -205,6 +205,29 @@ impl GraphBuilder {
         }
     }
 
+    /// A finished graph opened again to add nodes after its output (its loss is
+    /// set anew by [`GraphBuilder::finish`]).
+    pub fn reopen(graph: Graph) -> GraphBuilder {
+        let shapes = graph
+            .inputs
+            .iter()
+            .map(|i| (i.name.clone(), i.shape.clone()))
+            .chain(
+                graph
+                    .nodes
+                    .iter()
+                    .map(|n| (n.name.clone(), n.shape.clone())),
+            )
+            .collect();
+        GraphBuilder {
+            name: graph.name,
+            inputs: graph.inputs,
+            nodes: graph.nodes,
+            shapes,
+            default_seq_len: graph.default_seq_len,
+        }
+    }
+
     /// Sets the default sequence length of a recurrent model.
     pub fn seq_len(&mut self, t: usize) -> &mut Self {
         self.default_seq_len = Some(t);

@@ -11,6 +11,7 @@
 
 pub mod error;
 pub mod graph;
+pub mod loss;
 pub mod onnx;
 pub mod op;
 pub mod shape;
@@ -21,21 +22,39 @@ pub use error::GraphError;
 pub use graph::{
     DEFAULT_SEQ_LEN, Graph, GraphBuilder, Input, InputKind, Loss, LossKind, Node, Tie,
 };
+pub use loss::{LossChoice, LossRequest};
 pub use op::{Cell, Op, Param, PoolKind, ReduceKind, ResizeMode, RnnBias, ShapeError, Window};
 pub use shape::{Dim, Shape};
 
-/// Loads a model from `zoo:NAME`, a `.toml` spec or an `.onnx` file.
+/// Loads a model from `zoo:NAME`, a `.toml` spec or an `.onnx` file, with the
+/// loss chosen from its output's shape.
 pub fn load(source: &str) -> Result<Graph, GraphError> {
-    if let Some(name) = source.strip_prefix("zoo:") {
-        return zoo::build(name);
-    }
-    let path = std::path::Path::new(source);
-    match path.extension().and_then(|e| e.to_str()) {
-        Some("toml") => spec::load(path),
-        Some("onnx") => onnx::load(path),
-        _ => Err(GraphError::NotAModel {
-            model: source.to_string(),
-            zoo: zoo::NAMES,
-        }),
+    load_with_loss(source, None)
+}
+
+/// Loads a model as [`load`] does, trained with `loss` where one is given
+/// ([`Graph::with_loss`]).
+pub fn load_with_loss(source: &str, loss: Option<&LossRequest>) -> Result<Graph, GraphError> {
+    let graph = if let Some(name) = source.strip_prefix("zoo:") {
+        zoo::build(name)?
+    } else {
+        let path = std::path::Path::new(source);
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("toml") => spec::load(path)?,
+            Some("onnx") => onnx::load_with_loss(path, loss.map(LossRequest::import_hint))?,
+            _ => {
+                return Err(GraphError::NotAModel {
+                    model: source.to_string(),
+                    zoo: zoo::NAMES,
+                });
+            }
+        }
+    };
+    match loss {
+        Some(req) if source.starts_with("zoo:") => graph.with_loss(req),
+        Some(req) => graph
+            .with_loss(req)
+            .map_err(|e| e.in_file(std::path::Path::new(source))),
+        None => Ok(graph),
     }
 }

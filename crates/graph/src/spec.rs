@@ -3,6 +3,7 @@
 
 use crate::error::GraphError;
 use crate::graph::{Graph, GraphBuilder, InputKind, LossKind};
+use crate::loss::{LossChoice, LossRequest};
 use crate::op::{Cell, Op, PoolKind, ReduceKind, ResizeMode, RnnBias, Window};
 use crate::shape::{Dim, Shape};
 use std::collections::BTreeSet;
@@ -57,17 +58,29 @@ pub fn parse(text: &str) -> Result<Graph, GraphError> {
     }
     let last = g.last().unwrap_or_default().to_string();
     let loss = top.table_opt("loss")?;
-    let (kind, input) = match loss {
-        None => (LossKind::Mse, last),
+    // Cross-entropy and CTC read the output by its layout (`Graph::with_loss`).
+    let (kind, input, request) = match loss {
+        None => (LossKind::Mse, last, None),
         Some(t) => {
             let mut k = Keys::new("[loss]", t);
-            let kind = match k.str("kind")?.as_str() {
-                "mse" => LossKind::Mse,
-                "cross_entropy" | "ce" => LossKind::CrossEntropy,
-                "cross_entropy_per_frame" => LossKind::CrossEntropyPerFrame,
-                "ctc" => LossKind::Ctc {
-                    blank: k.usize_opt("blank")?.unwrap_or(0),
-                },
+            let by_layout = |k: &mut Keys<'_>, choice| -> Result<_, GraphError> {
+                Ok(Some(LossRequest {
+                    choice,
+                    class_axis: k.i64_opt("class_axis")?,
+                    blank: if choice == LossChoice::Ctc {
+                        k.usize_opt("blank")?
+                    } else {
+                        None
+                    },
+                }))
+            };
+            let (kind, request) = match k.str("kind")?.as_str() {
+                "mse" => (LossKind::Mse, None),
+                "cross_entropy" | "ce" => {
+                    (LossKind::Mse, by_layout(&mut k, LossChoice::CrossEntropy)?)
+                }
+                "cross_entropy_per_frame" => (LossKind::CrossEntropyPerFrame, None),
+                "ctc" => (LossKind::Mse, by_layout(&mut k, LossChoice::Ctc)?),
                 other => {
                     return Err(k.bad(
                         "kind",
@@ -79,11 +92,15 @@ pub fn parse(text: &str) -> Result<Graph, GraphError> {
             };
             let input = k.str_or("input", &last)?;
             k.done()?;
-            (kind, input)
+            (kind, input, request)
         }
     };
     top.done()?;
-    g.finish(kind, &input)
+    let graph = g.finish(kind, &input)?;
+    match request {
+        Some(req) => graph.with_loss(&req),
+        None => Ok(graph),
+    }
 }
 
 fn add_layer(g: &mut GraphBuilder, name: &str, k: &mut Keys) -> Result<(), GraphError> {
@@ -432,9 +449,13 @@ impl<'a> Keys<'a> {
     }
 
     fn i64_or(&mut self, key: &'a str, default: i64) -> Result<i64, GraphError> {
+        Ok(self.i64_opt(key)?.unwrap_or(default))
+    }
+
+    fn i64_opt(&mut self, key: &'a str) -> Result<Option<i64>, GraphError> {
         match self.take(key) {
-            None => Ok(default),
-            Some(Value::Integer(n)) => Ok(*n),
+            None => Ok(None),
+            Some(Value::Integer(v)) => Ok(Some(*v)),
             Some(_) => Err(self.bad(key, "must be an integer")),
         }
     }

@@ -2,7 +2,7 @@
 //! and hand the evidence to `batchfit_tune::decide`, where the recommendation,
 //! the time-to-target table and the diagnosis are decided.
 
-use crate::noise::{DataSource, Init, NoiseSettings, apply_loss, load_data, run_noise};
+use crate::noise::{DataSource, Init, NoiseSettings, load_data, run_noise};
 use crate::probe::{MeasureConfig, Target, probe_device_for};
 use crate::rate_check::{RateFindings, checked_decision};
 use crate::{Progress, Result};
@@ -56,8 +56,7 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<Advice> {
     let started = Instant::now();
     let default_model = cfg.model.is_none();
     let source = cfg.model.as_deref().unwrap_or(crate::DEFAULT_MODEL);
-    let mut graph = batchfit_graph::load(source)?;
-    apply_loss(&mut graph, cfg.data.loss)?;
+    let graph = batchfit_graph::load_with_loss(source, cfg.data.loss.as_ref())?;
     batchfit_engine::model::check_trainable(&graph)?;
     let (devices, devices_not_used) = if cfg.devices.is_empty() {
         let survey = batchfit_engine::device::survey();
@@ -123,6 +122,7 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<Advice> {
 
     let target = Target {
         source: source.to_string(),
+        loss: cfg.data.loss,
         graph: &graph,
         seq_len,
     };
@@ -230,7 +230,9 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<Advice> {
             data: cfg.data.data.as_deref().map(absolute_if_file),
             labels: cfg.data.labels.as_deref().map(absolute_if_file),
             label_col: cfg.data.label_col,
-            loss: cfg.data.loss.map(|l| l.name().to_string()),
+            loss: cfg.data.loss.map(|l| l.choice.name().to_string()),
+            class_axis: cfg.data.loss.and_then(|l| l.class_axis),
+            blank: cfg.data.loss.and_then(|l| l.blank),
             optimizer: cfg.measure.optimizer,
             standardize: cfg.data.standardize,
         },

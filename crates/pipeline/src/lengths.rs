@@ -6,7 +6,7 @@ use crate::run::RunConfig;
 use crate::{Error, Progress, Result};
 use batchfit_engine::DeviceSpec;
 use batchfit_exec::Outcome;
-use batchfit_graph::Graph;
+use batchfit_graph::{Graph, LossRequest};
 use batchfit_plan::Plan;
 use batchfit_plan::lengths::LengthPlanner;
 use batchfit_plan::{Bytes, TrainOptions};
@@ -108,6 +108,7 @@ pub struct LengthProbe {
 pub fn probe_lengths(
     cfg: &MeasureConfig,
     source: &str,
+    loss: Option<&LossRequest>,
     req: &LengthsRequest,
     device: DeviceSpec,
     progress: &dyn Progress,
@@ -118,7 +119,7 @@ pub fn probe_lengths(
             "probe --lengths needs --memory-limit: the budget the buckets are sized for",
         ));
     };
-    let graph = batchfit_graph::load(source)?;
+    let graph = batchfit_graph::load_with_loss(source, loss)?;
     batchfit_engine::model::check_trainable(&graph)?;
     let lengths = read(&graph, &req.source)?;
     let planner = LengthPlanner::on(&graph, &cfg.train_options(device), cfg.host(device))
@@ -129,6 +130,7 @@ pub fn probe_lengths(
     // The model padded to length `t`, as one worker loads it.
     let target_at = |t: u64| Target {
         source: source.to_string(),
+        loss: loss.copied(),
         graph: &graph,
         seq_len: t as usize,
     };

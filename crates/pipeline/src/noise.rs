@@ -6,40 +6,12 @@ use crate::{Error, Result};
 use batchfit_data::{Dataset, ReadOptions};
 use batchfit_engine::noise::{NoiseConfig, measure_noise};
 use batchfit_engine::{DeviceSpec, TrainConfig, Trainer};
-use batchfit_graph::{Graph, LossKind};
+use batchfit_graph::Graph;
 use batchfit_plan::Optimizer;
 use batchfit_tune::dataset::DataProfile;
 use batchfit_tune::noise::{NoiseRecord, NoiseRun, NoiseRunSetup};
 
-/// A loss that replaces the model's own.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
-pub enum LossChoice {
-    /// Mean squared error.
-    Mse,
-    /// Cross-entropy over classes (per frame for sequence outputs).
-    #[cfg_attr(feature = "clap", value(name = "ce"))]
-    CrossEntropy,
-}
-
-impl LossChoice {
-    /// The name `--loss` takes.
-    pub fn name(self) -> &'static str {
-        match self {
-            LossChoice::Mse => "mse",
-            LossChoice::CrossEntropy => "ce",
-        }
-    }
-
-    /// The choice called `s` (`mse`, `ce`).
-    pub fn parse(s: &str) -> Option<LossChoice> {
-        match s {
-            "mse" => Some(LossChoice::Mse),
-            "ce" => Some(LossChoice::CrossEntropy),
-            _ => None,
-        }
-    }
-}
+pub use batchfit_graph::{LossChoice, LossRequest};
 
 /// Where the training data comes from.
 #[derive(Clone, Debug, Default)]
@@ -50,8 +22,8 @@ pub struct DataSource {
     pub labels: Option<String>,
     /// CSV column of the label (negative counts from the end).
     pub label_col: Option<isize>,
-    /// Replaces the model's loss.
-    pub loss: Option<LossChoice>,
+    /// Replaces the model's loss (`--loss`).
+    pub loss: Option<LossRequest>,
     /// Train batchfit's own runs on standardised inputs (and regression targets).
     pub standardize: bool,
 }
@@ -141,24 +113,6 @@ pub fn b_simple_on(
             run.b_simple_high.unwrap_or(f64::INFINITY),
         )
     }))
-}
-
-/// Applies a loss choice, checking the model's output fits it.
-pub fn apply_loss(graph: &mut Graph, loss: Option<LossChoice>) -> Result {
-    let Some(loss) = loss else { return Ok(()) };
-    let rank = graph.output().shape.rank();
-    graph.loss.kind = match (loss, rank) {
-        (LossChoice::Mse, _) => LossKind::Mse,
-        (LossChoice::CrossEntropy, 1) => LossKind::CrossEntropy,
-        (LossChoice::CrossEntropy, 2) => LossKind::CrossEntropyPerFrame,
-        _ => {
-            return Err(Error::input(format!(
-                "--loss ce needs logits [B, classes] or [B, T, classes]; the model outputs {}",
-                graph.output().shape
-            )));
-        }
-    };
-    Ok(())
 }
 
 /// Loads the data (the shipped digits for the default model when none is given),
@@ -259,8 +213,8 @@ pub fn noise(
     progress: impl FnMut(&NoiseRecord),
 ) -> Result<(NoiseRun, DataProfile)> {
     let default_model = model.is_none();
-    let mut graph = batchfit_graph::load(model.unwrap_or(crate::DEFAULT_MODEL))?;
-    apply_loss(&mut graph, data.loss)?;
+    let graph =
+        batchfit_graph::load_with_loss(model.unwrap_or(crate::DEFAULT_MODEL), data.loss.as_ref())?;
     let seq_len = graph.default_seq_len.unwrap_or(1);
     let (dataset, profile) = load_data(data, &graph, seq_len, default_model)?;
     Ok((

@@ -7,7 +7,7 @@ use batchfit_engine::DeviceSpec;
 use batchfit_engine::device::BurnDevice;
 use batchfit_engine::worker::{WorkerRequest, WorkerResult, run_child};
 use batchfit_exec::Outcome;
-use batchfit_graph::Graph;
+use batchfit_graph::{Graph, LossRequest};
 use batchfit_plan::plan::{CpuHost, plan_on};
 use batchfit_plan::{Bytes, Optimizer, Plan, TrainOptions, plan};
 use batchfit_tune::knee::geometric_batches;
@@ -58,6 +58,8 @@ pub struct MeasureConfig {
 pub struct Target<'a> {
     /// `zoo:NAME` or a model file, loaded again in each worker.
     pub source: String,
+    /// The loss the user named (`--loss`), applied again in each worker.
+    pub loss: Option<LossRequest>,
     pub graph: &'a Graph,
     pub seq_len: usize,
 }
@@ -122,6 +124,7 @@ impl MeasureConfig {
         };
         let req = WorkerRequest {
             model: t.source.clone(),
+            loss: t.loss,
             device,
             batch,
             optimizer: self.optimizer,
@@ -341,14 +344,16 @@ pub struct ProbeOutput {
 pub fn probe(
     cfg: &MeasureConfig,
     source: &str,
+    loss: Option<&LossRequest>,
     devices: &[DeviceSpec],
     progress: &dyn Progress,
 ) -> Result<ProbeOutput> {
-    let graph = batchfit_graph::load(source)?;
+    let graph = batchfit_graph::load_with_loss(source, loss)?;
     batchfit_engine::model::check_trainable(&graph)?;
     let seq_len = cfg.seq_len.or(graph.default_seq_len).unwrap_or(1);
     let target = Target {
         source: source.to_string(),
+        loss: loss.copied(),
         graph: &graph,
         seq_len,
     };

@@ -3,7 +3,7 @@
 //! this batch size hurt quality?". This module trains the runs and keeps their
 //! records (`crate::sweep_out`); what they conclude is `batchfit_tune::sweep`'s.
 
-use crate::noise::{DataSource, NoiseSettings, apply_loss, load_data, run_noise};
+use crate::noise::{DataSource, NoiseSettings, load_data, run_noise};
 use crate::output::check_output_folder;
 use crate::sweep_out::{prepare_out, read_record, run_file, write_record};
 use crate::{Error, Progress, Result};
@@ -124,8 +124,10 @@ fn check(cfg: &SweepConfig, train: &Dataset) -> Result<Vec<u64>> {
 pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepSummary> {
     let started = Instant::now();
     let default_model = cfg.model.is_none();
-    let mut graph = batchfit_graph::load(cfg.model.as_deref().unwrap_or(crate::DEFAULT_MODEL))?;
-    apply_loss(&mut graph, cfg.data.loss)?;
+    let graph = batchfit_graph::load_with_loss(
+        cfg.model.as_deref().unwrap_or(crate::DEFAULT_MODEL),
+        cfg.data.loss.as_ref(),
+    )?;
     batchfit_engine::model::check_trainable(&graph)?;
     let seq_len = graph.default_seq_len.unwrap_or(1);
     let (data, _) = load_data(&cfg.data, &graph, seq_len, default_model)?;

@@ -4,7 +4,7 @@
 //! recommended batch and its neighbours exactly so, and `batchfit_tune::verify`
 //! puts predicted beside measured.
 
-use crate::noise::{DataSource, LossChoice};
+use crate::noise::{DataSource, LossChoice, LossRequest};
 use crate::{Error, Result};
 use batchfit_tune::basis::PredictionBasis;
 use batchfit_tune::decide::AdviceInputs;
@@ -90,9 +90,13 @@ pub fn parse_advice(path: &Path, text: &str) -> Result<CheckedAdvice> {
 pub fn data_source(advice: &CheckedAdvice, given: &DataSource) -> Result<DataSource> {
     let loss = match (&given.loss, &advice.inputs.loss) {
         (Some(l), _) => Some(*l),
-        (None, Some(s)) => Some(LossChoice::parse(s).ok_or_else(|| {
-            Error::input(format!("--verify {}: unknown loss `{s}`", advice.path))
-        })?),
+        (None, Some(s)) => Some(LossRequest {
+            choice: LossChoice::parse(s).ok_or_else(|| {
+                Error::input(format!("--verify {}: unknown loss `{s}`", advice.path))
+            })?,
+            class_axis: advice.inputs.class_axis,
+            blank: advice.inputs.blank,
+        }),
         (None, None) => None,
     };
     Ok(DataSource {

@@ -52,6 +52,7 @@ fn a_crashing_worker_is_a_crash_and_stops_the_search() {
     let graph = batchfit_graph::load("zoo:digits-mlp").unwrap();
     let target = Target {
         source: "zoo:digits-mlp".into(),
+        loss: None,
         graph: &graph,
         seq_len: 1,
     };
@@ -90,6 +91,7 @@ fn an_out_of_memory_worker_is_out_of_memory() {
     let graph = batchfit_graph::load("zoo:digits-mlp").unwrap();
     let target = Target {
         source: "zoo:digits-mlp".into(),
+        loss: None,
         graph: &graph,
         seq_len: 1,
     };
@@ -110,6 +112,7 @@ fn a_worker_past_its_time_out_is_timed_out() {
     let graph = batchfit_graph::load("zoo:digits-mlp").unwrap();
     let target = Target {
         source: "zoo:digits-mlp".into(),
+        loss: None,
         graph: &graph,
         seq_len: 1,
     };
@@ -142,6 +145,7 @@ echo "BATCHFIT_WORKER {{\"Measured\":{{\"batch\":$b,\"step_times_s\":[$t,$t,$t,$
     let graph = batchfit_graph::load("zoo:digits-mlp").unwrap();
     let target = Target {
         source: "zoo:digits-mlp".into(),
+        loss: None,
         graph: &graph,
         seq_len: 1,
     };

@@ -31,6 +31,7 @@ fn probe_loop_on_a_stand_in_worker() {
     let graph = batchfit_graph::load("zoo:digits-mlp").unwrap();
     let target = Target {
         source: "zoo:digits-mlp".into(),
+        loss: None,
         graph: &graph,
         seq_len: 1,
     };

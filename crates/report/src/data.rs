@@ -40,6 +40,9 @@ impl<'a> DataJson<'a> {
 pub fn section(p: &DataProfile) -> String {
     let targets = match &p.targets {
         TargetProfile::Classes { counts } => format!("{} classes", counts.len()),
+        TargetProfile::Labels { counts, blank } => {
+            format!("label sequences of {} classes, blank {blank}", counts.len())
+        }
         TargetProfile::Values(v) => format!("targets {:.4} ± {:.4}", v.mean, v.std),
     };
     let mut out = format!(

@@ -207,6 +207,8 @@ fn advice() -> Advice {
             labels: None,
             label_col: None,
             loss: None,
+            class_axis: None,
+            blank: None,
             optimizer: Optimizer::Adam,
             standardize: false,
         },

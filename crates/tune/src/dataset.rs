@@ -22,6 +22,12 @@ pub enum TargetProfile {
     Classes {
         counts: Vec<usize>,
     },
+    /// CTC's label sequences: labels per class, for every class the model has
+    /// (the blank's count is 0: it is never a label).
+    Labels {
+        counts: Vec<usize>,
+        blank: usize,
+    },
     Values(ColumnStats),
 }
 
@@ -104,24 +110,9 @@ impl DataProfile {
             });
         }
         match &self.targets {
-            TargetProfile::Classes { counts } => {
-                let classes = counts.len();
-                let missing: Vec<usize> = (0..classes).filter(|&c| counts[c] == 0).collect();
-                let total: usize = counts.iter().sum();
-                if !missing.is_empty() {
-                    out.push(DataFinding::MissingClasses { missing, classes });
-                } else if let Some((class, &n)) = counts.iter().enumerate().min_by_key(|c| c.1)
-                    && total > 0
-                {
-                    let share = n as f64 / total as f64;
-                    if share < RARE_CLASS_SHARE / classes as f64 {
-                        out.push(DataFinding::RareClass {
-                            class,
-                            share,
-                            classes,
-                        });
-                    }
-                }
+            TargetProfile::Classes { counts } => out.extend(class_finding(counts, None)),
+            TargetProfile::Labels { counts, blank } => {
+                out.extend(class_finding(counts, Some(*blank)));
             }
             TargetProfile::Values(v) => {
                 if !self.standardized
@@ -144,6 +135,32 @@ impl DataProfile {
         }
         out
     }
+}
+
+/// A class no row holds, or else the rarest one where it is rare: over every
+/// class of `counts` but `blank` (CTC's, never a label).
+fn class_finding(counts: &[usize], blank: Option<usize>) -> Option<DataFinding> {
+    let labelled = |c: &usize| Some(*c) != blank;
+    let classes = counts.len();
+    let missing: Vec<usize> = (0..classes)
+        .filter(labelled)
+        .filter(|&c| counts[c] == 0)
+        .collect();
+    if !missing.is_empty() {
+        return Some(DataFinding::MissingClasses { missing, classes });
+    }
+    let total: usize = counts.iter().sum();
+    let (class, n) = (0..classes)
+        .filter(labelled)
+        .map(|c| (c, counts[c]))
+        .min_by_key(|c| c.1)?;
+    let share = n as f64 / total.max(1) as f64;
+    let labels = classes - usize::from(blank.is_some());
+    (total > 0 && share < RARE_CLASS_SHARE / labels as f64).then_some(DataFinding::RareClass {
+        class,
+        share,
+        classes,
+    })
 }
 
 #[cfg(test)]

@@ -282,8 +282,14 @@ pub struct AdviceInputs {
     pub data: Option<String>,
     pub labels: Option<String>,
     pub label_col: Option<isize>,
-    /// `mse` or `ce` when the model's loss was replaced.
+    /// `mse`, `ce` or `ctc` when the model's loss was replaced.
     pub loss: Option<String>,
+    /// The output's class axis the loss read, where one was named (`--class-axis`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class_axis: Option<i64>,
+    /// CTC's blank class, where one was named (`--blank`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blank: Option<usize>,
     pub optimizer: batchfit_plan::Optimizer,
     /// Whether batchfit's runs trained on standardised inputs (`--standardize`);
     /// `sweep --verify` trains the same.

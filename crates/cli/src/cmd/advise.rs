@@ -119,7 +119,7 @@ fn config(args: &AdviseArgs) -> CliResult<AdviseConfig> {
             .reference
             .pair(args.estimator.b_small as u64, measure.lr),
         measure,
-        data: args.data.source(),
+        data: args.data.source()?,
         devices,
         noise_steps: args.noise_steps,
         noise_seeds: args.noise_seeds,

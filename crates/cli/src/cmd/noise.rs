@@ -74,7 +74,7 @@ pub fn run(args: NoiseArgs) -> CliResult {
     bar.0.set_length(args.noise.steps as u64);
     let (doc, profile) = noise(
         args.model.as_deref(),
-        &args.data.source(),
+        &args.data.source()?,
         &args.noise.settings(),
         |r| {
             bar.0.set_message(format!(

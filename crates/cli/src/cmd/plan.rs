@@ -2,8 +2,8 @@
 
 use crate::error::{CliError, CliResult};
 use crate::options::{
-    DEFAULT_MODEL, JsonFlag, LengthFlags, ParallelFlags, TrainFlags, emit_json, parse_bytes,
-    parse_seconds, positive_f64, positive_u64, print,
+    DEFAULT_MODEL, JsonFlag, LengthFlags, LossFlags, ParallelFlags, TrainFlags, emit_json,
+    parse_bytes, parse_seconds, positive_f64, positive_u64, print,
 };
 use batchfit_pipeline::Error;
 use batchfit_pipeline::lengths::NamedBudget;
@@ -20,6 +20,8 @@ use clap::{Args, ValueEnum};
 pub struct PlanArgs {
     /// zoo:NAME, a .toml layer spec or an .onnx file [default: zoo:digits-mlp].
     pub model: Option<String>,
+    #[command(flatten)]
+    pub loss: LossFlags,
     #[command(flatten)]
     pub train: TrainFlags,
     /// Memory budget, e.g. 6GiB, 512MiB, 4GB.
@@ -82,7 +84,7 @@ fn bad(message: impl Into<String>) -> CliError {
 
 pub fn run(args: PlanArgs) -> CliResult {
     let source = args.model.as_deref().unwrap_or(DEFAULT_MODEL);
-    let graph = batchfit_graph::load(source)?;
+    let graph = batchfit_graph::load_with_loss(source, args.loss.request()?.as_ref())?;
     let notes: Vec<String> = graph
         .export_note(source)
         .map(String::from)

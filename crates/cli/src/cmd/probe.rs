@@ -2,7 +2,7 @@
 
 use crate::error::CliResult;
 use crate::options::{
-    DEFAULT_MODEL, JsonFlag, LengthFlags, MeasureFlags, emit, emit_json, print, progress,
+    DEFAULT_MODEL, JsonFlag, LengthFlags, LossFlags, MeasureFlags, emit, emit_json, print, progress,
 };
 use batchfit_pipeline::lengths::probe_lengths;
 use batchfit_pipeline::probe::{parse_devices, probe};
@@ -14,6 +14,8 @@ use clap::Args;
 pub struct ProbeArgs {
     /// zoo:NAME, a .toml layer spec or an .onnx file [default: zoo:digits-mlp].
     pub model: Option<String>,
+    #[command(flatten)]
+    pub loss: LossFlags,
     #[command(flatten)]
     pub measure: MeasureFlags,
     #[command(flatten)]
@@ -29,6 +31,7 @@ pub struct ProbeArgs {
 pub fn run(args: ProbeArgs) -> CliResult {
     let source = args.model.as_deref().unwrap_or(DEFAULT_MODEL);
     let devices = parse_devices(&args.measure.device.device)?;
+    let loss = args.loss.request()?;
     let bar = progress(args.json.json);
     if let Some(mut req) = args.lengths.request() {
         req.measure_epochs = args.measure_epochs;
@@ -37,7 +40,7 @@ pub fn run(args: ProbeArgs) -> CliResult {
         let mut text = String::new();
         let mut docs = Vec::new();
         for &d in &devices {
-            let (graph, p) = probe_lengths(&cfg, source, &req, d, &bar)?;
+            let (graph, p) = probe_lengths(&cfg, source, loss.as_ref(), &req, d, &bar)?;
             if args.json.json {
                 docs.push(
                     serde_json::to_value(LengthProbeDocument {
@@ -72,7 +75,13 @@ pub fn run(args: ProbeArgs) -> CliResult {
             _ => emit_json(&docs),
         };
     }
-    let out = probe(&args.measure.config()?, source, &devices, &bar)?;
+    let out = probe(
+        &args.measure.config()?,
+        source,
+        loss.as_ref(),
+        &devices,
+        &bar,
+    )?;
     drop(bar);
     let doc = ProbeDocument {
         schema_version: batchfit_report::SCHEMA_VERSION,

@@ -4,9 +4,9 @@
 
 use crate::error::{CliError, CliResult};
 use crate::options::{
-    BatchesFlag, EfficiencyFlag, HtmlFlag, JsonFlag, LengthFlags, MemoryLimitFlag, OptimizerFlag,
-    ReferenceFlags, RuntimeFlag, SeedsFlag, SeqLenFlag, TimeoutFlag, VerifyFlag, emit_json,
-    emit_with_html, positive_u64, print, progress,
+    BatchesFlag, EfficiencyFlag, HtmlFlag, JsonFlag, LengthFlags, LossFlags, MemoryLimitFlag,
+    OptimizerFlag, ReferenceFlags, RuntimeFlag, SeedsFlag, SeqLenFlag, TimeoutFlag, VerifyFlag,
+    emit_json, emit_with_html, positive_u64, print, progress,
 };
 use batchfit_pipeline::lengths::run_lengths;
 use batchfit_pipeline::run::{Launcher, LauncherKind, PerSampleHint, RunConfig, run as run_trials};
@@ -105,6 +105,9 @@ pub struct RunArgs {
     /// per-sample bytes let the memory search predict the limit from its first trial.
     #[arg(long, value_name = "MODEL")]
     pub model: Option<String>,
+    /// --model's loss, where its output's shape does not say.
+    #[command(flatten)]
+    pub loss: LossFlags,
     /// --model's runtime: pytorch for a PyTorch command.
     #[command(flatten)]
     pub runtime: RuntimeFlag,
@@ -215,7 +218,7 @@ pub fn run(args: RunArgs) -> CliResult {
 /// The plan's bytes per sample of `--model` as the command trains it, on
 /// the host and on a GPU.
 fn per_sample_hint(source: &str, args: &RunArgs) -> Result<PerSampleHint, CliError> {
-    let graph = batchfit_graph::load(source)?;
+    let graph = batchfit_graph::load_with_loss(source, args.loss.request()?.as_ref())?;
     let per_sample = |gpu: bool| {
         let opts = TrainOptions {
             optimizer: args.optimizer.optimizer,

@@ -123,7 +123,7 @@ fn verifying(args: &SweepArgs, advice: CheckedAdvice) -> CliResult<SweepConfig> 
     let lr = advice.basis.lr;
     Ok(SweepConfig {
         model: args.model.clone().or_else(|| advice.inputs.model.clone()),
-        data: data_source(&advice, &args.data.source())?,
+        data: data_source(&advice, &args.data.source()?)?,
         batches: if args.batches.batches.is_empty() {
             advice.default_batches()
         } else {
@@ -147,7 +147,7 @@ fn verifying(args: &SweepArgs, advice: CheckedAdvice) -> CliResult<SweepConfig> 
 fn config(args: &SweepArgs) -> CliResult<SweepConfig> {
     Ok(SweepConfig {
         model: args.model.clone(),
-        data: args.data.source(),
+        data: args.data.source()?,
         batches: if args.batches.batches.is_empty() {
             vec![16, 64, 256]
         } else {

@@ -24,7 +24,8 @@ pub(super) struct Importer {
     pub(super) outputs: Vec<String>,
     /// The default domain's opset (some attribute defaults changed with it).
     pub(super) opset: i64,
-    /// The caller's loss; `None` chooses it from the output's shape.
+    /// The caller's loss: MSE keeps a final softmax, any other drops it;
+    /// `None` chooses from the output's shape.
     pub(super) loss: Option<LossKind>,
     /// The IR being built; it checks every node's shapes.
     pub(super) b: GraphBuilder,
@@ -221,9 +222,11 @@ impl Importer {
                 )));
             }
         };
+        // A classification loss asked for decided the final softmax above; its
+        // kind by the output's layout is `Graph::with_loss`'s to set.
         let kind = match self.loss {
-            Some(kind) => kind,
-            None => auto_loss(self.b.shape(&ir)?),
+            Some(LossKind::Mse) => LossKind::Mse,
+            Some(_) | None => auto_loss(self.b.shape(&ir)?),
         };
         self.b.finish(kind, &ir)
     }
