@@ -343,6 +343,12 @@ fn toml_random(u: &mut Unstructured) -> Result<String> {
             "x",
         ])?;
         s += &format!("[loss]\nkind = \"{kind}\"\n");
+        // The class axis and blank, in range or not (the batch, past the end).
+        for key in ["class_axis", "blank"] {
+            if u.arbitrary()? {
+                s += &format!("{key} = {}\n", u.int_in_range(-4i64..=5)?);
+            }
+        }
     }
     Ok(s)
 }
