@@ -12,7 +12,7 @@ use crate::options::{Runtime, TrainOptions};
 use crate::pages::{DevicePages, PageMoment, WGPU_OUTSIDE_POOLS};
 use crate::rules::{self, RuntimeRules, Sizes};
 use crate::units::{Bytes, Flops};
-use batchfit_graph::{Graph, InputKind, LossKind, Node, Op};
+use batchfit_graph::{Graph, InputKind, LossKind, Node, Op, PoolKind};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 
@@ -292,6 +292,8 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
     let mut tracked: HashMap<&str, bool> = HashMap::new();
     // The tensor whose buffer a view shares, where the runtime counts views so.
     let mut alias: HashMap<&str, &str> = HashMap::new();
+    // Tensors in a product's own layout (`RuntimeRules::output_in_product_layout`).
+    let mut product_layout: HashSet<&str> = HashSet::new();
     for input in &graph.inputs {
         tracked.insert(input.name.as_str(), false);
         if rules.keeps_batch_as_data() {
@@ -338,10 +340,38 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
             in_dims: &in_dims,
             input_tracked: in_tracked.first().copied().unwrap_or(true),
         };
+        // An input in a product's layout reaches an element-wise op as it is and any
+        // other op as a copy in the graph's order, a tensor of its own (kept where the
+        // op keeps its inputs, beside the product the element-wise ops kept). An
+        // average pool may pool the product's rows itself: neither is assumed.
+        let keeps_layout = is_elementwise_unary(&node.op);
+        let copies: HashSet<&str> = if keeps_layout
+            || matches!(
+                node.op,
+                Op::Pool {
+                    pool: PoolKind::Avg,
+                    ..
+                }
+            ) {
+            HashSet::new()
+        } else {
+            node.inputs
+                .iter()
+                .map(String::as_str)
+                .filter(|i| product_layout.contains(i))
+                .collect()
+        };
+        let copied = |name: &str| copies.contains(name);
+        if rules.output_in_product_layout(&node.op, &sizes)
+            || (keeps_layout && product_layout.contains(node.inputs[0].as_str()))
+        {
+            product_layout.insert(node.name.as_str());
+        }
         // A view (flatten, reshape; a slice or transpose where the runtime's are views) sharing
         // its input's buffer: a layer keeping the view keeps that whole buffer, counted
-        // under the input's name.
-        let view = matches!(node.op, Op::Flatten | Op::Reshape { .. })
+        // under the input's name. A view of a copy is the copy.
+        let view = !copied(node.inputs[0].as_str())
+            && matches!(node.op, Op::Flatten | Op::Reshape { .. })
             || (rules.strided_views_share_buffers()
                 && matches!(
                     node.op,
@@ -381,13 +411,18 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         let storage = |name: &'g str| -> &'g str { alias.get(name).copied().unwrap_or(name) };
         let loose: u64 = reads
             .iter()
-            .filter(|name| !kept.contains(storage(name)))
+            .filter(|name| copied(name) || !kept.contains(storage(name)))
             .map(|name| elems(name) * act)
             .sum();
         let mut bytes = extra;
         let mut kept_tensors = vec![extra];
         if rule.inputs {
             for &name in &reads {
+                if copied(name) {
+                    bytes += elems(name) * act;
+                    kept_tensors.push(elems(name) * act);
+                    continue;
+                }
                 let base = storage(name);
                 if kept.insert(base) {
                     bytes += elems(base) * act;
@@ -729,6 +764,22 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         train_flops_per_sample: Flops(3.0 * flops),
         measured_error: accuracy::measured_error(opts.runtime, opts.gpu),
     }
+}
+
+/// Ops the engine applies to each element of one tensor, in whatever layout it is.
+fn is_elementwise_unary(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Relu
+            | Op::ClippedRelu { .. }
+            | Op::LeakyRelu { .. }
+            | Op::Gelu
+            | Op::Tanh
+            | Op::Sigmoid
+            | Op::HardSigmoid { .. }
+            | Op::HardSwish
+            | Op::Scale { .. }
+    )
 }
 
 /// The positions a per-frame loss reads (CTC's frames, a segmentation's pixels):

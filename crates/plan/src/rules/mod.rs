@@ -95,6 +95,13 @@ pub trait RuntimeRules {
         false
     }
 
+    /// Whether `op`'s output stays in its matrix product's layout through the
+    /// element-wise ops after it, so that any other op reads a copy in the graph's
+    /// order made for it (burn's engine: a convolution of a batch input).
+    fn output_in_product_layout(&self, _op: &Op, _s: &Sizes) -> bool {
+        false
+    }
+
     /// Per-sample bytes live during `op`'s forward pass besides what earlier nodes keep.
     /// `loose`: bytes of its inputs that no earlier node keeps; `extra`: the bytes it keeps
     /// besides its inputs and output.

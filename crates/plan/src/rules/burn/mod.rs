@@ -162,6 +162,12 @@ impl RuntimeRules for Burn {
         true
     }
 
+    /// The im2col product's rows `[chunks, C_out, samples x positions]` (engine
+    /// `ConvRows`), made NCHW by the first op that is not element-wise.
+    fn output_in_product_layout(&self, op: &Op, s: &Sizes) -> bool {
+        conv::burn_im2col(op, s)
+    }
+
     /// The node's inputs no earlier node keeps, its output and what it keeps, plus what
     /// its kernel allocates on the way and frees before the next op.
     fn forward_live(&self, op: &Op, s: &Sizes, act: u64, loose: u64, extra: u64) -> u64 {
