@@ -249,12 +249,7 @@ impl Dataset {
 
     /// The rows `idx` of input `i`.
     pub fn gather_input(&self, i: usize, idx: &[usize]) -> Vec<f32> {
-        let e = self.input_elems[i];
-        let mut out = Vec::with_capacity(idx.len() * e);
-        for &r in idx {
-            out.extend_from_slice(&self.inputs[i][r * e..(r + 1) * e]);
-        }
-        out
+        rows_of(&self.inputs[i], self.input_elems[i], idx)
     }
 
     /// Training and validation rows: a seeded shuffle, the first `share`
@@ -271,10 +266,7 @@ impl Dataset {
     pub fn subset(&self, idx: &[usize]) -> Dataset {
         let targets = match &self.targets {
             Targets::Dense { values, elems } => Targets::Dense {
-                values: idx
-                    .iter()
-                    .flat_map(|&r| values[r * elems..(r + 1) * elems].iter().copied())
-                    .collect(),
+                values: rows_of(values, *elems, idx),
                 elems: *elems,
             },
             Targets::Classes {
@@ -282,10 +274,7 @@ impl Dataset {
                 per_row,
                 classes,
             } => Targets::Classes {
-                labels: idx
-                    .iter()
-                    .flat_map(|&r| labels[r * per_row..(r + 1) * per_row].iter().copied())
-                    .collect(),
+                labels: rows_of(labels, *per_row, idx),
                 per_row: *per_row,
                 classes: *classes,
             },
@@ -296,12 +285,9 @@ impl Dataset {
                 classes,
                 blank,
             } => Targets::Sequences {
-                labels: idx
-                    .iter()
-                    .flat_map(|&r| labels[r * width..(r + 1) * width].iter().copied())
-                    .collect(),
+                labels: rows_of(labels, *width, idx),
                 width: *width,
-                lengths: idx.iter().map(|&r| lengths[r]).collect(),
+                lengths: rows_of(lengths, 1, idx),
                 classes: *classes,
                 blank: *blank,
             },
@@ -403,6 +389,15 @@ pub mod digits {
         }
         Dataset::bind(NAME, vec![("x".into(), x), ("target".into(), y)], graph, 1)
     }
+}
+
+/// Rows `idx` of a row-major table of `width` values a row.
+fn rows_of<T: Copy>(values: &[T], width: usize, idx: &[usize]) -> Vec<T> {
+    let mut out = Vec::with_capacity(idx.len() * width);
+    for &r in idx {
+        out.extend_from_slice(&values[r * width..(r + 1) * width]);
+    }
+    out
 }
 
 /// CTC's label sequences from an array of rows `[N, S]` (or `[N]`, one label

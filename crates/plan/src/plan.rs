@@ -344,7 +344,7 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         // other op as a copy in the graph's order, a tensor of its own (kept where the
         // op keeps its inputs, beside the product the element-wise ops kept). An
         // average pool may pool the product's rows itself: neither is assumed.
-        let keeps_layout = is_elementwise_unary(&node.op);
+        let keeps_layout = node.op.is_activation();
         let copies: HashSet<&str> = if keeps_layout
             || matches!(
                 node.op,
@@ -764,22 +764,6 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         train_flops_per_sample: Flops(3.0 * flops),
         measured_error: accuracy::measured_error(opts.runtime, opts.gpu),
     }
-}
-
-/// Ops the engine applies to each element of one tensor, in whatever layout it is.
-fn is_elementwise_unary(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Relu
-            | Op::ClippedRelu { .. }
-            | Op::LeakyRelu { .. }
-            | Op::Gelu
-            | Op::Tanh
-            | Op::Sigmoid
-            | Op::HardSigmoid { .. }
-            | Op::HardSwish
-            | Op::Scale { .. }
-    )
 }
 
 /// The positions a per-frame loss reads (CTC's frames, a segmentation's pixels):

@@ -65,15 +65,7 @@ fn run_kernel(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: boo
                 x => Value::Float(run_canonical(k, p, vec![x], b, train)),
             }
         }
-        Op::Relu
-        | Op::ClippedRelu { .. }
-        | Op::LeakyRelu { .. }
-        | Op::Gelu
-        | Op::Tanh
-        | Op::Sigmoid
-        | Op::HardSigmoid { .. }
-        | Op::HardSwish
-        | Op::Scale { .. } => match args.remove(0) {
+        op if op.is_activation() => match args.remove(0) {
             Value::ConvRows(r) => Value::ConvRows(r.map(|t| elementwise::activation(&k.op, t))),
             v => Value::Float(elementwise::activation(&k.op, float(v))),
         },

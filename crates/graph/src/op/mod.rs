@@ -450,6 +450,24 @@ pub const OP_NAMES: &[&str] = &[
 ];
 
 impl Op {
+    /// Whether the op applies one function to each element of one tensor (the
+    /// ReLU family, GELU, tanh, the sigmoids, a fixed scale), so that it computes
+    /// the same on any layout of its input.
+    pub fn is_activation(&self) -> bool {
+        matches!(
+            self,
+            Op::Relu
+                | Op::ClippedRelu { .. }
+                | Op::LeakyRelu { .. }
+                | Op::Gelu
+                | Op::Tanh
+                | Op::Sigmoid
+                | Op::HardSigmoid { .. }
+                | Op::HardSwish
+                | Op::Scale { .. }
+        )
+    }
+
     /// A short lower-case name (`conv2d`, `lstm`, ...).
     pub fn name(&self) -> &'static str {
         match self {
