@@ -42,8 +42,25 @@ const ATTRIBUTES: &[&str] = &[
     "mode",
     "upper",
     "noop_with_empty_axes",
+    "equation",
 ];
 const STRINGS: &[&str] = &[
+    // Einsum's equations: the forms it lowers and the forms it refuses.
+    "bij,bjk->bik",
+    "bhqd,bhkd->bhqk",
+    "btd,dh->bth",
+    "hd,btd->bth",
+    "bi,bj->bij",
+    "bij,bj->bi",
+    "ij,jk",
+    "ab->ba",
+    "ii,ij->j",
+    "...ij,jk->...ik",
+    "ab,bc,cd->ad",
+    "abc,abc->a",
+    "ab,cd->abcd",
+    ",->",
+    "->",
     "NOTSET",
     "SAME_UPPER",
     "SAME_LOWER",
@@ -59,6 +76,15 @@ const STRINGS: &[&str] = &[
     "none",
     "tanh",
 ];
+
+/// An op type the importer reads: one it imports, or now and then an `Einsum`,
+/// which is rewritten into them before import.
+fn op_type(u: &mut Unstructured, ops: &'static [&'static str]) -> Result<&'static str> {
+    if u.ratio(1, 20)? {
+        return Ok("Einsum");
+    }
+    Ok(u.choose(ops)?)
+}
 
 fn small_int(u: &mut Unstructured) -> Result<i64> {
     Ok(match u.int_in_range(0..=9)? {
@@ -325,7 +351,7 @@ fn mutate_graph(u: &mut Unstructured, g: &mut GraphProto) -> Result<()> {
         match u.int_in_range(0..=7)? {
             0 if n > 0 => {
                 let i = u.choose_index(n)?;
-                g.node[i].op_type = u.choose(ops)?.to_string();
+                g.node[i].op_type = op_type(u, ops)?.to_string();
             }
             1 if n > 0 => {
                 let i = u.choose_index(n)?;
@@ -368,7 +394,7 @@ fn mutate_graph(u: &mut Unstructured, g: &mut GraphProto) -> Result<()> {
                 let attrs = (0..u.int_in_range(0..=3)?)
                     .map(|_| attribute(u))
                     .collect::<Result<_>>()?;
-                let new = node(u.choose(ops)?, &[&input, &extra], &input, attrs);
+                let new = node(op_type(u, ops)?, &[&input, &extra], &input, attrs);
                 g.node.insert(i + 1, new);
                 g.node[i].output = vec![format!("{input}_pre")];
                 if let Some(next) = g.node.get_mut(i + 1) {
@@ -419,7 +445,7 @@ fn onnx_random(u: &mut Unstructured) -> Result<GraphProto> {
             .collect::<Result<_>>()?;
         let out = format!("v{i}");
         let refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
-        g.node.push(node(u.choose(ops)?, &refs, &out, attrs));
+        g.node.push(node(op_type(u, ops)?, &refs, &out, attrs));
         values.push(out);
     }
     let last = values.last().cloned().unwrap_or_default();

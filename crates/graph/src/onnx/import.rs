@@ -82,7 +82,17 @@ impl Importer {
         }
         let mut imp = Importer {
             b: GraphBuilder::new(name),
-            nodes: topological(graph.node)?.into(),
+            // A node without outputs computes nothing a graph output can read (and the
+            // rewrites below read every node's first output).
+            nodes: topological(super::einsum::lower(
+                graph
+                    .node
+                    .into_iter()
+                    .filter(|n| !n.output.is_empty())
+                    .collect(),
+                opset,
+            )?)?
+            .into(),
             inputs: graph.input,
             outputs: graph.output.into_iter().map(|o| o.name).collect(),
             opset,

@@ -65,6 +65,10 @@
 //!   folded `Gather`/`Slice`/`Reshape`/`Transpose` at constant indices (position
 //!   ids from a buffer or `Range`, token type ids expanded over the batch), the
 //!   whole table is the parameter and the indices are kept (`AddTable`).
+//! * **Einsum.** A product of two operands with at most one contracted label
+//!   and one label of either operand alone is rewritten before import into
+//!   `Transpose`/`Unsqueeze`/`MatMul`/`Squeeze` (see `einsum.rs`), so it is
+//!   read like the written-out product (a weight operand: a linear layer).
 //! * **Padding.** `Pad` with zeros over sample axes, its pads a constant or the
 //!   shape arithmetic `F.pad` exports (pairs reshaped, reversed, transposed).
 //! * **Shape arithmetic.** `Shape` and the integer `Gather`, `Unsqueeze`,
@@ -98,6 +102,7 @@
 pub mod proto;
 
 mod decode;
+mod einsum;
 mod fold;
 mod fuse;
 mod import;

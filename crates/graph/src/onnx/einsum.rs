@@ -1,0 +1,358 @@
+//! `Einsum` of two operands, rewritten before import into the ops the importer
+//! already reads (`Transpose`, `Unsqueeze`, `MatMul`, `Squeeze`), so that what
+//! it computes goes through the same shape, layout and parameter rules as a
+//! written-out product: an attention's `bhqd,bhkd->bhqk`, a projection's
+//! `btd,dh->bth` (a linear layer), either operand first.
+//!
+//! The labels of the two operands A and B fall into four kinds: in both and in
+//! the output (batch, broadcast), in both and not in the output (contracted),
+//! in A only, in B only. With at most one contracted label and one label of
+//! B only (the operands swapped where that makes it so), the product is one
+//! batched `MatMul`: A as `[its other labels..., L, K]`, B as `[the same
+//! leading labels or 1..., K, R]` (those before B's first left out: `MatMul`
+//! broadcasts from the right), an absent L, K or R an axis of size 1.
+//! Ellipses, a label repeated in one operand (a diagonal), a label summed in
+//! one operand only, several contracted labels and more or fewer than two
+//! operands are refused with the node named.
+
+use super::import::{is_default, label};
+use super::proto::{AttributeProto, AttributeType, DataType, NodeProto, TensorProto};
+use crate::error::GraphError;
+
+/// `nodes` with each `Einsum` of the default domain replaced by its ops.
+pub(super) fn lower(nodes: Vec<NodeProto>, opset: i64) -> Result<Vec<NodeProto>, GraphError> {
+    let mut out = Vec::with_capacity(nodes.len());
+    for n in nodes {
+        if is_default(&n) && n.op_type == "Einsum" {
+            out.extend(lower_one(&n, opset)?);
+        } else {
+            out.push(n);
+        }
+    }
+    Ok(out)
+}
+
+/// The equation's operands and output as label lists.
+struct Equation {
+    a: Vec<char>,
+    b: Vec<char>,
+    out: Vec<char>,
+}
+
+fn parse(eq: &str) -> Result<Equation, String> {
+    let eq: String = eq.chars().filter(|c| !c.is_whitespace()).collect();
+    if eq.contains("...") {
+        return Err("an ellipsis (`...`) is not supported; name every axis".into());
+    }
+    let (lhs, rhs) = match eq.split_once("->") {
+        Some((l, r)) => (l, Some(r)),
+        None => (eq.as_str(), None),
+    };
+    let operands: Vec<Vec<char>> = lhs.split(',').map(|s| s.chars().collect()).collect();
+    let [a, b] = &operands[..] else {
+        return Err(format!(
+            "{} operands: only a product of two is supported",
+            operands.len()
+        ));
+    };
+    for (which, labels) in [("first", a), ("second", b)] {
+        if let Some(&c) = labels.iter().find(|c| !c.is_ascii_alphabetic()) {
+            return Err(format!("`{c}` in the {which} operand is not a label"));
+        }
+        if let Some((i, &c)) = labels
+            .iter()
+            .enumerate()
+            .find(|(i, c)| labels[..*i].contains(c))
+        {
+            return Err(format!(
+                "label `{c}` appears twice in the {which} operand (axis {i}): a diagonal is not supported"
+            ));
+        }
+    }
+    let out: Vec<char> = match rhs {
+        Some(r) => r.chars().collect(),
+        // Implicit output: the labels that appear once, in alphabetical order.
+        None => {
+            let mut once: Vec<char> = a
+                .iter()
+                .chain(b)
+                .copied()
+                .filter(|c| !(a.contains(c) && b.contains(c)))
+                .collect();
+            once.sort_unstable();
+            once
+        }
+    };
+    for (i, &c) in out.iter().enumerate() {
+        if !a.contains(&c) && !b.contains(&c) {
+            return Err(format!("output label `{c}` is in no operand"));
+        }
+        if out[..i].contains(&c) {
+            return Err(format!("output label `{c}` appears twice"));
+        }
+    }
+    for &c in a.iter().chain(b) {
+        let contracted = a.contains(&c) && b.contains(&c);
+        if !(out.contains(&c) || contracted) {
+            return Err(format!(
+                "label `{c}` is summed in one operand only: not supported"
+            ));
+        }
+    }
+    Ok(Equation {
+        a: a.clone(),
+        b: b.clone(),
+        out,
+    })
+}
+
+/// The ops of one `Einsum` node.
+fn lower_one(n: &NodeProto, opset: i64) -> Result<Vec<NodeProto>, GraphError> {
+    let err = |why: String| GraphError::node(label(n), format!("Einsum {why}"));
+    let eq = n
+        .attribute
+        .iter()
+        .find(|a| a.name == "equation")
+        .map(|a| String::from_utf8_lossy(&a.s).into_owned())
+        .ok_or_else(|| err("has no equation".into()))?;
+    let parsed = parse(&eq).map_err(|why| err(format!("`{eq}`: {why}")))?;
+    let (Some(x), Some(y), Some(result)) = (n.input.first(), n.input.get(1), n.output.first())
+    else {
+        return Err(err(format!("`{eq}` needs two inputs and an output")));
+    };
+    let only = |p: &[char], q: &[char]| -> Vec<char> {
+        p.iter().copied().filter(|c| !q.contains(c)).collect()
+    };
+    // B's own labels become one matrix axis; swap so that B has at most one.
+    let (mut a, mut b, mut x, mut y) = (&parsed.a, &parsed.b, x, y);
+    if only(b, a).len() > 1 && only(a, b).len() <= 1 {
+        (a, b, x, y) = (b, a, y, x);
+    }
+    let (left, right) = (only(a, b), only(b, a));
+    let contracted: Vec<char> = a
+        .iter()
+        .copied()
+        .filter(|c| b.contains(c) && !parsed.out.contains(c))
+        .collect();
+    if right.len() > 1 || contracted.len() > 1 {
+        return Err(err(format!(
+            "`{eq}`: {} labels of one operand only and {} contracted: one product needs at most one of each \
+             (a reshape would merge them: not supported)",
+            right.len().max(left.len()),
+            contracted.len()
+        )));
+    }
+    let l = left.last().copied();
+    let (k, r) = (contracted.first().copied(), right.first().copied());
+    let leading: Vec<char> = a
+        .iter()
+        .copied()
+        .filter(|&c| Some(c) != l && Some(c) != k)
+        .collect();
+    let at = |labels: &[char], c: char| labels.iter().position(|&d| d == c).expect("a label");
+
+    let name = label(n);
+    let mut ops = Ops {
+        name: &name,
+        result,
+        opset,
+        nodes: Vec::new(),
+    };
+    // A: [leading..., L, K], an absent L or K as an axis of 1.
+    let a_order: Vec<char> = leading.iter().copied().chain(l).chain(k).collect();
+    let mut a_t = ops.transpose("a", x, a.iter().map(|&c| at(&a_order, c)), a);
+    let m = leading.len() as i64;
+    let a_ones: Vec<i64> = [(l.is_none(), m), (k.is_none(), m + 1)]
+        .into_iter()
+        .filter_map(|(absent, axis)| absent.then_some(axis))
+        .collect();
+    a_t = ops.unsqueeze("a", a_t, &a_ones);
+    // B: A's leading labels it has (1 where it has not), then K and R.
+    let b_order: Vec<char> = leading
+        .iter()
+        .copied()
+        .filter(|c| b.contains(c))
+        .chain(k)
+        .chain(r)
+        .collect();
+    let mut b_t = ops.transpose("b", y, b.iter().map(|&c| at(&b_order, c)), b);
+    // `MatMul` broadcasts from the right: leading labels before B's first need no axis.
+    let skip = leading
+        .iter()
+        .position(|c| b.contains(c))
+        .unwrap_or(leading.len());
+    let mb = (leading.len() - skip) as i64;
+    let mut b_ones: Vec<i64> = (skip..leading.len())
+        .filter(|&i| !b.contains(&leading[i]))
+        .map(|i| (i - skip) as i64)
+        .collect();
+    b_ones.extend(
+        [(k.is_none(), mb), (r.is_none(), mb + 1)]
+            .into_iter()
+            .filter_map(|(absent, axis)| absent.then_some(axis)),
+    );
+    b_t = ops.unsqueeze("b", b_t, &b_ones);
+    // [leading..., L or 1, R or 1], then the output's order.
+    let product = ops.node("MatMul", "matmul", vec![a_t, b_t], vec![]);
+    let squeezed: Vec<i64> = [(l.is_none(), m), (r.is_none(), m + 1)]
+        .into_iter()
+        .filter_map(|(absent, axis)| absent.then_some(axis))
+        .collect();
+    let product = ops.squeeze(product, &squeezed);
+    let labels: Vec<char> = leading.iter().copied().chain(l).chain(r).collect();
+    let perm: Vec<i64> = parsed.out.iter().map(|&c| at(&labels, c) as i64).collect();
+    ops.finish(product, perm);
+    Ok(ops.nodes)
+}
+
+/// The nodes written for one `Einsum`, named after it.
+struct Ops<'a> {
+    name: &'a str,
+    result: &'a str,
+    opset: i64,
+    nodes: Vec<NodeProto>,
+}
+
+impl Ops<'_> {
+    /// A node reading `inputs`; returns its output's name.
+    fn node(
+        &mut self,
+        op: &str,
+        part: &str,
+        inputs: Vec<String>,
+        attribute: Vec<AttributeProto>,
+    ) -> String {
+        let output = format!("{}/einsum/{part}", self.name);
+        self.nodes.push(NodeProto {
+            op_type: op.into(),
+            name: output.clone(),
+            input: inputs,
+            output: vec![output.clone()],
+            attribute,
+            ..NodeProto::default()
+        });
+        output
+    }
+
+    /// `x` with its axes in `labels` order moved to where `to` says (the
+    /// position of each input axis in the result); nothing when already there.
+    fn transpose(
+        &mut self,
+        part: &str,
+        x: &str,
+        to: impl Iterator<Item = usize>,
+        labels: &[char],
+    ) -> String {
+        let to: Vec<usize> = to.collect();
+        let mut perm = vec![0i64; labels.len()];
+        for (axis, &dest) in to.iter().enumerate() {
+            perm[dest] = axis as i64;
+        }
+        if perm.iter().enumerate().all(|(i, &p)| p == i as i64) {
+            return x.to_string();
+        }
+        self.node(
+            "Transpose",
+            &format!("{part}_transpose"),
+            vec![x.to_string()],
+            vec![ints("perm", &perm)],
+        )
+    }
+
+    /// `x` with axes of size 1 inserted at `axes` (positions in the result).
+    fn unsqueeze(&mut self, part: &str, x: String, axes: &[i64]) -> String {
+        self.axes_op("Unsqueeze", &format!("{part}_unsqueeze"), x, axes)
+    }
+
+    /// `x` without its axes of size 1 at `axes`.
+    fn squeeze(&mut self, x: String, axes: &[i64]) -> String {
+        self.axes_op("Squeeze", "squeeze", x, axes)
+    }
+
+    /// `Unsqueeze`/`Squeeze`: axes an attribute before opset 13, an input from it on.
+    fn axes_op(&mut self, op: &str, part: &str, x: String, axes: &[i64]) -> String {
+        if axes.is_empty() {
+            return x;
+        }
+        if self.opset < 13 {
+            return self.node(op, part, vec![x], vec![ints("axes", axes)]);
+        }
+        let values = TensorProto {
+            dims: vec![axes.len() as i64],
+            data_type: DataType::Int64 as i32,
+            int64_data: axes.to_vec(),
+            ..TensorProto::default()
+        };
+        let constant = self.node(
+            "Constant",
+            &format!("{part}_axes"),
+            vec![],
+            vec![AttributeProto {
+                name: "value".into(),
+                t: Some(values),
+                r#type: AttributeType::Tensor as i32,
+                ..AttributeProto::default()
+            }],
+        );
+        self.node(op, part, vec![x, constant], vec![])
+    }
+
+    /// The last op writes the `Einsum`'s own output: a transpose to the output's
+    /// order, or an identity where the order is already the output's.
+    fn finish(&mut self, x: String, perm: Vec<i64>) {
+        let identity = perm.iter().enumerate().all(|(i, &p)| p == i as i64);
+        let written_last = self.nodes.last().is_some_and(|n| n.output[0] == x);
+        if identity && written_last {
+            let last = self.nodes.last_mut().expect("checked");
+            last.output = vec![self.result.to_string()];
+            return;
+        }
+        let (op, attribute) = if identity {
+            ("Identity", vec![])
+        } else {
+            ("Transpose", vec![ints("perm", &perm)])
+        };
+        self.nodes.push(NodeProto {
+            op_type: op.into(),
+            name: format!("{}/einsum/output", self.name),
+            input: vec![x],
+            output: vec![self.result.to_string()],
+            attribute,
+            ..NodeProto::default()
+        });
+    }
+}
+
+fn ints(name: &str, values: &[i64]) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        ints: values.to_vec(),
+        r#type: AttributeType::Ints as i32,
+        ..AttributeProto::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equations_are_read_and_refused_by_rule() {
+        let e = parse("bhqd, bhkd -> bhqk").unwrap();
+        assert_eq!((e.a.len(), e.b.len()), (4, 4));
+        assert_eq!(e.out, ['b', 'h', 'q', 'k']);
+        // Implicit output: the labels that appear once, sorted.
+        assert_eq!(parse("ij,jk").unwrap().out, ['i', 'k']);
+        for (eq, says) in [
+            ("...ij,jk->...ik", "ellipsis"),
+            ("ij,jk,kl->il", "3 operands"),
+            ("ii,ij->j", "appears twice in the first"),
+            ("ij,jk->iz", "`z` is in no operand"),
+            ("ij,jk->iik", "appears twice"),
+            ("ij,jk->k", "summed in one operand only"),
+        ] {
+            let err = parse(eq).err().unwrap_or_default();
+            assert!(err.contains(says), "{eq}: {err}");
+        }
+    }
+}
