@@ -23,7 +23,12 @@ fn broadcast(x: &Dense, y: &Dense, f: impl Fn(f32, f32) -> f32) -> Result<Dense,
             _ => Err(format!("cannot broadcast {:?} and {:?}", x.dims, y.dims)),
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let total: usize = dims.iter().product();
+    let total = elements(&dims).ok_or_else(|| {
+        format!(
+            "broadcasting {:?} and {:?}: more elements than any model holds",
+            x.dims, y.dims
+        )
+    })?;
     // Index of output element `i` in an operand of dims `d` (broadcast axes repeat).
     let index = |d: &[usize], mut i: usize| {
         let (mut at, mut stride) = (0, 1);
@@ -41,6 +46,19 @@ fn broadcast(x: &Dense, y: &Dense, f: impl Fn(f32, f32) -> f32) -> Result<Dense,
         .map(|i| f(x.values[index(&dx, i)], y.values[index(&dy, i)]))
         .collect();
     Ok(Dense { dims, values })
+}
+
+/// Most elements a folded constant may have: 2^26 (256 MiB of f32). What exports
+/// fold is a mask, a position table or an index grid (a causal mask over 8,192
+/// tokens has 2^26); a larger one is an input's mistake, and building it would
+/// take the importer seconds and gigabytes.
+const MAX_FOLDED: usize = 1 << 26;
+
+/// The element count of `dims`, where it is at most [`MAX_FOLDED`].
+fn elements(dims: &[usize]) -> Option<usize> {
+    dims.iter()
+        .try_fold(1usize, |p, &d| p.checked_mul(d))
+        .filter(|&total| total <= MAX_FOLDED)
 }
 
 /// The spec's element-wise functions of one input, as they fold on constants (a
@@ -133,9 +151,17 @@ pub(super) fn numeric(op: &str, mut data: Vec<Dense>, a: &Attrs) -> Result<Dense
         "Cast" => Ok(unary(x, f32::trunc)),
         "Expand" => {
             let shape = arg(0)?;
+            let dims: Vec<usize> = shape
+                .values
+                .iter()
+                .map(|&v| (v >= 0.0).then_some(v as usize))
+                .collect::<Option<_>>()
+                .ok_or_else(|| format!("Expand to {:?}: a negative size", shape.values))?;
+            let total = elements(&dims)
+                .ok_or_else(|| format!("Expand to {dims:?}: more elements than any model holds"))?;
             let ones = Dense {
-                dims: shape.values.iter().map(|&v| v as usize).collect(),
-                values: vec![1.0; shape.values.iter().map(|&v| v as usize).product()],
+                dims,
+                values: vec![1.0; total],
             };
             broadcast(&x, &ones, |p, _| p)
         }
