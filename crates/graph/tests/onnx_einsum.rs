@@ -83,6 +83,21 @@ fn a_weight_operand_is_a_linear_layer_whichever_comes_first() {
         assert_eq!(g.param_count(), 8 * 16, "{eq}");
         assert_eq!(g.shape_of(&g.loss.input).unwrap().to_string(), "[B, 5, 16]");
     }
+    // A weight first whose product fits either way is moved second.
+    let mut n = Net::new("projection");
+    n.input("x", "batch,8");
+    n.weight("w", &[8, 16]);
+    n.node(
+        "Einsum",
+        "/Einsum",
+        &["w", "x"],
+        &["y"],
+        vec![equation("dh,bd->bh")],
+    );
+    n.output("y");
+    let g = onnx::parse(&n.bytes()).unwrap();
+    assert_eq!(ops(&g), ["linear"]);
+    assert_eq!(g.shape_of(&g.loss.input).unwrap().to_string(), "[B, 16]");
 }
 
 #[test]

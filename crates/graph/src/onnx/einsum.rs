@@ -2,7 +2,7 @@
 //! already reads (`Transpose`, `Unsqueeze`, `MatMul`, `Squeeze`), so that what
 //! it computes goes through the same shape, layout and parameter rules as a
 //! written-out product: an attention's `bhqd,bhkd->bhqk`, a projection's
-//! `btd,dh->bth` (a linear layer), either operand first.
+//! `btd,dh->bth` (a linear layer, the weight first or second).
 //!
 //! The labels of the two operands A and B fall into four kinds: in both and in
 //! the output (batch, broadcast), in both and not in the output (contracted),
@@ -20,11 +20,17 @@ use super::proto::{AttributeProto, AttributeType, DataType, NodeProto, TensorPro
 use crate::error::GraphError;
 
 /// `nodes` with each `Einsum` of the default domain replaced by its ops.
-pub(super) fn lower(nodes: Vec<NodeProto>, opset: i64) -> Result<Vec<NodeProto>, GraphError> {
+/// `is_weight` tells an initializer's name: a product with one is a linear layer
+/// when the weight comes second.
+pub(super) fn lower(
+    nodes: Vec<NodeProto>,
+    opset: i64,
+    is_weight: impl Fn(&str) -> bool,
+) -> Result<Vec<NodeProto>, GraphError> {
     let mut out = Vec::with_capacity(nodes.len());
     for n in nodes {
         if is_default(&n) && n.op_type == "Einsum" {
-            out.extend(lower_one(&n, opset)?);
+            out.extend(lower_one(&n, opset, &is_weight)?);
         } else {
             out.push(n);
         }
@@ -107,7 +113,11 @@ fn parse(eq: &str) -> Result<Equation, String> {
 }
 
 /// The ops of one `Einsum` node.
-fn lower_one(n: &NodeProto, opset: i64) -> Result<Vec<NodeProto>, GraphError> {
+fn lower_one(
+    n: &NodeProto,
+    opset: i64,
+    is_weight: &dyn Fn(&str) -> bool,
+) -> Result<Vec<NodeProto>, GraphError> {
     let err = |why: String| GraphError::node(label(n), format!("Einsum {why}"));
     let eq = n
         .attribute
@@ -123,9 +133,11 @@ fn lower_one(n: &NodeProto, opset: i64) -> Result<Vec<NodeProto>, GraphError> {
     let only = |p: &[char], q: &[char]| -> Vec<char> {
         p.iter().copied().filter(|c| !q.contains(c)).collect()
     };
-    // B's own labels become one matrix axis; swap so that B has at most one.
+    // B's own labels become one matrix axis: swap so that B has at most one, or
+    // so that a weight comes second (the importer's linear layer) where either fits.
     let (mut a, mut b, mut x, mut y) = (&parsed.a, &parsed.b, x, y);
-    if only(b, a).len() > 1 && only(a, b).len() <= 1 {
+    let fits_swapped = only(a, b).len() <= 1;
+    if fits_swapped && (only(b, a).len() > 1 || (is_weight(x) && !is_weight(y))) {
         (a, b, x, y) = (b, a, y, x);
     }
     let (left, right) = (only(a, b), only(b, a));

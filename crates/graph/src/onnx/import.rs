@@ -91,6 +91,7 @@ impl Importer {
                     .filter(|n| !n.output.is_empty())
                     .collect(),
                 opset,
+                |name| initializers.contains(name),
             )?)?
             .into(),
             inputs: graph.input,
