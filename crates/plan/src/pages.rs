@@ -132,9 +132,42 @@ pub fn pages_needed(tensors: &[u64], page: u64) -> u64 {
     free.len() as u64
 }
 
+/// A moment's own per-sample `bytes` as the tensors it is made of: the rules give
+/// their sum, made of the node's gradients, copies and kernel temporaries, none
+/// larger than the node's largest input or output (`largest`). A real node's
+/// moment is a handful of them; past [`MAX_PIECES`] (a degenerate graph: a huge
+/// sum over a tiny tensor) the rest is one last piece, which packs no tighter.
+pub(crate) fn pieces(bytes: u64, largest: u64) -> Vec<u64> {
+    if largest == 0 {
+        return vec![bytes];
+    }
+    let whole = (bytes / largest).min(MAX_PIECES);
+    let mut v = vec![largest; whole as usize];
+    let rest = bytes - whole * largest;
+    if rest > 0 {
+        v.push(rest);
+    }
+    v
+}
+
+/// The most tensors [`pieces`] splits a moment into.
+const MAX_PIECES: u64 = 64;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_moment_splits_into_whole_tensors_and_at_most_max_pieces() {
+        assert_eq!(pieces(10, 4), [4, 4, 2]);
+        assert_eq!(pieces(8, 4), [4, 4]);
+        assert_eq!(pieces(5, 0), [5]);
+        // A degenerate graph (found by fuzzing: a huge sum over a 4-byte tensor)
+        // asked for 2^58 pieces; the rest rides in one last piece.
+        let huge = pieces(1 << 60, 4);
+        assert_eq!(huge.len() as u64, MAX_PIECES + 1);
+        assert_eq!(huge.iter().sum::<u64>(), 1 << 60);
+    }
 
     #[test]
     fn page_size_follows_the_largest_tensor() {

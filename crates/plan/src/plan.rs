@@ -9,7 +9,7 @@ pub use crate::rules::pytorch::{PYTORCH_BLOCK, PYTORCH_CUDA_CONTEXT, PYTORCH_SMA
 use crate::accuracy::{self, MeasuredError};
 use crate::fused::{Fused, fused_parts};
 use crate::options::{Runtime, TrainOptions};
-use crate::pages::{DevicePages, PageMoment, WGPU_OUTSIDE_POOLS};
+use crate::pages::{DevicePages, PageMoment, WGPU_OUTSIDE_POOLS, pieces};
 use crate::rules::{self, RuntimeRules, Sizes};
 use crate::units::{Bytes, Flops};
 use batchfit_graph::{Graph, InputKind, LossKind, Node, Op, PoolKind};
@@ -224,27 +224,6 @@ impl Plan {
         Some(lo)
     }
 }
-
-/// A moment's own per-sample `bytes` as the tensors it is made of: the rules give
-/// their sum, made of the node's gradients, copies and kernel temporaries, none
-/// larger than the node's largest input or output (`largest`). A real node's
-/// moment is a handful of them; past [`MAX_PIECES`] (a degenerate graph: a huge
-/// sum over a tiny tensor) the rest is one last piece, which packs no tighter.
-fn pieces(bytes: u64, largest: u64) -> Vec<u64> {
-    if largest == 0 {
-        return vec![bytes];
-    }
-    let whole = (bytes / largest).min(MAX_PIECES);
-    let mut v = vec![largest; whole as usize];
-    let rest = bytes - whole * largest;
-    if rest > 0 {
-        v.push(rest);
-    }
-    v
-}
-
-/// The most tensors [`pieces`] splits a moment into.
-const MAX_PIECES: u64 = 64;
 
 /// The parameters `runtime` holds for `node`: PyTorch holds a tied tensor (and its
 /// gradient and optimizer state) once; batchfit's engine gives every node its own copy.
@@ -488,7 +467,7 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
 
     // The loss keeps its own tensors (fp32 even under mixed precision) until backward starts.
     let logits = graph.output().shape.elements(seq);
-    let frames = loss_frames(graph, seq);
+    let frames = rules::loss_frames(graph, seq);
     let loss_bytes = rules.loss_saved_bytes(graph.loss.kind, logits, frames as u64);
     flops += 4.0 * logits as f64;
 
@@ -677,7 +656,7 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
             .inputs
             .iter()
             .map(|i| i.shape.elements(seq) * 4)
-            .chain([rules.target_bytes(graph.loss.kind, logits, loss_frames(graph, seq))])
+            .chain([rules.target_bytes(graph.loss.kind, logits, rules::loss_frames(graph, seq))])
             .collect();
         // The tensors of a line: the parameters with their state (and half copies),
         // the gradients from backward on, the optimizer's copy of the largest at the
@@ -766,29 +745,9 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
     }
 }
 
-/// The positions a per-frame loss reads (CTC's frames, a segmentation's pixels):
-/// every axis of the loss's input but the classes, as the engine reads them,
-/// whether a symbolic `T`, a fixed length or an image made them.
-fn loss_frames(graph: &Graph, seq: usize) -> usize {
-    let dims = graph.output().shape.resolve(seq);
-    dims.iter().rev().skip(1).product::<usize>().max(1)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_moment_splits_into_whole_tensors_and_at_most_max_pieces() {
-        assert_eq!(pieces(10, 4), [4, 4, 2]);
-        assert_eq!(pieces(8, 4), [4, 4]);
-        assert_eq!(pieces(5, 0), [5]);
-        // A degenerate graph (found by fuzzing: a huge sum over a 4-byte tensor)
-        // asked for 2^58 pieces; the rest rides in one last piece.
-        let huge = pieces(1 << 60, 4);
-        assert_eq!(huge.len() as u64, MAX_PIECES + 1);
-        assert_eq!(huge.iter().sum::<u64>(), 1 << 60);
-    }
 
     /// A weight two layers share is one parameter; PyTorch holds it once, the engine
     /// (which gives every layer its own tensor) twice.

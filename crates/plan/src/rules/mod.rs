@@ -24,7 +24,7 @@ pub mod pytorch;
 use crate::host::CpuHost;
 use crate::options::{Optimizer, Runtime};
 use crate::units::Bytes;
-use batchfit_graph::{LossKind, Op, ReduceKind, ResizeMode};
+use batchfit_graph::{Graph, LossKind, Op, ReduceKind, ResizeMode};
 
 pub use burn::{
     Burn, BurnCpu, CONV_CHUNK_ROWS, CONV_MAX_SAMPLE_COLS_BYTES, CONV_PER_SAMPLE_MIN_POSITIONS,
@@ -219,6 +219,14 @@ pub(crate) fn rnn_steps_dirs(op: &Op, s: &Sizes) -> u64 {
         } => 2 * steps,
         _ => steps,
     }
+}
+
+/// The positions a per-frame loss reads (CTC's frames, a segmentation's pixels):
+/// every axis of the loss's input but the classes, as the engine reads them,
+/// whether a symbolic `T`, a fixed length or an image made them.
+pub fn loss_frames(graph: &Graph, seq: usize) -> usize {
+    let dims = graph.output().shape.resolve(seq);
+    dims.iter().rev().skip(1).product::<usize>().max(1)
 }
 
 /// Saved per-sample elements of the loss: MSE keeps the difference; cross-entropy
