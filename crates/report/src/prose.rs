@@ -25,7 +25,9 @@ pub fn reason(r: &Reason) -> String {
             optimum,
         } => {
             let tie_break = match optimum {
-                Some(opt) => format!("the nearest to the fitted curve's optimum B* ≈ {opt:.0}"),
+                Some(opt) => format!(
+                    "the nearest to the fitted curve's optimum B* ≈ {opt:.0} (among the tied powers of two, where any)"
+                ),
                 None => "the smallest".to_string(),
             };
             format!(
