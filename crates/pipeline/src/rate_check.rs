@@ -1,6 +1,7 @@
 //! The runs behind "a rate that trains" (`batchfit_tune::stability`): first
-//! the noise run's own batch and rate (the reference), then each recommended
-//! batch, its neighbours and the largest batch of the table, each trained to the noise run's
+//! the noise run's own batch and rate (the reference), then the table's powers
+//! of two from half the run's batch up, each recommended batch, its neighbours
+//! and the largest batch of the table, each trained to the noise run's
 //! target at the rule's rate, then at its halvings where it failed; the
 //! decision is made again until the batches it names have trained.
 
@@ -101,8 +102,9 @@ pub fn checked_decision(
 /// neighbours in the time-to-target table (the next smaller and larger
 /// single-step batch: the choice is between them, so S(B) is measured
 /// there), and in the first round the table's largest batch (the far end of
-/// the fit); none already checked at the rate the decision now gives it (a
-/// cap changes the rate of the batches above it). Ascending.
+/// the fit) and [`first_round_ladder`]; none already checked at the rate the
+/// decision now gives it (a cap changes the rate of the batches above it).
+/// Ascending.
 fn to_check(d: &Decision, checked: &[RateCheck], first: bool) -> Vec<u64> {
     let Some(basis) = &d.basis else {
         return Vec::new();
@@ -125,6 +127,10 @@ fn to_check(d: &Decision, checked: &[RateCheck], first: bool) -> Vec<u64> {
         wanted.extend(on_device.iter().find(|&&x| x > b));
         if first {
             wanted.extend(on_device.last());
+            wanted.extend(first_round_ladder(
+                &on_device,
+                basis.run().map_or(1, |run| run.batch),
+            ));
         }
     }
     let at_rate = |b: u64| {
@@ -137,6 +143,20 @@ fn to_check(d: &Decision, checked: &[RateCheck], first: bool) -> Vec<u64> {
     wanted.sort_unstable();
     wanted.dedup();
     wanted
+}
+
+/// The first round's fixed part: the table's powers of two from half the
+/// noise run's batch up. The rounds after it follow the decision, and a check
+/// that fails moves every decision after it, so a first round that depended
+/// on which of two tied batches measured a little faster would send two runs
+/// of `advise` down different paths; this one is the same in every run, and
+/// measures S(B) on both sides of the run's batch.
+fn first_round_ladder(on_device: &[u64], run_batch: u64) -> Vec<u64> {
+    on_device
+        .iter()
+        .copied()
+        .filter(|&x| 2 * x >= run_batch && x.is_power_of_two())
+        .collect()
 }
 
 /// Each batch's check: the rule's rate under `basis` trained to its target,
@@ -182,4 +202,24 @@ fn check_rates(
         }
     }
     Ok(checks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_round_ladder;
+
+    #[test]
+    fn the_first_round_checks_the_ladder_from_half_the_run_batch() {
+        let table = [1, 2, 4, 8, 16, 32, 64, 128, 203, 256, 323, 512, 1024];
+        assert_eq!(
+            first_round_ladder(&table, 128),
+            vec![64, 128, 256, 512, 1024]
+        );
+        // A run at a batch off the ladder: from half of it, rounded up.
+        assert_eq!(
+            first_round_ladder(&table, 100),
+            vec![64, 128, 256, 512, 1024]
+        );
+        assert_eq!(first_round_ladder(&[8, 16, 24], 16), vec![8, 16]);
+    }
 }
