@@ -112,14 +112,25 @@ pub fn judge(start: f64, end: f64, reached: Option<f64>) -> RateVerdict {
 }
 
 /// The smallest checked batch at which no rate tried trained and some rate
-/// failed (an unfinished check decides nothing).
+/// failed, and from which no larger checked batch trained at any rate (an
+/// unfinished check decides nothing). Rates fail from some batch up (Adam's
+/// best rate falls past B_noise); a failure with a larger batch training
+/// above it is one check's noise (a single seed that needed 231 updates at 128
+/// against 222 at 64, while 256 trained in 150), not a batch to stop at.
 pub fn failed_from(checks: &[RateCheck]) -> Option<u64> {
     let at = |b: u64| checks.iter().filter(move |c| c.batch == b);
+    let trained_above = |b: u64| {
+        checks
+            .iter()
+            .any(|c| c.batch > b && c.verdict == RateVerdict::Trains)
+    };
     checks
         .iter()
         .map(|c| c.batch)
         .filter(|&b| {
-            !at(b).any(|c| c.verdict == RateVerdict::Trains) && at(b).any(|c| c.verdict.failed())
+            !at(b).any(|c| c.verdict == RateVerdict::Trains)
+                && at(b).any(|c| c.verdict.failed())
+                && !trained_above(b)
         })
         .min()
 }
@@ -364,7 +375,17 @@ mod tests {
         mark_no_gain(&mut faster, None);
         assert_eq!(faster[1].verdict, RateVerdict::NoGain, "75 after 70 at 256");
         assert_eq!(faster[2].verdict, RateVerdict::Trains);
-        assert_eq!(failed_from(&faster), Some(512));
+        // 1,024 trained above it: 512's failure alone stops nothing.
+        assert_eq!(failed_from(&faster), None);
+        assert_eq!(failed_from(&faster[..2]), Some(512));
+        // Failures from a batch up stop there, whatever trained below.
+        let from_512 = [
+            check(256, 4e-3, true, Some(70.0), RateVerdict::Trains),
+            check(512, 5.6e-3, true, None, RateVerdict::Stalled),
+            check(512, 2.8e-3, false, None, RateVerdict::Stalled),
+            check(1024, 8e-3, true, None, RateVerdict::Diverged),
+        ];
+        assert_eq!(failed_from(&from_512), Some(512));
         // A check whose steps ended early fails nothing and caps nothing.
         let unfinished = [check(1024, 8e-3, true, None, RateVerdict::Unfinished)];
         assert_eq!(failed_from(&unfinished), None);
