@@ -218,7 +218,7 @@ const Z: f64 = 1.645;
 const BAND_STEPS: usize = 16;
 
 /// The batches whose predicted time to target cannot be told apart from the
-/// fastest: for B_noise anywhere in its band (its centre and [`BAND_STEPS`]
+/// fastest: for B_noise anywhere in its band (its centre and `BAND_STEPS`
 /// ratio steps from end to end; an open band ends at 4x its centre), a batch
 /// ties when its time ratio to that B_noise's fastest option, less Z
 /// standard errors of the two measured step times, is not above 1. Ascending.
@@ -249,10 +249,11 @@ pub fn tied_batches(options: &[(u64, f64, f64)], band: NoiseBand) -> Vec<u64> {
 /// error)`. Step time is smooth in the batch: where the line `fixed +
 /// per_sample x B` fitted to the measured points explains at least 70 % of
 /// them within 4 standard errors (or 10 %), and its misfit is the
-/// measurements' noise (the median residual at most [`NOISE_MISFIT`] standard
-/// errors, each at least [`REPEATABILITY`]), the line refitted to those replaces the single medians, with the
-/// error of a line through n points (the median error x sqrt(2 / n)); so one
-/// noisy point does not move the answer. Otherwise the medians as measured:
+/// measurements' noise (the median residual at most 2 standard errors, each
+/// at least 2.5 %: `NOISE_MISFIT`, `REPEATABILITY`), the line refitted to
+/// those replaces the single medians, with the error of a line through n
+/// points (the median error x sqrt(2 / n)); so one noisy point does not move
+/// the answer. Otherwise the medians as measured:
 /// precise step times that bend away from a line (a per-step floor at small
 /// batches, a faster kernel at one size) are the curve, not noise.
 pub fn smoothed_step_times(points: &[StepPoint]) -> Vec<(u64, f64, f64)> {
