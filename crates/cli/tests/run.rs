@@ -311,7 +311,19 @@ fn noise_lines_give_b_simple_and_time_to_target() {
         .min_by(|a, b| time(*a as f64).total_cmp(&time(*b as f64)))
         .unwrap();
     assert!((128..=300).contains(&best), "{best}");
-    assert_eq!(doc["recommendation"]["recommended_batch"], best);
+    // The fastest is in the tie, and the batch named is one whose predicted
+    // time is within the tie's reach of it (each step time's error at least
+    // the 2.5 % a second run moves it: 1.645 x sqrt(2) x 2.5 %, under 6 %).
+    let rec = &doc["recommendation"];
+    let tied: Vec<u64> = rec["tied_batches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    let named = rec["recommended_batch"].as_u64().unwrap();
+    assert!(tied.contains(&best) && tied.contains(&named), "{rec}");
+    assert!(time(named as f64) <= 1.06 * time(best as f64), "{rec}");
     // The command has no {lr}: the table predicts for its one fixed rate,
     // taken as the best at the noise trial's batch (docs/run.md).
     assert_eq!(doc["rate_model"]["code"], "fixed");
