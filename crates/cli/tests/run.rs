@@ -382,7 +382,10 @@ fn noise_lines_give_b_simple_and_time_to_target() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("B_simple ≈ 256"), "{text}");
     assert!(text.contains("PREDICTED TIME TO TARGET"), "{text}");
-    assert!(text.contains(&format!("train with batch {best}")), "{text}");
+    assert!(
+        text.contains(&format!("train with batch {named}")),
+        "{text}"
+    );
 }
 
 /// Without noise lines the run still recommends, from throughput alone (the knee).
