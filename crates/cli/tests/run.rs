@@ -25,6 +25,16 @@ fn run_json(flags: &[&str], env: &[(&str, &str)]) -> Value {
     )
 }
 
+/// A recommendation's `tied_batches`, in the order given.
+fn tied_batches(rec: &Value) -> Vec<u64> {
+    rec["tied_batches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect()
+}
+
 fn trials(doc: &Value) -> Vec<(u64, String)> {
     doc["trials"]
         .as_array()
@@ -315,12 +325,7 @@ fn noise_lines_give_b_simple_and_time_to_target() {
     // time is within the tie's reach of it (each step time's error at least
     // the 2.5 % a second run moves it: 1.645 x sqrt(2) x 2.5 %, under 6 %).
     let rec = &doc["recommendation"];
-    let tied: Vec<u64> = rec["tied_batches"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap())
-        .collect();
+    let tied = tied_batches(rec);
     let named = rec["recommended_batch"].as_u64().unwrap();
     assert!(tied.contains(&best) && tied.contains(&named), "{rec}");
     assert!(time(named as f64) <= 1.06 * time(best as f64), "{rec}");
@@ -492,12 +497,7 @@ fn the_recommendation_is_stable_under_noisy_step_times() {
         );
         let rec = &doc["recommendation"];
         let b = rec["recommended_batch"].as_u64().unwrap();
-        let tied: Vec<u64> = rec["tied_batches"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap())
-            .collect();
+        let tied = tied_batches(rec);
         assert_eq!(tied.first(), Some(&b), "{rec}");
         let dev = &doc["devices"][0];
         let range = &dev["knee_range"];

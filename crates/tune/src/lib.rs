@@ -45,6 +45,7 @@ pub mod schedule;
 pub mod search;
 pub mod stability;
 pub mod stats;
+pub mod step_times;
 pub mod sweep;
 pub mod target;
 pub mod trajectory;
