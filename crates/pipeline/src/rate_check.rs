@@ -195,6 +195,7 @@ fn check_rates(
                 steps_to_target: reached,
                 predicted_steps: basis.curve.steps(batch as f64),
                 verdict,
+                projected_steps: None,
             });
             if verdict == RateVerdict::Trains {
                 break;

@@ -506,7 +506,11 @@ pub fn rate_check(c: &batchfit_tune::stability::RateCheck) -> String {
                 format!("stalled (not there within {CHECK_LIMIT} x the prediction)"),
             RateVerdict::NoGain => "no gain (no fewer updates than a smaller batch: the rule's rate is past its best here)".to_string(),
             RateVerdict::Unfinished => format!(
-                "unfinished (its steps ended before {CHECK_LIMIT} x the prediction: says nothing about the rate)"
+                "unfinished (its steps ended before {CHECK_LIMIT} x the prediction: says nothing about the rate){}",
+                match c.projected_steps {
+                    Some(p) => format!("; from the loss it reached it projects to {p:.0} updates"),
+                    None => String::new(),
+                }
             ),
         }
     )
@@ -522,7 +526,7 @@ pub fn rate_outcome(
     let mut out = Vec::new();
     if let Some((checked, run)) = checked_b_noise {
         out.push(format!(
-            "S(B) is fitted through the noise run's own updates to the updates the checks took: B_noise ≈ {checked:.0} (the noise run's estimate: {run:.0})"
+            "S(B) is fitted to the updates the checks took: B_noise ≈ {checked:.0} (the noise run's estimate: {run:.0})"
         ));
     }
     if let Some(c) = cap {

@@ -273,6 +273,7 @@ fn rate_check(
         steps_to_target,
         predicted_steps,
         verdict,
+        projected_steps: None,
     }
 }
 

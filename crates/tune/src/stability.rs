@@ -92,6 +92,12 @@ pub struct RateCheck {
     /// S(B) at this batch (predicted).
     pub predicted_steps: f64,
     pub verdict: RateVerdict,
+    /// An unfinished check's updates to the target, projected from the level
+    /// it did reach: its updates to that loss over the noise run's, times the
+    /// noise run's updates to the target (S(B) = S_min (1 + B_noise/B) gives
+    /// the same ratio at every level); `None` for a check that finished.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub projected_steps: Option<f64>,
 }
 
 /// The updates a check at `batch` may take.
@@ -153,7 +159,8 @@ pub fn reference_share(basis: &PredictionBasis, checks: &[RateCheck]) -> f64 {
 }
 
 /// Each checked batch's updates to the target at the rate `advised` gives it
-/// (else the fewest of the rates tried), relative to the reference check
+/// (else the fewest of the rates tried; else an unfinished check's
+/// projection, [`RateCheck::projected_steps`]), relative to the reference check
 /// ([`reference_share`]), beside S(B): (batch, measured, predicted). The run's
 /// own batch is left out.
 pub fn measured_steps(
@@ -188,6 +195,13 @@ pub fn measured_steps(
                 .or_else(|| {
                     of().filter_map(|c| c.steps_to_target)
                         .min_by(f64::total_cmp)
+                })
+                // Where no check finished, the level an unfinished one reached.
+                .or_else(|| {
+                    checks
+                        .iter()
+                        .filter(|c| c.batch == b && c.verdict == RateVerdict::Unfinished)
+                        .find_map(|c| c.projected_steps)
                 })?;
             Some((b, steps / reference, basis.curve.steps(b as f64)))
         })
@@ -197,7 +211,7 @@ pub fn measured_steps(
 /// The largest B_noise a refit may reach, as a multiple of the larger of the
 /// run's B_noise and the largest checked batch: past it S(B) no longer changes
 /// over the checked batches.
-const REFIT_CEILING: f64 = 100.0;
+pub(crate) const REFIT_CEILING: f64 = 100.0;
 
 /// B_noise as the checks measured it: the value whose S(B) through the run's
 /// own batch and updates fits the updates the checks took at the `advised`
@@ -323,6 +337,7 @@ mod tests {
             steps_to_target: steps,
             predicted_steps: 0.0,
             verdict,
+            projected_steps: None,
         }
     }
 

@@ -70,6 +70,50 @@ impl StepsCurve {
     pub fn seconds(&self, batch: f64, update_s: f64) -> f64 {
         self.steps(batch) * update_s
     }
+
+    /// The curve that fits measured (batch, updates) points best in log, by
+    /// least squares, both S_min and B_noise free: B_noise over a log-spaced
+    /// grid from 1 to `b_noise_ceiling` (a grid needs no starting point and
+    /// cannot leave the interval), S_min in closed form for each (the mean
+    /// log residual). `None` with fewer than three distinct batches: two
+    /// parameters need a third point to be tested at all.
+    pub fn fit(points: &[(f64, f64)], b_noise_ceiling: f64) -> Option<StepsCurve> {
+        let points: Vec<(f64, f64)> = points
+            .iter()
+            .copied()
+            .filter(|&(b, s)| b > 0.0 && s > 0.0 && s.is_finite())
+            .collect();
+        let mut batches: Vec<f64> = points.iter().map(|p| p.0).collect();
+        batches.sort_by(f64::total_cmp);
+        batches.dedup();
+        if batches.len() < 3 || b_noise_ceiling.is_nan() || b_noise_ceiling <= 1.0 {
+            return None;
+        }
+        let n = points.len() as f64;
+        let curve = |bn: f64| {
+            let log_s_min = points
+                .iter()
+                .map(|&(b, s)| s.ln() - updates_vs_min(bn, b).ln())
+                .sum::<f64>()
+                / n;
+            let misfit: f64 = points
+                .iter()
+                .map(|&(b, s)| (s.ln() - log_s_min - updates_vs_min(bn, b).ln()).powi(2))
+                .sum();
+            (
+                misfit,
+                StepsCurve {
+                    s_min: log_s_min.exp(),
+                    b_noise: bn,
+                },
+            )
+        };
+        const GRID: usize = 600;
+        (0..=GRID)
+            .map(|i| curve(b_noise_ceiling.powf(i as f64 / GRID as f64)))
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+            .map(|(_, c)| c)
+    }
 }
 
 /// One way to train: a device, a micro-batch, and how many micro-batches are accumulated.
@@ -291,6 +335,32 @@ pub fn scaling_limit(times: &[ScaleTime]) -> Option<ScalingLimit> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Points on a curve give it back, S_min and B_noise both; a point off
+    /// it moves the fit less than a fit through one anchor would; two
+    /// batches cannot test two parameters.
+    #[test]
+    fn a_free_fit_recovers_the_curve_from_three_batches() {
+        let truth = StepsCurve {
+            s_min: 40.0,
+            b_noise: 380.0,
+        };
+        let points: Vec<(f64, f64)> = [32.0, 128.0, 1024.0]
+            .iter()
+            .map(|&b| (b, truth.steps(b)))
+            .collect();
+        let c = StepsCurve::fit(&points, 1e5).unwrap();
+        assert!((c.b_noise / 380.0 - 1.0).abs() < 0.02, "{c:?}");
+        assert!((c.s_min / 40.0 - 1.0).abs() < 0.02, "{c:?}");
+        assert_eq!(StepsCurve::fit(&points[..2], 1e5), None);
+        let repeated = [points[0], points[0], points[1]];
+        assert_eq!(StepsCurve::fit(&repeated, 1e5), None);
+        // Every point 10 % high: the same B_noise, S_min 10 % higher.
+        let high: Vec<(f64, f64)> = points.iter().map(|&(b, s)| (b, 1.1 * s)).collect();
+        let c = StepsCurve::fit(&high, 1e5).unwrap();
+        assert!((c.b_noise / 380.0 - 1.0).abs() < 0.02, "{c:?}");
+        assert!((c.s_min / 44.0 - 1.0).abs() < 0.02, "{c:?}");
+    }
 
     fn opt(device: &str, micro: u64, acc: u64, s: f64) -> TrainingOption {
         TrainingOption {

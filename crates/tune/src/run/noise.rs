@@ -7,7 +7,9 @@ use super::{LossTarget, RunRate, rank0_losses};
 use crate::basis::{BasisSource, MethodCode, NoiseRunAt, PredictionBasis};
 use crate::noise::{NoiseEstimator, RawEstimate, two_batch};
 use crate::search::TrialReason;
-use crate::stability::{CHECK_LIMIT, RateCheck, RateVerdict, checked_b_noise, judge, mark_no_gain};
+use crate::stability::{
+    CHECK_LIMIT, REFIT_CEILING, RateCheck, RateVerdict, checked_b_noise, judge, mark_no_gain,
+};
 use crate::target::StepsCurve;
 use crate::trajectory::{RunPoint, Segment, trajectory};
 use crate::trial::{NoiseReport, RunTrial, StepReport, TrialResult};
@@ -39,7 +41,7 @@ pub struct RunNoise {
     /// losses whose mean is at it; see [`LossTarget`]).
     pub steps_to_target: Option<f64>,
     /// The noise trial's own B_noise where the other trials' steps to the
-    /// target refitted it (`b_noise` is then the refit, as `advise`'s rate
+    /// target (or projections, [`RateCheck::projected_steps`]) refitted it (`b_noise` is then the refit, as `advise`'s rate
     /// checks refit its noise run's); `None`: `b_noise` is the trial's.
     pub b_noise_run: Option<f64>,
     /// The other trials read as rate checks: their steps to the target.
@@ -53,8 +55,10 @@ pub struct RunNoise {
     /// Noise measurements and optimizer steps in that trial.
     pub measurements: usize,
     pub steps: usize,
-    /// S_min of S(B) through that trial's steps to the target, S(B) as the
-    /// trials' rate follows the batch ([`RunRate::rate_model`]) (predicted).
+    /// S_min of S(B) fitted with B_noise to the trials' steps to the target
+    /// where three or more batches measured them, else through that trial's
+    /// steps, S(B) as the trials' rate follows the batch
+    /// ([`RunRate::rate_model`]) (predicted).
     pub s_min: Option<f64>,
     /// B_simple of every trial that reported noise: (batch, B_simple).
     pub per_trial: Vec<(u64, f64)>,
@@ -179,8 +183,16 @@ pub fn noise_trial_batch(trials: &[RunTrial]) -> Option<u64> {
 
 /// Every other trial that ran at a handed rate, as a rate check: its steps
 /// to `target` (measured; `None` where its steps ended first) beside
-/// `curve`'s (predicted), its first and last windows of losses.
-fn trial_checks(trials: &[RunTrial], target: LossTarget, curve: StepsCurve) -> Vec<RateCheck> {
+/// `curve`'s (predicted), its first and last windows of losses. A trial
+/// whose steps ended first is projected from the level it reached
+/// ([`projected_steps`]).
+fn trial_checks(
+    trials: &[RunTrial],
+    target: LossTarget,
+    curve: StepsCurve,
+    run: &[StepReport],
+    run_to_target: f64,
+) -> Vec<RateCheck> {
     trials
         .iter()
         .filter(|t| t.reason != TrialReason::Noise && t.result.outcome.ran())
@@ -197,6 +209,9 @@ fn trial_checks(trials: &[RunTrial], target: LossTarget, curve: StepsCurve) -> V
                 }
                 v => v,
             };
+            let projected_steps = (verdict == RateVerdict::Unfinished)
+                .then(|| projected_steps(&r.reports, run, target, end, run_to_target))
+                .flatten();
             Some(RateCheck {
                 batch: r.batch,
                 lr,
@@ -207,9 +222,39 @@ fn trial_checks(trials: &[RunTrial], target: LossTarget, curve: StepsCurve) -> V
                 steps_to_target: reached,
                 predicted_steps: predicted,
                 verdict,
+                projected_steps,
             })
         })
         .collect()
+}
+
+/// The steps a trial whose steps ended before `target` would take to it:
+/// its steps to `level` (its last window's mean) over the noise trial's
+/// (`run`) steps to that level, times the noise trial's to the target.
+/// S(B) = S_min (1 + B_noise/B) puts the same ratio between two batches at
+/// every level, so a trial that got part of the way measured it. `None`
+/// unless both descended to the level (neither was there in its first
+/// window: a trial that made no progress measures no ratio).
+fn projected_steps(
+    trial: &[StepReport],
+    run: &[StepReport],
+    target: LossTarget,
+    level: f64,
+    run_to_target: f64,
+) -> Option<f64> {
+    let at_level = LossTarget {
+        target: level + 1e-9 * level.abs(),
+        ..target
+    };
+    let first_window = (target.window - (target.window - 1) / 2) as f64;
+    let descended = |reports: &[StepReport]| {
+        at_level
+            .steps_to(reports, 0)
+            .map(|s| s.0)
+            .filter(|&s| s > first_window)
+    };
+    let (trial_steps, run_steps) = (descended(trial)?, descended(run)?);
+    Some(run_to_target * trial_steps / run_steps).filter(|s| s.is_finite())
 }
 
 /// The noise scale of the trials, with `advise`'s estimator. Each trial that
@@ -290,13 +335,38 @@ pub fn noise_of(trials: &[RunTrial], rate: &RunRate) -> (Option<RunNoise>, Optio
     // measured S(B) there, and B_noise is refitted to them as advise does.
     let curve = StepsCurve::through(to_target, batch, b_noise);
     let mut checks = match target {
-        Some(t) => trial_checks(trials, t, curve),
+        Some(t) => trial_checks(trials, t, curve, &best.reports, to_target),
         None => Vec::new(),
     };
     if traj.is_some() {
         mark_no_gain(&mut checks, Some((best.batch, to_target)));
     }
+    // Every trial that reached the target (or projects to it) measured S(B)
+    // as the noise trial did, with the same command and the same statistic:
+    // no point is the anchor, so S_min and B_noise are both fitted where
+    // three batches allow; else the curve is refitted through the noise
+    // trial as `advise` refits its noise run.
+    let fitted = match rate {
+        RunRate::Handed { .. } if traj.is_some() => {
+            let points: Vec<(f64, f64)> = checks
+                .iter()
+                .filter_map(|c| {
+                    let steps = match c.verdict {
+                        RateVerdict::Trains => c.steps_to_target,
+                        RateVerdict::Unfinished => c.projected_steps,
+                        _ => None,
+                    };
+                    Some((c.batch as f64, steps?))
+                })
+                .chain([(batch, to_target)])
+                .collect();
+            let largest = points.iter().map(|p| p.0).fold(batch, f64::max);
+            StepsCurve::fit(&points, REFIT_CEILING * b_noise.max(largest))
+        }
+        _ => None,
+    };
     let refit = match rate {
+        _ if fitted.is_some() => fitted.map(|c| c.b_noise),
         RunRate::Handed { scaling, .. } if traj.is_some() => {
             let basis = PredictionBasis {
                 lr: *scaling,
@@ -327,9 +397,11 @@ pub fn noise_of(trials: &[RunTrial], rate: &RunRate) -> (Option<RunNoise>, Optio
         Some(bn) => (bn, (band.0 * bn / b_noise, band.1 * bn / b_noise)),
         None => (b_noise, band),
     };
-    let s_min = target
-        .map(|_| to_target / model.updates_vs_min(b_noise, batch))
-        .filter(|s| *s > 0.0 && s.is_finite());
+    let s_min = match fitted {
+        Some(c) => Some(c.s_min),
+        None => target.map(|_| to_target / model.updates_vs_min(b_noise, batch)),
+    }
+    .filter(|s| *s > 0.0 && s.is_finite());
     let mut per_trial: Vec<(u64, f64)> = per
         .iter()
         .filter(|(t, _)| t.reason != TrialReason::Noise)
@@ -544,5 +616,47 @@ mod tests {
         };
         let (n, _) = noise_of(&trials, &own);
         assert_eq!(n.unwrap().b_noise_run, None);
+    }
+
+    /// A trial whose steps end before the target still measured how much
+    /// slower its batch is: to the loss it reached it took twice the noise
+    /// trial's steps, so it projects to twice the noise trial's steps to the
+    /// target; a trial that made no progress projects nothing. Projections
+    /// enter the fit beside the trials that finished.
+    #[test]
+    fn an_unfinished_trial_projects_from_the_level_it_reached() {
+        let rate = sqrt_rate();
+        let noise = RunTrial {
+            reason: TrialReason::Noise,
+            ..noise_trial(200, |_| true)
+        };
+        // The noise trial's loss falls by 1/200 a step; this one's by 1/400.
+        let half_speed = trial(
+            64,
+            TrialReason::Listed,
+            200,
+            |i| 2.0 - i as f64 / 400.0,
+            false,
+            |_| false,
+        );
+        let flat = trial(32, TrialReason::Listed, 200, |_| 2.5, false, |_| false);
+        let (n, _) = noise_of(&[noise.clone(), half_speed, flat], &rate);
+        let n = n.unwrap();
+        let check = |b: u64| *n.checks.iter().find(|c| c.batch == b).unwrap();
+        assert_eq!(check(64).verdict, RateVerdict::Unfinished);
+        let to = n.steps_to_target.unwrap();
+        let projected = check(64).projected_steps.unwrap();
+        assert!(
+            (projected / (2.0 * to) - 1.0).abs() < 0.02,
+            "{projected} vs {to}"
+        );
+        assert_eq!(check(32).projected_steps, None);
+        // Two batches only: the curve is refitted through the noise trial,
+        // to the projection's steps at 64.
+        let fitted = StepsCurve::through(to, 128.0, n.b_noise).steps(64.0);
+        assert!(
+            (fitted / projected - 1.0).abs() < 0.02,
+            "{fitted} vs {projected}"
+        );
     }
 }
