@@ -6,6 +6,14 @@ Usage:
   corpus_gen.py export NAME DIR      writes DIR/NAME.onnx; prints one JSON line:
                                      {"name", "family", "params", "input", "probe"}
                                      or {"name", "family", "export_error"}
+  corpus_gen.py step NAME KIND SHAPE BATCH
+                                     PyTorch's median seconds of one training step of NAME
+                                     at BATCH on the input its export used (KIND: float or
+                                     tokens; SHAPE: the sample's shape, comma-separated):
+                                     prints {"batch", "seconds"}. The loss is batchfit's
+                                     default for the output's layout (docs/model-spec.md,
+                                     "The loss"): cross-entropy over the last axis of a
+                                     [B, C] or [B, T, C] output, over axis 1 of more axes.
 
 The rules (nothing is picked by hand; a model that fails to export is listed as such):
   tv:NAME      every torchvision classification model (torchvision.models.list_models),
@@ -274,6 +282,37 @@ def export(name, directory):
     return record
 
 
+def time_step(name, kind, shape, batch):
+    """Median seconds of a training step of `name` at `batch`, as bench/corpus.py times
+    the curated corpus: Adam, one batch generated once, `loss.item()` read each step."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from pytorch_step import median_step_seconds
+
+    _, make, _ = candidates(name)
+    torch.manual_seed(0)
+    net = make()
+    net.train()
+    g = torch.Generator().manual_seed(0)
+    x = sample(kind, shape, batch) if kind == "tokens" else torch.randn(batch, *shape, generator=g)
+    with torch.no_grad():
+        out = net(x)
+    axis = -1 if out.dim() <= 3 else 1
+    classes = out.shape[axis]
+    logits_last = (lambda y: y) if axis == -1 else (lambda y: y.movedim(1, -1))
+    target = torch.randint(0, classes, logits_last(out).shape[:-1], generator=g)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3, eps=1e-8)
+    loss_fn = nn.CrossEntropyLoss()
+
+    def step():
+        opt.zero_grad()
+        loss = loss_fn(logits_last(net(x)).reshape(-1, classes), target.reshape(-1))
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return median_step_seconds(step)
+
+
 def file_name(name):
     return name.replace(":", "--") + ".onnx"
 
@@ -284,6 +323,11 @@ def main():
         print("\n".join(names()))
     elif len(args) == 3 and args[0] == "export":
         print(json.dumps(export(args[1], args[2])))
+    elif len(args) == 5 and args[0] == "step":
+        torch.set_num_threads(os.cpu_count() or 1)
+        shape = tuple(int(n) for n in args[3].split(","))
+        batch = int(args[4])
+        print(json.dumps({"batch": batch, "seconds": time_step(args[1], args[2], shape, batch)}))
     else:
         sys.exit(__doc__)
 
