@@ -11,8 +11,9 @@
 # noise trial; verify trains every one of those batches SEEDS times (default 3)
 # to the run's target (at most 4,000 steps). Prints the noise scale (the noise
 # trial's own and refitted to the other trials), the trials read as rate checks,
-# the recommendation and the verify table. Needs jq and torch in TORCH_PYTHON;
-# never part of CI.
+# the recommendation and the verify table. KEEP=DIR keeps the run's JSON there
+# (DIR/run.json; else it goes with the temporary folder). Needs jq and torch in
+# TORCH_PYTHON; never part of CI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,6 +37,7 @@ cmd=("$PY" examples/noise_pytorch.py --model "$MODEL" --data "$DATA" --batch-siz
 quiet
 "$BATCHFIT" run --batches "$BATCHES" --ref-lr 1e-3 --ref-batch 32 --json -- "${cmd[@]}" --steps 200 \
     >"$dir/run.json" 2>/dev/null
+if [ -n "${KEEP:-}" ]; then mkdir -p "$KEEP" && cp "$dir/run.json" "$KEEP/run.json"; fi
 jq -r '
   "noise: B_noise \(.noise.b_noise | round) (90 % band \(.noise.b_noise_low | round) to \(.noise.b_noise_high // "unbounded" | if type == "number" then round else . end)); \(.noise.method), preconditioned \(.noise.preconditioned); the noise trial alone \(.noise.b_noise_run // .noise.b_noise | round); \(.noise.measurements) measurements at batch \(.noise.batch); target loss \(.target_loss)",
   (.noise.checks[] | "  check: batch \(.batch) steps to target \(.steps_to_target // "not reached" | if type == "number" then round else . end) (predicted \(.predicted_steps | round)): \(.verdict)"),
