@@ -238,10 +238,10 @@ def candidates(name):
     raise KeyError(name)
 
 
-def sample(kind, shape, b):
+def sample(kind, shape, b, generator=None):
     if kind == "tokens":
-        return torch.randint(0, VOCAB, (b, *shape))
-    return torch.randn(b, *shape)
+        return torch.randint(0, VOCAB, (b, *shape), generator=generator)
+    return torch.randn(b, *shape, generator=generator)
 
 
 def export(name, directory):
@@ -293,7 +293,7 @@ def time_step(name, kind, shape, batch):
     net = make()
     net.train()
     g = torch.Generator().manual_seed(0)
-    x = sample(kind, shape, batch) if kind == "tokens" else torch.randn(batch, *shape, generator=g)
+    x = sample(kind, shape, batch, g)
     with torch.no_grad():
         out = net(x)
     axis = -1 if out.dim() <= 3 else 1

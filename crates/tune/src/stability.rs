@@ -12,6 +12,7 @@
 
 use crate::basis::PredictionBasis;
 use crate::lr::{LrRule, LrScaling};
+use crate::target::b_noise_on_grid;
 use serde::Serialize;
 
 /// A check trains for at most this many times its predicted updates (and at
@@ -242,12 +243,9 @@ pub fn checked_b_noise(
             })
             .sum()
     };
-    const GRID: usize = 600;
     let largest = measured.iter().map(|p| p.0 as f64).fold(br, f64::max);
     let high = REFIT_CEILING * basis.curve.b_noise.max(largest);
-    (0..=GRID)
-        .map(|i| high.powf(i as f64 / GRID as f64))
-        .min_by(|a, b| misfit(*a).total_cmp(&misfit(*b)))
+    Some(b_noise_on_grid(high, misfit))
 }
 
 /// The batch whose rate under `lr`'s rule (uncapped) is `rate`: the rule held

@@ -108,12 +108,21 @@ impl StepsCurve {
                 },
             )
         };
-        const GRID: usize = 600;
-        (0..=GRID)
-            .map(|i| curve(b_noise_ceiling.powf(i as f64 / GRID as f64)))
-            .min_by(|a, b| a.0.total_cmp(&b.0))
-            .map(|(_, c)| c)
+        let b_noise = b_noise_on_grid(b_noise_ceiling, |bn| curve(bn).0);
+        Some(curve(b_noise).1)
     }
+}
+
+/// The B_noise of a log-spaced grid from 1 to `ceiling` (600 steps) where
+/// `misfit` is least: the refits' search, which needs no starting point and
+/// cannot leave the interval.
+pub(crate) fn b_noise_on_grid(ceiling: f64, misfit: impl Fn(f64) -> f64) -> f64 {
+    const GRID: usize = 600;
+    (0..=GRID)
+        .map(|i| ceiling.powf(i as f64 / GRID as f64))
+        .map(|bn| (misfit(bn), bn))
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .map_or(1.0, |(_, bn)| bn)
 }
 
 /// One way to train: a device, a micro-batch, and how many micro-batches are accumulated.

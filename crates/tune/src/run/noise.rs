@@ -41,8 +41,9 @@ pub struct RunNoise {
     /// losses whose mean is at it; see [`LossTarget`]).
     pub steps_to_target: Option<f64>,
     /// The noise trial's own B_noise where the other trials' steps to the
-    /// target (or projections, [`RateCheck::projected_steps`]) refitted it (`b_noise` is then the refit, as `advise`'s rate
-    /// checks refit its noise run's); `None`: `b_noise` is the trial's.
+    /// target (or projections, [`RateCheck::projected_steps`]) refitted it
+    /// (`b_noise` is then the refit, as `advise`'s rate checks refit its
+    /// noise run's); `None`: `b_noise` is the trial's.
     pub b_noise_run: Option<f64>,
     /// The other trials read as rate checks: their steps to the target.
     pub checks: Vec<RateCheck>,
@@ -365,8 +366,7 @@ pub fn noise_of(trials: &[RunTrial], rate: &RunRate) -> (Option<RunNoise>, Optio
         }
         _ => None,
     };
-    let refit = match rate {
-        _ if fitted.is_some() => fitted.map(|c| c.b_noise),
+    let refit = fitted.map(|c| c.b_noise).or_else(|| match rate {
         RunRate::Handed { scaling, .. } if traj.is_some() => {
             let basis = PredictionBasis {
                 lr: *scaling,
@@ -391,7 +391,7 @@ pub fn noise_of(trials: &[RunTrial], rate: &RunRate) -> (Option<RunNoise>, Optio
         // The refit's S(B) is the rule's; a command at its own fixed rate
         // keeps the noise trial's value.
         _ => None,
-    };
+    });
     let b_noise_run = refit.map(|_| b_noise);
     let (b_noise, band) = match refit {
         Some(bn) => (bn, (band.0 * bn / b_noise, band.1 * bn / b_noise)),
