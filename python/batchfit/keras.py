@@ -61,25 +61,33 @@ def _sq(grads, weights=None):
                      for g, w in zip(grads, weights)])
 
 
-def _adam_weights(optimizer, variables):
-    """(weights, flag): per variable 1 / (sqrt(v) + eps)^2 from the second
-    moment an Adam-family Keras optimizer keeps (`_velocities`: Adam, AdamW,
-    Nadam, RMSprop), read before this step's update; the step it takes is
-    m / (sqrt(v) + eps) up to one factor common to every coordinate, which
-    the noise scale's ratio does not see. The flag is False before the first
-    update (v is still zero) and for other optimizers (weights of ones then,
-    so the graph is the same)."""
-    ones = [tf.ones(v.shape, tf.float64) for v in variables]
+def _adam_state(optimizer, variables):
+    """(velocities, beta2, eps) of an Adam-family Keras optimizer (`_velocities`
+    with `beta_2`: Adam, AdamW, Nadam; with `rho`: RMSprop), v read before this
+    step's update; None for other optimizers."""
     velocities = getattr(optimizer, "_velocities", None)
     eps = getattr(optimizer, "epsilon", None)
-    if not velocities or eps is None or not hasattr(optimizer, "_get_variable_index"):
-        return ones, tf.constant(False)
+    beta2 = getattr(optimizer, "beta_2", getattr(optimizer, "rho", None))
+    if not velocities or eps is None or beta2 is None or not hasattr(optimizer, "_get_variable_index"):
+        return None
     try:
         vs = [velocities[optimizer._get_variable_index(v)] for v in variables]
     except (KeyError, IndexError, ValueError):
-        return ones, tf.constant(False)
-    weights = [1.0 / tf.square(tf.sqrt(tf.cast(v, tf.float64)) + float(eps)) for v in vs]
-    return weights, optimizer.iterations > 0
+        return None
+    return vs, float(beta2), float(eps)
+
+
+def _adam_weights(state, mean_sq):
+    """Per variable 1 / (sqrt(v) + eps)^2, v the second moment with this step's
+    g^2 (the micro-batches' mean, `mean_sq`) folded in, as the optimizer folds
+    it before it divides; the step it takes is m / (sqrt(v) + eps) up to one
+    factor common to every coordinate, which the noise scale's ratio does not
+    see. Without the step's term a coordinate no earlier step moved has v = 0
+    and a weight of 1/eps^2 (a noise scale of 1e10 where one micro-batch
+    touches it). The same rule as batchfit's own engine and the PyTorch helper."""
+    vs, beta2, eps = state
+    return [1.0 / tf.square(tf.sqrt(beta2 * tf.cast(v, tf.float64) + (1.0 - beta2) * g2) + eps)
+            for v, g2 in zip(vs, mean_sq)]
 
 
 def _cut(data, start, stop):
@@ -161,26 +169,38 @@ class NoiseModel(keras.Model):
 
     def _measured(self, x, y, sw, weights, n, bs, kk):
         cut = lambda a, b: (_cut(x, a, b), _cut(y, a, b), _cut(sw, a, b))  # noqa: E731
-        pre, has_pre = _adam_weights(self.optimizer, weights)
+        adam = _adam_state(self.optimizer, weights)
         # Micro-batch 0 outside the loop: it fixes the structure of the outputs.
         loss0, pred0, g0 = self._loss_grads(*cut(0, bs), weights)
         flat0 = tf.nest.flatten(pred0)
         arrays = [tf.TensorArray(p.dtype, size=kk, infer_shape=False).write(0, p) for p in flat0]
-        init = (tf.constant(1), [tf.identity(g) for g in g0], _sq(g0), _sq(g0, pre),
+        # Per variable, the micro-batches' g^2 summed (Adam's weights fold their
+        # mean into v, known after the last one).
+        sq0 = [tf.square(tf.cast(g, tf.float64)) for g in g0]
+        init = (tf.constant(1), [tf.identity(g) for g in g0], _sq(g0), sq0,
                 tf.cast(loss0, tf.float64), arrays)
 
-        def body(i, acc, small, small_p, loss_sum, arrs):
+        def body(i, acc, small, acc_sq, loss_sum, arrs):
             loss_i, pred_i, g_i = self._loss_grads(*cut(i * bs, (i + 1) * bs), weights)
             arrs = [a.write(i, p) for a, p in zip(arrs, tf.nest.flatten(pred_i))]
             acc = [a + g for a, g in zip(acc, g_i)]
-            return (i + 1, acc, small + _sq(g_i), small_p + _sq(g_i, pre),
+            acc_sq = [a + tf.square(tf.cast(g, tf.float64)) for a, g in zip(acc_sq, g_i)]
+            return (i + 1, acc, small + _sq(g_i), acc_sq,
                     loss_sum + tf.cast(loss_i, tf.float64), arrs)
 
-        _, acc, small, small_p, loss_sum, arrays = tf.while_loop(
+        _, acc, small, acc_sq, loss_sum, arrays = tf.while_loop(
             lambda i, *_: i < kk, body, init)
         kf = tf.cast(kk, tf.float64)
         big_sq = _sq(acc) / (kf * kf)  # |mean_i g_i|^2
-        big_p = _sq(acc, pre) / (kf * kf)
+        if adam is None:
+            has_pre, small_p, big_p = tf.constant(False), tf.constant(0.0, tf.float64), \
+                tf.constant(0.0, tf.float64)
+        else:
+            mean_sq = [a / kf for a in acc_sq]
+            pre = _adam_weights(adam, mean_sq)
+            has_pre = tf.constant(True)
+            small_p = tf.add_n([tf.reduce_sum(m * w) for m, w in zip(mean_sq, pre)])
+            big_p = _sq(acc, pre) / (kf * kf)
         b_big = bs * kk
         r = n - b_big
 
@@ -201,7 +221,7 @@ class NoiseModel(keras.Model):
         flat_pred = [tf.concat([a.concat(), p], axis=0) for a, p in zip(arrays, flat_r)]
         stats = tf.stack([tf.constant(1.0, tf.float64), nf, bsf, small / kf,
                           tf.cast(b_big, tf.float64), big_sq, loss,
-                          tf.cast(has_pre, tf.float64), small_p / kf, big_p])
+                          tf.cast(has_pre, tf.float64), small_p, big_p])
         return tf.cast(loss, loss0.dtype), flat_pred, grads, stats
 
 

@@ -141,8 +141,11 @@ class NoiseProbe(object):
 
     def _measure(self, compute_loss, batch, n, split, params):
         w = split.b_small / n  # a measured micro-batch's share of the batch
-        pre = adam_weights(self.optimizer, params)  # before this step's update
+        adam = adam_state(self.optimizer, params)  # v before this step's update
         prev = [None] * len(params)
+        # Per parameter, the micro-batches' squared differences summed: Adam's
+        # weights fold this step's own g^2 into v, known after the last one.
+        sq_sum = [None] * len(params)
         small_sq = None
         small_p = 0.0
         loss_value = 0.0
@@ -163,8 +166,8 @@ class NoiseProbe(object):
                 d2 = torch.square(d.detach())
                 s = torch.sum(d2, dtype=torch.float64)
                 sq = s if sq is None else sq + s
-                if pre is not None:
-                    small_p = small_p + torch.sum(d2 * pre[j], dtype=torch.float64)
+                if adam is not None:
+                    sq_sum[j] = d2 if sq_sum[j] is None else sq_sum[j] + d2
                 if i + 1 < split.k:
                     prev[j] = g.detach().clone()
             # |g_i|^2 = |d / w|^2
@@ -172,6 +175,14 @@ class NoiseProbe(object):
             small_sq = sq if small_sq is None else small_sq + sq
             if i + 1 == split.k:
                 # .grad now holds w * sum_i g_i; mean_i g_i = that / (k w)
+                scale = 1.0 / (split.k * w)
+                pre = None
+                if adam is not None:
+                    # the micro-batches' mean g^2 per coordinate
+                    mean_sq = [None if s is None else s / (w * w * split.k) for s in sq_sum]
+                    pre = adam_weights(adam, mean_sq)
+                    small_p = sum(torch.sum(m * q, dtype=torch.float64)
+                                  for m, q in zip(mean_sq, pre) if m is not None)
                 big = None
                 big_p = 0.0
                 for j, p in enumerate(params):
@@ -179,9 +190,8 @@ class NoiseProbe(object):
                         g2 = torch.square(p.grad.detach())
                         s = torch.sum(g2, dtype=torch.float64)
                         big = s if big is None else big + s
-                        if pre is not None:
+                        if pre is not None and pre[j] is not None:
                             big_p = big_p + torch.sum(g2 * pre[j], dtype=torch.float64)
-                scale = 1.0 / (split.k * w)
                 big_sq = (big if big is not None else torch.zeros((), dtype=torch.float64)) * scale * scale
                 big_p = big_p * scale * scale
         del prev
@@ -193,22 +203,19 @@ class NoiseProbe(object):
         }
         if pre is not None:
             noise["preconditioned"] = {
-                "g_small_sq": float(small_p) / (w * w) / split.k,
+                "g_small_sq": float(small_p),
                 "g_big_sq": float(big_p),
             }
         return loss_value, noise
 
 
-def adam_weights(optimizer, params):
-    """Per parameter, the weights 1 / (sqrt(v_hat) + eps)^2 of the step an
-    Adam-family optimizer (Adam, AdamW, NAdam, RAdam: anything
-    keeping `exp_avg_sq` and `step` in its state, `betas` and `eps` in its
-    group) takes: its update is m_hat / (sqrt(v_hat) + eps), v_hat the
-    bias-corrected second moment, so the noise it steps along is the
-    gradient's in this geometry. Read before the step's own update, as the
-    optimizer will use it (v of the steps so far). None for any other
-    optimizer, before the first step, or when a measured parameter has no
-    state (the line then carries the raw norms only)."""
+def adam_state(optimizer, params):
+    """Per parameter, (v, beta2, eps, step) of an Adam-family optimizer (Adam,
+    AdamW, NAdam, RAdam: anything with `betas` and `eps` in its group keeping
+    `exp_avg_sq` and `step` in its state once it has stepped): v the second
+    moment before this step's update (None before the first), `step` the
+    updates so far. None for any other optimizer or a measured parameter it
+    does not hold (the line then carries the raw norms only)."""
     groups = {}
     for group in getattr(optimizer, "param_groups", []):
         for p in group["params"]:
@@ -216,15 +223,33 @@ def adam_weights(optimizer, params):
     out = []
     for p in params:
         group = groups.get(id(p))
+        if group is None or "betas" not in group:
+            return None
         state = getattr(optimizer, "state", {}).get(p, {})
-        key = "max_exp_avg_sq" if group is not None and group.get("amsgrad") else "exp_avg_sq"
+        key = "max_exp_avg_sq" if group.get("amsgrad") else "exp_avg_sq"
         v, step = state.get(key), state.get("step")
-        if group is None or v is None or step is None or "betas" not in group:
+        if (v is None) != (step is None):
             return None
-        step = float(step)
-        if step < 1:
-            return None
-        correction = 1.0 - float(group["betas"][1]) ** step
-        eps = float(group.get("eps", 1e-8))
-        out.append(1.0 / torch.square(torch.sqrt(v.detach() / correction) + eps))
+        out.append((None if v is None else v.detach(), float(group["betas"][1]),
+                    float(group.get("eps", 1e-8)), 0.0 if step is None else float(step)))
+    return out
+
+
+def adam_weights(state, mean_sq):
+    """Per parameter, the weights 1 / (sqrt(v_hat) + eps)^2 of the step Adam
+    takes: its update is m_hat / (sqrt(v_hat) + eps), v_hat the bias-corrected
+    second moment with this step's g^2 folded in (Adam folds before it
+    divides), here the micro-batches' mean g^2 `mean_sq`. Without the step's
+    term a coordinate no earlier step moved has v = 0 and a weight of 1/eps^2,
+    and one micro-batch touching it reads as a noise scale of 1e10; with the
+    big batch's g^2 a coordinate whose micro-batches cancel does the same.
+    The same rule as batchfit's own engine (crates/engine/src/noise.rs)."""
+    out = []
+    for (v, beta2, eps, step), g2 in zip(state, mean_sq):
+        if g2 is None:
+            out.append(None)
+            continue
+        folded = (1.0 - beta2) * g2 if v is None else beta2 * v + (1.0 - beta2) * g2
+        correction = 1.0 - beta2 ** (step + 1.0)
+        out.append(1.0 / torch.square(torch.sqrt(folded / correction) + eps))
     return out

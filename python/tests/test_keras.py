@@ -93,7 +93,8 @@ class NoiseModelTest(unittest.TestCase):
 
     def test_adam_preconditioned_norms_match_direct_weighted_gradients(self):
         """Under Adam a measuring step also carries the norms weighted by
-        1 / (sqrt(v) + eps)^2, v Adam's second moment before the step."""
+        1 / (sqrt(v) + eps)^2, v Adam's second moment with the step's own g^2
+        (the micro-batches' mean) folded in, as Adam folds before it divides."""
         inner = self.inner()
         m = NoiseModel(inner)
         opt = keras.optimizers.Adam(1e-2, epsilon=1e-6)
@@ -104,10 +105,12 @@ class NoiseModelTest(unittest.TestCase):
         y = np.concatenate([self.y[:48], self.y[:48], self.y[:48]])
         lines = BatchfitLines(every=3, file=out)
         m.fit(x[:96], y[:96], batch_size=48, epochs=1, verbose=0, shuffle=False, callbacks=[lines])
-        w = np.concatenate([
-            (1.0 / (np.sqrt(opt._velocities[opt._get_variable_index(v)].numpy().astype("float64"))
-                    + 1e-6) ** 2).ravel() for v in inner.trainable_weights])
+        v = np.concatenate([
+            opt._velocities[opt._get_variable_index(v)].numpy().astype("float64").ravel()
+            for v in inner.trainable_weights])
         grads = self.micro_grads(inner)
+        mean_sq = np.mean([g * g for g in grads], axis=0)
+        w = 1.0 / (np.sqrt(0.999 * v + 0.001 * mean_sq) + 1e-6) ** 2
         m.fit(x[96:], y[96:], batch_size=48, epochs=1, verbose=0, shuffle=False, callbacks=[lines])
         rec = records(out)[2]
         pre = rec["noise"]["preconditioned"]

@@ -90,7 +90,8 @@ class NoiseProbeTest(unittest.TestCase):
 
     def test_adam_preconditioned_norms_match_direct_weighted_gradients(self):
         """Under Adam the line also carries the norms of g / (sqrt(v_hat) + eps),
-        v_hat the optimizer's bias-corrected second moment before the step."""
+        v_hat the optimizer's bias-corrected second moment with the step's own
+        g^2 (the micro-batches' mean) folded in, as Adam folds before it divides."""
         m = self.model()
         opt = torch.optim.Adam(m.parameters(), lr=1e-2, eps=1e-6)
         out = io.StringIO()
@@ -98,14 +99,12 @@ class NoiseProbeTest(unittest.TestCase):
         loss_fn = torch.nn.functional.cross_entropy
         for _ in range(2):
             probe.step(lambda xb, yb: loss_fn(m(xb), yb), self.x, self.y)
-        # The weights the third step sees: Adam's state after two updates.
-        weights = []
-        for p in m.parameters():
-            st = opt.state[p]
-            v_hat = st["exp_avg_sq"] / (1 - 0.999 ** float(st["step"]))
-            weights.append((1.0 / (v_hat.sqrt() + 1e-6) ** 2).reshape(-1))
-        w = torch.cat(weights)
         grads = self.micro_grads(m, loss_fn)
+        mean_sq = sum(g * g for g in grads) / 8
+        # Adam's state after two updates, the third step's g^2 folded in.
+        v = torch.cat([opt.state[p]["exp_avg_sq"].reshape(-1) for p in m.parameters()])
+        v_hat = (0.999 * v + 0.001 * mean_sq) / (1 - 0.999 ** 3)
+        w = 1.0 / (v_hat.sqrt() + 1e-6) ** 2
         probe.step(lambda xb, yb: loss_fn(m(xb), yb), self.x, self.y)
         rec = records(out)[2]
         pre = rec["noise"]["preconditioned"]
@@ -119,6 +118,26 @@ class NoiseProbeTest(unittest.TestCase):
         bt.NoiseProbe(m, opt, every=1, file=out).step(
             lambda xb, yb: loss_fn(m(xb), yb), self.x, self.y)
         self.assertNotIn("preconditioned", records(out)[0]["noise"])
+
+    def test_adam_weights_bound_a_coordinate_with_no_history(self):
+        """A coordinate no earlier update moved has v = 0: dividing by v alone
+        weighs a micro-batch that touches it by 1/eps^2; with the step's own
+        g^2 folded in, its share of the mean squared norm is at most what
+        Adam's step on it is, (1 - beta2^t) / (1 - beta2) at update t, and a
+        coordinate with a steady gradient has a share of 1."""
+        v = torch.tensor([0.25, 0.0], dtype=torch.float64)
+        steps = 50.0
+        v = v * (1 - 0.999 ** steps)  # 50 updates of g = (0.5, 0)
+        mean_sq = torch.tensor([0.25, 1e-8 / 8], dtype=torch.float64)
+        (w,) = bt.adam_weights([(v, 0.999, 1e-8, steps)], [mean_sq])
+        share = w * mean_sq
+        self.assertAlmostEqual(float(share[0]), 1.0, places=6)
+        self.assertGreater(float(share[1]), 1.0)
+        self.assertLess(float(share[1]), (1 - 0.999 ** (steps + 1)) / 0.001)
+        # Before any update: the step divides by its own size.
+        (w,) = bt.adam_weights([(None, 0.999, 1e-8, 0.0)], [mean_sq])
+        for x in (w * mean_sq).tolist():
+            self.assertAlmostEqual(x, 1.0, delta=2e-3)
 
     def test_schedule_and_lines(self):
         m = self.model()

@@ -78,17 +78,23 @@ pub fn measure_noise(
         let idx = batcher.next(big);
         let mut sum: Vec<f64> = Vec::new();
         let mut small_sq = 0.0;
-        let mut small_sq_p = 0.0;
-        let mut weights: Option<Vec<f64>> = None;
+        // Per coordinate, the micro-batches' squared gradients summed: Adam's
+        // weights depend on this step's own gradient, known only after the last.
+        let mut small_sq_by_coord: Vec<f64> = Vec::new();
         let mut loss = 0.0;
         for chunk in idx.chunks(cfg.b_small) {
             let batch = from_rows(data, graph, chunk, &trainer.device);
             let (l, grads) = trainer.gradients(&batch);
             let g = trainer.grad_vector(&grads);
             small_sq += g.iter().map(|x| x * x).sum::<f64>();
-            if let Some(m) = &moments {
-                let w = weights.get_or_insert_with(|| m.weights(&g));
-                small_sq_p += g.iter().zip(w.iter()).map(|(x, w)| w * x * x).sum::<f64>();
+            if moments.is_some() {
+                if small_sq_by_coord.is_empty() {
+                    small_sq_by_coord = vec![0.0; g.len()];
+                }
+                small_sq_by_coord
+                    .iter_mut()
+                    .zip(&g)
+                    .for_each(|(s, x)| *s += x * x);
             }
             if sum.is_empty() {
                 sum = g;
@@ -105,20 +111,17 @@ pub fn measure_noise(
         let big_sq = sum.iter().map(|s| (s / k) * (s / k)).sum::<f64>();
         let raw = two_batch(cfg.b_small as f64, small_sq / k, big as f64, big_sq);
         est.push(raw);
-        let preconditioned = match (&mut moments, &weights) {
-            (Some(m), Some(w)) => {
-                let mean: Vec<f64> = sum.iter().map(|s| s / k).collect();
-                let big_sq_p = mean.iter().zip(w).map(|(x, w)| w * x * x).sum::<f64>();
-                m.push(&mean);
-                Some(two_batch(
-                    cfg.b_small as f64,
-                    small_sq_p / k,
-                    big as f64,
-                    big_sq_p,
-                ))
-            }
-            _ => None,
-        };
+        let preconditioned = moments.as_mut().map(|m| {
+            let mean: Vec<f64> = sum.iter().map(|s| s / k).collect();
+            let mean_sq: Vec<f64> = small_sq_by_coord.iter().map(|s| s / k).collect();
+            let w = m.weights(&mean_sq);
+            m.push(&mean);
+            let weighted =
+                |sq: &mut dyn Iterator<Item = f64>| sq.zip(&w).map(|(x, w)| w * x).sum::<f64>();
+            let small_sq_p = weighted(&mut mean_sq.iter().copied());
+            let big_sq_p = weighted(&mut mean.iter().map(|x| x * x));
+            two_batch(cfg.b_small as f64, small_sq_p, big as f64, big_sq_p)
+        });
         // The loss a sweep targets, at the weights this measurement saw.
         let train_loss = (step == 0 || checks.due(step as u64) || step + 1 == cfg.steps)
             .then(|| crate::sweep::training_loss(trainer, graph, data, &target_rows));
@@ -155,7 +158,17 @@ pub fn measure_noise(
 /// The raw gradient's noise scale undercounts Adam's: Adam lifts the
 /// small-gradient coordinates, whose share of the noise is large. On digits
 /// and MNIST the steps of Adam trainings from batch 16 to 1,024 follow the
-/// preconditioned value (within 18 %) and not the raw one (up to 34 % off).
+/// preconditioned value and not the raw one.
+///
+/// v includes the step's own gradients, as Adam's update does (it folds g²
+/// into v before dividing), taken as the micro-batches' mean g² rather than the
+/// big batch's: without the step's term a coordinate that no earlier step
+/// moved (a rarely active unit, a weight on a mostly-zero input) has v near 0
+/// and a weight near 1/ε² = 1e16, and one micro-batch that touches it reads as
+/// a noise scale of 1e10; with the big batch's g², a coordinate whose
+/// micro-batches cancel has the same problem. The micro-batches' mean square
+/// bounds each coordinate's share (at most k where it is the whole of v) while
+/// the weights stay what Adam divides by once v has a history.
 #[derive(Default)]
 struct SecondMoments {
     v: Vec<f64>,
@@ -166,17 +179,6 @@ impl SecondMoments {
     const BETA2: f64 = 0.999;
     const EPSILON: f64 = 1e-8;
 
-    /// The weights 1 / (sqrt(v_hat) + ε)² from the updates so far; before the
-    /// first, from `g` itself (Adam's first step divides by |g|).
-    fn weights(&self, g: &[f64]) -> Vec<f64> {
-        let w = |v: f64| 1.0 / (v.sqrt() + Self::EPSILON).powi(2);
-        if self.steps == 0 {
-            return g.iter().map(|x| w(x * x)).collect();
-        }
-        let correction = 1.0 - Self::BETA2.powi(self.steps);
-        self.v.iter().map(|v| w(v / correction)).collect()
-    }
-
     /// One update's gradient.
     fn push(&mut self, g: &[f64]) {
         if self.v.is_empty() {
@@ -186,5 +188,56 @@ impl SecondMoments {
             *v = Self::BETA2 * *v + (1.0 - Self::BETA2) * x * x;
         }
         self.steps += 1;
+    }
+
+    /// The weights 1 / (sqrt(v_hat) + ε)² for a step whose squared gradient is
+    /// `g_sq` (coordinate by coordinate): v folds it in before dividing, as
+    /// Adam's update does, and v_hat is bias corrected (v_hat = g_sq at the
+    /// first step).
+    fn weights(&self, g_sq: &[f64]) -> Vec<f64> {
+        let steps = self.steps + 1;
+        let correction = 1.0 - Self::BETA2.powi(steps);
+        let w = |v: f64| 1.0 / ((v / correction).sqrt() + Self::EPSILON).powi(2);
+        let fold = |v: f64, x: f64| Self::BETA2 * v + (1.0 - Self::BETA2) * x;
+        if self.v.is_empty() {
+            return g_sq.iter().map(|&x| w(fold(0.0, x))).collect();
+        }
+        self.v
+            .iter()
+            .zip(g_sq)
+            .map(|(&v, &x)| w(fold(v, x)))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SecondMoments;
+
+    /// A coordinate no earlier step moved, touched now by one micro-batch of k:
+    /// v has no history, so without the step's own term its weight is 1/ε² and
+    /// its share of the preconditioned norms 1e16 times its gradient². Folded
+    /// in, its share of the micro-batches' mean squared norm is bounded by what
+    /// Adam's own step on it is, (1 - β2^t) / (1 - β2) at step t; a coordinate
+    /// with a steady gradient has a share of 1.
+    #[test]
+    fn an_untouched_coordinate_weighs_what_adam_divides_it_by() {
+        let mut m = SecondMoments::default();
+        for _ in 0..50 {
+            m.push(&[0.5, 0.0]);
+        }
+        let k = 8.0;
+        let touched = 3e-4; // one micro-batch's gradient on the second coordinate
+        let mean_sq = [0.25, touched * touched / k];
+        let w = m.weights(&mean_sq);
+        assert!((w[0] * 0.25 - 1.0).abs() < 1e-3, "{}", w[0] * 0.25);
+        let share = w[1] * mean_sq[1];
+        let fifty_one = 1.0 - SecondMoments::BETA2.powi(51);
+        assert!(share > 1.0 && share < 1.0001 * fifty_one / (1.0 - SecondMoments::BETA2));
+        // The first step divides by the step's own size: every share is 1.
+        let w = SecondMoments::default().weights(&mean_sq);
+        for (w, g2) in w.iter().zip(mean_sq) {
+            assert!((w * g2 - 1.0).abs() < 1e-3, "{}", w * g2);
+        }
     }
 }
