@@ -8,6 +8,8 @@ busy() {
     pgrep -x cargo >/dev/null && return 0
     local p g
     for p in $(pgrep -x batchfit); do
+        # `run`'s reaper only waits for its trial's process group to go.
+        ps -o args= "$p" | grep -q -- '__reaper' && continue
         g=$(ps -o pgid= "$p" | tr -d ' ')
         [ -n "$g" ] && [ "$g" != "$ours" ] && return 0
     done
