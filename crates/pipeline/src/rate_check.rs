@@ -171,10 +171,10 @@ fn check_rates(
 ) -> Result<Vec<RateCheck>> {
     let mut checks = Vec::new();
     for &batch in batches.iter().filter(|&&b| b as usize <= data.rows) {
-        let max_steps = check_limit(basis, batch);
         let rule = basis.lr.at(batch);
         for h in 0..=halvings {
             let lr = rule / 2f64.powi(h as i32);
+            let max_steps = check_limit(basis, batch, lr);
             let (start, end, reached) = run_to_target(
                 graph,
                 base,

@@ -31,7 +31,7 @@ pub enum RateVerdict {
     Trains,
     /// The loss rose or became NaN.
     Diverged,
-    /// It did not reach the target within [`CHECK_LIMIT`] x its predicted updates.
+    /// It did not reach the target within its limit ([`check_limit`]).
     Stalled,
     /// Its steps ended before the target and before [`CHECK_LIMIT`] x its
     /// predicted updates (a `run` trial of the command's own length): it
@@ -101,9 +101,20 @@ pub struct RateCheck {
     pub projected_steps: Option<f64>,
 }
 
-/// The updates a check at `batch` may take.
-pub fn check_limit(basis: &PredictionBasis, batch: u64) -> u64 {
-    ((basis.curve.steps(batch as f64) * CHECK_LIMIT).ceil() as u64).max(MIN_CHECK_STEPS)
+/// The updates a check at `batch` and rate `lr` may take: [`CHECK_LIMIT`] x
+/// its predicted updates, and never fewer than the noise run's own updates
+/// scaled by its rate over `lr` where the batch is the run's or larger. A
+/// larger batch has less gradient noise than the run had, and Adam's steps
+/// scale with the rate, so a check there that is slower than the run at the
+/// same rate has not stalled; a prediction that is too optimistic (B_noise
+/// refitted high) must not call it so, or the stall feeds the next refit.
+pub fn check_limit(basis: &PredictionBasis, batch: u64, lr: f64) -> u64 {
+    let predicted = basis.curve.steps(batch as f64) * CHECK_LIMIT;
+    let run_floor = match (basis.run(), basis.updates_to_target()) {
+        (Some(run), Some(updates)) if batch >= run.batch && lr > 0.0 => updates * run.lr / lr,
+        _ => 0.0,
+    };
+    (predicted.max(run_floor).ceil() as u64).max(MIN_CHECK_STEPS)
 }
 
 /// The verdict on a run whose loss went from `start` to `end`, reaching the
@@ -343,8 +354,12 @@ mod tests {
     fn a_check_trains_when_it_reaches_the_target_within_its_limit() {
         let b = basis();
         // S(B) = 50 (1 + 128/B): S(512) = 62.5, S(16) = 450.
-        assert_eq!(check_limit(&b, 512), 125);
-        assert_eq!(check_limit(&b, 4096), 104);
+        assert_eq!(check_limit(&b, 512, 2.8e-3), 125);
+        assert_eq!(check_limit(&b, 4096, 2.8e-3), 104);
+        // Half the run's rate at a larger batch: at least twice the run's 100 updates.
+        assert_eq!(check_limit(&b, 4096, 1.4e-3), 200);
+        // Below the run's batch only the prediction bounds it: 2 x S(64) = 300.
+        assert_eq!(check_limit(&b, 64, 1e-4), 300);
         assert_eq!(judge(2.0, 0.1, Some(80.0)), RateVerdict::Trains);
         assert_eq!(judge(2.0, 0.5, None), RateVerdict::Stalled);
         assert_eq!(judge(2.0, 2.1, None), RateVerdict::Diverged);
