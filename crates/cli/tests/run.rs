@@ -500,6 +500,24 @@ fn the_recommendation_is_stable_under_noisy_step_times() {
         let tied = tied_batches(rec);
         assert_eq!(tied.first(), Some(&b), "{rec}");
         let dev = &doc["devices"][0];
+        // Time to target is a total: each update at its trial's mean step
+        // (what `run --verify` sums), not the median the curve reads.
+        let points = dev["points"].as_array().unwrap();
+        let mut told_apart = false;
+        for t in doc["time_to_target"].as_array().unwrap() {
+            let p = points
+                .iter()
+                .find(|p| p["batch"] == t["micro_batch"])
+                .unwrap();
+            let mean = p["step_time_mean_s"].as_f64().unwrap();
+            told_apart |= mean != p["step_time_s"].as_f64().unwrap();
+            let used = t["micro_step_s"].as_f64().unwrap();
+            assert!((used - mean).abs() <= 1e-12 * mean, "{t} {p}");
+        }
+        assert!(
+            told_apart,
+            "the jitter makes some mean differ from its median"
+        );
         let range = &dev["knee_range"];
         named.push((
             b,

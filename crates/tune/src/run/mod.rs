@@ -165,6 +165,10 @@ pub fn advise_run(
     rate: &RunRate,
 ) -> RunAdvice {
     let points = device.step_points();
+    // Time to target is a total: one update at the mean of its trial's steps
+    // (slow steps count), as `advise` reads its probe and as `run --verify`
+    // sums a training's steps; the median stays the curve's (knee, findings).
+    let updates = device.update_points(&|_| None);
     if points.is_empty() {
         return RunAdvice {
             recommendation: None,
@@ -176,7 +180,7 @@ pub fn advise_run(
     let (rec, options) = recommend(
         &DeviceEvidence {
             device: device.device,
-            points: &points,
+            points: &updates,
             knee_batch: device.knee_batch,
             efficiency: device.efficiency,
             max_batch: device.max_batch,
