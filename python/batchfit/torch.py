@@ -167,9 +167,10 @@ class NoiseProbe(object):
                 s = torch.sum(d2, dtype=torch.float64)
                 sq = s if sq is None else sq + s
                 if adam is not None:
-                    sq_sum[j] = d2 if sq_sum[j] is None else sq_sum[j] + d2
-                if i + 1 < split.k:
-                    prev[j] = g.detach().clone()
+                    sq_sum[j] = d2 if sq_sum[j] is None else sq_sum[j].add_(d2)
+                # The last measured chunk's difference is taken: free its copy
+                # before Adam's weights need the room.
+                prev[j] = g.detach().clone() if i + 1 < split.k else None
             # |g_i|^2 = |d / w|^2
             sq = sq / (w * w) if sq is not None else torch.zeros((), dtype=torch.float64)
             small_sq = sq if small_sq is None else small_sq + sq
@@ -179,7 +180,7 @@ class NoiseProbe(object):
                 pre = None
                 if adam is not None:
                     # the micro-batches' mean g^2 per coordinate
-                    mean_sq = [None if s is None else s / (w * w * split.k) for s in sq_sum]
+                    mean_sq = [None if s is None else s.div_(w * w * split.k) for s in sq_sum]
                     pre = adam_weights(adam, mean_sq)
                     small_p = sum(torch.sum(m * q, dtype=torch.float64)
                                   for m, q in zip(mean_sq, pre) if m is not None)

@@ -112,14 +112,12 @@ pub fn measure_noise(
         let raw = two_batch(cfg.b_small as f64, small_sq / k, big as f64, big_sq);
         est.push(raw);
         let preconditioned = moments.as_mut().map(|m| {
-            let mean: Vec<f64> = sum.iter().map(|s| s / k).collect();
-            let mean_sq: Vec<f64> = small_sq_by_coord.iter().map(|s| s / k).collect();
-            let w = m.weights(&mean_sq);
-            m.push(&mean);
-            let weighted =
-                |sq: &mut dyn Iterator<Item = f64>| sq.zip(&w).map(|(x, w)| w * x).sum::<f64>();
-            let small_sq_p = weighted(&mut mean_sq.iter().copied());
-            let big_sq_p = weighted(&mut mean.iter().map(|x| x * x));
+            // In place: the big batch's gradient and the micro-batches' mean
+            // square, per coordinate (no more parameter-sized copies).
+            sum.iter_mut().for_each(|s| *s /= k);
+            small_sq_by_coord.iter_mut().for_each(|s| *s /= k);
+            let (small_sq_p, big_sq_p) = m.weighted_norms(&small_sq_by_coord, &sum);
+            m.push(&sum);
             two_batch(cfg.b_small as f64, small_sq_p, big as f64, big_sq_p)
         });
         // The loss a sweep targets, at the weights this measurement saw.
@@ -190,23 +188,31 @@ impl SecondMoments {
         self.steps += 1;
     }
 
-    /// The weights 1 / (sqrt(v_hat) + ε)² for a step whose squared gradient is
-    /// `g_sq` (coordinate by coordinate): v folds it in before dividing, as
+    /// The weight 1 / (sqrt(v_hat) + ε)² of coordinate `i` for a step whose
+    /// squared gradient there is `g_sq`: v folds it in before dividing, as
     /// Adam's update does, and v_hat is bias corrected (v_hat = g_sq at the
     /// first step).
-    fn weights(&self, g_sq: &[f64]) -> Vec<f64> {
-        let steps = self.steps + 1;
-        let correction = 1.0 - Self::BETA2.powi(steps);
-        let w = |v: f64| 1.0 / ((v / correction).sqrt() + Self::EPSILON).powi(2);
-        let fold = |v: f64, x: f64| Self::BETA2 * v + (1.0 - Self::BETA2) * x;
-        if self.v.is_empty() {
-            return g_sq.iter().map(|&x| w(fold(0.0, x))).collect();
+    fn weigher(&self) -> impl Fn(usize, f64) -> f64 + '_ {
+        let correction = 1.0 - Self::BETA2.powi(self.steps + 1);
+        move |i, g_sq| {
+            let v = self.v.get(i).copied().unwrap_or(0.0);
+            let folded = Self::BETA2 * v + (1.0 - Self::BETA2) * g_sq;
+            1.0 / ((folded / correction).sqrt() + Self::EPSILON).powi(2)
         }
-        self.v
-            .iter()
-            .zip(g_sq)
-            .map(|(&v, &x)| w(fold(v, x)))
-            .collect()
+    }
+
+    /// The micro-batches' mean squared norm and the big batch's squared norm
+    /// in Adam's geometry: Σ w_i g_sq_i and Σ w_i g_i², the weights folding
+    /// in `g_sq`, the micro-batches' mean square of this step.
+    fn weighted_norms(&self, g_sq: &[f64], g: &[f64]) -> (f64, f64) {
+        let weight = self.weigher();
+        g_sq.iter()
+            .zip(g)
+            .enumerate()
+            .fold((0.0, 0.0), |(small, big), (i, (&q, &x))| {
+                let w = weight(i, q);
+                (small + w * q, big + w * x * x)
+            })
     }
 }
 
@@ -229,15 +235,24 @@ mod tests {
         let k = 8.0;
         let touched = 3e-4; // one micro-batch's gradient on the second coordinate
         let mean_sq = [0.25, touched * touched / k];
-        let w = m.weights(&mean_sq);
-        assert!((w[0] * 0.25 - 1.0).abs() < 1e-3, "{}", w[0] * 0.25);
-        let share = w[1] * mean_sq[1];
+        let weight = m.weigher();
+        assert!((weight(0, 0.25) * 0.25 - 1.0).abs() < 1e-3);
+        let share = weight(1, mean_sq[1]) * mean_sq[1];
         let fifty_one = 1.0 - SecondMoments::BETA2.powi(51);
         assert!(share > 1.0 && share < 1.0001 * fifty_one / (1.0 - SecondMoments::BETA2));
         // The first step divides by the step's own size: every share is 1.
-        let w = SecondMoments::default().weights(&mean_sq);
-        for (w, g2) in w.iter().zip(mean_sq) {
-            assert!((w * g2 - 1.0).abs() < 1e-3, "{}", w * g2);
+        let first = SecondMoments::default();
+        let weight = first.weigher();
+        for (i, g2) in mean_sq.into_iter().enumerate() {
+            assert!(
+                (weight(i, g2) * g2 - 1.0).abs() < 1e-3,
+                "{}",
+                weight(i, g2) * g2
+            );
         }
+        // The two norms weigh every coordinate so: both shares of 1 at step 1.
+        let (small, big) = first.weighted_norms(&mean_sq, &[0.5, touched / k]);
+        assert!((small - 2.0).abs() < 2e-3, "{small}");
+        assert!(big > 1.0 && big < small, "{big}");
     }
 }

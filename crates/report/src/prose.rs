@@ -502,7 +502,7 @@ pub fn rate_check(c: &batchfit_tune::stability::RateCheck) -> String {
         match c.verdict {
             RateVerdict::Trains => "trains".to_string(),
             RateVerdict::Diverged => "diverged".to_string(),
-            RateVerdict::Stalled => "stalled (not there within its limit: 2 x the prediction, and from the run's batch up at least the run's own updates scaled to this rate)".to_string(),
+            RateVerdict::Stalled => format!("stalled (not there within its limit: {CHECK_LIMIT} x the prediction, and from the run's batch up at least the run's own updates scaled to this rate)"),
             RateVerdict::NoGain => "no gain (no fewer updates than a smaller batch: the rule's rate is past its best here)".to_string(),
             RateVerdict::Unfinished => format!(
                 "unfinished (its steps ended before {CHECK_LIMIT} x the prediction: says nothing about the rate){}",
