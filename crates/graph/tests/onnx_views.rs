@@ -220,3 +220,66 @@ fn branch_logits_stacked_before_the_batch_and_averaged() {
     let e = onnx::parse(&n2.bytes()).unwrap_err().to_string();
     assert!(e.contains("along_batch"), "{e}");
 }
+
+/// One sample through the IR's layout ops (reshapes and sample-axis transposes),
+/// as row-major values: what the graph computes, without an engine.
+fn run_layout(g: &Graph, input: &[f32]) -> Vec<f32> {
+    let mut vals: std::collections::HashMap<String, (Vec<usize>, Vec<f32>)> =
+        std::collections::HashMap::new();
+    let dims = |s: &batchfit_graph::Shape| s.all_fixed().expect("fixed sample");
+    let x = &g.inputs[0];
+    vals.insert(x.name.clone(), (dims(&x.shape), input.to_vec()));
+    for node in &g.nodes {
+        let (in_dims, v) = vals[&node.inputs[0]].clone();
+        let out = match &node.op {
+            Op::Transpose { perm } => {
+                let out_dims: Vec<usize> = perm.iter().map(|&p| in_dims[p]).collect();
+                let strides: Vec<usize> = (0..in_dims.len())
+                    .map(|k| in_dims[k + 1..].iter().product())
+                    .collect();
+                (0..v.len())
+                    .map(|mut flat| {
+                        let mut src = 0;
+                        for k in (0..out_dims.len()).rev() {
+                            src += (flat % out_dims[k]) * strides[perm[k]];
+                            flat /= out_dims[k];
+                        }
+                        v[src]
+                    })
+                    .collect()
+            }
+            Op::Reshape { .. } | Op::Flatten | Op::Relu => v,
+            op => panic!("not a layout op: {op:?}"),
+        };
+        vals.insert(node.name.clone(), (dims(&node.shape), out));
+    }
+    vals[&g.loss.input].1.clone()
+}
+
+/// A reshape that splits an axis whose atoms are in another order than the split
+/// wants (MaxViT's grid partition after a window partition): ONNX reshapes the
+/// logical order, so the view is aligned first and the values land where ONNX
+/// puts them.
+#[test]
+fn a_reshape_across_permuted_atoms_aligns_the_view_first() {
+    let mut n = Net::new("repartition");
+    n.input("x", "batch,2,3");
+    n.init(int64s("merged", &[-1, 6]))
+        .init(int64s("split", &[-1, 2, 3]));
+    n.node(
+        "Transpose",
+        "t",
+        &["x"],
+        &["xt"],
+        vec![ints("perm", &[0, 2, 1])],
+    );
+    n.node("Reshape", "m", &["xt", "merged"], &["xm"], vec![]);
+    n.node("Reshape", "s", &["xm", "split"], &["xs"], vec![]);
+    n.node("Relu", "r", &["xs"], &["y"], vec![]);
+    n.output("y");
+    let g = onnx::parse(&n.bytes()).unwrap();
+    assert_eq!(g.shape_of(&g.loss.input).unwrap().to_string(), "[B, 2, 3]");
+    // x = [[0, 1, 2], [3, 4, 5]]; transposed and read row-major: 0 3 1 4 2 5.
+    let x: Vec<f32> = (0..6).map(|v| v as f32).collect();
+    assert_eq!(run_layout(&g, &x), vec![0., 3., 1., 4., 2., 5.]);
+}

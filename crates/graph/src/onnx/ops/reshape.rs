@@ -61,7 +61,19 @@ impl Importer {
         let err = |why: String| GraphError::node(label(n), why);
         if let Val::View(v) = self.val(n, 0)?.clone() {
             let (target, _) = self.ints_of(n, 1, "Reshape shape")?;
-            let v = v.reshape(&target).map_err(|e| err(e.to_string()))?;
+            let v = match v.reshape(&target) {
+                Ok(v) => v,
+                // An axis made of atoms in another order than the new axes split it
+                // (MaxViT's grid partition of a window partition's 8 x 7 as 7 x 8):
+                // ONNX reshapes the logical order, so the tensor is aligned to the
+                // ONNX axes first (a copy), and each axis is one atom again.
+                Err(first) => {
+                    let (x, lay) = self.align(n, &v)?;
+                    View::from_aligned(&x, self.shape(&x)?, lay)
+                        .reshape(&target)
+                        .map_err(|_| err(first.to_string()))?
+                }
+            };
             return self.define_view(n, v);
         }
         let x = self.act(n, 0)?;
