@@ -134,3 +134,89 @@ fn an_absent_matrix_axis_is_an_axis_of_one_inserted_and_removed() {
         }
     }
 }
+
+/// TensorFlow's MaxViT (timm's `RelPosBiasTf`) reads a relative-position table
+/// `[heads, 2W-1, 2W-1]` through two `Einsum`s with one-hot lookups `[W, W, 2W-1]`
+/// (`nhw,ixh->nixw`, then `nixw,jyw->nijxy`) and adds the result to the scores.
+/// No input reaches those products: they are evaluated at import, and the sum is a
+/// parameter table read at the indices the lookups pick.
+fn one_hot_lookups(lookup: &[f32]) -> Vec<u8> {
+    let (heads, w) = (2i64, 2i64);
+    let r = 2 * w - 1;
+    let mut n = Net::new("rel-pos-tf");
+    n.input("scores", &format!("batch,{heads},{},{}", w * w, w * w));
+    n.weight("table", &[heads, r, r]);
+    n.init(floats("lookup", &[w, w, r], lookup));
+    n.init(int64s("flat", &[heads, w * w, w * w]));
+    n.node(
+        "Einsum",
+        "/rows",
+        &["table", "lookup"],
+        &["t1"],
+        vec![equation("nhw,ixh->nixw")],
+    );
+    n.node(
+        "Einsum",
+        "/cols",
+        &["t1", "lookup"],
+        &["t2"],
+        vec![equation("nixw,jyw->nijxy")],
+    );
+    n.node("Reshape", "/bias", &["t2", "flat"], &["bias"], vec![]);
+    n.node("Add", "/add_bias", &["scores", "bias"], &["out"], vec![]);
+    n.output("out");
+    n.bytes()
+}
+
+/// `lookup[i, x, h] = 1` where `h = i - x + W - 1`: the relative offset of
+/// positions `i` and `x` along one axis, as timm builds it.
+fn offsets_one_hot(w: usize) -> Vec<f32> {
+    let r = 2 * w - 1;
+    let mut v = vec![0.0; w * w * r];
+    for i in 0..w {
+        for x in 0..w {
+            v[(i * w + x) * r + (i + w - 1 - x)] = 1.0;
+        }
+    }
+    v
+}
+
+#[test]
+fn one_hot_lookups_of_a_parameter_read_it_at_the_picked_indices() {
+    let (heads, w, r) = (2usize, 2usize, 3usize);
+    let g = onnx::parse(&one_hot_lookups(&offsets_one_hot(w))).unwrap();
+    assert_eq!(g.param_count(), (heads * r * r) as u64);
+    let add = g.nodes.iter().find(|x| x.name == "/add_bias").unwrap();
+    let Op::AddTable { table, index, .. } = &add.op else {
+        panic!("{:?}", add.op)
+    };
+    assert_eq!(*table, heads * r * r);
+    // bias[n, i, j, x, y] = table[n, i - x + W - 1, j - y + W - 1].
+    let mut want = Vec::new();
+    for n in 0..heads {
+        for i in 0..w {
+            for j in 0..w {
+                for x in 0..w {
+                    for y in 0..w {
+                        want.push((n * r + (i + w - 1 - x)) * r + (j + w - 1 - y));
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(index, &want);
+}
+
+/// A lookup that sums two elements computes on the parameter: refused by node.
+#[test]
+fn a_lookup_that_sums_parameter_elements_is_refused_by_node() {
+    let mut lookup = offsets_one_hot(2);
+    lookup[0] = 1.0; // (i, x) = (0, 0) already picks h = 1
+    let e = onnx::parse(&one_hot_lookups(&lookup))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("/rows") && e.contains("computes on parameter `table`"),
+        "{e}"
+    );
+}

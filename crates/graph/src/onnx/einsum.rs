@@ -14,28 +14,177 @@
 //! Ellipses, a label repeated in one operand (a diagonal), a label summed in
 //! one operand only, several contracted labels and more or fewer than two
 //! operands are refused with the node named.
+//!
+//! An `Einsum` that no graph input reaches (a relative-position table read
+//! through constant one-hot lookups, TensorFlow's MaxViT) is not lowered: the
+//! constant evaluator computes it ([`evaluate`]).
 
 use super::import::{is_default, label};
 use super::proto::{AttributeProto, AttributeType, DataType, NodeProto, TensorProto};
 use crate::error::GraphError;
 
-/// `nodes` with each `Einsum` of the default domain replaced by its ops.
-/// `is_weight` tells an initializer's name: a product with one is a linear layer
-/// when the weight comes second.
+/// `nodes` (in topological order) with each `Einsum` of the default domain that a
+/// graph input reaches replaced by its ops. `is_weight` tells an initializer's name:
+/// a product with one is a linear layer when the weight comes second.
 pub(super) fn lower(
     nodes: Vec<NodeProto>,
     opset: i64,
+    graph_inputs: &[String],
     is_weight: impl Fn(&str) -> bool,
 ) -> Result<Vec<NodeProto>, GraphError> {
+    let mut reached: std::collections::HashSet<&str> = graph_inputs
+        .iter()
+        .map(String::as_str)
+        .filter(|name| !is_weight(name))
+        .collect();
+    let mut keep = Vec::with_capacity(nodes.len());
+    for n in &nodes {
+        let reads_input = n.input.iter().any(|i| reached.contains(i.as_str()));
+        if reads_input {
+            reached.extend(n.output.iter().map(String::as_str));
+        }
+        keep.push(!reads_input);
+    }
     let mut out = Vec::with_capacity(nodes.len());
-    for n in nodes {
-        if is_default(&n) && n.op_type == "Einsum" {
+    for (n, constant) in nodes.into_iter().zip(keep) {
+        if is_default(&n) && n.op_type == "Einsum" && !constant {
             out.extend(lower_one(&n, opset, &is_weight)?);
         } else {
             out.push(n);
         }
     }
     Ok(out)
+}
+
+/// The element-wise product summed over the labels absent from the output, of
+/// constant operands of `dims` (row-major `values`): ONNX `Einsum` of any number of
+/// operands without an ellipsis. `Err` says why it cannot be evaluated.
+pub(super) fn evaluate(
+    equation: &str,
+    operands: &[(&[usize], &[f32])],
+) -> Result<(Vec<usize>, Vec<f32>), String> {
+    // Above this many terms a fold would take seconds; no export's table needs it.
+    const MAX_TERMS: usize = 100_000_000;
+    let eq: String = equation.chars().filter(|c| !c.is_whitespace()).collect();
+    if eq.contains("...") {
+        return Err("an ellipsis (`...`) is not supported; name every axis".into());
+    }
+    let (lhs, rhs) = match eq.split_once("->") {
+        Some((l, r)) => (l, Some(r)),
+        None => (eq.as_str(), None),
+    };
+    let inputs: Vec<Vec<char>> = lhs.split(',').map(|s| s.chars().collect()).collect();
+    if inputs.len() != operands.len() {
+        return Err(format!(
+            "{} operands for an equation of {}",
+            operands.len(),
+            inputs.len()
+        ));
+    }
+    let mut size: Vec<(char, usize)> = Vec::new();
+    for (labels, (dims, _)) in inputs.iter().zip(operands) {
+        if let Some((i, &c)) = labels
+            .iter()
+            .enumerate()
+            .find(|(i, c)| labels[..*i].contains(c))
+        {
+            return Err(format!(
+                "label `{c}` appears twice in one operand (axis {i}): a diagonal is not supported"
+            ));
+        }
+        if labels.len() != dims.len() {
+            return Err(format!(
+                "`{}` for an operand of rank {}",
+                String::from_iter(labels),
+                dims.len()
+            ));
+        }
+        for (&c, &d) in labels.iter().zip(dims.iter()) {
+            match size.iter().find(|(l, _)| *l == c) {
+                Some(&(_, s)) if s != d && s != 1 && d != 1 => {
+                    return Err(format!("label `{c}` is {s} and {d} long"));
+                }
+                Some(_) => {}
+                None => size.push((c, d)),
+            }
+            if let Some(e) = size.iter_mut().find(|(l, _)| *l == c) {
+                e.1 = e.1.max(d);
+            }
+        }
+    }
+    let out: Vec<char> = match rhs {
+        Some(r) => r.chars().collect(),
+        None => {
+            let mut once: Vec<char> = size
+                .iter()
+                .map(|&(c, _)| c)
+                .filter(|c| inputs.iter().flatten().filter(|l| *l == c).count() == 1)
+                .collect();
+            once.sort_unstable();
+            once
+        }
+    };
+    if let Some(c) = out.iter().find(|c| !size.iter().any(|(l, _)| l == *c)) {
+        return Err(format!("output label `{c}` is in no operand"));
+    }
+    // Every label, the output's first: one odometer over all of them.
+    let mut labels = out.clone();
+    labels.extend(size.iter().map(|&(c, _)| c).filter(|c| !out.contains(c)));
+    let lens: Vec<usize> = labels
+        .iter()
+        .map(|c| size.iter().find(|(l, _)| l == c).map_or(1, |&(_, s)| s))
+        .collect();
+    let terms = lens.iter().try_fold(1usize, |acc, &l| acc.checked_mul(l));
+    if terms.is_none_or(|t| t > MAX_TERMS) {
+        return Err(format!("{equation} has more than {MAX_TERMS} terms to sum"));
+    }
+    // Per operand, the stride each label steps it by (0 where it lacks the label or
+    // broadcasts it).
+    let strides: Vec<Vec<usize>> = inputs
+        .iter()
+        .zip(operands)
+        .map(|(ls, (dims, _))| {
+            labels
+                .iter()
+                .map(|c| {
+                    ls.iter().rposition(|l| l == c).map_or(0, |k| {
+                        if dims[k] == 1 {
+                            0
+                        } else {
+                            dims[k + 1..].iter().product()
+                        }
+                    })
+                })
+                .collect()
+        })
+        .collect();
+    let out_dims: Vec<usize> = lens[..out.len()].to_vec();
+    let inner: usize = lens[out.len()..].iter().product();
+    let mut values = vec![0f32; out_dims.iter().product()];
+    let mut idx = vec![0usize; labels.len()];
+    for (o, value) in values.iter_mut().enumerate() {
+        let mut rest = o;
+        for k in (0..out.len()).rev() {
+            idx[k] = rest % lens[k];
+            rest /= lens[k];
+        }
+        let mut sum = 0f32;
+        for t in 0..inner {
+            let mut rest = t;
+            for k in (out.len()..labels.len()).rev() {
+                idx[k] = rest % lens[k];
+                rest /= lens[k];
+            }
+            let mut term = 1f32;
+            for (s, (_, v)) in strides.iter().zip(operands) {
+                let at: usize = s.iter().zip(&idx).map(|(a, b)| a * b).sum();
+                term *= v[at];
+            }
+            sum += term;
+        }
+        *value = sum;
+    }
+    Ok((out_dims, values))
 }
 
 /// The equation's operands and output as label lists.
@@ -346,6 +495,25 @@ fn ints(name: &str, values: &[i64]) -> AttributeProto {
 
 #[cfg(test)]
 mod tests {
+
+    /// The evaluator against products written out: a matrix product, a transpose,
+    /// an implicit output (the labels seen once, sorted), a sum over an axis.
+    #[test]
+    fn evaluate_computes_the_spec_products() {
+        let a = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]; // [2, 3]
+        let b = [1.0, 0.0, 2.0, 1.0, 0.0, 3.0]; // [3, 2]
+        let (dims, v) = evaluate("ik,kj->ij", &[(&[2, 3], &a), (&[3, 2], &b)]).unwrap();
+        assert_eq!((dims, v), (vec![2, 2], vec![5.0, 11.0, 14.0, 23.0]));
+        let (dims, v) = evaluate("ij->ji", &[(&[2, 3], &a)]).unwrap();
+        assert_eq!((dims, v), (vec![3, 2], vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]));
+        let (dims, v) = evaluate("ik,kj", &[(&[2, 3], &a), (&[3, 2], &b)]).unwrap();
+        assert_eq!((dims, v), (vec![2, 2], vec![5.0, 11.0, 14.0, 23.0]));
+        let (dims, v) = evaluate("ij->i", &[(&[2, 3], &a)]).unwrap();
+        assert_eq!((dims, v), (vec![2], vec![6.0, 15.0]));
+        assert!(evaluate("ii->i", &[(&[2, 2], &a[..4])]).is_err());
+        assert!(evaluate("ij,jk->ik", &[(&[2, 3], &a), (&[2, 3], &b)]).is_err());
+    }
+
     use super::*;
 
     #[test]

@@ -11,7 +11,7 @@
 //! needed, which an ONNX runtime crate would bring with a whole interpreter.
 
 use super::decode::{Attrs, positive, tensor_f32, tensor_ints};
-use super::import::{Importer, label};
+use super::import::{Importer, is_default, label};
 use super::proto::{DataType, NodeProto, TensorProto};
 use super::sym::Sym;
 use super::view::Val;
@@ -22,6 +22,7 @@ mod numeric;
 use numeric::{numeric, unary_fn};
 
 /// A dense row-major constant.
+#[derive(Clone)]
 struct Dense {
     dims: Vec<usize>,
     values: Vec<f32>,
@@ -243,10 +244,84 @@ impl Importer {
         Ok(true)
     }
 
+    /// Evaluates an `Einsum` of constants (`einsum::lower` leaves the ones no graph
+    /// input reaches). Where operand 0 is a parameter (read at constant indices) and
+    /// the others are lookups of zeros and ones that pick one of its elements for
+    /// every output element (TensorFlow's MaxViT reads its relative-position table
+    /// through two one-hot `Einsum`s), the result still reads the parameter, at the
+    /// picked indices; any other product of a parameter computes on it, and is
+    /// refused by node.
+    fn fold_einsum(&mut self, n: &NodeProto, a: &Attrs) -> Result<bool, GraphError> {
+        if !(is_default(n) && n.op_type == "Einsum") {
+            return Ok(false);
+        }
+        let err = |why: String| GraphError::node(label(n), format!("Einsum of constants: {why}"));
+        let equation = a
+            .string("equation")
+            .ok_or_else(|| err("no `equation` attribute".into()))?;
+        let data: Vec<Dense> = (0..n.input.len())
+            .map(|pos| self.dense_input(n, pos))
+            .collect::<Option<_>>()
+            .ok_or_else(
+                || err("an operand is neither a constant nor reached by an input".into()),
+            )?;
+        let eval = |data: &[Dense]| {
+            let operands: Vec<(&[usize], &[f32])> = data
+                .iter()
+                .map(|d| (d.dims.as_slice(), d.values.as_slice()))
+                .collect();
+            super::einsum::evaluate(&equation, &operands).map_err(err)
+        };
+        let (dims, values) = eval(&data)?;
+        let table = n
+            .input
+            .first()
+            .and_then(|x| match self.read_from.get(x.as_str()) {
+                Some(r) => Some(r.clone()),
+                None => self.initializers.contains(x.as_str()).then(|| ReadFrom {
+                    table: x.clone(),
+                    len: data[0].values.len(),
+                    index: (0..data[0].values.len()).collect(),
+                }),
+            });
+        let mut read_from = None;
+        if let Some(r) = table {
+            // Every output element is one table element times ones: the lookups are
+            // zeros and ones, and the product with a table of ones counts one term.
+            let lookups_binary = data[1..]
+                .iter()
+                .all(|d| d.values.iter().all(|&v| v == 0.0 || v == 1.0));
+            let mut probe = data.clone();
+            probe[0].values = vec![1.0; probe[0].values.len()];
+            let (_, counts) = eval(&probe)?;
+            if !(lookups_binary && counts.iter().all(|&c| c == 1.0) && r.len as u64 <= EXACT_IN_F32)
+            {
+                return Err(err(format!(
+                    "`{equation}` computes on parameter `{}` (each output element is not one \
+                     of its elements): parameters computed on in the graph are not supported",
+                    r.table
+                )));
+            }
+            probe[0].values = r.index.iter().map(|&i| i as f32).collect();
+            let (_, picked) = eval(&probe)?;
+            read_from = Some(ReadFrom {
+                index: picked.into_iter().map(|v| v as usize).collect(),
+                ..r
+            });
+        }
+        let name = n.output.first().cloned().unwrap_or_default();
+        let tensor = Dense { dims, values }.into_tensor(&name);
+        if let Some(r) = read_from {
+            self.read_from.insert(name, r);
+        }
+        self.define(n, Val::Const(Rc::new(tensor)));
+        Ok(true)
+    }
+
     /// Folds `n` when it rearranges a float constant or computes on constants;
     /// `false` when it does not.
     pub(super) fn fold(&mut self, n: &NodeProto, a: &Attrs) -> Result<bool, GraphError> {
-        if self.fold_numeric(n, a)? {
+        if self.fold_numeric(n, a)? || self.fold_einsum(n, a)? {
             return Ok(true);
         }
         let op = n.op_type.as_str();

@@ -84,15 +84,22 @@ impl Importer {
             b: GraphBuilder::new(name),
             // A node without outputs computes nothing a graph output can read (and the
             // rewrites below read every node's first output).
-            nodes: topological(super::einsum::lower(
-                graph
-                    .node
-                    .into_iter()
-                    .filter(|n| !n.output.is_empty())
-                    .collect(),
+            nodes: super::einsum::lower(
+                topological(
+                    graph
+                        .node
+                        .into_iter()
+                        .filter(|n| !n.output.is_empty())
+                        .collect(),
+                )?,
                 opset,
+                &graph
+                    .input
+                    .iter()
+                    .map(|i| i.name.clone())
+                    .collect::<Vec<_>>(),
                 |name| initializers.contains(name),
-            )?)?
+            )?
             .into(),
             inputs: graph.input,
             outputs: graph.output.into_iter().map(|o| o.name).collect(),
