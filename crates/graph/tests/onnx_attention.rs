@@ -776,3 +776,75 @@ fn decomposed_layer_norm_is_one_layer() {
         }
     }
 }
+
+/// A class token and two register tokens before the patches and a distillation-style
+/// token after them, each `x.expand(B, -1, -1)`, in one `Concat` (timm's ViTs with
+/// registers): each run of learned tensors is one `ConcatParam`, its values joined in
+/// the Concat's order, counted as PyTorch counts the tokens.
+#[test]
+fn several_learned_tokens_in_one_concat() {
+    let mut n = Net::new("vit-registers");
+    n.input("x", &format!("batch,{T},{E}"));
+    let b = size_of(&mut n, "cls", "x", 0);
+    let bu = unsqueezed(&mut n, "cls", &b);
+    n.init(int64s("ones", &[1, 1]));
+    n.node(
+        "Concat",
+        "/shape",
+        &[&bu, "ones"],
+        &["target"],
+        vec![int("axis", 0)],
+    );
+    let e = E as usize;
+    let tokens = [
+        ("cls_token", 1, 1.0),
+        ("reg_token", 2, 2.0),
+        ("end_token", 1, 3.0),
+    ];
+    for (name, count, value) in tokens {
+        n.init(floats(
+            name,
+            &[1, count, E],
+            &vec![value; count as usize * e],
+        ));
+        n.node(
+            "Expand",
+            &format!("/expand_{name}"),
+            &[name, "target"],
+            &[&format!("{name}_b")],
+            vec![],
+        );
+    }
+    n.node(
+        "Concat",
+        "/Concat",
+        &["cls_token_b", "reg_token_b", "x", "end_token_b"],
+        &["out"],
+        vec![int("axis", 1)],
+    );
+    n.output("out");
+    let g = onnx::parse(&n.bytes()).unwrap();
+    let concats: Vec<_> = g
+        .nodes
+        .iter()
+        .filter(|x| matches!(x.op, Op::ConcatParam { .. }))
+        .collect();
+    assert_eq!(concats.len(), 2);
+    assert_eq!(
+        concats[0].op,
+        Op::ConcatParam {
+            axis: 1,
+            shape: vec![3, e],
+            first: true
+        }
+    );
+    let mut before = vec![1.0; e];
+    before.extend(vec![2.0; 2 * e]);
+    assert_eq!(concats[0].weights, Some(vec![before]));
+    assert_eq!(concats[1].weights, Some(vec![vec![3.0; e]]));
+    assert_eq!(
+        g.shape_of(&g.loss.input).unwrap().to_string(),
+        format!("[B, {}, {E}]", T + 4)
+    );
+    assert_eq!(g.param_count(), 4 * E as u64);
+}

@@ -616,32 +616,8 @@ impl Importer {
         let learned: Vec<usize> = (0..n.input.len())
             .filter(|&p| matches!(self.vals.get(n.input[p].as_str()), Some(Val::Broadcast(_))))
             .collect();
-        if let [p] = learned[..] {
-            let Some(Val::Broadcast(t)) = self.vals.get(n.input[p].as_str()).cloned() else {
-                unreachable!("just found")
-            };
-            if n.input.len() != 2 {
-                return Err(err(format!(
-                    "Concat of the expanded initializer `{}` with {} tensors: only with one \
-                     activation is supported",
-                    t.name,
-                    n.input.len() - 1
-                )));
-            }
-            let x = self.act(n, 1 - p)?;
-            let axis = a
-                .get("axis")
-                .map(|v| v.i)
-                .ok_or_else(|| err("Concat needs an axis".into()))?;
-            let shape = positive(&t.dims).unwrap_or_default()[1..].to_vec();
-            let op = Op::ConcatParam {
-                axis,
-                shape,
-                first: p == 0,
-            };
-            let name = self.emit(n, op, &[&x])?;
-            self.attach(&name, vec![tensor_f32(&t)]);
-            return Ok(());
+        if !learned.is_empty() {
+            return self.concat_learned(n, a, &learned);
         }
         let xs = (0..n.input.len())
             .map(|p| self.act(n, p))
@@ -658,6 +634,109 @@ impl Importer {
         }
         Ok(())
     }
+}
+
+impl Importer {
+    /// `Concat` of one activation with initializers expanded over the batch before
+    /// and after it (ViT's class token; a class token and register tokens, DeiT's
+    /// class and distillation tokens): each run of learned tensors is one
+    /// [`Op::ConcatParam`], its tensors joined along the axis (one parameter of
+    /// their summed size, as PyTorch counts them).
+    fn concat_learned(
+        &mut self,
+        n: &NodeProto,
+        a: &Attrs,
+        learned: &[usize],
+    ) -> Result<(), GraphError> {
+        let err = |why: String| GraphError::node(label(n), why);
+        let acts: Vec<usize> = (0..n.input.len())
+            .filter(|p| !learned.contains(p))
+            .collect();
+        let [at] = acts[..] else {
+            return Err(err(format!(
+                "Concat of {} initializers expanded over the batch with {} activations: \
+                 only with one activation is supported",
+                learned.len(),
+                acts.len()
+            )));
+        };
+        let axis = a
+            .get("axis")
+            .map(|v| v.i)
+            .ok_or_else(|| err("Concat needs an axis".into()))?;
+        let mut x = self.act(n, at)?;
+        let runs = [(0..at, true), (at + 1..n.input.len(), false)];
+        let last_run = if at + 1 < n.input.len() { 1 } else { 0 };
+        for (k, (run, first)) in runs.into_iter().enumerate() {
+            if run.is_empty() {
+                continue;
+            }
+            let tensors: Vec<Rc<TensorProto>> = run
+                .map(|p| match self.vals.get(n.input[p].as_str()) {
+                    Some(Val::Broadcast(t)) => t.clone(),
+                    _ => unreachable!("the inputs but one are learned"),
+                })
+                .collect();
+            let (dims, values) = join_learned(&tensors, axis).map_err(err)?;
+            let op = Op::ConcatParam {
+                axis,
+                shape: dims[1..].to_vec(),
+                first,
+            };
+            let name = if k == last_run {
+                self.emit(n, op, &[&x])?
+            } else {
+                let name = self.fresh(n);
+                self.b.push(&name, op, &[&x])?;
+                name
+            };
+            self.attach(&name, vec![values]);
+            x = name;
+        }
+        Ok(())
+    }
+}
+
+/// Initializers `[1, dims..]` joined along ONNX axis `axis`: their dims and values
+/// (`None` where one has no float values).
+fn join_learned(
+    tensors: &[Rc<TensorProto>],
+    axis: i64,
+) -> Result<(Vec<usize>, Option<Vec<f32>>), String> {
+    let dims: Vec<Vec<usize>> = tensors
+        .iter()
+        .map(|t| positive(&t.dims).unwrap_or_default())
+        .collect();
+    let rank = dims[0].len();
+    let ax = if axis < 0 { axis + rank as i64 } else { axis };
+    let ax = usize::try_from(ax)
+        .ok()
+        .filter(|&k| (1..rank).contains(&k))
+        .ok_or_else(|| format!("Concat axis {axis} of learned tensors of rank {rank}"))?;
+    for (t, d) in tensors.iter().zip(&dims) {
+        let mismatched = d.len() != rank || (0..rank).any(|k| k != ax && d[k] != dims[0][k]);
+        if mismatched {
+            return Err(format!(
+                "initializer `{}` {:?} does not join {:?} along axis {axis}",
+                t.name, t.dims, tensors[0].dims
+            ));
+        }
+    }
+    let mut out = dims[0].clone();
+    out[ax] = dims.iter().map(|d| d[ax]).sum();
+    let values: Option<Vec<Vec<f32>>> = tensors.iter().map(|t| tensor_f32(t)).collect();
+    let values = values.map(|vs| {
+        let outer: usize = out[..ax].iter().product();
+        let mut joined = Vec::with_capacity(vs.iter().map(Vec::len).sum());
+        for o in 0..outer {
+            for (v, d) in vs.iter().zip(&dims) {
+                let chunk: usize = d[ax..].iter().product();
+                joined.extend_from_slice(&v[o * chunk..(o + 1) * chunk]);
+            }
+        }
+        joined
+    });
+    Ok((out, values))
 }
 
 /// A constant with its axes permuted (old exports transpose weights in the graph).
