@@ -343,6 +343,9 @@ fn add_layer(g: &mut GraphBuilder, name: &str, k: &mut Keys) -> Result<(), Graph
                     shape: k.usize_list("shape")?,
                     first: k.bool_or("first", true)?,
                 },
+                "broadcast_param" => Op::BroadcastParam {
+                    shape: k.usize_list("shape")?,
+                },
                 "flatten" => Op::Flatten,
                 "expand" => Op::Expand {
                     shape: k.usize_list("shape")?,

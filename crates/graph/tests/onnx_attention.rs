@@ -848,3 +848,46 @@ fn several_learned_tokens_in_one_concat() {
     );
     assert_eq!(g.param_count(), 4 * E as u64);
 }
+
+/// An attention pool's latent query (`latent.expand(B, -1, -1)` into its linear
+/// layer, timm's `AttentionPoolLatent`): the learned tensor repeated over the batch,
+/// one parameter as PyTorch counts it.
+#[test]
+fn a_learned_query_expanded_over_the_batch_feeds_a_linear_layer() {
+    let mut n = Net::new("attention-pool");
+    n.input("x", &format!("batch,{T},{E}"));
+    let b = size_of(&mut n, "latent", "x", 0);
+    let bu = unsqueezed(&mut n, "latent", &b);
+    n.init(int64s("ones", &[1, 1]));
+    n.node(
+        "Concat",
+        "/shape",
+        &[&bu, "ones"],
+        &["target"],
+        vec![int("axis", 0)],
+    );
+    n.weight("latent", &[1, 2, E]);
+    n.node(
+        "Expand",
+        "/expand",
+        &["latent", "target"],
+        &["q_in"],
+        vec![],
+    );
+    n.weight("q_weight", &[E, E]);
+    n.node("MatMul", "/q", &["q_in", "q_weight"], &["q"], vec![]);
+    n.output("q");
+    let g = onnx::parse(&n.bytes()).unwrap();
+    assert_eq!(
+        g.nodes[0].op,
+        Op::BroadcastParam {
+            shape: vec![2, E as usize]
+        }
+    );
+    assert_eq!(g.nodes[0].inputs, ["x"]);
+    assert_eq!(
+        g.shape_of(&g.loss.input).unwrap().to_string(),
+        format!("[B, 2, {E}]")
+    );
+    assert_eq!(g.param_count(), (2 * E + E * E) as u64);
+}

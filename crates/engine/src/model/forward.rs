@@ -146,6 +146,7 @@ fn run_canonical(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: 
         Op::MulConst { shape, values } => {
             elementwise::with_const(k, first(), b, shape, values, Combine::Mul)
         }
+        Op::BroadcastParam { .. } => reshape::broadcast_param(k, p, b),
         Op::ConcatParam {
             axis,
             first: at_start,

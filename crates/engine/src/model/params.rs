@@ -224,6 +224,7 @@ fn engine_layout(op: &Op, param: &batchfit_graph::Param) -> Layout {
             | Op::PRelu { .. }
             | Op::AddTable { .. }
             | Op::ConcatParam { .. }
+            | Op::BroadcastParam { .. }
     ) {
         // Flat: it broadcasts as one run of the sample's axes (elementwise `learned`).
         vec![param.elements() as usize]
@@ -264,6 +265,9 @@ fn random_start(op: &Op, param: &batchfit_graph::Param) -> Start {
         Op::AddParam { .. } | Op::AddTable { .. } | Op::ConcatParam { .. } => {
             return Start::Constant(0.0);
         }
+        // A latent query starts small and random, as timm draws it (a zero query would
+        // attend uniformly and give every latent the same gradient).
+        Op::BroadcastParam { ref shape } => shape.last().copied().unwrap_or(1),
         // A layer scale starts at ones unless the graph says otherwise.
         Op::MulParam { .. } => return Start::Constant(1.0),
         // `nn.PReLU`'s slope starts at 0.25.

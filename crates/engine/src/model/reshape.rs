@@ -161,6 +161,14 @@ pub(super) fn transpose(k: &Kernel, x: Tensor<2>, b: usize, perm: &[usize]) -> T
 
 /// `x` and a learned tensor (stored flat, the same for every sample) concatenated
 /// along `axis`, the tensor first or last: ViT's class token.
+/// A learned tensor repeated over the batch: `[B, elements]`, each row the parameter.
+pub(super) fn broadcast_param(k: &Kernel, p: &Params, b: usize) -> Tensor<2> {
+    let elements = k.out_elems();
+    p.t1(k.params[0])
+        .reshape([1, elements])
+        .expand([b, elements])
+}
+
 pub(super) fn concat_param(
     k: &Kernel,
     p: &Params,

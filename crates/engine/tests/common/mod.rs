@@ -383,6 +383,28 @@ pub fn families() -> Vec<Graph> {
     g.push("unit", Op::Div, &["rope", "length"]).unwrap();
     g.linear("head", "unit", 3).unwrap();
     out.push(g.finish(LossKind::Mse, "head").unwrap());
+    // An attention pool (SigLIP's MAP head): a learned query, the same for every
+    // sample, attends over the positions.
+    let (t, e) = (4, 6);
+    let mut g = GraphBuilder::new("attention-pool");
+    g.input("x", Shape::fixed(&[t, e])).unwrap();
+    let latent = Op::BroadcastParam { shape: vec![1, e] };
+    g.push("latent", latent, &["x"]).unwrap();
+    g.linear("q", "latent", e).unwrap();
+    g.linear("k", "x", e).unwrap();
+    g.linear("v", "x", e).unwrap();
+    g.push("kt", Op::Transpose { perm: vec![1, 0] }, &["k"])
+        .unwrap();
+    g.push("scores", Op::MatMul, &["q", "kt"]).unwrap();
+    g.push("attn", Op::Softmax { axis: -1 }, &["scores"])
+        .unwrap();
+    g.push("pooled", Op::MatMul, &["attn", "v"]).unwrap();
+    let flat = Op::Reshape {
+        shape: vec![e as i64],
+    };
+    g.push("flat", flat, &["pooled"]).unwrap();
+    g.linear("head", "flat", 3).unwrap();
+    out.push(g.finish(LossKind::CrossEntropy, "head").unwrap());
     out
 }
 

@@ -421,7 +421,7 @@ impl Importer {
         self.fresh_from(format!("{}/layout", label(n)))
     }
 
-    fn fresh_from(&mut self, base: String) -> String {
+    pub(super) fn fresh_from(&mut self, base: String) -> String {
         let mut name = base.clone();
         let mut k = 1;
         while self.used.contains(&name) {

@@ -260,6 +260,7 @@ impl Op {
                 }
                 Ok(x.clone())
             }
+            Op::BroadcastParam { shape } => Ok(Shape::fixed(shape)),
             Op::ConcatParam { axis, shape, .. } => {
                 let a = sample_axis(x, *axis)?;
                 let fits = shape.len() == x.rank()

@@ -272,6 +272,12 @@ pub enum Op {
         shape: Vec<usize>,
         first: bool,
     },
+    /// A learned tensor of `shape`, the same for every sample, repeated over the batch of
+    /// its input (whose values it does not read): an attention pool's latent query
+    /// (`latent.expand(B, -1, -1)` read by a linear layer: SigLIP's MAP head).
+    BroadcastParam {
+        shape: Vec<usize>,
+    },
     /// A causal attention mask over the last two axes `[.., T, T]`: entries above the
     /// diagonal become -inf (`scores + generate_square_subsequent_mask(T)`, `is_causal`).
     CausalMask,
@@ -517,6 +523,7 @@ impl Op {
             Op::AddConst { .. } => "add_const",
             Op::MulConst { .. } => "mul_const",
             Op::ConcatParam { .. } => "concat_param",
+            Op::BroadcastParam { .. } => "broadcast_param",
             Op::Softmax { .. } => "softmax",
             Op::Pool {
                 pool: PoolKind::Max,
@@ -616,7 +623,8 @@ impl Op {
             Op::AddParam { ref shape }
             | Op::MulParam { ref shape }
             | Op::PRelu { ref shape }
-            | Op::ConcatParam { ref shape, .. } => {
+            | Op::ConcatParam { ref shape, .. }
+            | Op::BroadcastParam { ref shape } => {
                 vec![Param::new("weight", shape)]
             }
             Op::AddTable { table, .. } => vec![Param::new("weight", &[table])],

@@ -321,7 +321,11 @@ pub fn forward_flops(op: &Op, s: &Sizes) -> f64 {
         | Op::CausalMask
         | Op::AddConst { .. }
         | Op::MulConst { .. } => out,
-        Op::Transpose { .. } | Op::ConcatParam { .. } | Op::Pad { .. } | Op::Expand { .. } => 0.0,
+        Op::Transpose { .. }
+        | Op::ConcatParam { .. }
+        | Op::BroadcastParam { .. }
+        | Op::Pad { .. }
+        | Op::Expand { .. } => 0.0,
         Op::Flatten | Op::Reshape { .. } | Op::Concat { .. } | Op::Embedding { .. } => 0.0,
         Op::Rnn {
             cell,

@@ -118,6 +118,7 @@ impl RuntimeRules for Pytorch {
             | Op::AddParam { .. }
             | Op::AddTable { .. }
             | Op::ConcatParam { .. }
+            | Op::BroadcastParam { .. }
             | Op::CausalMask
             | Op::AddConst { .. } => none,
             // `mul` by an untracked buffer keeps that buffer (no per-sample memory).

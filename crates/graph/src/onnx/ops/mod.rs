@@ -10,11 +10,12 @@ mod random;
 mod recurrent;
 mod reshape;
 
-use super::decode::Attrs;
-use super::import::{Importer, unsupported};
+use super::decode::{Attrs, positive, tensor_f32};
+use super::import::{Importer, label, unsupported};
 use super::proto::NodeProto;
 use super::view::Val;
 use crate::error::GraphError;
+use crate::op::Op;
 
 /// Imports one node of the default domain; `usize` is its index in node order.
 type Import = fn(&mut Importer, usize, &NodeProto, &Attrs) -> Result<(), GraphError>;
@@ -122,6 +123,9 @@ impl Importer {
         let Some((_, import)) = OPS.iter().find(|(op, _)| *op == n.op_type) else {
             return Err(unsupported(n, n.op_type.clone()));
         };
+        if n.op_type != "Concat" {
+            self.repeat_learned(n)?;
+        }
         if LAYOUT_OPS.contains(&n.op_type.as_str()) {
             return import(self, i, n, &a);
         }
@@ -169,6 +173,33 @@ impl Importer {
             },
             _ => return None,
         })
+    }
+
+    /// Inputs that are initializers expanded over the batch, read by an op that
+    /// computes on them (an attention pool's latent query into its linear layer), become
+    /// one IR tensor each: the learned tensor repeated over the batch, as PyTorch's
+    /// `expand` feeds the op every sample's copy. (`Concat` takes them as they are.)
+    fn repeat_learned(&mut self, n: &NodeProto) -> Result<(), GraphError> {
+        for name in &n.input {
+            let Some(Val::Broadcast(t)) = self.vals.get(name.as_str()).cloned() else {
+                continue;
+            };
+            // Any model input gives the batch; the first by name, so imports repeat.
+            let batch_of = self
+                .graph_inputs
+                .iter()
+                .min()
+                .cloned()
+                .ok_or_else(|| GraphError::node(label(n), "the model has no input"))?;
+            let shape = positive(&t.dims).unwrap_or_default()[1..].to_vec();
+            let ir = self.fresh_from(format!("{name}/repeated"));
+            self.b
+                .push(&ir, Op::BroadcastParam { shape }, &[&batch_of])?;
+            self.sources.insert(ir.clone(), vec![t.name.clone()]);
+            self.attach(&ir, vec![tensor_f32(&t)]);
+            self.vals.insert(name.clone(), Val::Ir(ir));
+        }
+        Ok(())
     }
 
     /// `Constant`: already evaluated before the nodes are imported.

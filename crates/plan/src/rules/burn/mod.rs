@@ -114,6 +114,7 @@ fn family(op: &Op) -> Family {
         | Op::Resize { .. }
         | Op::Pad { .. }
         | Op::ConcatParam { .. }
+        | Op::BroadcastParam { .. }
         | Op::CausalMask
         | Op::AddConst { .. }
         | Op::MulConst { .. }

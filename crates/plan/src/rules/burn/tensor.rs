@@ -79,6 +79,7 @@ pub(super) fn backward(b: &Burn, op: &Op, s: &Sizes, dx: u64, act: u64) -> Vec<B
         | Op::CausalMask
         | Op::AddConst { .. }
         | Op::ConcatParam { .. }
+        | Op::BroadcastParam { .. }
         | Op::AddParam { .. }
         | Op::AddTable { .. } => out,
         // The inverse `permute` of dy is a view; the reshape back copies it into dx.
