@@ -249,6 +249,14 @@ fn run_layout(g: &Graph, input: &[f32]) -> Vec<f32> {
                     .collect()
             }
             Op::Reshape { .. } | Op::Flatten | Op::Relu => v,
+            // A stand-in recurrent layer that outputs each step's input: the layouts
+            // around a real one must then give the input back.
+            Op::Rnn {
+                input_size,
+                hidden,
+                bidirectional: false,
+                ..
+            } if input_size == hidden => v,
             op => panic!("not a layout op: {op:?}"),
         };
         vals.insert(node.name.clone(), (dims(&node.shape), out));
@@ -282,4 +290,58 @@ fn a_reshape_across_permuted_atoms_aligns_the_view_first() {
     // x = [[0, 1, 2], [3, 4, 5]]; transposed and read row-major: 0 3 1 4 2 5.
     let x: Vec<f32> = (0..6).map(|v| v as f32).collect();
     assert_eq!(run_layout(&g, &x), vec![0., 3., 1., 4., 2., 5.]);
+}
+
+/// timm's Sequencer runs an LSTM over a batch merged with the rows, `[B·R, T, F]`
+/// (`x.reshape(-1, T, C)`), which ONNX reads time-major: each sample's R sequences
+/// run in one IR recurrent layer over `[R, T, F]`, and its output is seen back through
+/// the merged layout. With a stand-in layer that returns its input, the layouts around
+/// it give the input back in ONNX's order.
+#[test]
+fn a_recurrent_layer_over_a_batch_merged_with_rows() {
+    let (r, t, f) = (2i64, 3i64, 4i64);
+    let mut n = Net::new("sequencer");
+    n.input("x", &format!("batch,{r},{t},{f}"));
+    n.init(int64s("merged", &[-1, t, f]))
+        .init(int64s("dirs_axis", &[1]))
+        .init(int64s("split", &[-1, r, t, f]));
+    n.weight("W", &[1, 4 * f, f])
+        .weight("R", &[1, 4 * f, f])
+        .weight("B", &[1, 8 * f]);
+    n.node("Reshape", "m", &["x", "merged"], &["xm"], vec![]);
+    n.node(
+        "Transpose",
+        "tm",
+        &["xm"],
+        &["xt"],
+        vec![ints("perm", &[1, 0, 2])],
+    );
+    n.node(
+        "LSTM",
+        "lstm",
+        &["xt", "W", "R", "B"],
+        &["y"],
+        vec![int("hidden_size", f)],
+    );
+    n.node("Squeeze", "sq", &["y", "dirs_axis"], &["ys"], vec![]);
+    n.node(
+        "Transpose",
+        "bf",
+        &["ys"],
+        &["yb"],
+        vec![ints("perm", &[1, 0, 2])],
+    );
+    n.node("Reshape", "s", &["yb", "split"], &["yr"], vec![]);
+    n.node("Relu", "act", &["yr"], &["out"], vec![]);
+    n.output("out");
+    let g = onnx::parse(&n.bytes()).unwrap();
+    let lstm = g.nodes.iter().find(|x| x.op.name() == "lstm").unwrap();
+    assert_eq!(lstm.shape.to_string(), format!("[B, {r}, {t}, {f}]"));
+    assert_eq!(g.param_count(), (2 * 4 * f * f + 8 * f) as u64);
+    assert_eq!(
+        g.shape_of(&g.loss.input).unwrap().to_string(),
+        format!("[B, {r}, {t}, {f}]")
+    );
+    let x: Vec<f32> = (0..r * t * f).map(|v| v as f32).collect();
+    assert_eq!(run_layout(&g, &x), x);
 }

@@ -9,8 +9,9 @@ use batchfit_graph::{Cell, Op, RnnBias};
 use burn::tensor::Tensor;
 use burn::tensor::activation::{relu, sigmoid, tanh};
 
-/// An LSTM or GRU layer over `x` `[B, T·I]`: every step's output `[B, T·H·dirs]`,
-/// the directions side by side.
+/// An LSTM or GRU layer over `x` `[B, sequences·T·I]`: every step's output
+/// `[B, sequences·T·H·dirs]`, the directions side by side. A sample's several
+/// sequences (a layer over a batch merged with another axis) run as more batch.
 pub(super) fn rnn(k: &Kernel, p: &Params, x: Tensor<2>, b: usize) -> Tensor<2> {
     let Op::Rnn {
         cell,
@@ -24,7 +25,9 @@ pub(super) fn rnn(k: &Kernel, p: &Params, x: Tensor<2>, b: usize) -> Tensor<2> {
     };
     let out_elems = k.out_elems();
     let d = &k.in_dims[0];
-    let x = x.reshape([b, d[0], d[1]]);
+    let lead = d.len() - 2;
+    let sequences: usize = d[..lead].iter().product();
+    let x = x.reshape([b * sequences, d[lead], d[lead + 1]]);
     // Per direction, in `Op::params` order: W_ih, W_hh, b_ih (or the single bias), b_hh.
     let per_dir = if bias == RnnBias::Double { 4 } else { 3 };
     let dirs = if bidirectional { 2 } else { 1 };

@@ -405,6 +405,15 @@ pub fn families() -> Vec<Graph> {
     g.push("flat", flat, &["pooled"]).unwrap();
     g.linear("head", "flat", 3).unwrap();
     out.push(g.finish(LossKind::CrossEntropy, "head").unwrap());
+    // A recurrent layer over several sequences per sample (a batch merged with rows,
+    // timm's Sequencer): `[rows, T, features]`, each row its own sequence.
+    let mut g = GraphBuilder::new("lstm-over-rows");
+    g.input("x", Shape::fixed(&[2, 3, 4])).unwrap();
+    g.rnn("rows", "x", Cell::Lstm, 5, true, RnnBias::Double)
+        .unwrap();
+    g.push("flat", Op::Flatten, &["rows"]).unwrap();
+    g.linear("head", "flat", 3).unwrap();
+    out.push(g.finish(LossKind::CrossEntropy, "head").unwrap());
     out
 }
 

@@ -358,14 +358,16 @@ impl Op {
                 bidirectional,
                 ..
             } => {
-                if x.rank() != 2 {
+                // `[sequences.., T, features]`: more than one sequence per sample where
+                // the layer runs over a batch merged with another axis.
+                if x.rank() < 2 {
                     return Err(ShapeError(format!(
                         "needs a sequence [B, T, features], got {x}"
                     )));
                 }
                 expect_last(x, *input_size, "input_size")?;
                 let dirs = if *bidirectional { 2 } else { 1 };
-                Ok(Shape(vec![x.0[0], Dim::Fixed(hidden * dirs)]))
+                Ok(with_last(x, hidden * dirs))
             }
         }
     }

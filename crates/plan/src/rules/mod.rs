@@ -209,9 +209,21 @@ pub fn for_runtime(runtime: Runtime, host: CpuHost, gpu: bool) -> Box<dyn Runtim
     }
 }
 
-/// Steps times directions of a recurrent layer (its input is `[T, features]`).
+/// A recurrent layer's input `[sequences.., T, features]`: the sequences of one sample
+/// (1 for `[T, features]`; more where the layer runs over a batch merged with another
+/// axis, Sequencer's rows) and the steps of each.
+pub(crate) fn rnn_sequences_steps(s: &Sizes) -> (u64, u64) {
+    let d = s.in_dims;
+    let lead = d.len().saturating_sub(2);
+    let steps = d.get(lead).copied().unwrap_or(1).max(1) as u64;
+    let sequences = d[..lead].iter().product::<usize>().max(1) as u64;
+    (sequences, steps)
+}
+
+/// Steps of one sample (every sequence's) times directions of a recurrent layer.
 pub(crate) fn rnn_steps_dirs(op: &Op, s: &Sizes) -> u64 {
-    let steps = s.in_dims.first().copied().unwrap_or(1) as u64;
+    let (sequences, steps) = rnn_sequences_steps(s);
+    let steps = sequences * steps;
     match op {
         Op::Rnn {
             bidirectional: true,
@@ -336,7 +348,8 @@ pub fn forward_flops(op: &Op, s: &Sizes) -> f64 {
         } => {
             let g = cell.gates() as f64;
             let h = *hidden as f64;
-            let steps = s.in_dims.first().copied().unwrap_or(1) as f64;
+            let (sequences, steps) = rnn_sequences_steps(s);
+            let steps = (sequences * steps) as f64;
             let dirs = if *bidirectional { 2.0 } else { 1.0 };
             // Gate matmuls plus about ten element-wise ops per hidden unit.
             steps * dirs * (2.0 * g * h * (*input_size as f64 + h) + 10.0 * h)

@@ -3,7 +3,10 @@
 //! context add. Every parameter's `.grad` is held for the whole step, so the step's
 //! moments share one fixed memory and differ only per sample.
 
-use super::{BackwardMoment, RuntimeRules, Saved, Sizes, rnn_steps_dirs, workspace_elems};
+use super::{
+    BackwardMoment, RuntimeRules, Saved, Sizes, rnn_sequences_steps, rnn_steps_dirs,
+    workspace_elems,
+};
 use crate::options::Optimizer;
 use crate::units::Bytes;
 use batchfit_graph::{Cell, LossKind, Op, PoolKind, ReduceKind};
@@ -180,11 +183,14 @@ impl RuntimeRules for Pytorch {
                 hidden,
                 ..
             } => {
-                let (steps, dirs) = steps_and_dirs(op, s);
+                let (sequences, steps) = rnn_sequences_steps(s);
+                let dirs = steps_and_dirs(op, s).1;
                 let h = *hidden as u64;
                 Saved {
-                    extra_elems: s.inputs[0] + dirs * (steps * h + 2 * h),
-                    extra_bytes: dirs * onednn_lstm_workspace(steps, *input_size as u64, h),
+                    extra_elems: s.inputs[0] + sequences * dirs * (steps * h + 2 * h),
+                    extra_bytes: sequences
+                        * dirs
+                        * onednn_lstm_workspace(steps, *input_size as u64, h),
                     ..none
                 }
             }
@@ -358,8 +364,10 @@ impl RuntimeRules for Pytorch {
 }
 
 /// Steps and directions of a recurrent layer.
+/// Steps of one sample (every sequence's) and directions of a recurrent layer.
 fn steps_and_dirs(op: &Op, s: &Sizes) -> (u64, u64) {
-    let steps = (s.in_dims.first().copied().unwrap_or(1) as u64).max(1);
+    let (sequences, steps) = rnn_sequences_steps(s);
+    let steps = sequences * steps;
     (steps, rnn_steps_dirs(op, s) / steps)
 }
 

@@ -35,6 +35,11 @@ impl Importer {
             other => return Err(err(format!("unknown direction `{other}`"))),
         };
         let layout = a.int("layout", 0);
+        // Where the batch is merged with another axis in the sequences' axis (timm's
+        // Sequencer runs its LSTMs over `[B·W, H, C]`), the IR input is aligned to
+        // `[B, merged, T, features]` and each sample runs its sequences; `Some(true)`
+        // when the batch comes first in the merged axis.
+        let mut merged = None;
         let x = match (layout, self.val(n, 0)?.clone()) {
             (1, Val::Ir(x)) => x,
             (0, Val::View(v))
@@ -43,6 +48,19 @@ impl Importer {
             {
                 let t = v.transpose(&[1, 0, 2]).expect("checked");
                 self.align(n, &t)?.0
+            }
+            (0, Val::View(v)) if v.groups.len() == 3 => {
+                let t = v.transpose(&[1, 0, 2]).map_err(|e| err(e.to_string()))?;
+                let (x, lay) = self.align(n, &t)?;
+                if lay.b_axis != 0 || lay.b_alone {
+                    return Err(err(format!(
+                        "input `{}` is seen as {}: the batch is not in the sequences' axis",
+                        n.input[0],
+                        t.describe()
+                    )));
+                }
+                merged = Some(lay.b_first);
+                x
             }
             (0, Val::Ir(_)) => {
                 return Err(err(format!(
@@ -102,21 +120,42 @@ impl Importer {
             self.attach(&name, weights.into_iter().map(Some).collect());
         }
         // Y is [B, T, dirs·hidden] in the IR, [T, dirs, B, hidden] (layout 0) or
-        // [B, T, dirs, hidden] (layout 1) in ONNX.
-        let order = if layout == 1 {
-            vec![0, 1, 2, 3]
-        } else {
-            vec![1, 2, 0, 3]
-        };
-        let seq = match self.shape(&name)?.0.first() {
+        // [B, T, dirs, hidden] (layout 1) in ONNX; over a merged batch the IR's
+        // [B, merged, T, dirs·hidden] is ONNX's [T, dirs, B·merged (or merged·B), hidden].
+        let s = self.shape(&name)?.clone();
+        let seq = match s.0.get(s.rank() - 2) {
             Some(Dim::Fixed(t)) => Sym::N(*t as i64),
             _ => Sym::Seq,
         };
-        let y = View {
-            ir: name.clone(),
-            atoms: vec![Sym::Batch, seq, Sym::N(dirs as i64), Sym::N(hidden as i64)],
-            order,
-            groups: vec![1; 4],
+        let (dirs, hidden) = (Sym::N(dirs as i64), Sym::N(hidden as i64));
+        let y = match merged {
+            None => View {
+                ir: name.clone(),
+                atoms: vec![Sym::Batch, seq, dirs, hidden],
+                order: if layout == 1 {
+                    vec![0, 1, 2, 3]
+                } else {
+                    vec![1, 2, 0, 3]
+                },
+                groups: vec![1; 4],
+            },
+            Some(b_first) => {
+                let Some(Dim::Fixed(m)) = s.0.first() else {
+                    return Err(err(
+                        "the axis merged with the batch has no fixed size".into()
+                    ));
+                };
+                View {
+                    ir: name.clone(),
+                    atoms: vec![Sym::Batch, Sym::N(*m as i64), seq, dirs, hidden],
+                    order: if b_first {
+                        vec![2, 3, 0, 1, 4]
+                    } else {
+                        vec![2, 3, 1, 0, 4]
+                    },
+                    groups: vec![1, 1, 2, 1],
+                }
+            }
         };
         self.define_view(n, y)?;
         for (k, out) in n.output.iter().enumerate().skip(1) {

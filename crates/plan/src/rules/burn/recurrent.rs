@@ -3,7 +3,7 @@
 //! plain cell everywhere (engine `model/recurrent.rs` `rnn_direction`).
 
 use super::Burn;
-use crate::rules::{BackwardMoment, Saved, Sizes, rnn_steps_dirs};
+use crate::rules::{BackwardMoment, Saved, Sizes, rnn_sequences_steps, rnn_steps_dirs};
 use batchfit_graph::{Cell, Op};
 
 /// What a recurrent layer keeps for its backward.
@@ -55,7 +55,8 @@ pub(super) fn forward_temporaries(b: &Burn, op: &Op, s: &Sizes, act: u64) -> u64
         return rnn_steps_dirs(op, s) * (cell.gates() + 1) as u64 * *hidden as u64 * act;
     }
     // Per direction the input projection `[T, gates x H]` lives through the loop.
-    let steps = s.in_dims.first().copied().unwrap_or(1) as u64;
+    let (sequences, steps) = rnn_sequences_steps(s);
+    let steps = sequences * steps;
     steps * (cell.gates() * *hidden) as u64 * act
 }
 
@@ -73,7 +74,8 @@ pub(super) fn backward(b: &Burn, op: &Op, s: &Sizes, dx: u64, act: u64) -> Vec<B
     let out = s.output;
     let params: u64 = op.param_count();
     let largest = op.params().iter().map(|p| p.elements()).max().unwrap_or(0);
-    let steps = s.in_dims.first().copied().unwrap_or(1) as u64;
+    let (sequences, steps) = rnn_sequences_steps(s);
+    let steps = sequences * steps;
     let dirs = if *bidirectional { 2 } else { 1 };
     if fused(b, *cell) {
         // The fused cells' backward (both directions at once, one per thread): the output's
