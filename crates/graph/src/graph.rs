@@ -30,8 +30,14 @@ pub struct Node {
     pub name: String,
     pub op: Op,
     pub inputs: Vec<String>,
-    /// The shape of one sample of the output.
+    /// The shape of one sample of the output; of the whole tensor where `shared`.
     pub shape: Shape,
+    /// The output does not depend on the batch: computed once per step from constants
+    /// and parameters (a relative-position MLP's table), with no batch axis. A node is
+    /// shared when every input is (an [`Op::Constant`] always is); a shared tensor meets
+    /// the batch through a broadcasting [`Op::Add`]/[`Op::Mul`]/[`Op::Div`].
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub shared: bool,
     /// Trained values of the op's parameters, when the source has them (ONNX
     /// initializers): one flat row-major vector per [`Op::params`] entry, in that
     /// order and shape. `None`: the engine initialises randomly.
@@ -190,6 +196,8 @@ pub struct GraphBuilder {
     inputs: Vec<Input>,
     nodes: Vec<Node>,
     shapes: HashMap<String, Shape>,
+    /// The shared tensors (see [`Node::shared`]).
+    shared: std::collections::HashSet<String>,
     default_seq_len: Option<usize>,
 }
 
@@ -201,6 +209,7 @@ impl GraphBuilder {
             inputs: Vec::new(),
             nodes: Vec::new(),
             shapes: HashMap::new(),
+            shared: Default::default(),
             default_seq_len: None,
         }
     }
@@ -219,11 +228,18 @@ impl GraphBuilder {
                     .map(|n| (n.name.clone(), n.shape.clone())),
             )
             .collect();
+        let shared = graph
+            .nodes
+            .iter()
+            .filter(|n| n.shared)
+            .map(|n| n.name.clone())
+            .collect();
         GraphBuilder {
             name: graph.name,
             inputs: graph.inputs,
             nodes: graph.nodes,
             shapes,
+            shared,
             default_seq_len: graph.default_seq_len,
         }
     }
@@ -281,6 +297,11 @@ impl GraphBuilder {
             .or_else(|| self.inputs.last().map(|i| i.name.as_str()))
     }
 
+    /// Whether `tensor` is shared (see [`Node::shared`]).
+    pub fn is_shared(&self, tensor: &str) -> bool {
+        self.shared.contains(tensor)
+    }
+
     /// Adds a node applying `op` to `inputs`; returns the output's name (= `name`).
     pub fn push(&mut self, name: &str, op: Op, inputs: &[&str]) -> Result<String, GraphError> {
         self.claim(name)?;
@@ -299,12 +320,35 @@ impl GraphBuilder {
         if let Op::Embedding { vocab, .. } = op {
             self.check_tokens(name, inputs[0], vocab)?;
         }
+        let shared =
+            matches!(op, Op::Constant { .. }) || inputs.iter().all(|i| self.shared.contains(*i));
+        let mixes = inputs.iter().any(|i| self.shared.contains(*i));
+        if !shared && mixes && !matches!(op, Op::Add | Op::Mul | Op::Div) {
+            return Err(GraphError::node(
+                name,
+                format!(
+                    "{} of a shared tensor (computed once per step) and a batch: only add, \
+                     mul and div broadcast one over the other",
+                    op.name()
+                ),
+            ));
+        }
+        if shared {
+            if matches!(op, Op::BroadcastParam { .. }) {
+                return Err(GraphError::node(
+                    name,
+                    "broadcast_param repeats over the batch of a batch input",
+                ));
+            }
+            self.shared.insert(name.to_string());
+        }
         self.shapes.insert(name.to_string(), shape.clone());
         self.nodes.push(Node {
             name: name.to_string(),
             op,
             inputs: inputs.iter().map(|s| s.to_string()).collect(),
             shape,
+            shared,
             weights: None,
             tied: Vec::new(),
         });

@@ -52,6 +52,10 @@ pub struct FixedMemory {
     pub accumulation: Bytes,
     /// The runtime's own share: CUDA context, allocator pool segments.
     pub runtime: Bytes,
+    /// Tensors computed once per step from constants and parameters (a relative-position
+    /// MLP's table; `Node::shared`) and their gradients.
+    #[serde(skip_serializing_if = "Bytes::is_zero")]
+    pub shared: Bytes,
 }
 
 impl FixedMemory {
@@ -64,6 +68,7 @@ impl FixedMemory {
             + self.optimizer_transient
             + self.accumulation
             + self.runtime
+            + self.shared
     }
 }
 
@@ -256,8 +261,20 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         .or(graph.default_seq_len)
         .unwrap_or(batchfit_graph::DEFAULT_SEQ_LEN);
     let act = opts.precision.activation_bytes();
-    let elems =
-        |tensor: &str| -> u64 { graph.shape_of(tensor).map(|s| s.elements(seq)).unwrap_or(0) };
+    // Shared tensors (computed once per step) hold no per-sample bytes; they are fixed
+    // memory (`FixedMemory::shared`).
+    let shared: HashSet<&str> = graph
+        .nodes
+        .iter()
+        .filter(|n| n.shared)
+        .map(|n| n.name.as_str())
+        .collect();
+    let elems = |tensor: &str| -> u64 {
+        if shared.contains(tensor) {
+            return 0;
+        }
+        graph.shape_of(tensor).map(|s| s.elements(seq)).unwrap_or(0)
+    };
 
     let fused = if rules.fuses_silu_and_attention() {
         fused_parts(graph, seq)
@@ -306,7 +323,7 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
             .map(|s| s.resolve(seq))
             .unwrap_or_default();
         let out_dims = node.shape.resolve(seq);
-        let out = node.shape.elements(seq);
+        let out = elems(&node.name);
         let in_tracked: Vec<bool> = node
             .inputs
             .iter()
@@ -477,7 +494,7 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         let len = n.div_ceil(k);
         let boundaries: u64 = (0..n)
             .filter(|i| (i + 1) % len == 0 && i + 1 < n)
-            .map(|i| graph.nodes[i].shape.elements(seq) * act)
+            .map(|i| elems(&graph.nodes[i].name) * act)
             .sum();
         (boundaries, Some(len))
     } else {
@@ -531,6 +548,17 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         ),
         accumulation: rules.accumulation(opts.micro_batch, params),
         runtime: rules.runtime_bytes() + pool_bytes,
+        // Each shared tensor, kept for the backward, and its gradient, all step: an upper
+        // bound on what they hold at any moment (a few MB at most: they do not grow with
+        // the batch).
+        shared: Bytes(
+            graph
+                .nodes
+                .iter()
+                .filter(|n| n.shared)
+                .map(|n| 2 * n.shape.elements(seq) * act)
+                .sum(),
+        ),
         ..FixedMemory::default()
     };
     // The optimizer's moment: all gradients, and one tensor's update temporaries. Where
@@ -776,5 +804,39 @@ mod tests {
         };
         assert_eq!(weights(Runtime::Pytorch), 4 * (16 * 16 + 2 * 16));
         assert_eq!(weights(Runtime::Burn), 4 * (2 * 16 * 16 + 2 * 16));
+    }
+
+    /// A table computed once per step (a relative-position MLP over constant
+    /// coordinates) is fixed memory: widening its hidden layer leaves the bytes per
+    /// sample alone and adds its tensors (output and gradient) to the fixed bytes.
+    #[test]
+    fn a_shared_table_is_fixed_memory() {
+        use batchfit_graph::{GraphBuilder, Shape};
+        let with_hidden = |hidden: usize| {
+            let mut g = GraphBuilder::new("relpos");
+            g.input("x", Shape::fixed(&[4, 8])).unwrap();
+            let coords = Op::Constant {
+                shape: vec![4, 2],
+                values: vec![0.5; 8],
+            };
+            g.push("coords", coords, &["x"]).unwrap();
+            g.linear("fc1", "coords", hidden).unwrap();
+            g.linear("fc2", "fc1", 8).unwrap();
+            g.push("sum", Op::Add, &["x", "fc2"]).unwrap();
+            g.linear("head", "sum", 3).unwrap();
+            let graph = g.finish(LossKind::Mse, "head").unwrap();
+            plan(&graph, &TrainOptions::default())
+        };
+        let (narrow, wide) = (with_hidden(4), with_hidden(1004));
+        assert_eq!(narrow.memory.per_sample_bytes, wide.memory.per_sample_bytes);
+        let params = |h: u64| (2 * h + h) + (h * 8 + 8);
+        assert_eq!(
+            wide.fixed.shared.0 - narrow.fixed.shared.0,
+            2 * 4 * (4 * 1000)
+        );
+        assert!(
+            wide.memory.fixed_bytes.0 - narrow.memory.fixed_bytes.0
+                >= 2 * 4 * 4 * 1000 + 4 * (params(1004) - params(4))
+        );
     }
 }

@@ -9,6 +9,11 @@ use std::ops::{Add, AddAssign, Mul, Sub};
 pub struct Bytes(pub u64);
 
 impl Bytes {
+    /// Whether this is no bytes at all.
+    pub fn is_zero(&self) -> bool {
+        self.0 == 0
+    }
+
     /// Bytes in a KiB.
     pub const KIB: u64 = 1 << 10;
     /// Bytes in a MiB.

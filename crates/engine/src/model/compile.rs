@@ -40,6 +40,12 @@ impl Program {
             r4: Vec::new(),
         };
         let mut slot_of: HashMap<&str, usize> = Default::default();
+        let shared: std::collections::HashSet<&str> = graph
+            .nodes
+            .iter()
+            .filter(|n| n.shared)
+            .map(|n| n.name.as_str())
+            .collect();
         for (i, input) in graph.inputs.iter().enumerate() {
             slot_of.insert(&input.name, i);
         }
@@ -70,6 +76,12 @@ impl Program {
                 in_dims,
                 out_dims,
                 pool_matrix,
+                shared: node.shared,
+                in_shared: node
+                    .inputs
+                    .iter()
+                    .map(|n| shared.contains(n.as_str()))
+                    .collect(),
             });
             slot_of.insert(&node.name, graph.inputs.len() + k);
         }

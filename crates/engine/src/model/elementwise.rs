@@ -109,10 +109,18 @@ pub(super) fn drop_path(x: Tensor<2>, rate: f32, train: bool) -> Tensor<2> {
     x * mask.div_scalar(keep as f32)
 }
 
-/// The sum or product (`k.op`) of two values, broadcast when their shapes differ.
+/// The sum or product (`k.op`) of two values, broadcast when their shapes differ or
+/// one is shared (a batch of 1).
 pub(super) fn binary(k: &Kernel, x: Tensor<2>, y: Tensor<2>, b: usize) -> Tensor<2> {
-    if k.in_dims[0] != k.in_dims[1] {
-        return broadcast_binary(&k.op, x, &k.in_dims[0], y, &k.in_dims[1], b, k.out_elems());
+    if k.in_dims[0] != k.in_dims[1] || k.in_shared[0] != k.in_shared[1] {
+        let batch = |i: usize| if k.in_shared[i] { 1 } else { b };
+        return broadcast_binary(
+            &k.op,
+            (x, &k.in_dims[0], batch(0)),
+            (y, &k.in_dims[1], batch(1)),
+            b,
+            k.out_elems(),
+        );
     }
     match k.op {
         Op::Add => x + y,
@@ -121,19 +129,18 @@ pub(super) fn binary(k: &Kernel, x: Tensor<2>, y: Tensor<2>, b: usize) -> Tensor
     }
 }
 
-/// Element-wise op with numpy broadcasting, through rank-6 tensors `[B, d1..d5]`.
+/// Element-wise op with numpy broadcasting, through rank-6 tensors `[B, d1..d5]`; each
+/// operand with its sample dims and its batch (1 for a shared one).
 fn broadcast_binary(
     op: &Op,
-    x: Tensor<2>,
-    xd: &[usize],
-    y: Tensor<2>,
-    yd: &[usize],
+    (x, xd, xb): (Tensor<2>, &[usize], usize),
+    (y, yd, yb): (Tensor<2>, &[usize], usize),
     b: usize,
     out_elems: usize,
 ) -> Tensor<2> {
-    let pad = |d: &[usize]| -> [usize; 6] {
+    let pad = |d: &[usize], batch: usize| -> [usize; 6] {
         let mut s = [1usize; 6];
-        s[0] = b;
+        s[0] = batch;
         let off = 6 - d.len();
         s[off..].copy_from_slice(d);
         s
@@ -142,8 +149,8 @@ fn broadcast_binary(
         xd.len() <= 5 && yd.len() <= 5,
         "broadcasting supports up to 5 sample dims"
     );
-    let x6: Tensor<6> = x.reshape(pad(xd));
-    let y6: Tensor<6> = y.reshape(pad(yd));
+    let x6: Tensor<6> = x.reshape(pad(xd, xb));
+    let y6: Tensor<6> = y.reshape(pad(yd, yb));
     let z = match op {
         Op::Add => x6 + y6,
         Op::Div => x6 / y6,

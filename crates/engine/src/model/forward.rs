@@ -40,7 +40,8 @@ impl Program {
                     }
                 })
                 .collect();
-            slots.push(Some(run_kernel(kernel, params, args, batch.size, train)));
+            let b = if kernel.shared { 1 } else { batch.size };
+            slots.push(Some(run_kernel(kernel, params, args, b, train)));
         }
         float(slots[self.output_slot].take().expect("output computed"))
     }
@@ -147,6 +148,8 @@ fn run_canonical(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: 
             elementwise::with_const(k, first(), b, shape, values, Combine::Mul)
         }
         Op::BroadcastParam { .. } => reshape::broadcast_param(k, p, b),
+        Op::Constant { values, .. } => reshape::constant(values, &device_of(&args[0])),
+        Op::Take { axis, indices } => reshape::take(k, first(), b, *axis, indices),
         Op::ConcatParam {
             axis,
             first: at_start,
@@ -162,5 +165,14 @@ fn run_canonical(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: 
         Op::Flatten | Op::Reshape { .. } => first(),
         Op::Concat { axis } => reshape::concat(k, args, b, *axis),
         Op::Rnn { .. } => recurrent::rnn(k, p, first(), b),
+    }
+}
+
+/// The device a value lives on.
+fn device_of(v: &Value) -> burn::tensor::Device {
+    match v {
+        Value::Float(t) => t.device(),
+        Value::ConvRows(r) => r.device(),
+        Value::Tokens(t) => t.device(),
     }
 }

@@ -19,6 +19,11 @@ pub(super) struct Kernel {
     pub(super) out_dims: Vec<usize>,
     /// An average pool's window as a matrix (see [`super::pool::avg_pool_matrix`]).
     pub(super) pool_matrix: Option<Tensor<2>>,
+    /// The output is computed once per step, not per sample (`Node::shared`): the
+    /// kernel runs at a batch of 1.
+    pub(super) shared: bool,
+    /// Per input, whether it is shared: a batch of 1 broadcast against the batch.
+    pub(super) in_shared: Vec<bool>,
 }
 
 impl Kernel {

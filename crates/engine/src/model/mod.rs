@@ -67,6 +67,10 @@ pub struct ConvRows {
 }
 
 impl ConvRows {
+    fn device(&self) -> Device {
+        self.rows.device()
+    }
+
     fn map(self, f: impl FnOnce(Tensor<2>) -> Tensor<2>) -> ConvRows {
         ConvRows {
             rows: f(self.rows),

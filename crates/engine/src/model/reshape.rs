@@ -8,7 +8,7 @@ use super::{Value, float, prod};
 use crate::cpu::tensor::available;
 use crate::cpu::view::{permute_cpu, slice_cpu};
 use batchfit_graph::ReduceKind;
-use burn::tensor::Tensor;
+use burn::tensor::{Device, Int, Tensor, TensorData};
 
 /// Concatenation of `args` along `axis`, each seen as `[B, before, axis, after]`.
 pub(super) fn concat(k: &Kernel, args: Vec<Value>, b: usize, axis: i64) -> Tensor<2> {
@@ -161,6 +161,23 @@ pub(super) fn transpose(k: &Kernel, x: Tensor<2>, b: usize, perm: &[usize]) -> T
 
 /// `x` and a learned tensor (stored flat, the same for every sample) concatenated
 /// along `axis`, the tensor first or last: ViT's class token.
+/// A constant computed once per step: `[1, elements]`, not tracked.
+pub(super) fn constant(values: &[f32], device: &Device) -> Tensor<2> {
+    Tensor::from_data(TensorData::new(values.to_vec(), [1, values.len()]), device)
+}
+
+/// Elements of `x` gathered along sample axis `axis` at `indices`.
+pub(super) fn take(k: &Kernel, x: Tensor<2>, b: usize, axis: i64, indices: &[usize]) -> Tensor<2> {
+    let d = &k.in_dims[0];
+    let a = axis_index(d.len(), axis);
+    let (before, after) = (prod(&d[..a]), prod(&d[a + 1..]));
+    let ids: Vec<i64> = indices.iter().map(|&i| i as i64).collect();
+    let ids = Tensor::<1, Int>::from_data(TensorData::new(ids, [indices.len()]), &x.device());
+    x.reshape([b, before, d[a], after])
+        .select(2, ids)
+        .reshape([b, k.out_elems()])
+}
+
 /// A learned tensor repeated over the batch: `[B, elements]`, each row the parameter.
 pub(super) fn broadcast_param(k: &Kernel, p: &Params, b: usize) -> Tensor<2> {
     let elements = k.out_elems();

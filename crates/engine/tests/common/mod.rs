@@ -405,6 +405,40 @@ pub fn families() -> Vec<Graph> {
     g.push("flat", flat, &["pooled"]).unwrap();
     g.linear("head", "flat", 3).unwrap();
     out.push(g.finish(LossKind::CrossEntropy, "head").unwrap());
+    // A relative-position MLP (timm's ViT-relpos): two linear layers over a constant
+    // table of coordinates, computed once per step (shared), read at every pair's index
+    // and added to each sample's scores.
+    let (n, heads, table) = (3, 2, 5);
+    let mut g = GraphBuilder::new("relative-position-mlp");
+    g.input("x", Shape::fixed(&[heads, n, n])).unwrap();
+    let coords = Op::Constant {
+        shape: vec![table, 2],
+        values: (0..2 * table).map(|k| k as f32 * 0.25 - 1.0).collect(),
+    };
+    g.push("coords", coords, &["x"]).unwrap();
+    g.linear("fc1", "coords", 8).unwrap();
+    g.push("act", Op::Relu, &["fc1"]).unwrap();
+    g.linear("fc2", "act", heads).unwrap();
+    let pairs: Vec<usize> = (0..n * n)
+        .map(|k| (k / n + n - 1 - k % n) % table)
+        .collect();
+    let take = Op::Take {
+        axis: 1,
+        indices: pairs,
+    };
+    g.push("pairs", take, &["fc2"]).unwrap();
+    let square = Op::Reshape {
+        shape: vec![n as i64, n as i64, heads as i64],
+    };
+    g.push("square", square, &["pairs"]).unwrap();
+    let heads_first = Op::Transpose {
+        perm: vec![2, 0, 1],
+    };
+    g.push("bias", heads_first, &["square"]).unwrap();
+    g.push("scores", Op::Add, &["x", "bias"]).unwrap();
+    g.push("flat", Op::Flatten, &["scores"]).unwrap();
+    g.linear("head", "flat", 3).unwrap();
+    out.push(g.finish(LossKind::CrossEntropy, "head").unwrap());
     // A recurrent layer over several sequences per sample (a batch merged with rows,
     // timm's Sequencer): `[rows, T, features]`, each row its own sequence.
     let mut g = GraphBuilder::new("lstm-over-rows");

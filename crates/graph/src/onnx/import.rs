@@ -546,7 +546,7 @@ impl Importer {
             .input
             .iter()
             .filter(|name| !restore.iter().any(|(r, _)| r == *name))
-            .any(|name| matches!(self.vals.get(name.as_str()), Some(Val::Ir(_))));
+            .any(|name| matches!(self.vals.get(name.as_str()), Some(Val::Ir(x)) if !self.b.is_shared(x)));
         if lay.is_some() && plain {
             for (name, v) in restore.drain(..) {
                 self.vals.insert(name, v);

@@ -261,6 +261,29 @@ impl Op {
                 Ok(x.clone())
             }
             Op::BroadcastParam { shape } => Ok(Shape::fixed(shape)),
+            Op::Constant { shape, values } => {
+                if values.len() != shape.iter().product::<usize>() {
+                    return Err(ShapeError(format!(
+                        "has {} values for shape {shape:?}",
+                        values.len()
+                    )));
+                }
+                Ok(Shape::fixed(shape))
+            }
+            Op::Take { axis, indices } => {
+                let a = sample_axis(x, *axis)?;
+                let Dim::Fixed(len) = x.0[a] else {
+                    return Err(ShapeError(format!("axis {axis} of {x} has no fixed size")));
+                };
+                if let Some(&i) = indices.iter().find(|&&i| i >= len) {
+                    return Err(ShapeError(format!(
+                        "index {i} is out of range for axis {axis} of {x}"
+                    )));
+                }
+                let mut out = x.0.clone();
+                out[a] = Dim::Fixed(indices.len());
+                Ok(Shape(out))
+            }
             Op::ConcatParam { axis, shape, .. } => {
                 let a = sample_axis(x, *axis)?;
                 let fits = shape.len() == x.rank()

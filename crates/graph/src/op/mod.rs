@@ -278,6 +278,21 @@ pub enum Op {
     BroadcastParam {
         shape: Vec<usize>,
     },
+    /// A constant tensor of `shape` (row-major `values`), the same in every step and not
+    /// trained: the relative coordinates a relative-position MLP reads. Its output is
+    /// shared ([`crate::Node::shared`]); its input, any model input, is not read.
+    Constant {
+        shape: Vec<usize>,
+        #[serde(skip)]
+        values: Vec<f32>,
+    },
+    /// Elements gathered along axis `axis` (0 is the batch) at constant `indices` (ONNX `Gather`
+    /// with a constant rank-1 index): a relative-position table read at the index of
+    /// every pair of positions.
+    Take {
+        axis: i64,
+        indices: Vec<usize>,
+    },
     /// A causal attention mask over the last two axes `[.., T, T]`: entries above the
     /// diagonal become -inf (`scores + generate_square_subsequent_mask(T)`, `is_causal`).
     CausalMask,
@@ -524,6 +539,8 @@ impl Op {
             Op::MulConst { .. } => "mul_const",
             Op::ConcatParam { .. } => "concat_param",
             Op::BroadcastParam { .. } => "broadcast_param",
+            Op::Constant { .. } => "constant",
+            Op::Take { .. } => "take",
             Op::Softmax { .. } => "softmax",
             Op::Pool {
                 pool: PoolKind::Max,

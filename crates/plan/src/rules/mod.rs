@@ -336,6 +336,8 @@ pub fn forward_flops(op: &Op, s: &Sizes) -> f64 {
         Op::Transpose { .. }
         | Op::ConcatParam { .. }
         | Op::BroadcastParam { .. }
+        | Op::Constant { .. }
+        | Op::Take { .. }
         | Op::Pad { .. }
         | Op::Expand { .. } => 0.0,
         Op::Flatten | Op::Reshape { .. } | Op::Concat { .. } | Op::Embedding { .. } => 0.0,

@@ -122,6 +122,8 @@ impl RuntimeRules for Pytorch {
             | Op::AddTable { .. }
             | Op::ConcatParam { .. }
             | Op::BroadcastParam { .. }
+            | Op::Constant { .. }
+            | Op::Take { .. }
             | Op::CausalMask
             | Op::AddConst { .. } => none,
             // `mul` by an untracked buffer keeps that buffer (no per-sample memory).

@@ -9,6 +9,7 @@ mod norm;
 mod random;
 mod recurrent;
 mod reshape;
+mod shared;
 
 use super::decode::{Attrs, positive, tensor_f32};
 use super::import::{Importer, label, unsupported};
@@ -117,7 +118,7 @@ impl Importer {
     /// computes on shape values), then the op's family.
     pub(super) fn node(&mut self, i: usize, n: &NodeProto) -> Result<(), GraphError> {
         let a = Attrs(&n.attribute);
-        if self.shape_op(n, &a)? || self.fold(n, &a)? {
+        if self.shape_op(n, &a)? || self.fold(n, &a)? || self.shared_node(n, &a)? {
             return Ok(());
         }
         let Some((_, import)) = OPS.iter().find(|(op, _)| *op == n.op_type) else {
@@ -145,9 +146,11 @@ impl Importer {
     /// `None` for the rest, which need their inputs batch-first.
     fn axes_touched(&self, n: &NodeProto, a: &Attrs) -> Option<usize> {
         // Leading axes of size 1 broadcast like missing ones: they touch nothing.
+        // A shared tensor (computed once per step) broadcasts like a constant.
         let const_rank = (0..n.input.len())
             .filter_map(|p| match self.vals.get(n.input[p].as_str()) {
                 Some(Val::Const(t)) => Some(t.dims.iter().skip_while(|&&d| d == 1).count()),
+                Some(Val::Ir(x)) if self.b.is_shared(x) => self.b.shape(x).ok().map(|s| s.rank()),
                 _ => None,
             })
             .max()

@@ -115,6 +115,8 @@ fn family(op: &Op) -> Family {
         | Op::Pad { .. }
         | Op::ConcatParam { .. }
         | Op::BroadcastParam { .. }
+        | Op::Constant { .. }
+        | Op::Take { .. }
         | Op::CausalMask
         | Op::AddConst { .. }
         | Op::MulConst { .. }

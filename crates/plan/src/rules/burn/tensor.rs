@@ -80,6 +80,7 @@ pub(super) fn backward(b: &Burn, op: &Op, s: &Sizes, dx: u64, act: u64) -> Vec<B
         | Op::AddConst { .. }
         | Op::ConcatParam { .. }
         | Op::BroadcastParam { .. }
+        | Op::Constant { .. }
         | Op::AddParam { .. }
         | Op::AddTable { .. } => out,
         // The inverse `permute` of dy is a view; the reshape back copies it into dx.
@@ -87,6 +88,8 @@ pub(super) fn backward(b: &Burn, op: &Op, s: &Sizes, dx: u64, act: u64) -> Vec<B
         // The repeated values copied into `[B, elements]`; `expand`'s backward sums dy
         // over the repeated axes into dx.
         Op::Expand { .. } => out + dx,
+        // `select` backward: `select_assign` of dy into zeros of x's shape.
+        Op::Take { .. } => out + dx,
         // On the CPU the engine's own slice writes dx once, zeros around dy. Elsewhere
         // `slice` backward: `float_zeros` of x's shape (an `empty`, two copies for a moment)
         // and a `slice_assign` of dy.
