@@ -52,8 +52,8 @@ pub struct FixedMemory {
     pub accumulation: Bytes,
     /// The runtime's own share: CUDA context, allocator pool segments.
     pub runtime: Bytes,
-    /// Tensors computed once per step from constants and parameters (a relative-position
-    /// MLP's table; `Node::shared`) and their gradients.
+    /// What tensors computed once per step from constants and parameters (a
+    /// relative-position MLP's table; `Node::shared`) keep for the backward.
     #[serde(skip_serializing_if = "Bytes::is_zero")]
     pub shared: Bytes,
 }
@@ -316,7 +316,54 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
     // Per-sample bytes of each node's largest input or output: what its gradients and
     // copies are sized like.
     let mut node_largest: Vec<u64> = Vec::with_capacity(n);
+    // What shared nodes keep for the backward, by the runtime's own rules at a batch of
+    // one: fixed memory (`FixedMemory::shared`).
+    let mut shared_kept = 0u64;
     for node in &graph.nodes {
+        if node.shared {
+            let whole = |t: &str| -> u64 {
+                if !shared.contains(t) {
+                    return 0;
+                }
+                graph.shape_of(t).map(|s| s.elements(seq)).unwrap_or(0)
+            };
+            let in_elems: Vec<u64> = node.inputs.iter().map(|i| whole(i)).collect();
+            let in_dims = graph
+                .shape_of(&node.inputs[0])
+                .map(|s| s.resolve(seq))
+                .unwrap_or_default();
+            let sizes = Sizes {
+                inputs: &in_elems,
+                output: whole(&node.name),
+                out_dims: &node.shape.resolve(seq),
+                in_dims: &in_dims,
+                input_tracked: true,
+            };
+            let rule = rules.saved(&node.op, &sizes);
+            let inputs: u64 = if rule.inputs {
+                in_elems.iter().sum()
+            } else {
+                0
+            };
+            let output = if rule.output { sizes.output } else { 0 };
+            shared_kept += (rule.extra_elems + inputs + output) * act + rule.extra_bytes;
+            node_kept.push(Vec::new());
+            node_largest.push(0);
+            saved.push(0);
+            param_bytes.push(held_params(node, opts.runtime) * 4);
+            let needs_grad = !matches!(node.op, Op::Constant { .. })
+                && (node.op.param_count() > 0
+                    || node
+                        .inputs
+                        .iter()
+                        .any(|i| tracked.get(i.as_str()).copied().unwrap_or(true)));
+            tracked.insert(node.name.as_str(), needs_grad);
+            moments.push(Vec::new());
+            forward_live.push(0);
+            extras.push(0);
+            forward_ws.push(0);
+            continue;
+        }
         let in_elems: Vec<u64> = node.inputs.iter().map(|i| elems(i)).collect();
         let in_dims = graph
             .shape_of(&node.inputs[0])
@@ -548,17 +595,9 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         ),
         accumulation: rules.accumulation(opts.micro_batch, params),
         runtime: rules.runtime_bytes() + pool_bytes,
-        // Each shared tensor, kept for the backward, and its gradient, all step: an upper
-        // bound on what they hold at any moment (a few MB at most: they do not grow with
-        // the batch).
-        shared: Bytes(
-            graph
-                .nodes
-                .iter()
-                .filter(|n| n.shared)
-                .map(|n| 2 * n.shape.elements(seq) * act)
-                .sum(),
-        ),
+        // What shared nodes keep for the backward, all step (their gradients are
+        // transient and a batch of one: left out).
+        shared: Bytes(shared_kept),
         ..FixedMemory::default()
     };
     // The optimizer's moment: all gradients, and one tensor's update temporaries. Where
@@ -829,14 +868,12 @@ mod tests {
         };
         let (narrow, wide) = (with_hidden(4), with_hidden(1004));
         assert_eq!(narrow.memory.per_sample_bytes, wide.memory.per_sample_bytes);
+        // fc2 keeps its input, fc1's output [4, hidden] (PyTorch's linear keeps its input).
+        assert_eq!(wide.fixed.shared.0 - narrow.fixed.shared.0, 4 * (4 * 1000));
         let params = |h: u64| (2 * h + h) + (h * 8 + 8);
-        assert_eq!(
-            wide.fixed.shared.0 - narrow.fixed.shared.0,
-            2 * 4 * (4 * 1000)
-        );
         assert!(
             wide.memory.fixed_bytes.0 - narrow.memory.fixed_bytes.0
-                >= 2 * 4 * 4 * 1000 + 4 * (params(1004) - params(4))
+                >= 4 * 4 * 1000 + 4 * (params(1004) - params(4))
         );
     }
 }
