@@ -139,8 +139,11 @@ pub fn check_trainable(graph: &Graph) -> Result<(), Unsupported> {
             {
                 Some("broadcasting over more than 5 dimensions")
             }
-            Op::Transpose { .. } if node.shape.rank() > 5 => {
-                Some("transposing more than 5 sample dimensions")
+            // Axes that move together are one (`reshape::merged_transpose`).
+            Op::Transpose { perm }
+                if 1 + perm.windows(2).filter(|w| w[1] != w[0] + 1).count() > 5 =>
+            {
+                Some("transposing more than 5 sample dimensions that do not move together")
             }
             Op::AddParam { shape }
             | Op::MulParam { shape }

@@ -134,7 +134,8 @@ pub(super) fn expand(k: &Kernel, x: Tensor<2>, b: usize) -> Tensor<2> {
 /// Sample axes reordered (`perm[k]` is the input axis of output axis `k`): a permuted
 /// view of `[B, dims..]`, copied back to `[B, elements]`.
 pub(super) fn transpose(k: &Kernel, x: Tensor<2>, b: usize, perm: &[usize]) -> Tensor<2> {
-    let d = &k.in_dims[0];
+    let (d, perm) = merged_transpose(&k.in_dims[0], perm);
+    let (d, perm) = (&d[..], &perm[..]);
     if d.len() > 1 && available(&x) {
         return permute_cpu(x, d, perm).expect("a CPU tensor");
     }
@@ -159,8 +160,31 @@ pub(super) fn transpose(k: &Kernel, x: Tensor<2>, b: usize, perm: &[usize]) -> T
     }
 }
 
-/// `x` and a learned tensor (stored flat, the same for every sample) concatenated
-/// along `axis`, the tensor first or last: ViT's class token.
+/// The same transpose on fewer axes: every run of input axes that stay next to each
+/// other, in order, in `perm` merged into one (MaxViT's window and grid partitions
+/// move 6 axes, 2 of them together). Returns the merged dims and their permutation.
+pub(super) fn merged_transpose(dims: &[usize], perm: &[usize]) -> (Vec<usize>, Vec<usize>) {
+    // Runs of input axes in output order: (first axis, length).
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for &p in perm {
+        match runs.last_mut() {
+            Some((start, len)) if *start + *len == p => *len += 1,
+            _ => runs.push((p, 1)),
+        }
+    }
+    let mut by_input: Vec<usize> = (0..runs.len()).collect();
+    by_input.sort_by_key(|&r| runs[r].0);
+    let merged: Vec<usize> = by_input
+        .iter()
+        .map(|&r| dims[runs[r].0..runs[r].0 + runs[r].1].iter().product())
+        .collect();
+    let mut at = vec![0; runs.len()];
+    for (i, &r) in by_input.iter().enumerate() {
+        at[r] = i;
+    }
+    (merged, at)
+}
+
 /// A constant computed once per step: `[1, elements]`, not tracked.
 pub(super) fn constant(values: &[f32], device: &Device) -> Tensor<2> {
     Tensor::from_data(TensorData::new(values.to_vec(), [1, values.len()]), device)
@@ -186,6 +210,8 @@ pub(super) fn broadcast_param(k: &Kernel, p: &Params, b: usize) -> Tensor<2> {
         .expand([b, elements])
 }
 
+/// `x` and a learned tensor (stored flat, the same for every sample) concatenated
+/// along `axis`, the tensor first or last: ViT's class token.
 pub(super) fn concat_param(
     k: &Kernel,
     p: &Params,
@@ -209,4 +235,47 @@ pub(super) fn concat_param(
         vec![x, learned]
     };
     Tensor::cat(parts, 2).reshape([b, k.out_elems()])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merged_transpose;
+
+    /// Row-major values of `0..n` in `dims`, transposed by `perm` (output axis k is
+    /// input axis perm[k]), computed element by element.
+    fn permuted(dims: &[usize], perm: &[usize]) -> Vec<usize> {
+        let out_dims: Vec<usize> = perm.iter().map(|&p| dims[p]).collect();
+        let strides: Vec<usize> = (0..dims.len())
+            .map(|k| dims[k + 1..].iter().product())
+            .collect();
+        let n: usize = dims.iter().product();
+        (0..n)
+            .map(|mut flat| {
+                let mut src = 0;
+                for k in (0..out_dims.len()).rev() {
+                    src += (flat % out_dims[k]) * strides[perm[k]];
+                    flat /= out_dims[k];
+                }
+                src
+            })
+            .collect()
+    }
+
+    /// Merging the axes that move together moves every element where the full
+    /// transpose does.
+    #[test]
+    fn a_merged_transpose_moves_every_element_alike() {
+        let dims = [2, 3, 2, 4, 3, 2];
+        for perm in [
+            vec![0, 1, 3, 2, 4, 5],
+            vec![2, 3, 0, 1, 4, 5],
+            vec![5, 4, 3, 2, 1, 0],
+            vec![0, 1, 2, 3, 4, 5],
+            vec![1, 2, 0, 4, 5, 3],
+        ] {
+            let (d, p) = merged_transpose(&dims, &perm);
+            assert_eq!(permuted(&d, &p), permuted(&dims, &perm), "{perm:?}");
+        }
+        assert_eq!(merged_transpose(&dims, &[0, 1, 3, 2, 4, 5]).1.len(), 4);
+    }
 }

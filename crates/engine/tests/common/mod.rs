@@ -439,6 +439,18 @@ pub fn families() -> Vec<Graph> {
     g.push("flat", Op::Flatten, &["scores"]).unwrap();
     g.linear("head", "flat", 3).unwrap();
     out.push(g.finish(LossKind::CrossEntropy, "head").unwrap());
+    // Six sample axes transposed, two pairs moving together (MaxViT's partitions):
+    // four axes once the pairs are merged.
+    let mut g = GraphBuilder::new("six-axis-transpose");
+    g.input("x", Shape::fixed(&[2, 2, 2, 3, 2, 2])).unwrap();
+    let swap = Op::Transpose {
+        perm: vec![0, 1, 3, 2, 4, 5],
+    };
+    g.push("swap", swap, &["x"]).unwrap();
+    g.linear("mix", "swap", 3).unwrap();
+    g.push("flat", Op::Flatten, &["mix"]).unwrap();
+    g.linear("head", "flat", 3).unwrap();
+    out.push(g.finish(LossKind::CrossEntropy, "head").unwrap());
     // A recurrent layer over several sequences per sample (a batch merged with rows,
     // timm's Sequencer): `[rows, T, features]`, each row its own sequence.
     let mut g = GraphBuilder::new("lstm-over-rows");
