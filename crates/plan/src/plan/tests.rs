@@ -1,0 +1,62 @@
+use super::*;
+
+/// A weight two layers share is one parameter; PyTorch holds it once, the engine
+/// (which gives every layer its own tensor) twice.
+#[test]
+fn a_tied_weight_is_held_once_by_pytorch_and_per_layer_by_the_engine() {
+    use batchfit_graph::{GraphBuilder, Shape};
+    let mut g = GraphBuilder::new("tied");
+    g.input("x", Shape::fixed(&[16])).unwrap();
+    g.linear("a", "x", 16).unwrap();
+    g.linear("b", "a", 16).unwrap();
+    g.tie("b", 0, "a", 0).unwrap();
+    assert!(
+        g.tie("a", 1, "b", 1).is_err(),
+        "ties point to earlier layers"
+    );
+    let graph = g.finish(LossKind::Mse, "b").unwrap();
+    assert_eq!(graph.param_count(), 16 * 16 + 2 * 16);
+    let weights = |runtime| {
+        let opts = TrainOptions {
+            runtime,
+            ..TrainOptions::default()
+        };
+        let p = plan(&graph, &opts);
+        assert_eq!(p.parameters, 16 * 16 + 2 * 16);
+        p.fixed.weights.0
+    };
+    assert_eq!(weights(Runtime::Pytorch), 4 * (16 * 16 + 2 * 16));
+    assert_eq!(weights(Runtime::Burn), 4 * (2 * 16 * 16 + 2 * 16));
+}
+
+/// A table computed once per step (a relative-position MLP over constant
+/// coordinates) is fixed memory: widening its hidden layer leaves the bytes per
+/// sample alone and adds its tensors (output and gradient) to the fixed bytes.
+#[test]
+fn a_shared_table_is_fixed_memory() {
+    use batchfit_graph::{GraphBuilder, Shape};
+    let with_hidden = |hidden: usize| {
+        let mut g = GraphBuilder::new("relpos");
+        g.input("x", Shape::fixed(&[4, 8])).unwrap();
+        let coords = Op::Constant {
+            shape: vec![4, 2],
+            values: vec![0.5; 8],
+        };
+        g.push("coords", coords, &["x"]).unwrap();
+        g.linear("fc1", "coords", hidden).unwrap();
+        g.linear("fc2", "fc1", 8).unwrap();
+        g.push("sum", Op::Add, &["x", "fc2"]).unwrap();
+        g.linear("head", "sum", 3).unwrap();
+        let graph = g.finish(LossKind::Mse, "head").unwrap();
+        plan(&graph, &TrainOptions::default())
+    };
+    let (narrow, wide) = (with_hidden(4), with_hidden(1004));
+    assert_eq!(narrow.memory.per_sample_bytes, wide.memory.per_sample_bytes);
+    // fc2 keeps its input, fc1's output [4, hidden] (PyTorch's linear keeps its input).
+    assert_eq!(wide.fixed.shared.0 - narrow.fixed.shared.0, 4 * (4 * 1000));
+    let params = |h: u64| (2 * h + h) + (h * 8 + 8);
+    assert!(
+        wide.memory.fixed_bytes.0 - narrow.memory.fixed_bytes.0
+            >= 4 * 4 * 1000 + 4 * (params(1004) - params(4))
+    );
+}
