@@ -777,6 +777,21 @@ fn decomposed_layer_norm_is_one_layer() {
     }
 }
 
+/// `[B, 1, 1]` from the batch of `x` (an `expand(B, -1, -1)`'s target, the -1s
+/// already replaced), named `target`.
+fn batch_then_ones(n: &mut Net, p: &str, target: &str) {
+    let b = size_of(n, p, "x", 0);
+    let bu = unsqueezed(n, p, &b);
+    n.init(int64s("ones", &[1, 1]));
+    n.node(
+        "Concat",
+        "/shape",
+        &[&bu, "ones"],
+        &[target],
+        vec![int("axis", 0)],
+    );
+}
+
 /// A class token and two register tokens before the patches and a distillation-style
 /// token after them, each `x.expand(B, -1, -1)`, in one `Concat` (timm's ViTs with
 /// registers): each run of learned tensors is one `ConcatParam`, its values joined in
@@ -785,16 +800,7 @@ fn decomposed_layer_norm_is_one_layer() {
 fn several_learned_tokens_in_one_concat() {
     let mut n = Net::new("vit-registers");
     n.input("x", &format!("batch,{T},{E}"));
-    let b = size_of(&mut n, "cls", "x", 0);
-    let bu = unsqueezed(&mut n, "cls", &b);
-    n.init(int64s("ones", &[1, 1]));
-    n.node(
-        "Concat",
-        "/shape",
-        &[&bu, "ones"],
-        &["target"],
-        vec![int("axis", 0)],
-    );
+    batch_then_ones(&mut n, "cls", "target");
     let e = E as usize;
     let tokens = [
         ("cls_token", 1, 1.0),
@@ -856,16 +862,7 @@ fn several_learned_tokens_in_one_concat() {
 fn a_learned_query_expanded_over_the_batch_feeds_a_linear_layer() {
     let mut n = Net::new("attention-pool");
     n.input("x", &format!("batch,{T},{E}"));
-    let b = size_of(&mut n, "latent", "x", 0);
-    let bu = unsqueezed(&mut n, "latent", &b);
-    n.init(int64s("ones", &[1, 1]));
-    n.node(
-        "Concat",
-        "/shape",
-        &[&bu, "ones"],
-        &["target"],
-        vec![int("axis", 0)],
-    );
+    batch_then_ones(&mut n, "latent", "target");
     n.weight("latent", &[1, 2, E]);
     n.node(
         "Expand",

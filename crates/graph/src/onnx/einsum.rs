@@ -65,15 +65,7 @@ pub(super) fn evaluate(
 ) -> Result<(Vec<usize>, Vec<f32>), String> {
     // Above this many terms a fold would take seconds; no export's table needs it.
     const MAX_TERMS: usize = 100_000_000;
-    let eq: String = equation.chars().filter(|c| !c.is_whitespace()).collect();
-    if eq.contains("...") {
-        return Err("an ellipsis (`...`) is not supported; name every axis".into());
-    }
-    let (lhs, rhs) = match eq.split_once("->") {
-        Some((l, r)) => (l, Some(r)),
-        None => (eq.as_str(), None),
-    };
-    let inputs: Vec<Vec<char>> = lhs.split(',').map(|s| s.chars().collect()).collect();
+    let (inputs, out) = split(equation)?;
     if inputs.len() != operands.len() {
         return Err(format!(
             "{} operands for an equation of {}",
@@ -112,18 +104,6 @@ pub(super) fn evaluate(
             }
         }
     }
-    let out: Vec<char> = match rhs {
-        Some(r) => r.chars().collect(),
-        None => {
-            let mut once: Vec<char> = size
-                .iter()
-                .map(|&(c, _)| c)
-                .filter(|c| inputs.iter().flatten().filter(|l| *l == c).count() == 1)
-                .collect();
-            once.sort_unstable();
-            once
-        }
-    };
     if let Some(c) = out.iter().find(|c| !size.iter().any(|(l, _)| l == *c)) {
         return Err(format!("output label `{c}` is in no operand"));
     }
@@ -194,7 +174,9 @@ struct Equation {
     out: Vec<char>,
 }
 
-fn parse(eq: &str) -> Result<Equation, String> {
+/// The operands' labels and the output's (implicit: the labels that appear once, in
+/// alphabetical order), without whitespace; an ellipsis is refused.
+fn split(eq: &str) -> Result<(Vec<Vec<char>>, Vec<char>), String> {
     let eq: String = eq.chars().filter(|c| !c.is_whitespace()).collect();
     if eq.contains("...") {
         return Err("an ellipsis (`...`) is not supported; name every axis".into());
@@ -204,6 +186,24 @@ fn parse(eq: &str) -> Result<Equation, String> {
         None => (eq.as_str(), None),
     };
     let operands: Vec<Vec<char>> = lhs.split(',').map(|s| s.chars().collect()).collect();
+    let out = match rhs {
+        Some(r) => r.chars().collect(),
+        None => {
+            let all: Vec<char> = operands.iter().flatten().copied().collect();
+            let mut once: Vec<char> = all
+                .iter()
+                .copied()
+                .filter(|c| all.iter().filter(|l| *l == c).count() == 1)
+                .collect();
+            once.sort_unstable();
+            once
+        }
+    };
+    Ok((operands, out))
+}
+
+fn parse(eq: &str) -> Result<Equation, String> {
+    let (operands, out) = split(eq)?;
     let [a, b] = &operands[..] else {
         return Err(format!(
             "{} operands: only a product of two is supported",
@@ -224,20 +224,6 @@ fn parse(eq: &str) -> Result<Equation, String> {
             ));
         }
     }
-    let out: Vec<char> = match rhs {
-        Some(r) => r.chars().collect(),
-        // Implicit output: the labels that appear once, in alphabetical order.
-        None => {
-            let mut once: Vec<char> = a
-                .iter()
-                .chain(b)
-                .copied()
-                .filter(|c| !(a.contains(c) && b.contains(c)))
-                .collect();
-            once.sort_unstable();
-            once
-        }
-    };
     for (i, &c) in out.iter().enumerate() {
         if !a.contains(&c) && !b.contains(&c) {
             return Err(format!("output label `{c}` is in no operand"));
