@@ -322,6 +322,14 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
     for node in &graph.nodes {
         if node.shared {
             shared_kept += shared::kept_bytes(graph, node, &shared, rules, seq, act);
+            layers.push(LayerPlan {
+                name: node.name.clone(),
+                op: node.op.name(),
+                output_shape: format!("{:?} once per step", node.shape.resolve(seq)),
+                parameters: node.own_param_count(),
+                saved_bytes_per_sample: Bytes(0),
+                forward_flops_per_sample: Flops(0.0),
+            });
             node_kept.push(Vec::new());
             node_largest.push(0);
             saved.push(0);

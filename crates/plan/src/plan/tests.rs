@@ -51,6 +51,10 @@ fn a_shared_table_is_fixed_memory() {
         plan(&graph, &TrainOptions::default())
     };
     let (narrow, wide) = (with_hidden(4), with_hidden(1004));
+    // Every node is a layer of the plan, its parameters with it.
+    let fc1 = wide.layers.iter().find(|l| l.name == "fc1").unwrap();
+    assert_eq!(fc1.parameters, 3 * 1004);
+    assert_eq!(fc1.output_shape, "[4, 1004] once per step");
     assert_eq!(narrow.memory.per_sample_bytes, wide.memory.per_sample_bytes);
     // fc2 keeps its input, fc1's output [4, hidden] (PyTorch's linear keeps its input).
     assert_eq!(wide.fixed.shared.0 - narrow.fixed.shared.0, 4 * (4 * 1000));
