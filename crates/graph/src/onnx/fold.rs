@@ -455,12 +455,26 @@ impl Importer {
 }
 
 /// Normalises a possibly negative axis of a rank-`rank` tensor.
-fn axis_of(axis: i64, rank: usize) -> Result<usize, Why> {
+pub(super) fn axis_of(axis: i64, rank: usize) -> Result<usize, Why> {
     let a = if axis < 0 { axis + rank as i64 } else { axis };
     usize::try_from(a)
         .ok()
         .filter(|&a| a < rank)
         .ok_or_else(|| format!("axis {axis} of a rank-{rank} tensor"))
+}
+
+/// `Gather` indices into an axis of `len`, negative ones counted from its end.
+pub(super) fn gather_indices(ids: &[i64], len: usize) -> Result<Vec<usize>, Why> {
+    let d = len as i64;
+    ids.iter()
+        .map(|&i| {
+            let j = if i < 0 { i + d } else { i };
+            usize::try_from(j)
+                .ok()
+                .filter(|&j| (j as i64) < d)
+                .ok_or_else(|| format!("index {i} out of an axis of {d}"))
+        })
+        .collect()
 }
 
 fn fold_one(
@@ -627,17 +641,7 @@ fn fold_one(
         "Gather" => {
             let (idx, idx_dims) = int_input_dims(1)?.ok_or("Gather needs indices")?;
             let axis = axis_of(a.int("axis", 0), rank)?;
-            let d = x.dims[axis] as i64;
-            let idx = idx
-                .iter()
-                .map(|&i| {
-                    let j = if i < 0 { i + d } else { i };
-                    usize::try_from(j)
-                        .ok()
-                        .filter(|&j| (j as i64) < d)
-                        .ok_or_else(|| format!("index {i} out of an axis of {d}"))
-                })
-                .collect::<Result<Vec<_>, _>>()?;
+            let idx = gather_indices(&idx, x.dims[axis])?;
             let mut out = x.take(axis, &idx);
             // The gathered axis becomes the index tensor's axes (none for a scalar index).
             out.dims

@@ -432,6 +432,12 @@ impl Importer {
         name
     }
 
+    /// A model input's IR name, for an op that reads only its batch (or nothing): the
+    /// first by name, so imports repeat.
+    pub(super) fn any_model_input(&self) -> Option<String> {
+        self.graph_inputs.iter().min().cloned()
+    }
+
     /// Pushes `op` as the IR node for `n`; output 0 maps to it, other outputs are unusable.
     pub(super) fn emit(
         &mut self,

@@ -187,12 +187,8 @@ impl Importer {
             let Some(Val::Broadcast(t)) = self.vals.get(name.as_str()).cloned() else {
                 continue;
             };
-            // Any model input gives the batch; the first by name, so imports repeat.
             let batch_of = self
-                .graph_inputs
-                .iter()
-                .min()
-                .cloned()
+                .any_model_input()
                 .ok_or_else(|| GraphError::node(label(n), "the model has no input"))?;
             let shape = positive(&t.dims).unwrap_or_default()[1..].to_vec();
             let ir = self.fresh_from(format!("{name}/repeated"));

@@ -14,6 +14,7 @@
 
 use crate::error::GraphError;
 use crate::onnx::decode::{Attrs, tensor_f32, tensor_ints};
+use crate::onnx::fold;
 use crate::onnx::import::{Importer, label};
 use crate::onnx::proto::NodeProto;
 use crate::onnx::sym::Sym;
@@ -115,7 +116,7 @@ impl Importer {
             return Ok(());
         };
         let shape: Vec<usize> = t.dims.iter().map(|&d| d as usize).collect();
-        let Some(any_input) = self.graph_inputs.iter().min().cloned() else {
+        let Some(any_input) = self.any_model_input() else {
             return Ok(());
         };
         let name = self.fresh_from(format!("{}/constant", label(n)));
@@ -166,14 +167,8 @@ impl Importer {
             )));
         };
         let dims = self.fixed_dims(n, &x)?;
-        let rank = dims.len() as i64;
-        let axis_of = |axis: i64, rank: i64| -> Result<usize, GraphError> {
-            let k = if axis < 0 { axis + rank } else { axis };
-            usize::try_from(k)
-                .ok()
-                .filter(|&k| (k as i64) < rank)
-                .ok_or_else(|| err(format!("axis {axis} of a rank-{rank} tensor")))
-        };
+        let rank = dims.len();
+        let axis_of = |axis: i64, rank: usize| fold::axis_of(axis, rank).map_err(err);
         let reshape = |target: Vec<usize>| Op::Reshape {
             shape: target.into_iter().map(|d| d as i64).collect(),
         };
@@ -181,7 +176,7 @@ impl Importer {
             "Transpose" => {
                 let perm = a
                     .ints("perm")
-                    .unwrap_or_else(|| (0..rank).rev().collect())
+                    .unwrap_or_else(|| (0..rank as i64).rev().collect())
                     .iter()
                     .map(|&p| axis_of(p, rank))
                     .collect::<Result<Vec<_>, _>>()?;
@@ -237,7 +232,7 @@ impl Importer {
                         .map(|k| dims[k])
                         .collect();
                 } else {
-                    let out_rank = rank + axes.len() as i64;
+                    let out_rank = rank + axes.len();
                     let mut at = axes
                         .iter()
                         .map(|&ax| axis_of(ax, out_rank))
@@ -253,17 +248,8 @@ impl Importer {
                 let axis = axis_of(a.int("axis", 0), rank)?;
                 let t = self.konst(n, 1, "Gather indices")?;
                 let ids = tensor_ints(&t).map_err(|why| err(format!("Gather indices: {why}")))?;
-                let len = dims[axis] as i64;
-                let indices = ids
-                    .iter()
-                    .map(|&i| {
-                        let i = if i < 0 { i + len } else { i };
-                        usize::try_from(i)
-                            .ok()
-                            .filter(|&i| (i as i64) < len)
-                            .ok_or_else(|| err(format!("Gather index {i} of an axis of {len}")))
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
+                let indices = fold::gather_indices(&ids, dims[axis])
+                    .map_err(|why| err(format!("Gather: {why}")))?;
                 // IR axes count the batch as 0; a shared tensor's sample axes are all of
                 // its ONNX axes.
                 let op = Op::Take {
