@@ -49,8 +49,9 @@ pub enum MeasureError {
         step: usize,
         /// The batch size.
         batch: u64,
-        /// The loss it gave.
-        loss: f32,
+        /// The loss it gave (as text: JSON, which carries the answer from a worker, has
+        /// no NaN or infinity).
+        loss: String,
     },
     /// The device runtime reserved more than the memory limit: the step would
     /// not fit a device of that size.
@@ -115,7 +116,11 @@ pub fn measure_point(
             }
         }
         if !loss.is_finite() {
-            return Err(MeasureError::NonFiniteLoss { step, batch, loss });
+            return Err(MeasureError::NonFiniteLoss {
+                step,
+                batch,
+                loss: loss.to_string(),
+            });
         }
         if step == 0 {
             first_loss = loss;
@@ -155,4 +160,23 @@ pub fn measure_point(
         first_loss,
         last_loss,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A diverged step reaches the parent as itself: its loss survives JSON, which has no
+    /// NaN (a NaN written as `null` read back as an unreadable answer, a crash).
+    #[test]
+    fn a_non_finite_loss_survives_the_worker_answer() {
+        let diverged = MeasureError::NonFiniteLoss {
+            step: 3,
+            batch: 8,
+            loss: f32::NAN.to_string(),
+        };
+        let json = serde_json::to_string(&diverged).expect("serialises");
+        let back: MeasureError = serde_json::from_str(&json).expect("reads back");
+        assert_eq!(back.to_string(), "the loss became NaN at step 3 (batch 8)");
+    }
 }

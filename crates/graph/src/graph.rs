@@ -320,8 +320,8 @@ impl GraphBuilder {
         if let Op::Embedding { vocab, .. } = op {
             self.check_tokens(name, inputs[0], vocab)?;
         }
-        let shared =
-            matches!(op, Op::Constant { .. }) || inputs.iter().all(|i| self.shared.contains(*i));
+        let shared = matches!(op, Op::Constant { .. } | Op::Parameter { .. })
+            || inputs.iter().all(|i| self.shared.contains(*i));
         let mixes = inputs.iter().any(|i| self.shared.contains(*i));
         if !shared && mixes && !matches!(op, Op::Add | Op::Mul | Op::Div) {
             return Err(GraphError::node(

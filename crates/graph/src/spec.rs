@@ -235,8 +235,13 @@ fn add_layer(g: &mut GraphBuilder, name: &str, k: &mut Keys) -> Result<(), Graph
             let op = match simple {
                 "matmul" => Op::MatMul,
                 "relu" => Op::Relu,
-                "clipped_relu" => Op::ClippedRelu {
+                "clipped_relu" => Op::Clamp {
+                    min: 0.0,
                     max: k.f64("max")? as f32,
+                },
+                "clamp" => Op::Clamp {
+                    min: k.f64_or("min", f32::MIN.into())?.max(f32::MIN.into()) as f32,
+                    max: k.f64_or("max", f32::MAX.into())?.min(f32::MAX.into()) as f32,
                 },
                 "instance_norm" => Op::InstanceNorm {
                     channels: g
@@ -253,6 +258,7 @@ fn add_layer(g: &mut GraphBuilder, name: &str, k: &mut Keys) -> Result<(), Graph
                 "gelu" => Op::Gelu,
                 "tanh" => Op::Tanh,
                 "sigmoid" => Op::Sigmoid,
+                "exp" => Op::Exp,
                 // PyTorch's nn.Hardsigmoid (ONNX's default alpha is 0.2).
                 "hardsigmoid" => Op::HardSigmoid {
                     alpha: k.f64_or("alpha", 1.0 / 6.0)? as f32,

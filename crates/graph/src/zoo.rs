@@ -71,7 +71,10 @@ fn seed2_dual() -> Result<Graph, GraphError> {
 /// (one bias vector per gate); fc 1024; fc 29 logits (28 characters + blank);
 /// CTC. The tutorial's dropout is left out, as the layer list in the issue has it.
 fn rnn_tutorial() -> Result<Graph, GraphError> {
-    let clip = || Op::ClippedRelu { max: 20.0 };
+    let clip = || Op::Clamp {
+        min: 0.0,
+        max: 20.0,
+    };
     let mut g = GraphBuilder::new("rnn-tutorial");
     g.input("mfcc", Shape(vec![Dim::Seq, Dim::Fixed(494)]))?;
     g.linear("fc1", "mfcc", 1024)?;

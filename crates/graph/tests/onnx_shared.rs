@@ -2,6 +2,7 @@
 //! timm's relative-position MLP over a constant coordinate table, read at every
 //! pair's index and added to each sample's attention scores.
 
+use batchfit_graph::onnx::proto::TensorProto;
 use batchfit_graph::{Op, onnx};
 
 mod common;
@@ -132,4 +133,280 @@ fn a_shared_tensor_in_a_product_with_the_batch_is_refused_by_node() {
     n.node("MatMul", "/bad", &["x", "bias"], &["out"], vec![]);
     let e = onnx::parse(&n.bytes()).unwrap_err().to_string();
     assert!(e.contains("/bad") && e.contains("once per step"), "{e}");
+}
+
+/// The coordinate table as torchvision's Swin V2 registers it: a buffer (an
+/// initializer) read on the left of the MLP's `MatMul`. It is the table, not a
+/// parameter: the count is the MLP's.
+#[test]
+fn an_initializer_table_read_by_a_linear_layer_is_a_buffer() {
+    let mut n = relpos(&format!("batch,{HEADS},{N},{N}"));
+    let node = n.g.node.iter().position(|x| x.name == "/coords").unwrap();
+    let table = n.g.node.remove(node).attribute.remove(0).t.unwrap();
+    n.init(TensorProto {
+        name: "coords".into(),
+        ..table
+    });
+    let g = onnx::parse(&n.bytes()).unwrap();
+    assert_eq!(
+        g.param_count(),
+        ((2 + 1) * HIDDEN + (HIDDEN + 1) * HEADS) as u64
+    );
+    assert!(
+        g.nodes
+            .iter()
+            .any(|x| x.op.name() == "constant" && x.shared)
+    );
+}
+
+const D: i64 = 4;
+
+/// Swin V2's cosine attention on windows merged with the batch: keys scaled to unit
+/// length (`F.normalize`: `ReduceL2`, `Clip` with a minimum only, `Expand` to the
+/// keys' shape, `Div`), times a learned per-head log-scale capped and made positive
+/// (`logit_scale.clamp(max=log 100).exp()`, computed once per step, counted).
+fn cosine_attention() -> Net {
+    let mut n = Net::new("cosine-attention");
+    n.input("x", &format!("batch,4,{HEADS},{N},{D}"));
+    n.init(int64s("merge", &[-1, HEADS, N, D]))
+        .init(int64s("split", &[-1, 4, HEADS, N, D]))
+        .init(scalar("eps", 1e-12))
+        .init(scalar("cap", 100f32.ln()))
+        .init(floats(
+            "logit_scale",
+            &[HEADS, 1, 1],
+            &[10f32.ln(); HEADS as usize],
+        ));
+    n.node("Reshape", "/merge", &["x", "merge"], &["k"], vec![]);
+    let keep = vec![ints("axes", &[-1]), int("keepdims", 1)];
+    n.node("ReduceL2", "/norm", &["k"], &["len"], keep);
+    n.node("Clip", "/floor", &["len", "eps"], &["floored"], vec![]);
+    n.node("Shape", "/shape", &["k"], &["k_shape"], vec![]);
+    n.node(
+        "Expand",
+        "/expand",
+        &["floored", "k_shape"],
+        &["den"],
+        vec![],
+    );
+    n.node("Div", "/unit", &["k", "den"], &["unit"], vec![]);
+    n.node(
+        "Clip",
+        "/cap",
+        &["logit_scale", "", "cap"],
+        &["capped"],
+        vec![],
+    );
+    n.node("Exp", "/exp", &["capped"], &["scale"], vec![]);
+    n.node("Mul", "/scaled", &["unit", "scale"], &["scaled"], vec![]);
+    n.node("Reshape", "/split", &["scaled", "split"], &["out"], vec![]);
+    n.output("out");
+    n
+}
+
+#[test]
+fn a_learned_scale_computed_on_is_a_parameter_once_per_step() {
+    let g = onnx::parse(&cosine_attention().bytes()).unwrap();
+    assert_eq!(g.param_count(), HEADS as u64);
+    let op_of = |name: &str| g.nodes.iter().find(|x| x.name == name).unwrap();
+    let learned = g.nodes.iter().find(|x| x.op.name() == "parameter").unwrap();
+    assert!(learned.shared);
+    assert_eq!(learned.shape.to_string(), format!("[B, {HEADS}, 1, 1]"));
+    let cap = op_of("/cap");
+    assert!(cap.shared && op_of("/exp").shared && !op_of("/scaled").shared);
+    assert_eq!(
+        cap.op,
+        Op::Clamp {
+            min: f32::MIN,
+            max: 100f32.ln()
+        }
+    );
+    assert_eq!(
+        op_of("/floor").op,
+        Op::Clamp {
+            min: 1e-12,
+            max: f32::MAX
+        }
+    );
+    assert_eq!(
+        g.shape_of(&g.loss.input).unwrap().to_string(),
+        format!("[B, 4, {HEADS}, {N}, {D}]")
+    );
+}
+
+/// ConViT's gated positional attention: a constant table of relative positions
+/// expanded over the batch (`rel_indices.expand(B, -1, -1, -1)`, written `[B, 1, 1,
+/// 1]`), a linear layer and a softmax over it (once per step), mixed with each sample's
+/// scores by a learned gate: `(1 - sigmoid(g)) * scores + sigmoid(g) * positions`.
+#[test]
+fn a_gated_positional_attention_computes_its_table_once_per_step() {
+    let mut n = Net::new("gated-positional-attention");
+    n.input("x", &format!("batch,{HEADS},{N},{N}"));
+    let rel: Vec<f32> = (0..N * N * 3).map(|k| (k % 5) as f32 - 2.0).collect();
+    n.node(
+        "Constant",
+        "/rel",
+        &[],
+        &["rel"],
+        vec![tensor("value", floats("rel", &[1, N, N, 3], &rel))],
+    );
+    n.node(
+        "Constant",
+        "/one",
+        &[],
+        &["one"],
+        vec![tensor("value", scalar("one", 1.0))],
+    );
+    batch_and(&mut n, "x", &[1, 1, 1], "rel_sizes");
+    n.node(
+        "Expand",
+        "/expand",
+        &["rel", "rel_sizes"],
+        &["rel_b"],
+        vec![],
+    );
+    n.weight("pos.weight", &[HEADS, 3])
+        .weight("pos.bias", &[HEADS]);
+    n.init(floats("gating", &[HEADS], &[1.0; HEADS as usize]))
+        .init(int64s("gate_dims", &[1, -1, 1, 1]));
+    n.node(
+        "Transpose",
+        "/pos/T",
+        &["pos.weight"],
+        &["pos_w"],
+        vec![ints("perm", &[1, 0])],
+    );
+    n.node(
+        "MatMul",
+        "/pos/MatMul",
+        &["rel_b", "pos_w"],
+        &["p0"],
+        vec![],
+    );
+    n.node("Add", "/pos/Add", &["pos.bias", "p0"], &["p1"], vec![]);
+    n.node(
+        "Transpose",
+        "/heads",
+        &["p1"],
+        &["p2"],
+        vec![ints("perm", &[0, 3, 1, 2])],
+    );
+    n.node(
+        "Softmax",
+        "/softmax",
+        &["p2"],
+        &["pos"],
+        vec![int("axis", -1)],
+    );
+    n.node(
+        "Reshape",
+        "/gate",
+        &["gating", "gate_dims"],
+        &["g4"],
+        vec![],
+    );
+    n.node("Sigmoid", "/sigmoid", &["g4"], &["sg"], vec![]);
+    n.node("Sub", "/inverse", &["one", "sg"], &["inv"], vec![]);
+    n.node("Mul", "/patches", &["inv", "x"], &["a"], vec![]);
+    n.node("Mul", "/positions", &["sg", "pos"], &["b"], vec![]);
+    n.node("Add", "/mix", &["a", "b"], &["out"], vec![]);
+    n.output("out");
+    let g = onnx::parse(&n.bytes()).unwrap();
+    assert_eq!(g.param_count(), (HEADS * 3 + HEADS + HEADS) as u64);
+    let node = |name: &str| g.nodes.iter().find(|x| x.name == name).unwrap();
+    for shared in [
+        "/pos/MatMul",
+        "/softmax",
+        "/sigmoid",
+        "/inverse",
+        "/positions",
+    ] {
+        assert!(node(shared).shared, "{shared}");
+    }
+    assert_eq!(node("/softmax").op, Op::Softmax { axis: -1 });
+    assert!(!node("/patches").shared && !node("/mix").shared);
+    assert_eq!(
+        g.shape_of(&g.loss.input).unwrap().to_string(),
+        format!("[B, {HEADS}, {N}, {N}]")
+    );
+}
+
+const C: i64 = 4;
+const SIDE: i64 = 2;
+
+/// XCiT's Fourier positions: a constant grid (`arange(H).view(1, H, 1).repeat(1, 1,
+/// W)`, folded), a 1x1 convolution of it (once per step), repeated over the batch
+/// (`pos.repeat(B, 1, 1, 1)`), reshaped with the batch (`reshape(B, C, -1)`) and added
+/// to each sample.
+#[test]
+fn a_convolved_constant_grid_repeated_over_the_batch_is_added_once_per_step() {
+    let mut n = Net::new("fourier-positions");
+    n.input("x", &format!("batch,{C},{SIDE},{SIDE}"));
+    n.node(
+        "Constant",
+        "/rows",
+        &[],
+        &["rows"],
+        vec![tensor("value", floats("rows", &[1, SIDE, 1], &[1.0, 2.0]))],
+    );
+    n.init(int64s("across", &[1, 1, SIDE]))
+        .init(int64s("channel", &[1]))
+        .init(int64s("flat", &[0, C, SIDE * SIDE]));
+    n.node("Tile", "/grid", &["rows", "across"], &["grid"], vec![]);
+    n.node(
+        "Unsqueeze",
+        "/grid4",
+        &["grid", "channel"],
+        &["grid4"],
+        vec![],
+    );
+    n.node(
+        "Concat",
+        "/image",
+        &["grid4", "grid4"],
+        &["image"],
+        vec![int("axis", 1)],
+    );
+    n.weight("proj.weight", &[C, 2, 1, 1])
+        .weight("proj.bias", &[C]);
+    n.node(
+        "Conv",
+        "/proj",
+        &["image", "proj.weight", "proj.bias"],
+        &["pc"],
+        vec![ints("kernel_shape", &[1, 1])],
+    );
+    batch_and(&mut n, "x", &[1, 1, 1], "reps");
+    n.node("Tile", "/repeat", &["pc", "reps"], &["pt"], vec![]);
+    batch_and(&mut n, "x", &[C, SIDE * SIDE], "pos_sizes");
+    n.node("Reshape", "/pos", &["pt", "pos_sizes"], &["pos"], vec![]);
+    n.node("Reshape", "/xf", &["x", "flat"], &["xf"], vec![]);
+    n.node("Add", "/add", &["xf", "pos"], &["out"], vec![]);
+    n.output("out");
+    let g = onnx::parse(&n.bytes()).unwrap();
+    assert_eq!(g.param_count(), (C * 2 + C) as u64);
+    let conv = g.nodes.iter().find(|x| x.name == "/proj").unwrap();
+    assert!(conv.shared);
+    assert_eq!(conv.shape.to_string(), format!("[B, {C}, {SIDE}, {SIDE}]"));
+    let add = g.nodes.iter().find(|x| x.name == "/add").unwrap();
+    assert!(!add.shared);
+    assert_eq!(
+        g.shape_of(&g.loss.input).unwrap().to_string(),
+        format!("[B, {C}, {}]", SIDE * SIDE)
+    );
+}
+
+/// A shared tensor repeated along an axis other than a leading 1 is refused by node.
+#[test]
+fn a_shared_tensor_tiled_along_its_own_axes_is_refused_by_node() {
+    let mut n = relpos(&format!("batch,{HEADS},{N},{N}"));
+    n.g.node.pop();
+    n.init(int64s("twice", &[1, 2, 1, 1]));
+    n.node("Tile", "/tile", &["bias", "twice"], &["tiled"], vec![]);
+    n.node("Add", "/add_bias", &["x", "tiled"], &["out"], vec![]);
+    let e = onnx::parse(&n.bytes()).unwrap_err().to_string();
+    assert!(
+        e.contains("/tile") && e.contains("leading axis of 1"),
+        "{e}"
+    );
 }

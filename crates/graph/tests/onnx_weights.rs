@@ -71,7 +71,7 @@ fn weights_and_values_from_constant_nodes() {
     let names: Vec<&str> = g.nodes.iter().map(|n| n.name.as_str()).collect();
     assert_eq!(names, ["fc1", "r", "f", "relu6", "fc2"]);
     assert_eq!(g.nodes[1].op, Op::Reshape { shape: vec![3, 1] });
-    assert_eq!(g.nodes[3].op, Op::ClippedRelu { max: 6.0 });
+    assert_eq!(g.nodes[3].op, Op::Clamp { min: 0.0, max: 6.0 });
     assert_eq!(g.nodes[4].inputs, ["relu6"], "Identity is an alias");
     assert_eq!(g.param_count(), 12 + 3 + 3 + 1);
     assert_eq!(g.loss.kind, LossKind::Mse);

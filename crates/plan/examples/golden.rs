@@ -53,7 +53,7 @@ fn kitchen() -> Graph {
         .unwrap();
     g.linear("fc", "cat", 32).unwrap();
     g.layer_norm("ln", "fc").unwrap();
-    g.push("clip", Op::ClippedRelu { max: 6.0 }, &["ln"])
+    g.push("clip", Op::Clamp { min: 0.0, max: 6.0 }, &["ln"])
         .unwrap();
     g.push("drop", Op::Dropout { p: 0.1 }, &["clip"]).unwrap();
     g.linear("out", "drop", 5).unwrap();

@@ -93,6 +93,7 @@ enum Pass<'a> {
         y: &'a mut [f32],
         pass: &'a mut [u8],
         x: &'a [f32],
+        min: f32,
         max: f32,
     },
     ClampBackward {
@@ -158,13 +159,19 @@ impl pulp::WithSimd for Pass<'_> {
                     *y = 0.5 * x * (1.0 + erf);
                 }
             }
-            Pass::ClampForward { y, pass, x, max } => {
+            Pass::ClampForward {
+                y,
+                pass,
+                x,
+                min,
+                max,
+            } => {
                 // burn's `clamp` (`clamp_min` then `clamp_max`): NaN stays NaN, and the
-                // gradient passes where 0 <= x <= max (and for NaN).
+                // gradient passes where min <= x <= max (and for NaN).
                 for ((y, p), &x) in y.iter_mut().zip(pass.iter_mut()).zip(x) {
-                    let (low, high) = (x < 0.0, x > max);
+                    let (low, high) = (x < min, x > max);
                     *y = if low {
-                        0.0
+                        min
                     } else if high {
                         max
                     } else {
@@ -355,11 +362,12 @@ impl Backward<Flex, 1> for GeluOp {
     }
 }
 
-/// `x` clamped to `[0, max]` (ReLU6 and other clipped ReLUs), keeping one byte per
+/// `x` clamped to `[min, max]` (ReLU6 and other clipped ReLUs, `F.normalize`'s
+/// `clamp_min(eps)`), keeping one byte per
 /// element (whether the gradient passes) for the backward, which writes into the
 /// incoming gradient; `None` off the CPU. burn's `clamp` is two comparisons and two
 /// `mask_fill`s each way: 18 % of mobilenet_v2's step.
-pub fn clamp_cpu<const D: usize>(x: Tensor<D>, max: f32) -> Option<Tensor<D>> {
+pub fn clamp_cpu<const D: usize>(x: Tensor<D>, min: f32, max: f32) -> Option<Tensor<D>> {
     let xa = x.try_into_primitive::<Ad>().ok()?;
     let node = xa.node();
     let xf = contiguous(xa.into_primitive());
@@ -371,7 +379,14 @@ pub fn clamp_cpu<const D: usize>(x: Tensor<D>, max: f32) -> Option<Tensor<D>> {
         .zip(values(&xf).par_chunks(CHUNK))
         .for_each(|((y, pass), x)| {
             let y = zero_fill(y);
-            Pass::ClampForward { y, pass, x, max }.run()
+            Pass::ClampForward {
+                y,
+                pass,
+                x,
+                min,
+                max,
+            }
+            .run()
         });
     drop(xf);
     // SAFETY: the jobs' chunks cover y.
@@ -662,8 +677,12 @@ mod tests {
                 ),
                 (gelu_cpu(x.clone()).expect("a CPU tensor"), gelu(x.clone())),
                 (
-                    clamp_cpu(x.clone(), 2.5).expect("a CPU tensor"),
+                    clamp_cpu(x.clone(), 0.0, 2.5).expect("a CPU tensor"),
                     x.clone().clamp(0.0, 2.5),
+                ),
+                (
+                    clamp_cpu(x.clone(), -1.0, f32::MAX).expect("a CPU tensor"),
+                    x.clone().clamp(-1.0, f32::MAX),
                 ),
                 // x is held by the test: the op writes a new tensor.
                 (relu_cpu(x.clone()).expect("a CPU tensor"), relu(x.clone())),

@@ -21,11 +21,14 @@ pub(super) fn activation(op: &Op, t: Tensor<2>) -> Tensor<2> {
         // Not through a clone: the CPU op writes over x when nothing else holds it.
         Op::Relu if available(&t) => relu_cpu(t).expect("a CPU tensor"),
         Op::Relu => relu(t),
-        Op::ClippedRelu { max } => clamp_cpu(t.clone(), *max).unwrap_or_else(|| t.clamp(0.0, *max)),
+        Op::Clamp { min, max } => {
+            clamp_cpu(t.clone(), *min, *max).unwrap_or_else(|| t.clamp(*min, *max))
+        }
         Op::LeakyRelu { alpha } => leaky_relu(t, f64::from(*alpha)),
         Op::Gelu => gelu_cpu(t.clone()).unwrap_or_else(|| gelu(t)),
         Op::Tanh => tanh(t),
         Op::Sigmoid => sigmoid(t),
+        Op::Exp => t.exp(),
         Op::HardSigmoid { alpha, beta } => hard_sigmoid(t, f64::from(*alpha), f64::from(*beta)),
         Op::HardSwish => hard_swish(t),
         Op::Scale { factor } => t.mul_scalar(*factor),

@@ -117,11 +117,12 @@ fn run_canonical(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: 
         Op::LayerNorm { features } => norm::layer_norm(k, p, first(), b, *features),
         Op::RmsNorm { features } => norm::rms_norm(k, p, first(), b, *features),
         Op::Relu
-        | Op::ClippedRelu { .. }
+        | Op::Clamp { .. }
         | Op::LeakyRelu { .. }
         | Op::Gelu
         | Op::Tanh
         | Op::Sigmoid
+        | Op::Exp
         | Op::HardSigmoid { .. }
         | Op::HardSwish
         | Op::Scale { .. } => elementwise::activation(&k.op, first()),
@@ -148,6 +149,8 @@ fn run_canonical(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: 
             elementwise::with_const(k, first(), b, shape, values, Combine::Mul)
         }
         Op::BroadcastParam { .. } => reshape::broadcast_param(k, p, b),
+        // A learned tensor computed on once per step: a shared kernel, run at a batch of 1.
+        Op::Parameter { .. } => reshape::broadcast_param(k, p, 1),
         Op::Constant { values, .. } => reshape::constant(values, &device_of(&args[0])),
         Op::Take { axis, indices } => reshape::take(k, first(), b, *axis, indices),
         Op::ConcatParam {

@@ -225,6 +225,7 @@ fn engine_layout(op: &Op, param: &batchfit_graph::Param) -> Layout {
             | Op::AddTable { .. }
             | Op::ConcatParam { .. }
             | Op::BroadcastParam { .. }
+            | Op::Parameter { .. }
     ) {
         // Flat: it broadcasts as one run of the sample's axes (elementwise `learned`).
         vec![param.elements() as usize]
@@ -262,7 +263,10 @@ fn random_start(op: &Op, param: &batchfit_graph::Param) -> Start {
             return Start::Constant(if param.name == "weight" { 1.0 } else { 0.0 });
         }
         // A positional embedding starts at zeros (`nn.Parameter(torch.zeros(..))`).
-        Op::AddParam { .. } | Op::AddTable { .. } | Op::ConcatParam { .. } => {
+        Op::AddParam { .. }
+        | Op::AddTable { .. }
+        | Op::ConcatParam { .. }
+        | Op::Parameter { .. } => {
             return Start::Constant(0.0);
         }
         // A latent query starts small and random, as timm draws it (a zero query would

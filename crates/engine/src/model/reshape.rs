@@ -108,7 +108,10 @@ pub(super) fn reduce(
             ReduceKind::Sum => v.sum_dim(2),
             ReduceKind::Mean => v.mean_dim(2),
             ReduceKind::Max => v.max_dim(2),
-            ReduceKind::L2 => v.powi_scalar(2).sum_dim(2).sqrt(),
+            // PyTorch's norm has gradient 0 at a zero vector (a padded window's keys in
+            // `F.normalize`); a plain sqrt's is 0 x inf = NaN. 1e-24 under the root moves
+            // no norm above 1e-12 (F.normalize's own floor) by a float's rounding.
+            ReduceKind::L2 => v.powi_scalar(2).sum_dim(2).add_scalar(1e-24).sqrt(),
         };
         dims[a] = 1;
         t = r.reshape([b, before * after]);

@@ -86,7 +86,8 @@ pub fn families() -> Vec<Graph> {
         .unwrap();
     g.push("mm", Op::MatMul, &["r", "rt"]).unwrap();
     g.push("sm", Op::Softmax { axis: -1 }, &["mm"]).unwrap();
-    g.push("cl", Op::ClippedRelu { max: 0.8 }, &["sm"]).unwrap();
+    g.push("cl", Op::Clamp { min: 0.0, max: 0.8 }, &["sm"])
+        .unwrap();
     g.push("d", Op::Dropout { p: 0.1 }, &["cl"]).unwrap();
     g.push("f", Op::Flatten, &["d"]).unwrap();
     g.linear("out", "f", 3).unwrap();
@@ -437,6 +438,85 @@ pub fn families() -> Vec<Graph> {
     g.push("bias", heads_first, &["square"]).unwrap();
     g.push("scores", Op::Add, &["x", "bias"]).unwrap();
     g.push("flat", Op::Flatten, &["scores"]).unwrap();
+    g.linear("head", "flat", 3).unwrap();
+    out.push(g.finish(LossKind::CrossEntropy, "head").unwrap());
+    // Swin V2's cosine attention: each key scaled to unit length (`F.normalize`: an L2
+    // norm floored at 1e-12), the keys of a padded row zero (a window past the feature
+    // map's edge, projected without a bias: the norm's gradient there is 0, not NaN),
+    // then a learned per-head log-scale, capped and made positive once per step
+    // (`logit_scale.clamp(max).exp()`).
+    let (heads, n) = (2, 3);
+    let mut g = GraphBuilder::new("cosine-attention-scale");
+    g.input("x", Shape::fixed(&[heads, n, n])).unwrap();
+    let zero_row = Op::Pad {
+        pads: vec![[0, 0], [0, 1], [0, 0]],
+        value: 0.0,
+    };
+    g.push("padded", zero_row, &["x"]).unwrap();
+    let key = Op::Linear {
+        in_features: n,
+        out_features: n,
+        bias: false,
+    };
+    g.push("key", key, &["padded"]).unwrap();
+    let l2 = Op::Reduce {
+        reduce: ReduceKind::L2,
+        axes: vec![-1],
+        keep_dims: true,
+    };
+    g.push("length", l2, &["key"]).unwrap();
+    let floor = Op::Clamp {
+        min: 1e-12,
+        max: f32::MAX,
+    };
+    g.push("floored", floor, &["length"]).unwrap();
+    g.push("unit", Op::Div, &["key", "floored"]).unwrap();
+    let logit = Op::Parameter {
+        shape: vec![heads, 1, 1],
+    };
+    g.push("logit", logit, &["x"]).unwrap();
+    let cap = Op::Clamp {
+        min: f32::MIN,
+        max: 1.5,
+    };
+    g.push("capped", cap, &["logit"]).unwrap();
+    g.push("scale", Op::Exp, &["capped"]).unwrap();
+    g.push("scaled", Op::Mul, &["unit", "scale"]).unwrap();
+    g.push("flat", Op::Flatten, &["scaled"]).unwrap();
+    g.linear("head", "flat", 3).unwrap();
+    out.push(g.finish(LossKind::CrossEntropy, "head").unwrap());
+    // Positions computed once per step and mixed into each sample: a constant grid
+    // convolved (XCiT's Fourier positions), a softmax over a constant table's linear
+    // layer (ConViT's positional scores), and a learned gate between them and the
+    // sample (`(1 - sigmoid(g)) * x + sigmoid(g) * positions`).
+    let (c, side) = (2, 3);
+    let mut g = GraphBuilder::new("positions-once-per-step");
+    g.input("x", Shape::fixed(&[c, side, side])).unwrap();
+    let grid = Op::Constant {
+        shape: vec![2, side, side],
+        values: (0..2 * side * side).map(|k| (k % 4) as f32 * 0.5).collect(),
+    };
+    g.push("grid", grid, &["x"]).unwrap();
+    g.conv("fourier", "grid", c, 2, 1, 1, Some(0)).unwrap();
+    g.linear("table", "fourier", side).unwrap();
+    g.push("scores", Op::Softmax { axis: -1 }, &["table"])
+        .unwrap();
+    let gate = Op::Parameter {
+        shape: vec![c, 1, 1],
+    };
+    g.push("gate", gate, &["x"]).unwrap();
+    g.push("open", Op::Sigmoid, &["gate"]).unwrap();
+    g.push("negated", Op::Scale { factor: -1.0 }, &["open"])
+        .unwrap();
+    let one_minus = Op::AddConst {
+        shape: vec![],
+        values: vec![1.0],
+    };
+    g.push("closed", one_minus, &["negated"]).unwrap();
+    g.push("kept", Op::Mul, &["x", "closed"]).unwrap();
+    g.push("placed", Op::Mul, &["scores", "open"]).unwrap();
+    g.push("mixed", Op::Add, &["kept", "placed"]).unwrap();
+    g.push("flat", Op::Flatten, &["mixed"]).unwrap();
     g.linear("head", "flat", 3).unwrap();
     out.push(g.finish(LossKind::CrossEntropy, "head").unwrap());
     // Six sample axes transposed, two pairs moving together (MaxViT's partitions):

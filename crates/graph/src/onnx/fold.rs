@@ -181,6 +181,7 @@ impl Importer {
                 | "Xor"
                 | "Where"
                 | "Expand"
+                | "Tile"
                 | "Trilu"
                 | "ScatterND"
                 | "GatherElements"

@@ -138,11 +138,12 @@ impl Op {
                 Ok(x.clone())
             }
             Op::Relu
-            | Op::ClippedRelu { .. }
+            | Op::Clamp { .. }
             | Op::LeakyRelu { .. }
             | Op::Gelu
             | Op::Tanh
             | Op::Sigmoid
+            | Op::Exp
             | Op::HardSigmoid { .. }
             | Op::HardSwish
             | Op::Scale { .. }
@@ -260,7 +261,7 @@ impl Op {
                 }
                 Ok(x.clone())
             }
-            Op::BroadcastParam { shape } => Ok(Shape::fixed(shape)),
+            Op::BroadcastParam { shape } | Op::Parameter { shape } => Ok(Shape::fixed(shape)),
             Op::Constant { shape, values } => {
                 if values.len() != shape.iter().product::<usize>() {
                     return Err(ShapeError(format!(

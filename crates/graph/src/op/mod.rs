@@ -190,8 +190,11 @@ pub enum Op {
         features: usize,
     },
     Relu,
-    /// `min(max(x, 0), max)` (DeepSpeech's ReLU clipped at 20).
-    ClippedRelu {
+    /// `min(max(x, min), max)`, a missing bound the largest finite float (JSON, which
+    /// carries the graph to a worker, has no infinity): DeepSpeech's ReLU clipped
+    /// at 20 (`min` 0), `F.normalize`'s norm kept from zero (`clamp_min(eps)`).
+    Clamp {
+        min: f32,
         max: f32,
     },
     /// `x` where positive, else `alpha x` (CSP networks, YOLO, GAN discriminators).
@@ -206,6 +209,8 @@ pub enum Op {
     Gelu,
     Tanh,
     Sigmoid,
+    /// `e^x` (a learned log-scale made positive: Swin V2's logit scale).
+    Exp,
     /// `clamp(alpha x + beta, 0, 1)` (ONNX HardSigmoid; PyTorch's Hardsigmoid is alpha 1/6,
     /// beta 1/2).
     HardSigmoid {
@@ -276,6 +281,12 @@ pub enum Op {
     /// its input (whose values it does not read): an attention pool's latent query
     /// (`latent.expand(B, -1, -1)` read by a linear layer: SigLIP's MAP head).
     BroadcastParam {
+        shape: Vec<usize>,
+    },
+    /// A learned tensor of `shape` computed on before it meets the batch (Swin V2's
+    /// `logit_scale.clamp(max=log 100).exp()`). Its output is shared
+    /// ([`crate::Node::shared`]); its input, any model input, is not read.
+    Parameter {
         shape: Vec<usize>,
     },
     /// A constant tensor of `shape` (row-major `values`), the same in every step and not
@@ -478,11 +489,12 @@ impl Op {
         matches!(
             self,
             Op::Relu
-                | Op::ClippedRelu { .. }
+                | Op::Clamp { .. }
                 | Op::LeakyRelu { .. }
                 | Op::Gelu
                 | Op::Tanh
                 | Op::Sigmoid
+                | Op::Exp
                 | Op::HardSigmoid { .. }
                 | Op::HardSwish
                 | Op::Scale { .. }
@@ -503,12 +515,14 @@ impl Op {
             Op::LayerNorm { .. } => "layernorm",
             Op::RmsNorm { .. } => "rmsnorm",
             Op::Relu => "relu",
-            Op::ClippedRelu { .. } => "clipped_relu",
+            Op::Clamp { min, .. } if *min == 0.0 => "clipped_relu",
+            Op::Clamp { .. } => "clamp",
             Op::LeakyRelu { .. } => "leaky_relu",
             Op::PRelu { .. } => "prelu",
             Op::Gelu => "gelu",
             Op::Tanh => "tanh",
             Op::Sigmoid => "sigmoid",
+            Op::Exp => "exp",
             Op::HardSigmoid { .. } => "hardsigmoid",
             Op::HardSwish => "hardswish",
             Op::Scale { .. } => "scale",
@@ -540,6 +554,7 @@ impl Op {
             Op::ConcatParam { .. } => "concat_param",
             Op::BroadcastParam { .. } => "broadcast_param",
             Op::Constant { .. } => "constant",
+            Op::Parameter { .. } => "parameter",
             Op::Take { .. } => "take",
             Op::Softmax { .. } => "softmax",
             Op::Pool {
@@ -641,7 +656,8 @@ impl Op {
             | Op::MulParam { ref shape }
             | Op::PRelu { ref shape }
             | Op::ConcatParam { ref shape, .. }
-            | Op::BroadcastParam { ref shape } => {
+            | Op::BroadcastParam { ref shape }
+            | Op::Parameter { ref shape } => {
                 vec![Param::new("weight", shape)]
             }
             Op::AddTable { table, .. } => vec![Param::new("weight", &[table])],

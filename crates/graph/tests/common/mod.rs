@@ -288,3 +288,37 @@ pub fn float(name: &str, v: f32) -> AttributeProto {
         ..attr(name, AttributeType::Float)
     }
 }
+
+/// `[B, rest..]` from the batch of input `x` (`Shape`, `Slice` to its first entry,
+/// `Concat`), named `target`: an `expand(B, ...)` or `repeat(B, ...)`'s sizes.
+pub fn batch_and(n: &mut Net, x: &str, rest: &[i64], target: &str) {
+    let p = format!("/{target}");
+    n.init(int64s(&format!("{target}.zero"), &[0]))
+        .init(int64s(&format!("{target}.one"), &[1]))
+        .init(int64s(&format!("{target}.rest"), rest));
+    n.node(
+        "Shape",
+        &format!("{p}/shape"),
+        &[x],
+        &[&format!("{target}.shape")],
+        vec![],
+    );
+    n.node(
+        "Slice",
+        &format!("{p}/batch"),
+        &[
+            &format!("{target}.shape"),
+            &format!("{target}.zero"),
+            &format!("{target}.one"),
+        ],
+        &[&format!("{target}.b")],
+        vec![],
+    );
+    n.node(
+        "Concat",
+        &format!("{p}/concat"),
+        &[&format!("{target}.b"), &format!("{target}.rest")],
+        &[target],
+        vec![int("axis", 0)],
+    );
+}

@@ -294,10 +294,10 @@ pub fn forward_flops(op: &Op, s: &Sizes) -> f64 {
         Op::BatchNorm { .. } | Op::LayerNorm { .. } | Op::InstanceNorm { .. } => 8.0 * inp,
         // Square, mean, divide and scale.
         Op::RmsNorm { .. } => 4.0 * inp,
-        Op::Relu | Op::ClippedRelu { .. } | Op::Dropout { .. } | Op::DropPath { .. } => out,
+        Op::Relu | Op::Clamp { .. } | Op::Dropout { .. } | Op::DropPath { .. } => out,
         // A comparison, the scaled copy and the select.
         Op::LeakyRelu { .. } | Op::PRelu { .. } => 3.0 * out,
-        Op::Tanh | Op::Sigmoid => 4.0 * out,
+        Op::Tanh | Op::Sigmoid | Op::Exp => 4.0 * out,
         Op::Gelu => 8.0 * out,
         // Scale and shift, two comparisons (and the product for the swish).
         Op::HardSigmoid { .. } => 4.0 * out,
@@ -336,6 +336,7 @@ pub fn forward_flops(op: &Op, s: &Sizes) -> f64 {
         Op::Transpose { .. }
         | Op::ConcatParam { .. }
         | Op::BroadcastParam { .. }
+        | Op::Parameter { .. }
         | Op::Constant { .. }
         | Op::Take { .. }
         | Op::Pad { .. }

@@ -66,11 +66,11 @@ impl RuntimeRules for Pytorch {
                 extra_elems: s.output + s.inputs[0] / *features as u64,
                 ..none
             },
-            // `relu`, `tanh`, `sigmoid`, `softmax` differentiate through their result.
-            Op::Relu | Op::Tanh | Op::Sigmoid | Op::Softmax { .. } => output,
+            // `relu`, `tanh`, `sigmoid`, `exp`, `softmax` differentiate through their result.
+            Op::Relu | Op::Tanh | Op::Sigmoid | Op::Exp | Op::Softmax { .. } => output,
             // `clamp`/`hardtanh`, `gelu`, `hardsigmoid_backward` and `hardswish_backward` read
             // their input.
-            Op::ClippedRelu { .. }
+            Op::Clamp { .. }
             | Op::LeakyRelu { .. }
             // `_prelu_kernel` keeps its input (and the weight, a parameter).
             | Op::PRelu { .. }
@@ -122,6 +122,7 @@ impl RuntimeRules for Pytorch {
             | Op::AddTable { .. }
             | Op::ConcatParam { .. }
             | Op::BroadcastParam { .. }
+            | Op::Parameter { .. }
             | Op::Constant { .. }
             | Op::Take { .. }
             | Op::CausalMask

@@ -165,6 +165,41 @@ pub(super) fn numeric(op: &str, mut data: Vec<Dense>, a: &Attrs) -> Result<Dense
             };
             broadcast(&x, &ones, |p, _| p)
         }
+        // Each axis repeated `repeats[i]` times (XCiT's Fourier positions: `arange(H)
+        // .view(1, H, 1).repeat(1, 1, W)`).
+        "Tile" => {
+            let repeats = arg(0)?;
+            if repeats.values.len() != x.dims.len() || repeats.values.iter().any(|&r| r < 0.0) {
+                return Err(format!(
+                    "Tile of a rank-{} tensor by {:?}",
+                    x.dims.len(),
+                    repeats.values
+                ));
+            }
+            let dims: Vec<usize> = (x.dims.iter())
+                .zip(&repeats.values)
+                .map(|(&d, &r)| d * r as usize)
+                .collect();
+            let total = elements(&dims)
+                .ok_or_else(|| format!("Tile to {dims:?}: more elements than any model holds"))?;
+            let mut values = Vec::with_capacity(total);
+            let mut at = vec![0usize; dims.len()];
+            for _ in 0..total {
+                let source = at
+                    .iter()
+                    .zip(&x.dims)
+                    .fold(0, |acc, (&i, &d)| acc * d + i % d);
+                values.push(x.values[source]);
+                for k in (0..dims.len()).rev() {
+                    at[k] += 1;
+                    if at[k] < dims[k] {
+                        break;
+                    }
+                    at[k] = 0;
+                }
+            }
+            Ok(Dense { dims, values })
+        }
         "Where" => {
             let picked = broadcast(&x, arg(0)?, |c, p| if c != 0.0 { p } else { f32::NAN })?;
             let other = broadcast(&x, arg(1)?, |c, q| if c != 0.0 { f32::NAN } else { q })?;
@@ -288,5 +323,26 @@ pub(super) fn numeric(op: &str, mut data: Vec<Dense>, a: &Attrs) -> Result<Dense
             Ok(Dense { values, ..x })
         }
         _ => unreachable!("not a numeric op"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tile_repeats_each_axis_its_number_of_times() {
+        let x = Dense {
+            dims: vec![1, 2, 1],
+            values: vec![1.0, 2.0],
+        };
+        let repeats = Dense {
+            dims: vec![3],
+            values: vec![2.0, 1.0, 3.0],
+        };
+        let y = numeric("Tile", vec![x, repeats], &Attrs(&[])).unwrap();
+        assert_eq!(y.dims, [2, 2, 3]);
+        let want = [1.0, 1.0, 1.0, 2.0, 2.0, 2.0];
+        assert_eq!(y.values, [want, want].concat());
     }
 }

@@ -31,6 +31,7 @@ impl Importer {
                 beta: a.float("beta", 0.5),
             },
             "HardSwish" => Op::HardSwish,
+            "Exp" => Op::Exp,
             _ => Op::Sigmoid,
         };
         self.emit(n, op, &[&x])?;
@@ -96,14 +97,17 @@ impl Importer {
         let (min, max) = (bound(1, "min")?, bound(2, "max")?);
         let op = match (min, max) {
             (Some(0.0), None) => Op::Relu,
-            (Some(lo), Some(hi)) if lo == 0.0 && hi > 0.0 => Op::ClippedRelu { max: hi as f32 },
-            _ => {
-                return Err(err(format!(
-                    "Clip to [{}, {}]: only a ReLU clipped at 0 (min 0, max > 0) is \
-                     supported",
-                    min.map_or("-inf".into(), |v| v.to_string()),
-                    max.map_or("inf".into(), |v| v.to_string())
-                )));
+            (lo, hi) => {
+                // A missing bound is the largest float, as the fold reads it (the graph
+                // travels as JSON, which has no infinity).
+                let (lo, hi) = (lo.unwrap_or(f32::MIN.into()), hi.unwrap_or(f32::MAX.into()));
+                if lo.is_nan() || hi.is_nan() || lo > hi {
+                    return Err(err(format!("Clip to [{lo}, {hi}]: an empty range")));
+                }
+                Op::Clamp {
+                    min: (lo as f32).max(f32::MIN),
+                    max: (hi as f32).min(f32::MAX),
+                }
             }
         };
         self.emit(n, op, &[&x])?;
@@ -237,7 +241,7 @@ impl Importer {
                     self.emit(n, Op::Scale { factor }, &[&x])?;
                 } else if n.op_type == "Add" && is_causal_mask(&c, self.shape(&x)?) {
                     self.emit(n, Op::CausalMask, &[&x])?;
-                } else if let Some(op) = self.constant_operand(n, &x, &c)? {
+                } else if let Some(op) = self.constant_operand(&n.op_type, &x, &c)? {
                     self.emit(n, op, &[&x])?;
                 } else {
                     return Err(err(format!(
@@ -268,6 +272,26 @@ impl Importer {
     /// `Sub` of two activations: the sum with the second negated (`x - mixer(x)`); of a
     /// constant zero, the activation itself.
     pub(super) fn sub(&mut self, _i: usize, n: &NodeProto, _a: &Attrs) -> Result<(), GraphError> {
+        // A constant minus an activation (ConViT's `1 - sigmoid(gating)`): its negation
+        // plus the constant.
+        if let (Val::Const(c), Val::Ir(_) | Val::View(_)) = (self.val(n, 0)?, self.val(n, 1)?) {
+            let c = c.clone();
+            let y = self.act(n, 1)?;
+            let negated = self.fresh(n);
+            let negated = self.b.push(&negated, Op::Scale { factor: -1.0 }, &[&y])?;
+            let Some(op) = self.constant_operand("Add", &negated, &c)? else {
+                return Err(GraphError::node(
+                    label(n),
+                    format!(
+                        "Sub of `{}` from constant `{}`: the constant does not broadcast \
+                         onto it",
+                        n.input[1], n.input[0]
+                    ),
+                ));
+            };
+            self.emit(n, op, &[&negated])?;
+            return Ok(());
+        }
         let x = self.act(n, 0)?;
         if let Val::Const(c) = self.val(n, 1)? {
             let c = c.clone();
@@ -409,11 +433,11 @@ impl Importer {
     /// `None` for anything else.
     fn constant_operand(
         &self,
-        n: &NodeProto,
+        op_type: &str,
         x: &str,
         c: &TensorProto,
     ) -> Result<Option<Op>, GraphError> {
-        if n.op_type != "Add" && n.op_type != "Mul" {
+        if op_type != "Add" && op_type != "Mul" {
             return Ok(None);
         }
         let s = self.shape(x)?;
@@ -429,7 +453,7 @@ impl Importer {
             }
             dims.remove(0);
         }
-        let op = match n.op_type.as_str() {
+        let op = match op_type {
             "Add" => Op::AddConst {
                 shape: dims,
                 values,

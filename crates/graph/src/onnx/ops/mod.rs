@@ -73,6 +73,7 @@ const OPS: &[(&str, Import)] = &[
     ("Resize", Importer::resize),
     ("Shape", Importer::shapes_only),
     ("Sigmoid", Importer::activation),
+    ("Exp", Importer::activation),
     ("Slice", Importer::slice),
     ("Softmax", Importer::softmax),
     ("Split", Importer::split),
@@ -118,7 +119,8 @@ impl Importer {
     /// computes on shape values), then the op's family.
     pub(super) fn node(&mut self, i: usize, n: &NodeProto) -> Result<(), GraphError> {
         let a = Attrs(&n.attribute);
-        if self.shape_op(n, &a)? || self.fold(n, &a)? || self.shared_node(n, &a)? {
+        self.learned_computed_on(n)?;
+        if self.shape_op(n, &a)? || self.fold(n, &a)? || self.shared_node(i, n, &a)? {
             return Ok(());
         }
         let Some((_, import)) = OPS.iter().find(|(op, _)| *op == n.op_type) else {
@@ -156,7 +158,7 @@ impl Importer {
             .max()
             .unwrap_or(0);
         Some(match n.op_type.as_str() {
-            "Relu" | "Gelu" | "Tanh" | "Sigmoid" | "HardSigmoid" | "HardSwish" | "Clip"
+            "Relu" | "Gelu" | "Tanh" | "Sigmoid" | "Exp" | "HardSigmoid" | "HardSwish" | "Clip"
             | "Dropout" | "Neg" => 0,
             // A constant operand broadcasts against the trailing axes.
             "Add" | "Mul" | "Div" | "Sum" | "Mean" | "PRelu" => const_rank,

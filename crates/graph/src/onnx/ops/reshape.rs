@@ -265,9 +265,14 @@ impl Importer {
                 if !self.initializers.contains(&n.input[0]) || is_int_type(t.data_type) =>
             {
                 let dims: Vec<Sym> = t.dims.iter().map(|&d| Sym::N(d)).collect();
+                // A target entry of 1 keeps the axis (ConViT's `rel_indices.expand(B, -1,
+                // -1, -1)` is written `[B, 1, 1, 1]`).
                 let batch_only = dims.first() == Some(&Sym::N(1))
                     && dims.len() == target.len()
-                    && dims[1..] == target[1..];
+                    && dims[1..]
+                        .iter()
+                        .zip(&target[1..])
+                        .all(|(d, t)| d == t || *t == Sym::N(1));
                 if batch_only {
                     self.define(n, Val::Const(t));
                     return Ok(());
@@ -282,20 +287,26 @@ impl Importer {
                     Dim::Fixed(k) => Sym::N(*k as i64),
                     Dim::Seq => Sym::Seq,
                 }));
-                let out = n.output.first().map_or("", String::as_str);
-                let broadcasting = self.consumers.get(out).is_some_and(|uses| {
-                    uses.iter().all(|&(node, _)| {
-                        matches!(
-                            self.nodes[node].op_type.as_str(),
-                            "Mul" | "Add" | "Sub" | "Div"
-                        )
-                    })
-                });
+                let broadcasting = self.feeds_broadcast_only(n);
                 if self.wrap.is_none() && over_batch(&dims) && (dims == target || broadcasting) {
                     self.define(n, Val::Ir(x));
                     return Ok(());
                 }
                 return self.expand_activation(n, &x);
+            }
+            // The same on a layout view (`F.normalize`'s norm expanded to the windows'
+            // keys): the target only repeats axes of size 1 the broadcasting op repeats.
+            Val::View(v) if self.feeds_broadcast_only(n) => {
+                let dims = v.dims();
+                if dims.len() == target.len()
+                    && dims
+                        .iter()
+                        .zip(&target)
+                        .all(|(d, t)| d == t || *d == Sym::N(1))
+                {
+                    self.define(n, Val::View(v));
+                    return Ok(());
+                }
             }
             _ => {}
         }
@@ -347,6 +358,20 @@ impl Importer {
         }
         self.define(n, Val::Broadcast(t));
         Ok(())
+    }
+
+    /// Whether every consumer of `n`'s output broadcasts its operands (an `Expand` before
+    /// it changes no value).
+    fn feeds_broadcast_only(&self, n: &NodeProto) -> bool {
+        let out = n.output.first().map_or("", String::as_str);
+        self.consumers.get(out).is_some_and(|uses| {
+            uses.iter().all(|&(node, _)| {
+                matches!(
+                    self.nodes[node].op_type.as_str(),
+                    "Mul" | "Add" | "Sub" | "Div"
+                )
+            })
+        })
     }
 
     /// How many trailing axes of its input an `Expand` repeats (for

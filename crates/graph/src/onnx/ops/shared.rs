@@ -25,9 +25,15 @@ use crate::op::Op;
 /// batch axis): imported by their own families.
 const TRAILING: &[&str] = &[
     "Add", "Sub", "Mul", "Div", "MatMul", "Relu", "Sigmoid", "Tanh", "Gelu", "Erf", "Dropout",
+    "Clip", "Exp",
 ];
 
-/// Ops that rearrange a shared tensor's axes: imported here.
+/// Element-wise functions a learned tensor goes through alone before it meets the batch:
+/// a reparametrisation (`logit_scale.clamp(max=log 100).exp()`, a sigmoid gate).
+const REPARAMETRISING: &[&str] = &["Clip", "Exp", "Sigmoid", "Tanh", "Relu"];
+
+/// Ops that name a shared tensor's axes (they rearrange them, or a softmax normalises
+/// one): imported here, where every ONNX axis is an IR axis.
 const LAYOUT: &[&str] = &[
     "Reshape",
     "Transpose",
@@ -35,6 +41,7 @@ const LAYOUT: &[&str] = &[
     "Unsqueeze",
     "Flatten",
     "Gather",
+    "Softmax",
 ];
 
 impl Importer {
@@ -43,14 +50,33 @@ impl Importer {
         matches!(self.vals.get(name), Some(Val::Ir(x)) if self.b.is_shared(x))
     }
 
-    /// Before `n` imports: a float constant `MatMul` reads with a weight becomes a
-    /// shared [`Op::Constant`]; a shared input of an op that meets the batch loses its
-    /// leading axes of size 1. Returns `true` when `n` was imported here (a layout op of
-    /// a shared tensor).
-    pub(super) fn shared_node(&mut self, n: &NodeProto, a: &Attrs) -> Result<bool, GraphError> {
+    /// Before `n` imports: a float constant `MatMul` or `Conv` reads with a weight
+    /// becomes a shared [`Op::Constant`]; a shared input of an op that meets the batch
+    /// loses its leading axes of size 1. Returns `true` when `n` was imported here (a
+    /// layout op of a shared tensor, a convolution of a constant image).
+    pub(super) fn shared_node(
+        &mut self,
+        i: usize,
+        n: &NodeProto,
+        a: &Attrs,
+    ) -> Result<bool, GraphError> {
         let err = |why: String| GraphError::node(label(n), why);
         if n.op_type == "MatMul" {
-            self.constant_rows(n)?;
+            self.constant_input(n, false)?;
+        }
+        // XCiT's Fourier positions through a 1x1 convolution: the IR convolves a sample
+        // (`[C, H, W]`), so the image's leading 1 goes before and comes back after.
+        if n.op_type == "Conv" && self.constant_input(n, true)? {
+            self.conv(i, n, a)?;
+            let Some(Val::Ir(y)) = n.output.first().and_then(|o| self.vals.get(o)).cloned() else {
+                return Err(err("a convolution without an output".into()));
+            };
+            let mut dims: Vec<i64> = self.fixed_dims(n, &y)?.iter().map(|&d| d as i64).collect();
+            dims.insert(0, 1);
+            let name = self.fresh_layout(n);
+            self.b.push(&name, Op::Reshape { shape: dims }, &[&y])?;
+            self.vals.insert(n.output[0].clone(), Val::Ir(name));
+            return Ok(true);
         }
         let shared: Vec<usize> = (0..n.input.len())
             .filter(|&p| self.is_shared(&n.input[p]))
@@ -80,6 +106,10 @@ impl Importer {
         if TRAILING.contains(&n.op_type.as_str()) {
             return Ok(false);
         }
+        if matches!(n.op_type.as_str(), "Expand" | "Tile") {
+            self.shared_repeat(n)?;
+            return Ok(true);
+        }
         if !LAYOUT.contains(&n.op_type.as_str()) {
             return Err(err(format!(
                 "{} of a tensor computed once per step (from constants and parameters) is \
@@ -97,33 +127,80 @@ impl Importer {
         Ok(true)
     }
 
-    /// `MatMul` of a float constant by a weight: the constant becomes a shared
-    /// [`Op::Constant`] (read by any model input, for the IR's one-input rule).
-    fn constant_rows(&mut self, n: &NodeProto) -> Result<(), GraphError> {
+    /// A float initializer that `n` reparametrises (see [`REPARAMETRISING`]) is a learned
+    /// tensor: it becomes a shared [`Op::Parameter`] and `n` computes on it once per step.
+    /// An initializer computed on with other tensors (a rotary table's frequencies times
+    /// the positions) stays a buffer, folded.
+    pub(super) fn learned_computed_on(&mut self, n: &NodeProto) -> Result<(), GraphError> {
+        let Some(x) = n.input.first() else {
+            return Ok(());
+        };
+        if !REPARAMETRISING.contains(&n.op_type.as_str()) {
+            return Ok(());
+        }
+        // The initializer, or all of it in its order (`gating_param.view(1, -1, 1, 1)`).
+        let source = match self.read_from.get(x) {
+            Some(r) if r.is_whole() => r.table.clone(),
+            Some(_) => return Ok(()),
+            None if self.initializers.contains(x) => x.clone(),
+            None => return Ok(()),
+        };
+        let Some(Val::Const(t)) = self.vals.get(x.as_str()).cloned() else {
+            return Ok(());
+        };
+        let (Some(values), Some(any_input)) = (tensor_f32(&t), self.any_model_input()) else {
+            return Ok(());
+        };
+        // A scalar is one element.
+        let shape: Vec<usize> = match t.dims.is_empty() {
+            true => vec![1],
+            false => t.dims.iter().map(|&d| d as usize).collect(),
+        };
+        let name = self.fresh_from(format!("{x}/learned"));
+        self.b.push(&name, Op::Parameter { shape }, &[&any_input])?;
+        self.sources.insert(name.clone(), vec![source]);
+        self.attach(&name, vec![Some(values)]);
+        self.vals.insert(x.clone(), Val::Ir(name));
+        Ok(())
+    }
+
+    /// `MatMul` (or `Conv`) of a float constant by a weight: the constant becomes a
+    /// shared [`Op::Constant`] (read by any model input, for the IR's one-input rule),
+    /// without its leading axis of 1 where `image` (a convolution's batch of one).
+    /// Returns whether it did.
+    fn constant_input(&mut self, n: &NodeProto, image: bool) -> Result<bool, GraphError> {
         let (Some(Val::Const(t)), Some(Val::Const(_))) = (
             n.input.first().and_then(|x| self.vals.get(x.as_str())),
             n.input.get(1).and_then(|w| self.vals.get(w.as_str())),
         ) else {
-            return Ok(());
+            return Ok(false);
         };
-        // A parameter on the left is a parameter computed on, not a table of constants.
-        if self.initializers.contains(&n.input[0]) || self.read_from.contains_key(&n.input[0]) {
-            return Ok(());
+        // An initializer on the left is a buffer (Swin V2's coordinate table): like every
+        // initializer computed on without a batch (see `fold`), it is not a parameter.
+        // One read through folded indexing is refused by the MatMul as before.
+        if self.read_from.contains_key(&n.input[0]) {
+            return Ok(false);
         }
         let reads_weight =
             self.initializers.contains(&n.input[1]) || self.read_from.contains_key(&n.input[1]);
         let Some(values) = tensor_f32(t).filter(|_| reads_weight) else {
-            return Ok(());
+            return Ok(false);
         };
-        let shape: Vec<usize> = t.dims.iter().map(|&d| d as usize).collect();
+        let mut shape: Vec<usize> = t.dims.iter().map(|&d| d as usize).collect();
+        if image && shape.first() != Some(&1) {
+            return Ok(false);
+        }
+        if image {
+            shape.remove(0);
+        }
         let Some(any_input) = self.any_model_input() else {
-            return Ok(());
+            return Ok(false);
         };
         let name = self.fresh_from(format!("{}/constant", label(n)));
         self.b
             .push(&name, Op::Constant { shape, values }, &[&any_input])?;
         self.vals.insert(n.input[0].clone(), Val::Ir(name));
-        Ok(())
+        Ok(true)
     }
 
     /// Input `pos`, a shared tensor, without its leading axes of size 1 (ONNX broadcasts
@@ -155,6 +232,42 @@ impl Importer {
                 "a shared tensor with the symbolic sequence length",
             )
         })
+    }
+
+    /// `Expand` or `Tile` of a shared tensor that repeats nothing but a leading axis of
+    /// size 1, over the batch (XCiT's positions: `pos.repeat(B, 1, 1, 1)`): the tensor
+    /// itself, its leading 1 standing for the batch; the op that meets the batch
+    /// broadcasts it (PyTorch's copies are transient: `repeat`'s backward keeps no tensor).
+    fn shared_repeat(&mut self, n: &NodeProto) -> Result<(), GraphError> {
+        let err = |why: String| GraphError::node(label(n), why);
+        let Some(Val::Ir(x)) = self.vals.get(n.input[0].as_str()).cloned() else {
+            return Err(err(format!(
+                "{} reads a tensor computed once per step only as its first input",
+                n.op_type
+            )));
+        };
+        let dims = self.fixed_dims(n, &x)?;
+        let (target, _) = self.ints_of(n, 1, &format!("{} sizes", n.op_type))?;
+        let tile = n.op_type == "Tile";
+        let kept = target.len() == dims.len()
+            && target.iter().zip(&dims).enumerate().all(|(k, (t, &d))| {
+                let same = *t == Sym::N(1) || (!tile && *t == Sym::N(d as i64));
+                same || (k == 0 && d == 1 && *t == Sym::Batch)
+            });
+        if !kept {
+            return Err(err(format!(
+                "{} of a tensor computed once per step ({dims:?}) by {}: only a repeat \
+                 over the batch of a leading axis of 1 is supported",
+                n.op_type,
+                target
+                    .iter()
+                    .map(Sym::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" x ")
+            )));
+        }
+        self.define(n, Val::Ir(x));
+        Ok(())
     }
 
     /// A layout op of a shared tensor: every ONNX axis is an IR axis.
@@ -197,6 +310,8 @@ impl Importer {
                             out.push(1);
                         }
                         Sym::N(d) if *d > 0 => out.push(*d as usize),
+                        // A leading 1 standing for the batch (see `shared_repeat`).
+                        Sym::Batch if k == 0 && dims.first() == Some(&1) => out.push(1),
                         other => return Err(err(format!("Reshape to {other} of a table"))),
                     }
                 }
@@ -207,6 +322,17 @@ impl Importer {
                     return Err(err(format!("Reshape of {dims:?} to {out:?}")));
                 }
                 reshape(out)
+            }
+            // ConViT's positional attention: a softmax over a table's last axis.
+            "Softmax" => {
+                let axis = axis_of(a.int("axis", -1), rank)?;
+                if axis + 1 != rank {
+                    return Err(err(format!(
+                        "Softmax over axis {axis} of a rank-{rank} tensor computed once per \
+                         step: only its last axis is supported"
+                    )));
+                }
+                Op::Softmax { axis: -1 }
             }
             "Flatten" => {
                 let k = axis_of(a.int("axis", 1), rank + 1)?;

@@ -31,16 +31,16 @@ pub(super) fn saved(b: &Burn, op: &Op, s: &Sizes) -> Saved {
             output: true,
             ..none
         },
-        // `relu`, `sigmoid`, `gelu` (ops/activation.rs) and `float_tanh` (ops/tensor.rs)
-        // checkpoint their INPUT and recompute from it: unlike PyTorch, the pre-activation
+        // `relu`, `sigmoid`, `gelu` (ops/activation.rs), `float_tanh` and `float_exp`
+        // (ops/tensor.rs) checkpoint their INPUT and recompute from it: unlike PyTorch, the pre-activation
         // stays alive beside the activation the next layer keeps.
-        Op::Relu | Op::Tanh | Op::Sigmoid | Op::Gelu => inputs,
+        Op::Relu | Op::Tanh | Op::Sigmoid | Op::Exp | Op::Gelu => inputs,
         // On the CPU the engine's own clamp keeps one byte per element (whether the
         // gradient passes). Elsewhere `clamp` is burn-backend's default `float_clamp` =
         // `clamp_min(clamp_max(x))`, each a comparison plus `float_mask_fill`, whose
         // backward keeps only the bool mask (flex stores bools as one byte): two bytes per
         // element, not the input.
-        Op::ClippedRelu { .. } => Saved {
+        Op::Clamp { .. } => Saved {
             extra_bytes: if b.gpu { 2 } else { 1 } * s.output,
             ..none
         },
@@ -93,11 +93,11 @@ pub(super) fn backward(b: &Burn, op: &Op, s: &Sizes, dx: u64, act: u64) -> Vec<B
     let elems = match op {
         // `relu_backward` and the clamp masks' `mask_fill`, `mul_scalar`: written into the
         // incoming gradient.
-        Op::Relu | Op::ClippedRelu { .. } | Op::HardSigmoid { .. } | Op::Scale { .. } => out,
+        Op::Relu | Op::Clamp { .. } | Op::HardSigmoid { .. } | Op::Scale { .. } => out,
         // The product's two gradients, then the hard sigmoid's in place.
         Op::HardSwish => out + 2 * input,
         // `sigmoid`, `float_tanh`, `gelu` recompute the activation from the kept input.
-        Op::Tanh | Op::Sigmoid | Op::Gelu => out + input,
+        Op::Tanh | Op::Sigmoid | Op::Exp | Op::Gelu => out + input,
         // The own softmax: dy and dx. burn's: exp recomputed, then the quotient rule's
         // two products.
         Op::Softmax { .. } if own_softmax(b, op, s) => out + dx,

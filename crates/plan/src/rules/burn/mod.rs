@@ -85,13 +85,14 @@ fn family(op: &Op) -> Family {
         Op::Conv { .. } => Family::Conv,
         Op::Linear { .. } | Op::MatMul | Op::Embedding { .. } => Family::Dense,
         Op::Relu
-        | Op::ClippedRelu { .. }
+        | Op::Clamp { .. }
         | Op::LeakyRelu { .. }
         | Op::PRelu { .. }
         | Op::HardSigmoid { .. }
         | Op::HardSwish
         | Op::Tanh
         | Op::Sigmoid
+        | Op::Exp
         | Op::Gelu
         | Op::Softmax { .. }
         | Op::Scale { .. } => Family::Activation,
@@ -115,6 +116,7 @@ fn family(op: &Op) -> Family {
         | Op::Pad { .. }
         | Op::ConcatParam { .. }
         | Op::BroadcastParam { .. }
+        | Op::Parameter { .. }
         | Op::Constant { .. }
         | Op::Take { .. }
         | Op::CausalMask
@@ -324,9 +326,21 @@ mod tests {
         assert!(relu.inputs && !relu.output);
         // clamp: one byte per element (the engine's own on the CPU), two one-byte masks
         // (burn's on a GPU) instead of the input.
-        let clip = CPU.saved(&Op::ClippedRelu { max: 20.0 }, &s);
+        let clip = CPU.saved(
+            &Op::Clamp {
+                min: 0.0,
+                max: 20.0,
+            },
+            &s,
+        );
         assert_eq!((clip.inputs, clip.extra_bytes), (false, 512));
-        let clip = gpu.saved(&Op::ClippedRelu { max: 20.0 }, &s);
+        let clip = gpu.saved(
+            &Op::Clamp {
+                min: 0.0,
+                max: 20.0,
+            },
+            &s,
+        );
         assert_eq!((clip.inputs, clip.extra_bytes), (false, 1024));
     }
 

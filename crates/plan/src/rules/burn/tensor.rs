@@ -80,6 +80,7 @@ pub(super) fn backward(b: &Burn, op: &Op, s: &Sizes, dx: u64, act: u64) -> Vec<B
         | Op::AddConst { .. }
         | Op::ConcatParam { .. }
         | Op::BroadcastParam { .. }
+        | Op::Parameter { .. }
         | Op::Constant { .. }
         | Op::AddParam { .. }
         | Op::AddTable { .. } => out,
