@@ -1124,3 +1124,30 @@ fn a_transposed_convolution_upsamples_by_its_stride_with_pytorch_s_weight_layout
     assert_eq!(up.params()[0].shape, [6, 2, 4]);
     assert_eq!(up.name(), "conv_transpose");
 }
+
+/// ConvTasNet's decoder: a transposed convolution over the batch merged with the
+/// separated sources (`[B·sources, C, L]`), reshaped back to `[B, sources, L']`: the
+/// sources are more batch, each sample's planned as its own rows.
+#[test]
+fn a_transposed_convolution_over_a_batch_merged_with_sources() {
+    let mut n = Net::new("decoder");
+    n.input("x", "batch,2,4,5");
+    n.init(int64s("merge", &[-1, 4, 5]))
+        .init(int64s("split", &[-1, 2, 12]));
+    n.node("Reshape", "/merge", &["x", "merge"], &["m"], vec![]);
+    n.weight("W", &[4, 1, 4]);
+    n.node(
+        "ConvTranspose",
+        "/decode",
+        &["m", "W"],
+        &["y"],
+        vec![ints("strides", &[2])],
+    );
+    n.node("Reshape", "/split", &["y", "split"], &["z"], vec![]);
+    n.output("z");
+    let g = onnx::parse(&n.bytes()).unwrap();
+    assert_eq!(g.param_count(), 4 * 4);
+    // (5 - 1) 2 + 3 + 1 = 12 positions, for each of the two sources.
+    assert_eq!(g.shape_of("/decode").unwrap().to_string(), "[B, 2, 1, 12]");
+    assert_eq!(g.shape_of(&g.loss.input).unwrap().to_string(), "[B, 2, 12]");
+}

@@ -70,7 +70,10 @@ impl Op {
                 groups,
                 ..
             } => {
-                expect_dim(x, 0, *in_channels, "input channels")?;
+                // Leading axes before the channels are more batch (a batch merged with
+                // sources: ConvTasNet's decoder runs over `[B·sources, C, L]`).
+                let lead = x.rank().saturating_sub(window.spatial() + 1);
+                expect_dim(x, lead, *in_channels, "input channels")?;
                 if *groups == 0 || in_channels % groups != 0 || out_channels % groups != 0 {
                     return Err(ShapeError(format!(
                         "groups {groups} must divide in_channels {in_channels} and out_channels {out_channels}"
@@ -85,16 +88,17 @@ impl Op {
                 .iter()
                 .chain([&output_padding.len()])
                 .all(|&l| l == spatial);
-                if x.rank() != spatial + 1 || !sizes_fit {
+                if x.rank() < spatial + 1 || !sizes_fit {
                     return Err(ShapeError(format!(
                         "a transposed convolution over {spatial} spatial dimension(s) needs an \
-                         input of rank {} per sample ([B, C, ...]) and one stride, padding, \
-                         dilation and output padding per dimension, got {x}",
+                         input of rank {} or more per sample ([B, .., C, ...]) and one stride, \
+                         padding, dilation and output padding per dimension, got {x}",
                         spatial + 1
                     )));
                 }
-                let mut out = vec![Dim::Fixed(*out_channels)];
-                for (d, dim) in x.0[1..].iter().enumerate() {
+                let mut out = x.0[..lead].to_vec();
+                out.push(Dim::Fixed(*out_channels));
+                for (d, dim) in x.0[lead + 1..].iter().enumerate() {
                     let Dim::Fixed(i) = *dim else {
                         return Err(ShapeError(
                             "a transposed convolution over the symbolic length T".into(),

@@ -160,7 +160,8 @@ pub enum Op {
     /// `ConvTranspose`): each input position spreads the kernel over outputs `stride`
     /// apart, `window.padding` crops the output and `output_padding` adds to its end:
     /// `out = (in - 1) stride - pads + dilation (kernel - 1) + output_padding + 1`.
-    /// Weight `[in_channels, out_channels / groups, kernel...]`.
+    /// Weight `[in_channels, out_channels / groups, kernel...]`. Axes before the
+    /// channels are more batch (a batch merged with separated sources).
     ConvTranspose {
         in_channels: usize,
         out_channels: usize,

@@ -124,7 +124,13 @@ impl Importer {
                 ))
             })?;
         let sp = wd.len() - 2;
-        let in_channels = self.channels(n, &x)?;
+        // Channels before the spatial axes; any axes before them are more batch.
+        let s = self.shape(&x)?;
+        let in_channels = s
+            .rank()
+            .checked_sub(sp + 1)
+            .and_then(|c| s.0[c].fixed())
+            .ok_or_else(|| err(format!("needs a [B, C, ...] input, got {s}")))?;
         let groups = a.int("group", 1);
         if groups < 1 || wd[0] != in_channels {
             return Err(err(format!(

@@ -170,6 +170,12 @@ impl Importer {
                 (-a.int("axis", -1)) as usize
             }
             "Gemm" => 1,
+            // The channels and spatial axes (the IR's transposed convolution takes more
+            // batch axes before them).
+            "ConvTranspose" => match self.vals.get(n.input.get(1)?.as_str()) {
+                Some(Val::Const(w)) => w.dims.len().checked_sub(1)?,
+                _ => return None,
+            },
             "Pad" => self.pad_touched(n, a)?,
             "Expand" => self.expand_touched(n)?,
             "MatMul" => match self.vals.get(n.input.get(1)?.as_str()) {
