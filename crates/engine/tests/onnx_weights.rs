@@ -441,3 +441,67 @@ fn bidirectional_gru_from_onnx_matches_onnx_equations() {
     }
     assert_close(&out, &want, "bidirectional GRU");
 }
+
+/// PyTorch's `nn.ConvTranspose1d(2, 3, 3, stride=2, padding=1, output_padding=1)`:
+/// its weight `[in, out, kernel]`, against the definition written out: input position
+/// `t` adds `x[c, t] W[c, o, k]` to output position `t s + k - p`.
+#[test]
+fn a_transposed_convolution_from_onnx_computes_its_weights() {
+    let (cin, cout, kernel, len, stride, pad) = (2, 3, 3, 4, 2, 1);
+    let out_len = (len - 1) * stride - 2 * pad + kernel + 1;
+    let w = values(cin * cout * kernel, 1);
+    let bias = values(cout, 2);
+    let ints = |name: &str, v: &[i64]| AttributeProto {
+        name: name.into(),
+        r#type: batchfit_graph::onnx::proto::AttributeType::Ints as i32,
+        ints: v.to_vec(),
+        ..Default::default()
+    };
+    let graph = GraphProto {
+        name: "decoder".into(),
+        input: vec![value_info("x", &format!("batch,{cin},{len}"))],
+        output: vec![output("y")],
+        initializer: vec![
+            floats("up.weight", &[cin as i64, cout as i64, kernel as i64], &w),
+            floats("up.bias", &[cout as i64], &bias),
+        ],
+        node: vec![NodeProto {
+            op_type: "ConvTranspose".into(),
+            name: "/up".into(),
+            input: vec!["x".into(), "up.weight".into(), "up.bias".into()],
+            output: vec!["y".into()],
+            attribute: vec![
+                ints("strides", &[stride as i64]),
+                ints("pads", &[pad as i64, pad as i64]),
+                ints("output_padding", &[1]),
+            ],
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let g = load("conv_transpose", graph);
+    let x = values(2 * cin * len, 3);
+    let mut want = vec![0.0f64; 2 * cout * out_len];
+    for s in 0..2 {
+        for o in 0..cout {
+            for j in 0..out_len {
+                want[(s * cout + o) * out_len + j] = f64::from(bias[o]);
+            }
+            for c in 0..cin {
+                for t in 0..len {
+                    for k in 0..kernel {
+                        let Some(j) = (t * stride + k).checked_sub(pad).filter(|&j| j < out_len)
+                        else {
+                            continue;
+                        };
+                        want[(s * cout + o) * out_len + j] += f64::from(x[(s * cin + c) * len + t])
+                            * f64::from(w[(c * cout + o) * kernel + k]);
+                    }
+                }
+            }
+        }
+    }
+    let t = trainer(&g, 1, false);
+    let b = batch(&x, 2, cout * out_len, &t.device);
+    assert_close(&forward(&t, &b), &want, "transposed convolution");
+}

@@ -124,7 +124,7 @@ pub fn check_trainable(graph: &Graph) -> Result<(), Unsupported> {
     for node in &graph.nodes {
         let what = match &node.op {
             Op::Conv { window, .. } if window.spatial() > 2 => Some("3-d convolution"),
-            Op::ConvTranspose { .. } => Some("transposed convolution"),
+            Op::ConvTranspose { window, .. } => super::conv::transpose_unsupported(window),
             Op::Pool { window, .. } if window.spatial() > 2 => Some("3-d pooling"),
             Op::Resize { size, .. } if size.len() != 2 => {
                 Some("resizing other than 2 spatial dimensions")

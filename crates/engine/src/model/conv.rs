@@ -10,8 +10,60 @@ use crate::cpu::im2col::{conv_product_cpu, im2col_views};
 use batchfit_graph::Window;
 use batchfit_plan::rules::im2col_chunks;
 use burn::tensor::Tensor;
-use burn::tensor::module::{conv1d, conv2d};
-use burn::tensor::ops::ConvOptions;
+use burn::tensor::module::{conv_transpose1d, conv_transpose2d, conv1d, conv2d};
+use burn::tensor::ops::{ConvOptions, ConvTransposeOptions};
+
+/// Why the engine cannot run a transposed convolution with `window`, if it cannot:
+/// burn's has 1 and 2 spatial dimensions and one padding per dimension (PyTorch's
+/// layers only make equal ones).
+pub(super) fn transpose_unsupported(window: &Window) -> Option<&'static str> {
+    if window.spatial() > 2 {
+        Some("3-d transposed convolution")
+    } else if window.padding.iter().any(|[a, z]| a != z) {
+        Some("transposed convolution with unequal pads at a dimension's ends")
+    } else {
+        None
+    }
+}
+
+/// A 1-d or 2-d transposed convolution by burn on `[B, elements]`; axes before the
+/// channels are more batch (a batch merged with separated sources).
+pub(super) fn conv_transpose(
+    k: &Kernel,
+    p: &Params,
+    x: Tensor<2>,
+    b: usize,
+    window: &Window,
+    output_padding: &[usize],
+    groups: usize,
+) -> Tensor<2> {
+    let d = &k.in_dims[0];
+    let lead = d.len() - window.spatial() - 1;
+    let rows = b * d[..lead].iter().product::<usize>();
+    let bias = k.params.get(1).map(|&q| p.t1(q));
+    let pad = |i: usize| window.padding[i][0];
+    if window.spatial() == 1 {
+        let opts = ConvTransposeOptions::new(
+            [window.stride[0]],
+            [pad(0)],
+            [output_padding[0]],
+            [window.dilation[0]],
+            groups,
+        );
+        let x = x.reshape([rows, d[lead], d[lead + 1]]);
+        conv_transpose1d(x, p.t3(k.params[0]), bias, opts).reshape([b, k.out_elems()])
+    } else {
+        let opts = ConvTransposeOptions::new(
+            [window.stride[0], window.stride[1]],
+            [pad(0), pad(1)],
+            [output_padding[0], output_padding[1]],
+            [window.dilation[0], window.dilation[1]],
+            groups,
+        );
+        let x = x.reshape([rows, d[lead], d[lead + 1], d[lead + 2]]);
+        conv_transpose2d(x, p.t4(k.params[0]), bias, opts).reshape([b, k.out_elems()])
+    }
+}
 
 /// A 1-d or 2-d convolution by burn, on `[B, elements]` in NCHW order.
 pub(super) fn conv(

@@ -102,7 +102,12 @@ fn run_canonical(k: &Kernel, p: &Params, mut args: Vec<Value>, b: usize, train: 
         Op::Embedding { dim, .. } => dense::embedding_lookup(k, p, args.remove(0), b, *dim),
         Op::Conv { window, groups, .. } => conv::conv(k, p, first(), b, window, *groups),
         // `compile_params` refuses it before any forward runs.
-        Op::ConvTranspose { .. } => unreachable!("the engine does not train {}", k.op.name()),
+        Op::ConvTranspose {
+            window,
+            output_padding,
+            groups,
+            ..
+        } => conv::conv_transpose(k, p, first(), b, window, output_padding, *groups),
         Op::Pool { pool, window } => pool::pool(k, first(), b, *pool, window),
         Op::GlobalPool { pool } => pool::global_pool(k, first(), b, *pool),
         Op::Resize {

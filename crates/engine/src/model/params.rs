@@ -170,7 +170,11 @@ pub(super) fn compile_params(
         Op::Pool { window, .. } if window.spatial() > 2 => {
             return Err(unsupported("3-d pooling"));
         }
-        Op::ConvTranspose { .. } => return Err(unsupported("transposed convolution")),
+        Op::ConvTranspose { window, .. } => {
+            if let Some(why) = super::conv::transpose_unsupported(window) {
+                return Err(unsupported(why));
+            }
+        }
         _ => {}
     }
     Ok(shapes
@@ -253,6 +257,14 @@ fn random_start(op: &Op, param: &batchfit_graph::Param) -> Start {
             groups,
             ..
         } => in_channels / groups * window.kernel_elements(),
+        // PyTorch's fan-in of `[in, out / groups, kernel..]` is its second axis times
+        // the kernel.
+        Op::ConvTranspose {
+            out_channels,
+            ref window,
+            groups,
+            ..
+        } => out_channels / groups * window.kernel_elements(),
         // U(-1, 1) (PyTorch draws N(0, 1) here).
         Op::Embedding { .. } => 1,
         Op::Rnn { hidden, .. } => hidden,

@@ -519,6 +519,46 @@ pub fn families() -> Vec<Graph> {
     g.push("flat", Op::Flatten, &["mixed"]).unwrap();
     g.linear("head", "flat", 3).unwrap();
     out.push(g.finish(LossKind::CrossEntropy, "head").unwrap());
+    // Transposed convolutions: a 2-d one with padding and output padding (a decoder's
+    // upsampling), then a grouped 1-d one over rows as more batch (ConvTasNet's decoder
+    // over `[B·sources, C, L]`).
+    let mut g = GraphBuilder::new("transposed-convolutions");
+    g.input("x", Shape::fixed(&[2, 3, 3])).unwrap();
+    let up = Op::ConvTranspose {
+        in_channels: 2,
+        out_channels: 4,
+        window: Window {
+            kernel: vec![3, 2],
+            stride: vec![2, 1],
+            padding: vec![[1, 1], [0, 0]],
+            dilation: vec![1, 1],
+        },
+        output_padding: vec![1, 0],
+        groups: 1,
+        bias: true,
+    };
+    g.push("up", up, &["x"]).unwrap();
+    let rows = Op::Reshape {
+        shape: vec![2, 2, 24],
+    };
+    g.push("rows", rows, &["up"]).unwrap();
+    let decode = Op::ConvTranspose {
+        in_channels: 2,
+        out_channels: 2,
+        window: Window {
+            kernel: vec![3],
+            stride: vec![2],
+            padding: vec![[0, 0]],
+            dilation: vec![2],
+        },
+        output_padding: vec![0],
+        groups: 2,
+        bias: false,
+    };
+    g.push("decode", decode, &["rows"]).unwrap();
+    g.push("flat", Op::Flatten, &["decode"]).unwrap();
+    g.linear("head", "flat", 3).unwrap();
+    out.push(g.finish(LossKind::CrossEntropy, "head").unwrap());
     // Six sample axes transposed, two pairs moving together (MaxViT's partitions):
     // four axes once the pairs are merged.
     let mut g = GraphBuilder::new("six-axis-transpose");

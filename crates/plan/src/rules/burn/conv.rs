@@ -158,6 +158,55 @@ pub(super) fn saved(op: &Op, s: &Sizes) -> Saved {
     }
 }
 
+/// The moments of a transposed convolution's backward (burn-backend modules/conv.rs):
+/// `conv_transpose2d_x_backward` is flex's im2col convolution of dy by the weight
+/// (`conv3d_impl`: dy in NHWC, dx, each busy thread's column tile);
+/// `conv_transpose2d_weight_grad_no_groups` convolves the swapped dy by the swapped x as
+/// its kernel (both copied by `to_contiguous`, x again as `w_flat`, dy again in NHWC) with
+/// the batch as channels: each busy thread's tile is B x the input's positions x up to
+/// 512 kernel positions.
+pub(super) fn transpose_backward(
+    b: &Burn,
+    op: &Op,
+    s: &Sizes,
+    dx: u64,
+    act: u64,
+) -> Vec<BackwardMoment> {
+    let Op::ConvTranspose {
+        in_channels,
+        out_channels,
+        window,
+        groups,
+        ..
+    } = op
+    else {
+        unreachable!("the dispatcher sends only transposed convolutions here")
+    };
+    let (out, input) = (s.output, s.inputs.first().copied().unwrap_or(0));
+    let k = window.kernel_elements() as u64;
+    let cpu = b.cpu;
+    let mut moments = Vec::new();
+    if dx > 0 {
+        let col = (*out_channels / *groups) as u64 * k;
+        let in_spatial = input / (*in_channels as u64).max(1);
+        moments.push(BackwardMoment {
+            bytes: (out + out + dx) * act,
+            param_elems: op.param_count(),
+            fixed_workspace: cpu.threads * col * in_spatial.min(FLEX_CONV_TILE) * act,
+            ..BackwardMoment::default()
+        });
+    }
+    let in_positions = input / (*in_channels as u64).max(1);
+    let busy = cpu.threads.min(*out_channels as u64).max(1);
+    let tiles = busy * in_positions * k.min(FLEX_CONV_TILE);
+    moments.push(BackwardMoment {
+        bytes: (out + dx + out + input + input + out + tiles) * act,
+        param_elems: op.param_count(),
+        ..BackwardMoment::default()
+    });
+    moments
+}
+
 /// Burn (flex): bytes of a convolution's per-thread kernel buffers at its forward pass,
 /// which do not grow with the batch: flex `conv3d_impl` gives each busy thread an im2col
 /// tile (C_in/groups x k by up to 512 output positions) and gemm's result for it. The

@@ -126,7 +126,7 @@ fn family(op: &Op) -> Family {
         | Op::Reduce { .. }
         | Op::Mul
         | Op::Div
-        // Planned, not trained: the engine refuses it (`check_trainable`).
+        // Its backward is a convolution's (`conv::transpose_backward`).
         | Op::ConvTranspose { .. }
         | Op::Dropout { .. }
         | Op::DropPath { .. } => Family::Tensor,
@@ -212,6 +212,9 @@ impl RuntimeRules for Burn {
             Family::Norm => norm::backward(self, op, s, dx, act),
             Family::Pool => pool::backward(op, s, dx, act),
             Family::Recurrent => recurrent::backward(self, op, s, dx, act),
+            Family::Tensor if matches!(op, Op::ConvTranspose { .. }) => {
+                conv::transpose_backward(self, op, s, dx, act)
+            }
             Family::Tensor => tensor::backward(self, op, s, dx, act),
         }
     }

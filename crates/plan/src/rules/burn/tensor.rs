@@ -115,8 +115,6 @@ pub(super) fn backward(b: &Burn, op: &Op, s: &Sizes, dx: u64, act: u64) -> Vec<B
         Op::MulParam { .. } => 2 * out,
         // dx = dy * c.
         Op::MulConst { .. } => out + dx,
-        // dy, and dx as a convolution of dy.
-        Op::ConvTranspose { .. } => out + dx,
         // `interpolate_backward` writes dx of the input's size; `cat`'s backward slices dy
         // into the padded input's gradient.
         Op::Resize { .. } | Op::Pad { .. } => out + dx,
