@@ -1151,3 +1151,56 @@ fn a_transposed_convolution_over_a_batch_merged_with_sources() {
     assert_eq!(g.shape_of("/decode").unwrap().to_string(), "[B, 2, 1, 12]");
     assert_eq!(g.shape_of(&g.loss.input).unwrap().to_string(), "[B, 2, 12]");
 }
+
+/// TNT's `F.unfold` as torch.onnx writes it: the windows' positions computed from the
+/// input's length (`arange(0, L, 4)[None] + arange(4)[:, None]`, integers throughout)
+/// and the activation gathered at that table: every position read, the table's shape
+/// in the axis's place.
+#[test]
+fn a_gather_at_a_table_of_positions_computed_from_shapes() {
+    let mut n = Net::new("unfold");
+    n.input("x", "batch,3,8");
+    n.init(int64s("two", &[2]))
+        .init(int64s("start", &[0]))
+        .init(int64s("step", &[4]))
+        .init(int64s("first", &[0]))
+        .init(int64s("column", &[-1, 1]))
+        .init(int64_tensor("taps", &[1, 4], &[0, 1, 2, 3]));
+    n.node("Shape", "/shape", &["x"], &["s"], vec![]);
+    n.node(
+        "Gather",
+        "/len",
+        &["s", "two"],
+        &["len"],
+        vec![int("axis", 0)],
+    );
+    n.node("Squeeze", "/len0", &["len"], &["l"], vec![]);
+    n.node(
+        "Range",
+        "/starts",
+        &["start", "l", "step"],
+        &["starts"],
+        vec![],
+    );
+    n.node("Unsqueeze", "/row", &["starts", "first"], &["row"], vec![]);
+    n.node("Reshape", "/col", &["taps", "column"], &["col"], vec![]);
+    n.node("Add", "/positions", &["row", "col"], &["idx"], vec![]);
+    n.node(
+        "Gather",
+        "/unfold",
+        &["x", "idx"],
+        &["y"],
+        vec![int("axis", 2)],
+    );
+    n.output("y");
+    let g = onnx::parse(&n.bytes()).unwrap();
+    assert_eq!(
+        g.shape_of(&g.loss.input).unwrap().to_string(),
+        "[B, 3, 4, 2]"
+    );
+    let take = g.nodes.iter().find_map(|x| match &x.op {
+        Op::Take { axis, indices } => Some((*axis, indices.clone())),
+        _ => None,
+    });
+    assert_eq!(take, Some((2, vec![0, 4, 1, 5, 2, 6, 3, 7])));
+}

@@ -10,7 +10,7 @@
 //! Written by hand: only these few ops on small row-major `f32` tensors are
 //! needed, which an ONNX runtime crate would bring with a whole interpreter.
 
-use super::decode::{Attrs, positive, tensor_f32, tensor_ints};
+use super::decode::{Attrs, is_int_type, positive, tensor_f32, tensor_ints};
 use super::import::{Importer, is_default, label};
 use super::proto::{DataType, NodeProto, TensorProto};
 use super::sym::Sym;
@@ -192,12 +192,14 @@ impl Importer {
             return Ok(false);
         }
         // A shape value stays one through a `Cast` (`alias`), and so does a float tensor
-        // cast to a float type (a parameter read at constant indices stays one); only
-        // tensors cast to integers or booleans convert.
+        // cast to a float type (a parameter read at constant indices stays one); tensors
+        // cast to integers or booleans convert, and integer tensors to floats.
         let to_int = matches!(a.int("to", 1), 2..=7 | 9 | 12 | 13);
-        if op == "Cast"
-            && !(to_int && matches!(self.vals.get(n.input[0].as_str()), Some(Val::Const(_))))
-        {
+        let converts = match self.vals.get(n.input[0].as_str()) {
+            Some(Val::Const(t)) => to_int || is_int_type(t.data_type),
+            _ => false,
+        };
+        if op == "Cast" && !converts {
             return Ok(false);
         }
         let mut data = Vec::new();
@@ -234,11 +236,33 @@ impl Importer {
                 None => return Ok(false),
             }
         }
+        // Arithmetic keeps an integer tensor's type (ONNX types the output as input 0; an
+        // integer `Div` truncates, as the conversion does): indices computed from
+        // positions stay indices (`F.unfold`'s windows). A shape value may stand for its
+        // cast to a float (`alias`), so it decides nothing.
+        let integer = matches!(
+            op,
+            "Add"
+                | "Sub"
+                | "Mul"
+                | "Div"
+                | "Mod"
+                | "Min"
+                | "Max"
+                | "Neg"
+                | "Abs"
+                | "Tile"
+                | "Expand"
+        ) && matches!(
+            self.vals.get(n.input[0].as_str()),
+            Some(Val::Const(t)) if is_int_type(t.data_type)
+        );
         let folded = numeric(op, data, a)
             .map_err(|why| GraphError::node(label(n), format!("{op} of constants: {why}")))?;
         let name = n.output.first().cloned().unwrap_or_default();
         let tensor = match op {
-            "Cast" => folded.into_int_tensor(&name),
+            "Cast" if to_int => folded.into_int_tensor(&name),
+            _ if integer => folded.into_int_tensor(&name),
             _ => folded.into_tensor(&name),
         };
         self.define(n, Val::Const(Rc::new(tensor)));

@@ -3,7 +3,7 @@
 
 use super::decode::{Attrs, is_int_type, tensor_ints};
 use super::import::{Importer, label};
-use super::proto::NodeProto;
+use super::proto::{DataType, NodeProto, TensorProto};
 use super::sym::Sym;
 use super::view::Val;
 use crate::error::GraphError;
@@ -130,6 +130,12 @@ impl Importer {
                 match (op, scalar) {
                     ("Unsqueeze", true) => (v, false),
                     ("Squeeze", false) if v.len() == 1 => (v, true),
+                    // Numbers unsqueezed to rank 2 (`F.unfold`'s indices: `arange(n)[:,
+                    // None] + arange(k)[None]`): an integer constant from here on.
+                    ("Unsqueeze", false) if numbers(&v) => {
+                        self.numbers_unsqueezed(n, a, &v)?;
+                        return Ok(true);
+                    }
                     // Numbers of rank 2 and more (position ids `arange(T)[None]`): a
                     // constant, folded (`fold`).
                     _ if numbers(&v) => return Ok(false),
@@ -335,6 +341,54 @@ pub(super) fn unsqueeze(dims: &[usize], axes: Option<&[i64]>) -> Result<Vec<i64>
 }
 
 /// Whether every entry of a shape value is a number (neither the batch nor T).
+impl Importer {
+    /// `Unsqueeze` of a vector of numbers computed from shapes: the integer constant it
+    /// makes (rank 2 or more), which `fold` computes on as on any other.
+    fn numbers_unsqueezed(
+        &mut self,
+        n: &NodeProto,
+        a: &Attrs,
+        v: &[Sym],
+    ) -> Result<(), GraphError> {
+        let err = |why: String| GraphError::node(label(n), why);
+        let axes = if Self::has_input(n, 1) {
+            self.const_ints(n, 1, "axes")?
+        } else {
+            a.ints("axes").unwrap_or_default()
+        };
+        let rank = 1 + axes.len() as i64;
+        let mut at: Vec<i64> = axes
+            .iter()
+            .map(|&k| if k < 0 { k + rank } else { k })
+            .collect();
+        at.sort_unstable();
+        at.dedup();
+        if at.len() != axes.len() || at.iter().any(|&k| !(0..rank).contains(&k)) {
+            return Err(err(format!("Unsqueeze axes {axes:?} of a vector")));
+        }
+        let mut dims = vec![v.len() as i64];
+        for k in at {
+            dims.insert(k as usize, 1);
+        }
+        let values = v
+            .iter()
+            .map(|s| match s {
+                Sym::N(k) => *k,
+                _ => unreachable!("numbers"),
+            })
+            .collect();
+        let t = TensorProto {
+            name: n.output.first().cloned().unwrap_or_default(),
+            dims,
+            data_type: DataType::Int64 as i32,
+            int64_data: values,
+            ..TensorProto::default()
+        };
+        self.define(n, Val::Const(std::rc::Rc::new(t)));
+        Ok(())
+    }
+}
+
 fn numbers(v: &[Sym]) -> bool {
     v.iter().all(|s| matches!(s, Sym::N(_)))
 }

@@ -2,7 +2,7 @@
 //! indices (`y[:, -1]`, a CLS token) and `ReduceSum`/`ReduceMean`/`ReduceMax`.
 
 use crate::error::GraphError;
-use crate::onnx::decode::Attrs;
+use crate::onnx::decode::{Attrs, is_int_type, tensor_ints};
 use crate::onnx::import::{Importer, label};
 use crate::onnx::proto::NodeProto;
 use crate::onnx::sym::Sym;
@@ -261,7 +261,16 @@ impl Importer {
                 "Gather along the symbolic sequence axis of {shape} is not supported"
             )));
         };
-        let (idx, scalar) = self.ints_of(n, 1, "Gather indices")?;
+        // Indices of any rank (`F.unfold`'s sliding windows, exported as a `Gather` at
+        // a 2-d table of positions): the axis read at them, then their shape in its place.
+        let (idx, index_dims) = match self.val(n, 1)? {
+            Val::Const(t) if t.dims.len() > 1 && is_int_type(t.data_type) => {
+                let v = tensor_ints(t).map_err(|why| err(format!("Gather indices: {why}")))?;
+                (v.into_iter().map(Sym::N).collect(), Some(t.dims.clone()))
+            }
+            _ => (self.ints_of(n, 1, "Gather indices")?.0, None),
+        };
+        let scalar = index_dims.is_none() && self.ints_of(n, 1, "Gather indices")?.1;
         let idx = idx
             .iter()
             .map(|i| match i {
@@ -271,11 +280,25 @@ impl Importer {
                 other => Err(err(format!("Gather index {other:?} out of an axis of {d}"))),
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let (Some(&start), true) = (idx.first(), idx.windows(2).all(|w| w[1] == w[0] + 1)) else {
-            return Err(err(format!(
-                "Gather of an activation at indices {idx:?}: only one index or a run of \
-                 consecutive indices is supported"
-            )));
+        let run = idx.windows(2).all(|w| w[1] == w[0] + 1);
+        let (Some(&start), true) = (idx.first(), run && index_dims.is_none()) else {
+            let Some(mut dims) = shape.all_fixed() else {
+                return Err(err(format!(
+                    "Gather at a table of indices of {shape}: the sequence length T is symbolic"
+                )));
+            };
+            let take = Op::Take {
+                axis: ax as i64 + 1,
+                indices: idx.clone(),
+            };
+            let mut ops = vec![take];
+            if let Some(index_dims) = index_dims {
+                dims.splice(ax..=ax, index_dims.iter().map(|&k| k as usize));
+                ops.push(Op::Reshape {
+                    shape: dims.into_iter().map(|d| d as i64).collect(),
+                });
+            }
+            return self.emit_chain(n, x, ops);
         };
         let end = start + idx.len();
         let mut ops = Vec::new();
