@@ -410,3 +410,39 @@ fn a_shared_tensor_tiled_along_its_own_axes_is_refused_by_node() {
         "{e}"
     );
 }
+
+/// timm's Swin V2 qkv bias: `cat(q_bias, k_bias, v_bias)` with `k_bias` a zero buffer
+/// (a `Constant` node) added after the product: only the learned thirds count.
+#[test]
+fn a_bias_joined_from_learned_parts_and_a_constant_counts_the_learned_parts() {
+    let mut n = Net::new("qkv-bias");
+    n.input("x", &format!("batch,{N},{D}"));
+    n.weight("w", &[D, 3 * D])
+        .weight("q_bias", &[D])
+        .weight("v_bias", &[D]);
+    n.node(
+        "Constant",
+        "/k_bias",
+        &[],
+        &["k_bias"],
+        vec![tensor("value", floats("k_bias", &[D], &[0.0; D as usize]))],
+    );
+    n.node(
+        "Concat",
+        "/bias",
+        &["q_bias", "k_bias", "v_bias"],
+        &["bias"],
+        vec![int("axis", 0)],
+    );
+    n.node("MatMul", "/qkv", &["x", "w"], &["p"], vec![]);
+    n.node("Add", "/add", &["bias", "p"], &["out"], vec![]);
+    n.output("out");
+    let g = onnx::parse(&n.bytes()).unwrap();
+    assert_eq!(g.param_count(), (D * 3 * D + 2 * D) as u64);
+    let bias = g.nodes.iter().find(|x| x.name == "/bias").unwrap();
+    assert!(bias.shared && bias.op == Op::Concat { axis: 1 });
+    assert_eq!(
+        g.shape_of(&g.loss.input).unwrap().to_string(),
+        format!("[B, {N}, {}]", 3 * D)
+    );
+}

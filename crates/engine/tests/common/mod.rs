@@ -516,7 +516,20 @@ pub fn families() -> Vec<Graph> {
     g.push("kept", Op::Mul, &["x", "closed"]).unwrap();
     g.push("placed", Op::Mul, &["scores", "open"]).unwrap();
     g.push("mixed", Op::Add, &["kept", "placed"]).unwrap();
-    g.push("flat", Op::Flatten, &["mixed"]).unwrap();
+    // A bias joined from a learned part and a constant one (timm's Swin V2 qkv bias).
+    let learned = Op::Parameter {
+        shape: vec![side - 1],
+    };
+    g.push("learned", learned, &["x"]).unwrap();
+    let fixed = Op::Constant {
+        shape: vec![1],
+        values: vec![0.0],
+    };
+    g.push("fixed", fixed, &["x"]).unwrap();
+    g.push("bias", Op::Concat { axis: 1 }, &["learned", "fixed"])
+        .unwrap();
+    g.push("biased", Op::Add, &["mixed", "bias"]).unwrap();
+    g.push("flat", Op::Flatten, &["biased"]).unwrap();
     g.linear("head", "flat", 3).unwrap();
     out.push(g.finish(LossKind::CrossEntropy, "head").unwrap());
     // Transposed convolutions: a 2-d one with padding and output padding (a decoder's

@@ -120,7 +120,11 @@ impl Importer {
     pub(super) fn node(&mut self, i: usize, n: &NodeProto) -> Result<(), GraphError> {
         let a = Attrs(&n.attribute);
         self.learned_computed_on(n)?;
-        if self.shape_op(n, &a)? || self.fold(n, &a)? || self.shared_node(i, n, &a)? {
+        if self.learned_concat(n, &a)?
+            || self.shape_op(n, &a)?
+            || self.fold(n, &a)?
+            || self.shared_node(i, n, &a)?
+        {
             return Ok(());
         }
         let Some((_, import)) = OPS.iter().find(|(op, _)| *op == n.op_type) else {

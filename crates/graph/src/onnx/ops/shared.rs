@@ -164,6 +164,72 @@ impl Importer {
         Ok(())
     }
 
+    /// A `Concat` of learned tensors and constants added to activations (timm's Swin V2
+    /// joins `q_bias`, a zero `k_bias` buffer and `v_bias` into its qkv bias): the learned
+    /// parts are parameters, the rest constants, joined once per step. Folded, the whole
+    /// bias would count as learned. Returns whether it imported `n`.
+    pub(super) fn learned_concat(&mut self, n: &NodeProto, a: &Attrs) -> Result<bool, GraphError> {
+        let out = n.output.first().map_or("", String::as_str);
+        let only_added = self.consumers.get(out).is_some_and(|uses| {
+            uses.iter()
+                .all(|&(node, _)| self.nodes[node].op_type == "Add")
+        });
+        if n.op_type != "Concat" || !only_added {
+            return Ok(false);
+        }
+        // Each part: its values, dims and the initializer it is, if learned.
+        let mut parts = Vec::new();
+        for x in &n.input {
+            let Some(Val::Const(t)) = self.vals.get(x.as_str()) else {
+                return Ok(false);
+            };
+            let Some(values) = tensor_f32(t) else {
+                return Ok(false);
+            };
+            let learned = match self.read_from.get(x) {
+                Some(r) if r.is_whole() => Some(r.table.clone()),
+                Some(_) => return Ok(false),
+                None => self.initializers.contains(x).then(|| x.clone()),
+            };
+            let dims: Vec<usize> = t.dims.iter().map(|&d| d as usize).collect();
+            parts.push((values, dims, learned));
+        }
+        let learned = parts.iter().filter(|p| p.2.is_some()).count();
+        let Some(any_input) = self.any_model_input() else {
+            return Ok(false);
+        };
+        if learned == 0 || learned == parts.len() {
+            return Ok(false);
+        }
+        let rank = parts[0].1.len();
+        let axis =
+            fold::axis_of(a.int("axis", 0), rank).map_err(|why| GraphError::node(label(n), why))?;
+        let mut names = Vec::new();
+        for (values, shape, source) in parts {
+            let name = self.fresh_from(format!("{}/part", label(n)));
+            match source {
+                Some(table) => {
+                    self.b.push(&name, Op::Parameter { shape }, &[&any_input])?;
+                    self.sources.insert(name.clone(), vec![table]);
+                    self.attach(&name, vec![Some(values)]);
+                }
+                None => {
+                    self.b
+                        .push(&name, Op::Constant { shape, values }, &[&any_input])?;
+                }
+            }
+            names.push(name);
+        }
+        let joined = self.fresh(n);
+        let parts: Vec<&str> = names.iter().map(String::as_str).collect();
+        let op = Op::Concat {
+            axis: axis as i64 + 1,
+        };
+        self.b.push(&joined, op, &parts)?;
+        self.define(n, Val::Ir(joined));
+        Ok(true)
+    }
+
     /// `MatMul` (or `Conv`) of a float constant by a weight: the constant becomes a
     /// shared [`Op::Constant`] (read by any model input, for the IR's one-input rule),
     /// without its leading axis of 1 where `image` (a convolution's batch of one).
