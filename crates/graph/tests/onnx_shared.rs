@@ -446,3 +446,24 @@ fn a_bias_joined_from_learned_parts_and_a_constant_counts_the_learned_parts() {
         format!("[B, {N}, {}]", 3 * D)
     );
 }
+
+/// `bias.reshape(bias.shape)`: the shape of a tensor computed once per step has no batch
+/// axis, so reshaping to it changes nothing.
+#[test]
+fn the_shape_of_a_shared_tensor_has_no_batch_axis() {
+    let mut n = relpos(&format!("batch,{HEADS},{N},{N}"));
+    let add = n.g.node.pop().unwrap();
+    n.node("Shape", "/bias_shape", &["bias"], &["bias_dims"], vec![]);
+    n.node(
+        "Reshape",
+        "/same",
+        &["bias", "bias_dims"],
+        &["same"],
+        vec![],
+    );
+    n.node("Add", &add.name, &["x", "same"], &["out"], vec![]);
+    let g = onnx::parse(&n.bytes()).unwrap();
+    let same = g.nodes.iter().find(|x| x.name == "/same").unwrap();
+    assert!(same.shared);
+    assert_eq!(same.shape.to_string(), format!("[B, 1, {HEADS}, {N}, {N}]"));
+}

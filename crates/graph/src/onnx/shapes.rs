@@ -97,7 +97,11 @@ impl Importer {
                     Val::Const(t) => t.dims.iter().map(|&d| Sym::N(d)).collect(),
                     _ => {
                         let x = self.act(n, 0)?;
-                        let mut v = vec![Sym::Batch];
+                        // A shared tensor (computed once per step) has no batch axis.
+                        let mut v = match self.b.is_shared(&x) {
+                            true => vec![],
+                            false => vec![Sym::Batch],
+                        };
                         v.extend(self.shape(&x)?.0.iter().map(|d| match d {
                             Dim::Seq => Sym::Seq,
                             Dim::Fixed(k) => Sym::N(*k as i64),
