@@ -467,3 +467,17 @@ fn the_shape_of_a_shared_tensor_has_no_batch_axis() {
     assert!(same.shared);
     assert_eq!(same.shape.to_string(), format!("[B, 1, {HEADS}, {N}, {N}]"));
 }
+
+/// A learned tensor tiled (MViT's temporal positions, `repeat_interleave`d) is refused
+/// by node rather than folded into a constant whose elements would stop counting.
+#[test]
+fn a_tiled_learned_tensor_is_refused_not_folded() {
+    let mut n = Net::new("tiled-positions");
+    n.input("x", &format!("batch,{N},{D}"));
+    n.weight("temporal", &[1, D]).init(int64s("reps", &[N, 1]));
+    n.node("Tile", "/tile", &["temporal", "reps"], &["pos"], vec![]);
+    n.node("Add", "/add", &["x", "pos"], &["out"], vec![]);
+    n.output("out");
+    let e = onnx::parse(&n.bytes()).unwrap_err().to_string();
+    assert!(e.contains("/tile") && e.contains("Tile"), "{e}");
+}

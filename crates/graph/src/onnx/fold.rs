@@ -10,7 +10,7 @@
 //! Written by hand: only these few ops on small row-major `f32` tensors are
 //! needed, which an ONNX runtime crate would bring with a whole interpreter.
 
-use super::decode::{Attrs, is_int_type, positive, tensor_f32, tensor_ints};
+use super::decode::{Attrs, is_int_type, tensor_f32, tensor_ints};
 use super::import::{Importer, is_default, label};
 use super::proto::{DataType, NodeProto, TensorProto};
 use super::sym::Sym;
@@ -43,13 +43,14 @@ impl Dense {
         })
     }
 
-    /// An integer constant (a buffer of position ids) read exactly into floats.
+    /// An integer constant (a buffer of position ids) read exactly into floats; axes of
+    /// size 0 are allowed, as in [`Dense::of`].
     fn of_ints(t: &TensorProto) -> Option<Dense> {
-        let dims = if t.dims.is_empty() {
-            Vec::new()
-        } else {
-            positive(&t.dims)?
-        };
+        let dims = t
+            .dims
+            .iter()
+            .map(|&d| usize::try_from(d).ok())
+            .collect::<Option<Vec<_>>>()?;
         let ints = tensor_ints(t).ok()?;
         let exact = ints.iter().all(|v| v.unsigned_abs() <= EXACT_IN_F32);
         exact.then(|| Dense {
@@ -200,6 +201,12 @@ impl Importer {
             _ => false,
         };
         if op == "Cast" && !converts {
+            return Ok(false);
+        }
+        // A learned tensor tiled (MViT's temporal positions) is no constant: folded, its
+        // elements would stop counting as parameters.
+        let learned = |x: &String| self.initializers.contains(x) || self.read_from.contains_key(x);
+        if op == "Tile" && n.input.first().is_some_and(learned) {
             return Ok(false);
         }
         let mut data = Vec::new();
