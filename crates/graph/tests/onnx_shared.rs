@@ -481,3 +481,35 @@ fn a_tiled_learned_tensor_is_refused_not_folded() {
     let e = onnx::parse(&n.bytes()).unwrap_err().to_string();
     assert!(e.contains("/tile") && e.contains("Tile"), "{e}");
 }
+
+/// timm's Swin V2-CR meta MLP: `Gemm`s over a constant `[rows, 2]` table of relative
+/// coordinates, computed once per step and added to each sample.
+#[test]
+fn a_gemm_over_a_constant_table_is_computed_once_per_step() {
+    let mut n = Net::new("meta-mlp");
+    n.input("x", &format!("batch,{TABLE},{HEADS}"));
+    let coords: Vec<f32> = (0..TABLE * 2).map(|k| k as f32 * 0.5 - 2.0).collect();
+    n.node(
+        "Constant",
+        "/coords",
+        &[],
+        &["coords"],
+        vec![tensor("value", floats("coords", &[TABLE, 2], &coords))],
+    );
+    n.weight("fc1.weight", &[HIDDEN, 2])
+        .weight("fc1.bias", &[HIDDEN])
+        .weight("fc2.weight", &[HEADS, HIDDEN])
+        .weight("fc2.bias", &[HEADS]);
+    let gemm = |n: &mut Net, name: &str, x: &str, w: &str, b: &str, out: &str| {
+        n.node("Gemm", name, &[x, w, b], &[out], vec![int("transB", 1)]);
+    };
+    gemm(&mut n, "/fc1", "coords", "fc1.weight", "fc1.bias", "h");
+    n.node("Relu", "/act", &["h"], &["r"], vec![]);
+    gemm(&mut n, "/fc2", "r", "fc2.weight", "fc2.bias", "bias");
+    n.node("Add", "/add", &["x", "bias"], &["out"], vec![]);
+    n.output("out");
+    let g = onnx::parse(&n.bytes()).unwrap();
+    assert_eq!(g.param_count(), (3 * HIDDEN + (HIDDEN + 1) * HEADS) as u64);
+    let node = |name: &str| g.nodes.iter().find(|x| x.name == name).unwrap();
+    assert!(node("/fc1").shared && node("/fc2").shared && !node("/add").shared);
+}

@@ -19,8 +19,11 @@ impl Importer {
             return Err(err("Gemm with transA = 1 is not supported".into()));
         }
         let s = self.shape(&x)?;
-        // Aligned to a layout that merged the batch ([T·B, features]) it is [B, T, features].
-        if s.rank() != 1 && self.wrap.is_none_or(|l| l.b_alone) {
+        // Aligned to a layout that merged the batch ([T·B, features]) it is [B, T, features];
+        // a table computed once per step has its rows ([rows, features]: Swin V2-CR's
+        // relative coordinates into its meta MLP).
+        let table = self.b.is_shared(&x) && s.rank() == 2;
+        if s.rank() != 1 && self.wrap.is_none_or(|l| l.b_alone) && !table {
             return Err(err(format!("Gemm needs a [B, features] input, got {s}")));
         }
         let w = self.konst(n, 1, "Gemm weight B")?;

@@ -24,8 +24,8 @@ use crate::op::Op;
 /// Ops that compute on a shared tensor's trailing axes (their IR ops never read the
 /// batch axis): imported by their own families.
 const TRAILING: &[&str] = &[
-    "Add", "Sub", "Mul", "Div", "MatMul", "Relu", "Sigmoid", "Tanh", "Gelu", "Erf", "Dropout",
-    "Clip", "Exp",
+    "Add", "Sub", "Mul", "Div", "MatMul", "Gemm", "Relu", "Sigmoid", "Tanh", "Gelu", "Erf",
+    "Dropout", "Clip", "Exp",
 ];
 
 /// Element-wise functions a learned tensor goes through alone before it meets the batch:
@@ -61,7 +61,7 @@ impl Importer {
         a: &Attrs,
     ) -> Result<bool, GraphError> {
         let err = |why: String| GraphError::node(label(n), why);
-        if n.op_type == "MatMul" {
+        if matches!(n.op_type.as_str(), "MatMul" | "Gemm") {
             self.constant_input(n, false)?;
         }
         // XCiT's Fourier positions through a 1x1 convolution: the IR convolves a sample
@@ -230,7 +230,7 @@ impl Importer {
         Ok(true)
     }
 
-    /// `MatMul` (or `Conv`) of a float constant by a weight: the constant becomes a
+    /// `MatMul`, `Gemm` (or `Conv`) of a float constant by a weight: the constant becomes a
     /// shared [`Op::Constant`] (read by any model input, for the IR's one-input rule),
     /// without its leading axis of 1 where `image` (a convolution's batch of one).
     /// Returns whether it did.
