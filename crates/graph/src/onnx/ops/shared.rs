@@ -300,18 +300,27 @@ impl Importer {
         })
     }
 
+    /// Input 0 of `n`, the shared tensor it rearranges.
+    fn shared_input(&self, n: &NodeProto) -> Result<String, GraphError> {
+        match self.vals.get(n.input[0].as_str()) {
+            Some(Val::Ir(x)) => Ok(x.clone()),
+            _ => Err(GraphError::node(
+                label(n),
+                format!(
+                    "{} reads a tensor computed once per step only as its first input",
+                    n.op_type
+                ),
+            )),
+        }
+    }
+
     /// `Expand` or `Tile` of a shared tensor that repeats nothing but a leading axis of
     /// size 1, over the batch (XCiT's positions: `pos.repeat(B, 1, 1, 1)`): the tensor
     /// itself, its leading 1 standing for the batch; the op that meets the batch
     /// broadcasts it (PyTorch's copies are transient: `repeat`'s backward keeps no tensor).
     fn shared_repeat(&mut self, n: &NodeProto) -> Result<(), GraphError> {
         let err = |why: String| GraphError::node(label(n), why);
-        let Some(Val::Ir(x)) = self.vals.get(n.input[0].as_str()).cloned() else {
-            return Err(err(format!(
-                "{} reads a tensor computed once per step only as its first input",
-                n.op_type
-            )));
-        };
+        let x = self.shared_input(n)?;
         let dims = self.fixed_dims(n, &x)?;
         let (target, _) = self.ints_of(n, 1, &format!("{} sizes", n.op_type))?;
         let tile = n.op_type == "Tile";
@@ -339,12 +348,7 @@ impl Importer {
     /// A layout op of a shared tensor: every ONNX axis is an IR axis.
     fn shared_layout(&mut self, n: &NodeProto, a: &Attrs) -> Result<(), GraphError> {
         let err = |why: String| GraphError::node(label(n), why);
-        let Some(Val::Ir(x)) = self.vals.get(n.input[0].as_str()).cloned() else {
-            return Err(err(format!(
-                "{} reads a tensor computed once per step only as its first input",
-                n.op_type
-            )));
-        };
+        let x = self.shared_input(n)?;
         let dims = self.fixed_dims(n, &x)?;
         let rank = dims.len();
         let axis_of = |axis: i64, rank: usize| fold::axis_of(axis, rank).map_err(err);
