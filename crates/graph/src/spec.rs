@@ -651,6 +651,30 @@ mod tests {
         assert_eq!(from_spec.inputs, zoo.inputs);
     }
 
+    /// `clamp` with one bound is unbounded on the other side; an empty range is
+    /// refused by layer.
+    #[test]
+    fn clamp_takes_either_bound_and_refuses_an_empty_range() {
+        let spec = |bounds: &str| {
+            format!(
+                "[[input]]\nname = \"x\"\nshape = [4]\n[[layer]]\nname = \"c\"\n\
+                 op = \"clamp\"\n{bounds}\n"
+            )
+        };
+        let g = parse(&spec("min = 1e-12")).unwrap();
+        assert_eq!(
+            g.nodes[0].op,
+            Op::Clamp {
+                min: 1e-12,
+                max: f32::MAX
+            }
+        );
+        let err = parse(&spec("min = 2.0\nmax = 1.0"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`c`") && err.contains("empty range"), "{err}");
+    }
+
     #[test]
     fn mismatched_shapes_name_the_layer() {
         let spec = r#"

@@ -196,7 +196,8 @@ impl Importer {
         // cast to a float type (a parameter read at constant indices stays one); tensors
         // cast to integers or booleans convert, and integer tensors to floats.
         let to_int = matches!(a.int("to", 1), 2..=7 | 9 | 12 | 13);
-        let converts = match self.vals.get(n.input[0].as_str()) {
+        let first = n.input.first().and_then(|x| self.vals.get(x.as_str()));
+        let converts = match first {
             Some(Val::Const(t)) => to_int || is_int_type(t.data_type),
             _ => false,
         };
@@ -260,10 +261,7 @@ impl Importer {
                 | "Abs"
                 | "Tile"
                 | "Expand"
-        ) && matches!(
-            self.vals.get(n.input[0].as_str()),
-            Some(Val::Const(t)) if is_int_type(t.data_type)
-        );
+        ) && matches!(first, Some(Val::Const(t)) if is_int_type(t.data_type));
         let folded = numeric(op, data, a)
             .map_err(|why| GraphError::node(label(n), format!("{op} of constants: {why}")))?;
         let name = n.output.first().cloned().unwrap_or_default();

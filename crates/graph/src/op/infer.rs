@@ -141,6 +141,9 @@ impl Op {
                 expect_last(x, *features, "normalized size")?;
                 Ok(x.clone())
             }
+            Op::Clamp { min, max } if !(min <= max) => {
+                Err(ShapeError(format!("to [{min}, {max}]: an empty range")))
+            }
             Op::Relu
             | Op::Clamp { .. }
             | Op::LeakyRelu { .. }
