@@ -141,7 +141,8 @@ impl Op {
                 expect_last(x, *features, "normalized size")?;
                 Ok(x.clone())
             }
-            Op::Clamp { min, max } if !(min <= max) => {
+            // NaN bounds order with nothing: refused as empty.
+            Op::Clamp { min, max } if min.partial_cmp(max).is_none_or(|o| o.is_gt()) => {
                 Err(ShapeError(format!("to [{min}, {max}]: an empty range")))
             }
             Op::Relu
