@@ -4,13 +4,17 @@
 //! result at the index of every pair of positions and adds it to the attention scores;
 //! PyTorch computes that table once per forward, not per sample.
 //!
-//! A float constant read by a `MatMul` with a weight becomes an [`Op::Constant`]; ops
-//! that act on trailing axes (`MatMul` with a weight, element-wise ops with constants,
-//! activations, dropout) import as they do on a batch, since their IR ops never read
-//! the batch axis; layout ops (`Reshape`, `Transpose`, `Squeeze`, `Unsqueeze`,
-//! `Flatten`, `Gather` at constant indices) are imported here, where every ONNX axis
-//! is an IR axis. A shared tensor meets the batch only in `Add`, `Mul` or `Div`, as a
-//! constant would: right-aligned, its leading axes of size 1 dropped.
+//! A float constant read by a `MatMul`, `Gemm` or `Conv` with a weight becomes an
+//! [`Op::Constant`]; a learned tensor reparametrised alone (`exp`, `sigmoid`, `clip`)
+//! becomes an [`Op::Parameter`], as do the learned parts of a bias joined with
+//! constants. Ops that act on trailing axes (`MatMul`/`Gemm` with a weight,
+//! element-wise ops with constants, activations, clip, exp, dropout) import as they do
+//! on a batch, since their IR ops never read the batch axis; layout ops (`Reshape`,
+//! `Transpose`, `Squeeze`, `Unsqueeze`, `Flatten`, `Gather` at constant indices) and a
+//! softmax over the last axis are imported here, where every ONNX axis is an IR axis;
+//! `Tile`/`Expand` over the batch of a leading axis of 1 keep the tensor. A shared
+//! tensor meets the batch only in `Add`, `Mul` or `Div`, as a constant would:
+//! right-aligned, its leading axes of size 1 dropped.
 
 use crate::error::GraphError;
 use crate::onnx::decode::{Attrs, tensor_f32, tensor_ints};
@@ -50,7 +54,7 @@ impl Importer {
         matches!(self.vals.get(name), Some(Val::Ir(x)) if self.b.is_shared(x))
     }
 
-    /// Before `n` imports: a float constant `MatMul` or `Conv` reads with a weight
+    /// Before `n` imports: a float constant `MatMul`, `Gemm` or `Conv` reads with a weight
     /// becomes a shared [`Op::Constant`]; a shared input of an op that meets the batch
     /// loses its leading axes of size 1. Returns `true` when `n` was imported here (a
     /// layout op of a shared tensor, a convolution of a constant image).
