@@ -96,12 +96,15 @@ impl Importer {
         }
         let features = self.last_dim(n, &x)?;
         let name = self.emit(n, Op::LayerNorm { features }, &[&x])?;
+        // Without a bias input, zeros as long as the scale the file holds (not as the
+        // shape claims: a malformed file may claim any size).
+        let scale = self.const_f32(n, 1);
         let bias = if Self::has_input(n, 2) {
             self.const_f32(n, 2)
         } else {
-            Some(vec![0.0; features])
+            scale.as_ref().map(|w| vec![0.0; w.len()])
         };
-        let weights = vec![self.const_f32(n, 1), bias];
+        let weights = vec![scale, bias];
         self.attach(&name, weights);
         Ok(())
     }
