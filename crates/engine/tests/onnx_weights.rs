@@ -505,3 +505,119 @@ fn a_transposed_convolution_from_onnx_computes_its_weights() {
     let b = batch(&x, 2, cout * out_len, &t.device);
     assert_close(&forward(&t, &b), &want, "transposed convolution");
 }
+
+/// timm's `ScaledStdConv2d` as torch.onnx writes it (1-d here): the weight seen as
+/// `[1, out, fan_in]`, batch-normalised in training mode with the learned gain times
+/// a constant as its scale, reshaped back and convolved; the running statistics it
+/// would update are computed and unread. The engine standardises the raw weight
+/// every step: against the definition written out.
+#[test]
+fn a_standardized_convolution_from_onnx_computes_its_weights() {
+    let (cin, cout, kernel, len) = (2usize, 2usize, 3usize, 4usize);
+    let fan_in = cin * kernel;
+    let (eps, factor) = (1e-5f32, 0.7f32);
+    let w = values(cout * fan_in, 4);
+    let gain = [1.5f32, -0.5];
+    let bias = values(cout, 5);
+    let attr = |name: &str, kind: AttributeType| AttributeProto {
+        name: name.into(),
+        r#type: kind as i32,
+        ..Default::default()
+    };
+    let ints = |name: &str, v: &[i64]| AttributeProto {
+        ints: v.to_vec(),
+        ..attr(name, AttributeType::Ints)
+    };
+    let float = |name: &str, v: f32| AttributeProto {
+        f: v,
+        ..attr(name, AttributeType::Float)
+    };
+    let mut scale = floats("c", &[], &[factor]);
+    scale.dims.clear();
+    let mut bn = node(
+        "BatchNormalization",
+        &["wr", "g", "b0", "m", "v"],
+        "ws",
+        vec![int("training_mode", 1), float("epsilon", eps)],
+    );
+    bn.output.extend(["rm".to_string(), "rv".to_string()]);
+    let graph = GraphProto {
+        name: "std-conv".into(),
+        input: vec![value_info("x", &format!("batch,{cin},{len}"))],
+        output: vec![output("y")],
+        initializer: vec![
+            floats("conv.weight", &[cout as i64, cin as i64, kernel as i64], &w),
+            floats("conv.gain", &[cout as i64, 1, 1], &gain),
+            floats("conv.bias", &[cout as i64], &bias),
+            floats("b0", &[cout as i64], &vec![0.0; cout]),
+            scale,
+            int64s("to_rows", &[1, cout as i64, -1]),
+            int64s("flat", &[-1]),
+        ],
+        node: vec![
+            node("Reshape", &["conv.weight", "to_rows"], "wr", vec![]),
+            node("Mul", &["conv.gain", "c"], "gc", vec![]),
+            node("Reshape", &["gc", "flat"], "g", vec![]),
+            // The running statistics' inputs, as the exporter computes them.
+            node(
+                "ReduceMean",
+                &["wr"],
+                "m",
+                vec![ints("axes", &[0, 2]), int("keepdims", 0)],
+            ),
+            node("Mul", &["wr", "wr"], "sq", vec![]),
+            node(
+                "ReduceMean",
+                &["sq"],
+                "v",
+                vec![ints("axes", &[0, 2]), int("keepdims", 0)],
+            ),
+            bn,
+            node("Shape", &["conv.weight"], "wshape", vec![]),
+            node("Reshape", &["ws", "wshape"], "w2", vec![]),
+            NodeProto {
+                attribute: vec![ints("pads", &[1, 1])],
+                ..node("Conv", &["x", "w2", "conv.bias"], "y", vec![])
+            },
+        ],
+        ..Default::default()
+    };
+    let g = load("standardized_conv", graph);
+    // The raw weight, the gain and the bias are the parameters.
+    assert_eq!(g.param_count(), (cout * fan_in + 2 * cout) as u64);
+    let mut std_w = vec![0.0f64; w.len()];
+    for o in 0..cout {
+        let row: Vec<f64> = w[o * fan_in..(o + 1) * fan_in]
+            .iter()
+            .map(|&v| f64::from(v))
+            .collect();
+        let mean = row.iter().sum::<f64>() / fan_in as f64;
+        let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / fan_in as f64;
+        let k = f64::from(gain[o]) * f64::from(factor) / (var + f64::from(eps)).sqrt();
+        for (j, v) in row.iter().enumerate() {
+            std_w[o * fan_in + j] = (v - mean) * k;
+        }
+    }
+    let x = values(2 * cin * len, 6);
+    let mut want = vec![0.0f64; 2 * cout * len];
+    for s in 0..2 {
+        for o in 0..cout {
+            for t in 0..len {
+                let mut acc = f64::from(bias[o]);
+                for c in 0..cin {
+                    for k in 0..kernel {
+                        let Some(i) = (t + k).checked_sub(1).filter(|&i| i < len) else {
+                            continue;
+                        };
+                        acc += f64::from(x[(s * cin + c) * len + i])
+                            * std_w[(o * cin + c) * kernel + k];
+                    }
+                }
+                want[(s * cout + o) * len + t] = acc;
+            }
+        }
+    }
+    let t = trainer(&g, 1, false);
+    let b = batch(&x, 2, cout * len, &t.device);
+    assert_close(&forward(&t, &b), &want, "standardized convolution");
+}

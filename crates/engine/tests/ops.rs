@@ -159,6 +159,7 @@ fn an_op_the_engine_cannot_train_is_named() {
             window: Window::square(3, 3, 1, 1),
             groups: 1,
             bias: true,
+            standardize: None,
         },
         &["x"],
     )

@@ -496,6 +496,7 @@ impl GraphBuilder {
             window,
             groups: 1,
             bias: true,
+            standardize: None,
         };
         self.push(name, op, &[input])
     }

@@ -23,7 +23,9 @@ pub use graph::{
     DEFAULT_SEQ_LEN, Graph, GraphBuilder, Input, InputKind, Loss, LossKind, Node, Tie,
 };
 pub use loss::{LossChoice, LossRequest};
-pub use op::{Cell, Op, Param, PoolKind, ReduceKind, ResizeMode, RnnBias, ShapeError, Window};
+pub use op::{
+    Cell, Op, Param, PoolKind, ReduceKind, ResizeMode, RnnBias, ShapeError, Standardize, Window,
+};
 pub use shape::{Dim, Shape};
 
 /// Loads a model from `zoo:NAME`, a `.toml` spec or an `.onnx` file, with the

@@ -4,7 +4,7 @@
 use crate::error::GraphError;
 use crate::graph::{Graph, GraphBuilder, InputKind, LossKind};
 use crate::loss::{LossChoice, LossRequest};
-use crate::op::{Cell, Op, PoolKind, ReduceKind, ResizeMode, RnnBias, Window};
+use crate::op::{Cell, Op, PoolKind, ReduceKind, ResizeMode, RnnBias, Standardize, Window};
 use crate::shape::{Dim, Shape};
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -135,6 +135,16 @@ fn add_layer(g: &mut GraphBuilder, name: &str, k: &mut Keys) -> Result<(), Graph
             let window = k.window(g, name, x, spatial)?;
             let groups = k.usize_opt("groups")?.unwrap_or(1);
             let bias = k.bool_or("bias", true)?;
+            // Its keys are read only with `standardize = true` (else unknown keys):
+            // timm's `StdConv2d` eps; NFNet's gain scale is `gamma / sqrt(fan_in)`.
+            let standardize = match k.bool_or("standardize", false)? {
+                true => Some(Standardize {
+                    eps: k.f64_or("standardize_eps", 1e-6)? as f32,
+                    gain: k.bool_or("gain", false)?,
+                    scale: k.f64_or("gain_scale", 1.0)? as f32,
+                }),
+                false => None,
+            };
             let in_channels = g
                 .shape(x)?
                 .0
@@ -149,6 +159,7 @@ fn add_layer(g: &mut GraphBuilder, name: &str, k: &mut Keys) -> Result<(), Graph
                     window,
                     groups,
                     bias,
+                    standardize,
                 },
                 &refs,
             )
@@ -673,6 +684,31 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("`c`") && err.contains("empty range"), "{err}");
+    }
+
+    /// A standardised convolution's keys; they are unknown without `standardize`.
+    #[test]
+    fn conv_standardize_keys_need_standardize() {
+        let spec = |keys: &str| {
+            format!(
+                "[[input]]\nname = \"x\"\nshape = [2, 5, 5]\n[[layer]]\nname = \"c\"\n\
+                 op = \"conv2d\"\nout_channels = 3\nkernel = 3\n{keys}\n"
+            )
+        };
+        let g = parse(&spec("standardize = true\ngain = true\ngain_scale = 0.5")).unwrap();
+        let Op::Conv { standardize, .. } = &g.nodes[0].op else {
+            panic!("{:?}", g.nodes[0].op)
+        };
+        let want = Standardize {
+            eps: 1e-6,
+            gain: true,
+            scale: 0.5,
+        };
+        assert_eq!(standardize.as_ref(), Some(&want));
+        // weight, bias, gain
+        assert_eq!(g.param_count(), 3 * 2 * 9 + 3 + 3);
+        let err = parse(&spec("gain = true")).unwrap_err().to_string();
+        assert!(err.contains("gain"), "{err}");
     }
 
     #[test]

@@ -316,9 +316,9 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
     // Per-sample bytes of each node's largest input or output: what its gradients and
     // copies are sized like.
     let mut node_largest: Vec<u64> = Vec::with_capacity(n);
-    // What shared nodes keep for the backward, by the runtime's own rules at a batch of
-    // one: fixed memory (`FixedMemory::shared`).
-    let mut shared_kept = 0u64;
+    // What shared nodes and standardised weights keep for the backward, by the runtime's
+    // own rules at a batch of one: fixed memory (`FixedMemory::shared`).
+    let mut shared_kept = shared::standardized_weights(graph, rules, act);
     for node in &graph.nodes {
         if node.shared {
             shared_kept += shared::kept_bytes(graph, node, &shared, rules, seq, act);

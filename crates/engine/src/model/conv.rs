@@ -7,7 +7,7 @@ use super::kernel::Kernel;
 use super::params::Params;
 use crate::cpu::conv::{channel_bias_cpu, conv2d_cpu};
 use crate::cpu::im2col::{conv_product_cpu, im2col_views};
-use batchfit_graph::Window;
+use batchfit_graph::{Op, Window};
 use batchfit_plan::rules::im2col_chunks;
 use burn::tensor::Tensor;
 use burn::tensor::module::{conv_transpose1d, conv_transpose2d, conv1d, conv2d};
@@ -26,6 +26,40 @@ pub(super) fn transpose_unsupported(window: &Window) -> Option<&'static str> {
     }
 }
 
+/// The bias of convolution node `k`, when it has one (a gain may follow it).
+fn conv_bias(k: &Kernel, p: &Params) -> Option<Tensor<1>> {
+    let has = matches!(
+        k.op,
+        Op::Conv { bias: true, .. } | Op::ConvTranspose { bias: true, .. }
+    );
+    has.then(|| p.t1(k.params[1]))
+}
+
+/// The weight `w` of convolution node `k` as it convolves: standardised per output
+/// channel over its fan-in (biased variance, then gain and scale) when the node says
+/// so, every step, so that its gradient reaches the raw weight through the
+/// standardisation as in PyTorch's `F.batch_norm` of the weight.
+fn conv_weight<const D: usize>(k: &Kernel, p: &Params, w: Tensor<D>) -> Tensor<D> {
+    let Op::Conv {
+        standardize: Some(s),
+        ..
+    } = &k.op
+    else {
+        return w;
+    };
+    let dims = w.dims();
+    let rows = dims[0];
+    let w = w.reshape([rows, dims[1..].iter().product::<usize>()]);
+    let centered = w.clone() - w.mean_dim(1);
+    let var = centered.clone().powi_scalar(2).mean_dim(1);
+    let mut factor = var.add_scalar(s.eps).sqrt().recip().mul_scalar(s.scale);
+    if s.gain {
+        let gain = p.t1(*k.params.last().expect("a gain parameter"));
+        factor = factor * gain.reshape([rows, 1]);
+    }
+    (centered * factor).reshape(dims)
+}
+
 /// A 1-d or 2-d transposed convolution by burn on `[B, elements]`; axes before the
 /// channels are more batch (a batch merged with separated sources).
 pub(super) fn conv_transpose(
@@ -40,7 +74,7 @@ pub(super) fn conv_transpose(
     let d = &k.in_dims[0];
     let lead = d.len() - window.spatial() - 1;
     let rows = b * d[..lead].iter().product::<usize>();
-    let bias = k.params.get(1).map(|&q| p.t1(q));
+    let bias = conv_bias(k, p);
     let pad = |i: usize| window.padding[i][0];
     if window.spatial() == 1 {
         let opts = ConvTransposeOptions::new(
@@ -75,7 +109,7 @@ pub(super) fn conv(
     groups: usize,
 ) -> Tensor<2> {
     let d = &k.in_dims[0];
-    let bias = k.params.get(1).map(|&q| p.t1(q));
+    let bias = conv_bias(k, p);
     // The CPU's own op for the common case (see engine `cpu/conv.rs`); burn's elsewhere.
     if window.dilation.iter().all(|&r| r == 1) {
         let (x4, w4, stride, pads) = as_2d(k, p, x.clone(), b, window);
@@ -96,8 +130,8 @@ pub(super) fn conv(
             [window.dilation[0]],
             groups,
         );
-        conv1d(x.reshape([b, d[0], d[1]]), p.t3(k.params[0]), bias, opts)
-            .reshape([b, k.out_elems()])
+        let w = conv_weight(k, p, p.t3(k.params[0]));
+        conv1d(x.reshape([b, d[0], d[1]]), w, bias, opts).reshape([b, k.out_elems()])
     } else {
         let opts = ConvOptions::new_with_padding(
             [window.stride[0], window.stride[1]],
@@ -107,7 +141,7 @@ pub(super) fn conv(
         );
         conv2d(
             x.reshape([b, d[0], d[1], d[2]]),
-            p.t4(k.params[0]),
+            conv_weight(k, p, p.t4(k.params[0])),
             bias,
             opts,
         )
@@ -184,7 +218,7 @@ pub(super) fn conv_im2col_node(k: &Kernel, p: &Params, x: Tensor<2>, b: usize) -
     let batchfit_graph::Op::Conv { window, .. } = &k.op else {
         unreachable!("a convolution node")
     };
-    let bias = k.params.get(1).map(|&q| p.t1(q));
+    let bias = conv_bias(k, p);
     let (x, w, stride, pads) = as_2d(k, p, x, b, window);
     conv_im2col(x, w, bias, stride, pads)
 }
@@ -200,17 +234,18 @@ fn as_2d(
 ) -> (Tensor<4>, Tensor<4>, [usize; 2], [(usize, usize); 2]) {
     let d = &k.in_dims[0];
     if window.spatial() == 1 {
-        let [co, ci, kw] = p.t3(k.params[0]).dims();
+        let w = conv_weight(k, p, p.t3(k.params[0]));
+        let [co, ci, kw] = w.dims();
         (
             x.reshape([b, d[0], 1, d[1]]),
-            p.t3(k.params[0]).reshape([co, ci, 1, kw]),
+            w.reshape([co, ci, 1, kw]),
             [1, window.stride[0]],
             [(0, 0), (window.padding[0][0], window.padding[0][1])],
         )
     } else {
         (
             x.reshape([b, d[0], d[1], d[2]]),
-            p.t4(k.params[0]),
+            conv_weight(k, p, p.t4(k.params[0])),
             [window.stride[0], window.stride[1]],
             pads2(window),
         )

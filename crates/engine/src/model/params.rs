@@ -249,6 +249,10 @@ enum Start {
 
 /// How `param` of `op` starts without a trained value: as PyTorch initialises it.
 fn random_start(op: &Op, param: &batchfit_graph::Param) -> Start {
+    // A standardised convolution's gain starts at ones (timm's `ScaledStdConv2d`).
+    if param.name == "gain" {
+        return Start::Constant(1.0);
+    }
     let fan_in = match *op {
         Op::Linear { in_features, .. } => in_features,
         Op::Conv {

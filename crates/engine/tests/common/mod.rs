@@ -4,7 +4,7 @@
 use batchfit_engine::{DeviceSpec, TrainConfig, Trainer};
 use batchfit_graph::{
     Cell, Graph, GraphBuilder, InputKind, LossKind, Op, PoolKind, ReduceKind, ResizeMode, RnnBias,
-    Shape, Window,
+    Shape, Standardize, Window,
 };
 use batchfit_plan::Optimizer;
 use std::sync::Mutex;
@@ -52,6 +52,7 @@ pub fn families() -> Vec<Graph> {
             },
             groups: 1,
             bias: true,
+            standardize: None,
         },
         &["x"],
     )
@@ -147,6 +148,7 @@ pub fn families() -> Vec<Graph> {
             },
             groups: 1,
             bias: true,
+            standardize: None,
         },
         &["r"],
     )
@@ -591,6 +593,35 @@ pub fn families() -> Vec<Graph> {
     g.rnn("rows", "x", Cell::Lstm, 5, true, RnnBias::Double)
         .unwrap();
     g.push("flat", Op::Flatten, &["rows"]).unwrap();
+    g.linear("head", "flat", 3).unwrap();
+    out.push(g.finish(LossKind::CrossEntropy, "head").unwrap());
+    // Standardised weights (BiT's and NFNet's convolutions): one over the batch (the
+    // im2col product) with NFNet's learned gain and constant scale, one over a
+    // tracked input (the CPU's own convolution) without a gain, and a 1-d one.
+    let mut g = GraphBuilder::new("standardized-convolutions");
+    g.input("x", Shape::fixed(&[2, 5, 5])).unwrap();
+    let standardized = |in_channels, out_channels, spatial, gain: bool| Op::Conv {
+        in_channels,
+        out_channels,
+        window: Window::square(spatial, 3, 1, 1),
+        groups: 1,
+        bias: !gain,
+        standardize: Some(Standardize {
+            eps: 1e-5,
+            gain,
+            scale: if gain { 0.6 } else { 1.0 },
+        }),
+    };
+    g.push("stem", standardized(2, 3, 2, true), &["x"]).unwrap();
+    g.push("a1", Op::Tanh, &["stem"]).unwrap();
+    g.push("block", standardized(3, 4, 2, false), &["a1"])
+        .unwrap();
+    g.push("a2", Op::Tanh, &["block"]).unwrap();
+    let rows = Op::Reshape { shape: vec![4, 25] };
+    g.push("rows", rows, &["a2"]).unwrap();
+    g.push("line", standardized(4, 2, 1, true), &["rows"])
+        .unwrap();
+    g.push("flat", Op::Flatten, &["line"]).unwrap();
     g.linear("head", "flat", 3).unwrap();
     out.push(g.finish(LossKind::CrossEntropy, "head").unwrap());
     out

@@ -4,6 +4,7 @@
 use super::decode::{constant_value, tensor_f32, tensor_floats, tensor_ints};
 use super::fold::ReadFrom;
 use super::not_onnx;
+use super::ops::StdWeight;
 use super::proto::{self, GraphProto, NodeProto, TensorProto};
 use super::view::{Lay, Val, View};
 use crate::error::GraphError;
@@ -58,6 +59,8 @@ pub(super) struct Importer {
     pub(super) sources: HashMap<String, Vec<String>>,
     /// Per initializer, the IR parameters (node, index) already holding its values.
     pub(super) claims: HashMap<String, Vec<(String, usize)>>,
+    /// Convolution weights on their way to being standardised, by ONNX name.
+    pub(super) standardizing: HashMap<String, StdWeight>,
 }
 
 impl Importer {
@@ -118,6 +121,7 @@ impl Importer {
             read_from: HashMap::new(),
             sources: HashMap::new(),
             claims: HashMap::new(),
+            standardizing: HashMap::new(),
         };
         imp.constants();
         let nodes = super::fuse::fuse_gelu(imp.nodes.to_vec(), |name| match imp.vals.get(name) {
@@ -165,15 +169,23 @@ impl Importer {
     }
 
     /// Marks the nodes some graph output depends on and records their consumers.
-    /// Recurrent initial states and sequence lengths do not count as uses.
+    /// Recurrent initial states and sequence lengths do not count as uses, nor the
+    /// running statistics a training-mode `BatchNormalization` only updates (its
+    /// outputs 1 and 2) when nothing reads the updated ones.
     pub(super) fn liveness(&mut self) {
         let mut needed: HashSet<&str> = self.outputs.iter().map(String::as_str).collect();
         let mut live = vec![false; self.nodes.len()];
+        let mut unread: HashSet<(usize, usize)> = HashSet::new();
         for (i, n) in self.nodes.iter().enumerate().rev() {
             if n.output.iter().any(|o| needed.contains(o.as_str())) {
                 live[i] = true;
+                let stats_unread = n.op_type == "BatchNormalization"
+                    && super::decode::Attrs(&n.attribute).int("training_mode", 0) == 1
+                    && !n.output.iter().skip(1).any(|o| needed.contains(o.as_str()));
                 for (p, input) in n.input.iter().enumerate() {
-                    if !input.is_empty() && !is_rnn_state(n, p) {
+                    if stats_unread && p >= 3 {
+                        unread.insert((i, p));
+                    } else if !input.is_empty() && !is_rnn_state(n, p) {
                         needed.insert(input);
                     }
                 }
@@ -184,7 +196,7 @@ impl Importer {
                 continue;
             }
             for (p, input) in n.input.iter().enumerate() {
-                if !input.is_empty() && !is_rnn_state(n, p) {
+                if !input.is_empty() && !is_rnn_state(n, p) && !unread.contains(&(i, p)) {
                     self.consumers
                         .entry(input.clone())
                         .or_default()

@@ -45,6 +45,16 @@ impl Op {
                 Ok(Shape(out))
             }
             Op::Conv {
+                standardize: Some(s),
+                ..
+            } if !(s.eps >= 0.0 && s.eps.is_finite() && s.scale.is_finite()) => {
+                Err(ShapeError(format!(
+                    "weight standardisation needs a finite eps >= 0 and a finite scale, \
+                     got eps {} and scale {}",
+                    s.eps, s.scale
+                )))
+            }
+            Op::Conv {
                 in_channels,
                 out_channels,
                 window,

@@ -134,6 +134,19 @@ impl Window {
     }
 }
 
+/// Weight standardisation (timm's `StdConv2d` and `ScaledStdConv2d`: BiT, NFNet, the
+/// ResNet stems of hybrid ViTs): each output channel's weights are normalised over
+/// its fan-in before the convolution, `w' = (w - mean) / sqrt(var + eps) · gain · scale`
+/// with the biased variance, and the gradient flows through it to the raw weight.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Standardize {
+    pub eps: f32,
+    /// A learned gain per output channel (the parameter `gain`, after the bias).
+    pub gain: bool,
+    /// A constant factor on every output channel (NFNet's `gamma / sqrt(fan_in)`).
+    pub scale: f32,
+}
+
 /// An operation of the training graph, with its attributes.
 ///
 /// Axes in attributes count the batch as axis 0, as ONNX and PyTorch do.
@@ -155,6 +168,10 @@ pub enum Op {
         window: Window,
         groups: usize,
         bias: bool,
+        /// The weight standardised before it convolves, every step (BiT's and NFNet's
+        /// convolutions); `None` for a plain one.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        standardize: Option<Standardize>,
     },
     /// The transpose of a 1-d, 2-d or 3-d convolution (`nn.ConvTranspose2d`, ONNX
     /// `ConvTranspose`): each input position spreads the kernel over outputs `stride`
@@ -615,12 +632,16 @@ impl Op {
                 ref window,
                 groups,
                 bias,
+                ref standardize,
             } => {
                 let mut shape = vec![out_channels, in_channels / groups];
                 shape.extend(&window.kernel);
                 let mut p = vec![Param::new("weight", &shape)];
                 if bias {
                     p.push(Param::new("bias", &[out_channels]));
+                }
+                if standardize.as_ref().is_some_and(|s| s.gain) {
+                    p.push(Param::new("gain", &[out_channels]));
                 }
                 p
             }
@@ -720,6 +741,7 @@ mod tests {
             window: Window::square(2, 3, 1, 1),
             groups: 1,
             bias: true,
+            standardize: None,
         };
         let out = op.infer(&[&Shape::fixed(&[26, 9, 9])]).unwrap();
         assert_eq!(out, Shape::fixed(&[26, 9, 9]));

@@ -1,7 +1,7 @@
 //! Tensors computed once per step (`Node::shared`): what they keep is fixed memory.
 
 use crate::rules::{RuntimeRules, Sizes};
-use batchfit_graph::{Graph, Node};
+use batchfit_graph::{Graph, Node, Op};
 use std::collections::HashSet;
 
 /// Bytes shared node `node` keeps for the backward, by the runtime's own rules at a
@@ -41,4 +41,21 @@ pub(super) fn kept_bytes(
     };
     let output = if rule.output { sizes.output } else { 0 };
     (rule.extra_elems + inputs + output) * act + rule.extra_bytes
+}
+
+/// Bytes the graph's standardised convolution weights keep for the backward: fixed
+/// memory like a shared tensor's (computed once per step from a parameter).
+pub(super) fn standardized_weights(graph: &Graph, rules: &dyn RuntimeRules, act: u64) -> u64 {
+    let kept = |n: &Node| match &n.op {
+        Op::Conv {
+            out_channels,
+            standardize: Some(_),
+            ..
+        } => {
+            let weight = n.op.params().first().map_or(0, |w| w.elements());
+            rules.standardized_weight_kept(weight, *out_channels as u64)
+        }
+        _ => 0,
+    };
+    graph.nodes.iter().map(kept).sum::<u64>() * act
 }

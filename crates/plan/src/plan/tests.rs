@@ -64,3 +64,47 @@ fn a_shared_table_is_fixed_memory() {
             >= 4 * 4 * 1000 + 4 * (params(1004) - params(4))
     );
 }
+
+/// A standardised convolution weight (BiT, NFNet) is computed once per step from the
+/// parameter: what it keeps for the backward is fixed memory, by each runtime's rule,
+/// and nothing per sample.
+#[test]
+fn a_standardised_weight_is_fixed_memory_by_each_runtime() {
+    use batchfit_graph::{GraphBuilder, Shape, Standardize, Window};
+    let conv = |standardize: Option<Standardize>| {
+        let mut g = GraphBuilder::new("std-conv");
+        g.input("x", Shape::fixed(&[3, 8, 8])).unwrap();
+        let op = Op::Conv {
+            in_channels: 3,
+            out_channels: 16,
+            window: Window::square(2, 3, 1, 1),
+            groups: 1,
+            bias: false,
+            standardize,
+        };
+        g.push("c", op, &["x"]).unwrap();
+        g.push("f", Op::Flatten, &["c"]).unwrap();
+        g.linear("head", "f", 2).unwrap();
+        g.finish(LossKind::Mse, "head").unwrap()
+    };
+    let plain = conv(None);
+    let std = conv(Some(Standardize {
+        eps: 1e-5,
+        gain: true,
+        scale: 1.0,
+    }));
+    assert_eq!(std.param_count(), plain.param_count() + 16);
+    let weight = 16 * 3 * 9;
+    for (runtime, kept) in [
+        (Runtime::Pytorch, weight + 2 * 16),
+        (Runtime::Burn, 2 * weight + 4 * 16),
+    ] {
+        let opts = TrainOptions {
+            runtime,
+            ..TrainOptions::default()
+        };
+        let (a, b) = (plan(&plain, &opts), plan(&std, &opts));
+        assert_eq!(b.fixed.shared.0 - a.fixed.shared.0, 4 * kept, "{runtime:?}");
+        assert_eq!(a.memory.per_sample_bytes, b.memory.per_sample_bytes);
+    }
+}

@@ -86,6 +86,10 @@ pub trait RuntimeRules {
     /// so that they are counted once, as data (else also as activations).
     fn keeps_batch_as_data(&self) -> bool;
 
+    /// Elements a weight standardised every step (`Op::Conv`'s `standardize`) keeps for
+    /// the backward: `weight` elements in `channels` output channels.
+    fn standardized_weight_kept(&self, weight: u64, channels: u64) -> u64;
+
     /// Whether a view (flatten, reshape) is counted as its input's buffer when kept.
     fn views_share_buffers(&self) -> bool;
 
@@ -431,6 +435,7 @@ pub(crate) mod tests {
             window: Window::square(2, 3, 1, 1),
             groups: 1,
             bias: true,
+            standardize: None,
         };
         let s = sizes(&[2106], 2106, &[26, 9, 9], &[26, 9, 9]);
         assert_eq!(forward_flops(&op, &s), 2106.0 * (2.0 * 26.0 * 9.0 + 1.0));

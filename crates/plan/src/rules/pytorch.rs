@@ -223,6 +223,12 @@ impl RuntimeRules for Pytorch {
         true
     }
 
+    /// `F.batch_norm` of the weight (`native_batch_norm`) keeps its input, a view of the
+    /// parameter, and the mean and rstd per channel; the convolution keeps its result.
+    fn standardized_weight_kept(&self, weight: u64, channels: u64) -> u64 {
+        weight + 2 * channels
+    }
+
     /// `flatten` and `reshape` of a contiguous tensor are views of its storage.
     fn views_share_buffers(&self) -> bool {
         true

@@ -15,7 +15,15 @@ impl Importer {
     pub(super) fn conv(&mut self, i: usize, n: &NodeProto, a: &Attrs) -> Result<(), GraphError> {
         let err = |why: String| GraphError::node(label(n), why);
         let x = self.act(n, 0)?;
-        let w = self.konst(n, 1, "Conv weight W")?;
+        // A weight standardised in the graph is its raw initializer, standardised here.
+        let (w, standardize, gain) = match self.standardizing.get(&n.input[1]) {
+            Some(s) => (
+                s.weight.clone(),
+                Some(s.standardize.clone()),
+                s.gain.clone(),
+            ),
+            None => (self.konst(n, 1, "Conv weight W")?, None, None),
+        };
         let wd = positive(&w.dims)
             .filter(|d| (3..=5).contains(&d.len()))
             .ok_or_else(|| {
@@ -49,8 +57,13 @@ impl Importer {
             window,
             groups: groups as usize,
             bias,
+            standardize,
         };
-        self.emit_with_bias(n, op, &x, tensor_f32(&w), bias_vals, folded)
+        let name = self.emit_with_bias(n, op, &x, tensor_f32(&w), bias_vals, folded, gain)?;
+        if !self.initializers.contains(&n.input[1]) {
+            self.sources.entry(name).or_default().push(w.name.clone());
+        }
+        Ok(())
     }
 
     /// A convolution's bias: input 2, else a following `Add` of `[1, C, 1, ...]` folded
@@ -80,8 +93,9 @@ impl Importer {
         }
     }
 
-    /// Emits a convolution `op` of `x` with its weight and bias values; a folded bias
-    /// `Add`'s output becomes the convolution's.
+    /// Emits a convolution `op` of `x` with its weight, bias and gain values (in
+    /// [`Op::params`] order); a folded bias `Add`'s output becomes the convolution's.
+    #[allow(clippy::too_many_arguments)] // a convolution's input and its parameters
     fn emit_with_bias(
         &mut self,
         n: &NodeProto,
@@ -90,8 +104,12 @@ impl Importer {
         weight: Option<Vec<f32>>,
         bias: Option<Vec<f32>>,
         folded: Option<String>,
-    ) -> Result<(), GraphError> {
-        let has_bias = op.params().len() == 2;
+        gain: Option<Vec<f32>>,
+    ) -> Result<String, GraphError> {
+        let has_bias = matches!(
+            op,
+            Op::Conv { bias: true, .. } | Op::ConvTranspose { bias: true, .. }
+        );
         let name = self.emit(n, op, &[x])?;
         if let Some(f) = folded {
             self.vals.insert(f, Val::Ir(name.clone()));
@@ -100,8 +118,11 @@ impl Importer {
         if has_bias {
             weights.push(bias);
         }
+        if gain.is_some() {
+            weights.push(gain);
+        }
         self.attach(&name, weights);
-        Ok(())
+        Ok(name)
     }
 
     /// `ConvTranspose` over 1, 2 or 3 spatial dimensions with explicit pads (`auto_pad`
@@ -204,7 +225,8 @@ impl Importer {
             groups: groups as usize,
             bias,
         };
-        self.emit_with_bias(n, op, &x, tensor_f32(&w), bias_vals, folded)
+        self.emit_with_bias(n, op, &x, tensor_f32(&w), bias_vals, folded, None)
+            .map(drop)
     }
 
     /// `MaxPool` and `AveragePool`.

@@ -10,6 +10,9 @@ mod random;
 mod recurrent;
 mod reshape;
 mod shared;
+mod standardize;
+
+pub(super) use standardize::StdWeight;
 
 use super::decode::{Attrs, positive, tensor_f32};
 use super::import::{Importer, label, unsupported};
@@ -121,6 +124,7 @@ impl Importer {
         let a = Attrs(&n.attribute);
         self.learned_computed_on(n)?;
         if self.learned_concat(n, &a)?
+            || self.weight_standardization(n, &a)?
             || self.shape_op(n, &a)?
             || self.fold(n, &a)?
             || self.shared_node(i, n, &a)?

@@ -161,6 +161,13 @@ impl RuntimeRules for Burn {
         true
     }
 
+    /// The engine's `conv_weight`: the centred weight (kept by its square and by the
+    /// product with the factor), the result (kept by the convolution), and per channel
+    /// the root, its reciprocal, the gain's product and the factor.
+    fn standardized_weight_kept(&self, weight: u64, channels: u64) -> u64 {
+        2 * weight + 4 * channels
+    }
+
     /// A view (flatten, reshape) shares its input's buffer: a layer keeping the view keeps
     /// that buffer.
     fn views_share_buffers(&self) -> bool {
@@ -360,6 +367,7 @@ mod tests {
             window: Window::square(2, 3, 1, 1),
             groups: 1,
             bias: true,
+            standardize: None,
         };
         let mut s = sizes(&[2106], 2106, &[26, 9, 9], &[26, 9, 9]);
         s.input_tracked = false;
@@ -462,6 +470,7 @@ mod tests {
             window: batchfit_graph::Window::square(2, 3, 1, 1),
             groups: 1,
             bias: true,
+            standardize: None,
         };
         let s = sizes(&[26 * 81], 26 * 81, &[26, 9, 9], &[26, 9, 9]);
         assert_eq!(CPU.gemm_slab_from(&conv, &s), None);
