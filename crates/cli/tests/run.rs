@@ -601,6 +601,62 @@ fn each_trial_trains_at_the_rate_the_rule_gives_its_batch() {
     assert!(doc["trials"][0]["learning_rate"].is_null());
 }
 
+/// Listed batches at handed rates: the noise trial runs first, and the rule's rate is
+/// held from its noise scale up, as `advise` holds its rate. The stand-in's B_noise is
+/// 256, so 512 and 1,024 train at 256's rate (the cap said in the JSON and the line).
+#[test]
+fn the_rate_is_held_from_the_noise_trials_b_noise_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("lr");
+    let out = batchfit()
+        .args(["run", "--batches", "32,128,512,1024", "--ref-lr", "0.001"])
+        .args([
+            "--json",
+            "--",
+            "sh",
+            &trainer(),
+            "{batch}",
+            "1",
+            "--lr={lr}",
+        ])
+        .env("FAKE_NOISE", "1")
+        .env("FAKE_SCALED_LOSS", "1")
+        .env("FAKE_STEPS", "40")
+        .env("FAKE_LR_LOG", &log)
+        .output()
+        .unwrap();
+    let doc = document(out);
+    let trials = doc["trials"].as_array().unwrap();
+    assert_eq!(trials[0]["reason_code"], "noise_trial", "{}", trials[0]);
+    assert_eq!(trials[0]["batch"], 128);
+    let cap = doc["learning_rate"]["scaling"]["cap_batch"]
+        .as_u64()
+        .unwrap();
+    assert!((240..=272).contains(&cap), "cap {cap}");
+    let rule = |b: u64| 1e-3 * (b.min(cap) as f64 / 32.0).sqrt();
+    let handed: Vec<(u64, f64)> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f[0].parse().unwrap(), f[2].parse().unwrap())
+        })
+        .collect();
+    assert_eq!(handed.len(), trials.len(), "{handed:?}");
+    for (b, lr) in &handed {
+        assert!((lr - rule(*b)).abs() < 1e-12, "batch {b}: {lr}");
+    }
+    assert!(handed.iter().any(|&(b, _)| b == 1024));
+    // The noise trial is not a point of the throughput curve.
+    let points: Vec<u64> = doc["devices"][0]["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["batch"].as_u64().unwrap())
+        .collect();
+    assert_eq!(points, [32, 128, 512, 1024]);
+}
+
 /// `run --verify RUN.json`: the run's prediction held against trainings of
 /// the same command. The stand-in's loss takes S_min (1 + 256/B) steps to any
 /// level, as its noise scale says, so trained at the rule's rate the

@@ -15,7 +15,8 @@ use batchfit_tune::measure::{
 };
 use batchfit_tune::probe::{DeviceProbe, ProbePoint, curve_with_errors};
 use batchfit_tune::run::{
-    RunRate, RunSummary, advise_run, batch_with_margin, noise_of, noise_trial_batch, trial_point,
+    NOISE_TRIAL_BATCH, RunRate, RunSummary, advise_run, batch_with_margin, noise_of,
+    noise_trial_batch, trial_point,
 };
 use batchfit_tune::search::{
     LadderResult, PredictOptions, TrialReason, Verdict, each_listed, ladder_then_bisect,
@@ -159,10 +160,11 @@ impl CommandTrials<'_> {
         self.log.last().map(|t| &t.result)
     }
 
-    /// One point per batch: its last trial.
+    /// One point per batch: its last trial (the noise trial's step times, which
+    /// include measuring every step, are not a point).
     fn points(&self) -> Vec<ProbePoint> {
         let mut points: Vec<ProbePoint> = Vec::new();
-        for t in &self.log {
+        for t in self.log.iter().filter(|t| t.reason != TrialReason::Noise) {
             points.retain(|p| p.batch != t.result.batch);
             points.push(trial_point(&t.result));
         }
@@ -202,7 +204,7 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunSummary> {
     if let Some(l) = &cfg.launcher {
         l.check()?;
     }
-    let learning_rate = match (cfg.lr, template.takes_lr()) {
+    let mut learning_rate = match (cfg.lr, template.takes_lr()) {
         (Some(scaling), in_command) => RunRate::Handed {
             scaling,
             in_command,
@@ -222,7 +224,7 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunSummary> {
     batchfit_exec::interrupt::set_message(
         "the running trial's process tree was ended; no report was written",
     );
-    let opts = TrialOptions {
+    let mut opts = TrialOptions {
         timeout: cfg.timeout,
         reader,
         warmup_steps: cfg.warmup_steps,
@@ -236,16 +238,44 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunSummary> {
         noise_every: None,
     };
     let started = Instant::now();
+    // Listed batches at handed rates: the noise trial first, and the rule's rate held
+    // from its noise scale up in the trials after it, as `advise` holds its rate.
+    let first = match (&mut learning_rate, noise_first_batch(cfg)) {
+        (RunRate::Handed { scaling, .. }, Some(batch)) => {
+            let mut noise = CommandTrials {
+                template: &template,
+                opts: &opts,
+                progress,
+                started,
+                log: Vec::new(),
+                not_started: None,
+            };
+            noise.noise_trial(batch);
+            let log = noise.log;
+            if let Some(cap) = rate_cap(&log, scaling) {
+                scaling.cap_batch = Some(cap);
+                opts.lr = Some(*scaling);
+            }
+            log
+        }
+        _ => Vec::new(),
+    };
+    // Where it could not run (out of memory at its batch), one runs last as in a search.
+    let noise_ran_first = first.iter().any(|t| t.result.outcome.ran());
     let mut trials = CommandTrials {
         template: &template,
         opts: &opts,
         progress,
         started,
-        log: Vec::new(),
+        log: first,
         not_started: None,
     };
     let search = search(cfg, &mut trials);
-    let search_trials = trials.log.len();
+    let search_trials = trials
+        .log
+        .iter()
+        .filter(|t| t.reason != TrialReason::Noise)
+        .count();
     if let Some(why) = trials.not_started.take() {
         let check = if cfg.launcher.is_some() {
             "check --launcher / --launcher-cmd"
@@ -275,6 +305,7 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunSummary> {
     let curve = measure_curve(&mut trials, &curve_plan, seeded);
     if cfg.noise_trial
         && !cfg.search_only
+        && !noise_ran_first
         && let Some(batch) = noise_trial_batch(&trials.log)
     {
         trials.noise_trial(batch);
@@ -324,6 +355,28 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunSummary> {
         seconds: started.elapsed().as_secs_f64(),
         learning_rate,
     })
+}
+
+/// Where the noise trial runs before the listed batches: [`NOISE_TRIAL_BATCH`] within
+/// them, when they are listed and a noise trial is wanted. A search runs its noise
+/// trial last, at a batch that ran.
+fn noise_first_batch(cfg: &RunConfig) -> Option<u64> {
+    let (lo, hi) = (cfg.batches.iter().min()?, cfg.batches.iter().max()?);
+    (cfg.noise_trial && !cfg.search_only).then(|| NOISE_TRIAL_BATCH.clamp(*lo, *hi))
+}
+
+/// The batch from which the rule's rate is held: the noise trial's B_noise (never
+/// below its own batch, whose rate it trained with), as `advise` holds its rate from
+/// its noise run's (Adam's best rate stops rising near B_noise). `None` when the
+/// trial did not run or reported no noise measurements.
+fn rate_cap(noise_trial: &[RunTrial], scaling: &LrScaling) -> Option<u64> {
+    let rate = RunRate::Handed {
+        scaling: *scaling,
+        in_command: true,
+    };
+    let (noise, _) = noise_of(noise_trial, &rate);
+    let noise = noise.filter(|n| n.b_noise.is_finite() && n.b_noise > 0.0)?;
+    Some((noise.b_noise.round() as u64).max(noise.batch))
 }
 
 /// The largest batch that runs: the listed batches; under `--memory-limit`
