@@ -25,6 +25,21 @@ fn run_json(flags: &[&str], env: &[(&str, &str)]) -> Value {
     )
 }
 
+/// `--json -- sh fake_trainer.sh {batch} 1 --lr={lr}`: the stand-in handed its rate.
+fn json_with_lr() -> Vec<String> {
+    [
+        "--json",
+        "--",
+        "sh",
+        &trainer(),
+        "{batch}",
+        "1",
+        "--lr={lr}",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 /// A recommendation's `tied_batches`, in the order given.
 fn tied_batches(rec: &Value) -> Vec<u64> {
     rec["tied_batches"]
@@ -545,15 +560,7 @@ fn each_trial_trains_at_the_rate_the_rule_gives_its_batch() {
         batchfit()
             .arg("run")
             .args(flags)
-            .args([
-                "--json",
-                "--",
-                "sh",
-                &trainer(),
-                "{batch}",
-                "1",
-                "--lr={lr}",
-            ])
+            .args(json_with_lr())
             .env("FAKE_LR_LOG", &log)
             .output()
             .unwrap()
@@ -610,15 +617,7 @@ fn the_rate_is_held_from_the_noise_trials_b_noise_up() {
     let log = dir.path().join("lr");
     let out = batchfit()
         .args(["run", "--batches", "32,128,512,1024", "--ref-lr", "0.001"])
-        .args([
-            "--json",
-            "--",
-            "sh",
-            &trainer(),
-            "{batch}",
-            "1",
-            "--lr={lr}",
-        ])
+        .args(json_with_lr())
         .env("FAKE_NOISE", "1")
         .env("FAKE_SCALED_LOSS", "1")
         .env("FAKE_STEPS", "40")

@@ -532,6 +532,10 @@ fn a_standardized_convolution_from_onnx_computes_its_weights() {
         f: v,
         ..attr(name, AttributeType::Float)
     };
+    let channel_mean = |x: &str, out: &str| {
+        let axes = vec![ints("axes", &[0, 2]), int("keepdims", 0)];
+        node("ReduceMean", &[x], out, axes)
+    };
     let mut scale = floats("c", &[], &[factor]);
     scale.dims.clear();
     let mut bn = node(
@@ -559,19 +563,9 @@ fn a_standardized_convolution_from_onnx_computes_its_weights() {
             node("Mul", &["conv.gain", "c"], "gc", vec![]),
             node("Reshape", &["gc", "flat"], "g", vec![]),
             // The running statistics' inputs, as the exporter computes them.
-            node(
-                "ReduceMean",
-                &["wr"],
-                "m",
-                vec![ints("axes", &[0, 2]), int("keepdims", 0)],
-            ),
+            channel_mean("wr", "m"),
             node("Mul", &["wr", "wr"], "sq", vec![]),
-            node(
-                "ReduceMean",
-                &["sq"],
-                "v",
-                vec![ints("axes", &[0, 2]), int("keepdims", 0)],
-            ),
+            channel_mean("sq", "v"),
             bn,
             node("Shape", &["conv.weight"], "wshape", vec![]),
             node("Reshape", &["ws", "wshape"], "w2", vec![]),
