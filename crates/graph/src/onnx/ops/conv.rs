@@ -16,7 +16,9 @@ impl Importer {
         let err = |why: String| GraphError::node(label(n), why);
         let x = self.act(n, 0)?;
         // A weight standardised in the graph is its raw initializer, standardised here.
-        let (w, standardize, gain) = match self.standardizing.get(&n.input[1]) {
+        let held = n.input.get(1).and_then(|w| self.standardizing.get(w));
+        let held_weight = held.is_some();
+        let (w, standardize, gain) = match held {
             Some(s) => (
                 s.weight.clone(),
                 Some(s.standardize.clone()),
@@ -60,7 +62,7 @@ impl Importer {
             standardize,
         };
         let name = self.emit_with_bias(n, op, &x, tensor_f32(&w), bias_vals, folded, gain)?;
-        if !self.initializers.contains(&n.input[1]) {
+        if held_weight {
             self.sources.entry(name).or_default().push(w.name.clone());
         }
         Ok(())

@@ -30,6 +30,9 @@ pub(in crate::onnx) struct StdWeight {
 /// them is still all of it.
 const ORDER_KEEPING: [&str; 5] = ["Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"];
 
+/// How many nodes back a learned tensor is looked for (an export takes two or three).
+const MAX_HOPS: usize = 8;
+
 impl Importer {
     /// Takes `n` when it is a step of weight standardisation: the `BatchNormalization`
     /// of a weight (recorded, not emitted) or the `Reshape` back to the weight's shape.
@@ -39,7 +42,8 @@ impl Importer {
         n: &NodeProto,
         a: &Attrs,
     ) -> Result<bool, GraphError> {
-        let Some(x) = n.input.first() else {
+        // A malformed node (no input or output) is left to the op's import to refuse.
+        let (Some(x), Some(_)) = (n.input.first(), n.output.first()) else {
             return Ok(false);
         };
         match n.op_type.as_str() {
@@ -81,9 +85,11 @@ impl Importer {
         let Some(Val::Const(x)) = self.vals.get(n.input[0].as_str()) else {
             return Ok(false);
         };
+        // A convolution's weight `[O, I, kernel..]`, seen as `[1, O, fan_in]`.
+        let conv_weight = (3..=5).contains(&w.dims.len()) && w.dims.iter().all(|&d| d > 0);
         let out_channels = w.dims.first().copied().unwrap_or(0);
-        let fan_in = numel(&w.dims[1..]).unwrap_or(0) as i64;
-        if a.int("training_mode", 0) != 1 || x.dims != [1, out_channels, fan_in] {
+        let fan_in = numel(w.dims.get(1..).unwrap_or_default()).unwrap_or(0) as i64;
+        if !conv_weight || a.int("training_mode", 0) != 1 || x.dims != [1, out_channels, fan_in] {
             return Err(err(format!(
                 "BatchNormalization of parameter `{weight}` {:?}: only weight \
                  standardisation (training mode over `[1, out_channels, fan_in]`) is supported",
@@ -135,7 +141,7 @@ impl Importer {
         n: &NodeProto,
         channels: usize,
     ) -> Result<(Option<Vec<f32>>, f32), GraphError> {
-        let scale = &n.input[1];
+        let scale = n.input.get(1).map_or("", String::as_str);
         if let Some((gain, factor)) = self.learned_whole(scale) {
             let values = match self.vals.get(gain.as_str()) {
                 Some(Val::Const(t)) => tensor_f32(t).filter(|v| v.len() == channels),
@@ -161,15 +167,22 @@ impl Importer {
     /// The initializer `name` is all of (read through [`ORDER_KEEPING`] ops), with the
     /// constant number a `Mul` on the way multiplies it by; `None` when it is not one.
     fn learned_whole(&self, name: &str) -> Option<(String, f32)> {
+        self.learned_within(name, MAX_HOPS)
+    }
+
+    /// [`Importer::learned_whole`] at most `hops` nodes back (a malformed graph may
+    /// loop).
+    fn learned_within(&self, name: &str, hops: usize) -> Option<(String, f32)> {
         if self.initializers.contains(name) {
             return Some((name.to_string(), 1.0));
         }
+        let hops = hops.checked_sub(1)?;
         let n = self
             .nodes
             .iter()
             .find(|m| m.output.iter().any(|o| o == name))?;
         match n.op_type.as_str() {
-            op if ORDER_KEEPING.contains(&op) => self.learned_whole(n.input.first()?),
+            op if ORDER_KEEPING.contains(&op) => self.learned_within(n.input.first()?, hops),
             "Mul" if n.input.len() == 2 => (0..2).find_map(|k| {
                 let factor = match self.vals.get(n.input[1 - k].as_str())? {
                     Val::Const(t) => match tensor_floats(t).ok()?[..] {
@@ -178,7 +191,7 @@ impl Importer {
                     },
                     _ => return None,
                 };
-                let (init, f) = self.learned_whole(&n.input[k])?;
+                let (init, f) = self.learned_within(&n.input[k], hops)?;
                 Some((init, f * factor))
             }),
             _ => None,
