@@ -65,6 +65,7 @@ keep=$(mktemp -d)
 cp -a "$1/." "$keep"
 mount -t tmpfs -o size=256k tmpfs "$1" || exit 97
 cp -a "$keep/." "$1"
+rm -rf "$keep"
 dd if=/dev/zero of="$1/.reserve" bs=1k count={free_kib} 2>/dev/null
 dd if=/dev/zero of="$1/.filler" bs=1k 2>/dev/null
 rm -f "$1/.reserve"

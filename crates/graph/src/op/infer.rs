@@ -143,6 +143,12 @@ impl Op {
                 }
                 Ok(x.clone())
             }
+            // Statistics over no values (a zero-size axis) are not defined.
+            Op::BatchNorm { features: 0 }
+            | Op::LayerNorm { features: 0 }
+            | Op::RmsNorm { features: 0 } => {
+                Err(ShapeError(format!("normalises over 0 values: {x}")))
+            }
             Op::BatchNorm { features } => {
                 expect_dim(x, 0, *features, "channels")?;
                 Ok(x.clone())
