@@ -274,14 +274,15 @@ pub(super) fn backward(b: &Burn, op: &Op, s: &Sizes, dx: u64, act: u64) -> Vec<B
     }
     // The engine's own convolution (engine `cpu/conv.rs`): dy, the zeroed dx, and per busy
     // thread its scratch (`conv_cpu_scratch`: the forward's, reused for the rows'
-    // gradient) and its sum of the weight gradient (counted for every thread: one per
-    // chunk up to the threads). A grouped convolution runs a product per group on its
-    // block of each row.
+    // gradient) and its sum of the weight gradient (one piece of the batch per thread;
+    // the first sum becomes the gradient itself, so the others are the extra). A grouped
+    // convolution runs a product per group on its block of each row.
     if let Some((_, scratch)) = conv_cpu_scratch(op, s, b.gpu) {
         return vec![BackwardMoment {
             bytes: (out + dx) * act,
             param_elems: params,
-            fixed_workspace: cpu.threads * (scratch + largest) * act,
+            fixed_workspace: (cpu.threads * scratch + cpu.threads.saturating_sub(1) * largest)
+                * act,
             ..BackwardMoment::default()
         }];
     }

@@ -382,14 +382,15 @@ mod tests {
         assert!(!burn_im2col(&op, &s));
         assert!(CPU.saved(&op, &s).inputs);
         // The engine's own op on the CPU, one product per sample (81 positions): dy and
-        // dx, and per thread a sample's unfolded taps (234 x 81), a padded image
-        // (26 x 11 x 11) and a weight-gradient sum (26 x 234).
+        // dx, per thread a sample's unfolded taps (234 x 81) and a padded image
+        // (26 x 11 x 11), and a weight-gradient sum (26 x 234) per thread but the one
+        // that becomes the gradient.
         let m = CPU.backward(&op, &s, &[true], 4);
         assert_eq!(m.len(), 1);
         assert_eq!(m[0].bytes, 2 * 2106 * 4);
         assert_eq!(
             m[0].fixed_workspace,
-            2 * (234 * 81 + 26 * 11 * 11 + 26 * 234) * 4
+            (2 * (234 * 81 + 26 * 11 * 11) + 26 * 234) * 4
         );
         assert_eq!(
             CPU.forward_workspace(&op, &s, 4),
