@@ -504,6 +504,7 @@ pub fn rate_check(c: &batchfit_tune::stability::RateCheck) -> String {
             RateVerdict::Diverged => "diverged".to_string(),
             RateVerdict::Stalled => format!("stalled (not there within its limit: {CHECK_LIMIT} x the prediction, and from the run's batch up at least the run's own updates scaled to this rate)"),
             RateVerdict::NoGain => "no gain (no fewer updates than a smaller batch: the rule's rate is past its best here)".to_string(),
+            RateVerdict::SlowerThanPredicted => format!("slower than predicted (not there within {CHECK_LIMIT} x the prediction; below the noise run's batch the rate is below the run's, so S(B) underestimates this batch, not a rate that failed)"),
             RateVerdict::Unfinished => format!(
                 "unfinished (its steps ended before {CHECK_LIMIT} x the prediction: says nothing about the rate){}",
                 match c.projected_steps {
