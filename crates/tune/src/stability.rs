@@ -44,9 +44,6 @@ pub enum RateVerdict {
     /// Below the noise run's batch, not at the target within its limit: the
     /// rule's rate there is below the rate the run trained with, so S(B) was
     /// mispredicted (B_noise too small for this batch); the rate did not fail.
-    /// Its steps are unknown, and the fit leaves it out: its limit is only a
-    /// lower bound, and taken as a measurement one unstable batch (raw-pixel
-    /// MNIST at 32, ±36 % between seeds) drove B_noise past 100,000.
     SlowerThanPredicted,
 }
 
@@ -179,7 +176,8 @@ pub fn reference_share(basis: &PredictionBasis, checks: &[RateCheck]) -> f64 {
 
 /// Each checked batch's updates to the target at the rate `advised` gives it
 /// (else the fewest of the rates tried; else an unfinished check's
-/// projection, [`RateCheck::projected_steps`]), relative to the reference check
+/// projection, [`RateCheck::projected_steps`]; else the limit of one slower
+/// than predicted, a lower bound), relative to the reference check
 /// ([`reference_share`]), beside S(B): (batch, measured, predicted). The run's
 /// own batch is left out.
 pub fn measured_steps(
@@ -221,6 +219,14 @@ pub fn measured_steps(
                         .iter()
                         .filter(|c| c.batch == b && c.verdict == RateVerdict::Unfinished)
                         .find_map(|c| c.projected_steps)
+                })
+                // One slower than predicted took at least its limit: a lower
+                // bound, which still says B_noise is larger than predicted there.
+                .or_else(|| {
+                    checks
+                        .iter()
+                        .find(|c| c.batch == b && c.verdict == RateVerdict::SlowerThanPredicted)
+                        .map(|c| c.max_steps as f64)
                 })?;
             Some((b, steps / reference, basis.steps(b as f64)))
         })
@@ -431,7 +437,7 @@ mod tests {
     }
 
     #[test]
-    fn a_check_below_the_run_slower_than_predicted_fails_no_rate_and_leaves_the_fit() {
+    fn a_check_below_the_run_slower_than_predicted_fails_no_rate_and_bounds_the_fit() {
         let b = basis();
         let reference = check(128, 2.8e-3, true, Some(100.0), RateVerdict::Trains);
         // S(16) = 450 predicted; not there within 700 updates.
@@ -443,9 +449,10 @@ mod tests {
         assert!(!RateVerdict::SlowerThanPredicted.failed());
         assert_eq!(failed_from(&checks), None);
         assert_eq!(cap_from(&b.lr, &checks), None);
-        // Its steps are unknown: it leaves the fit.
-        assert_eq!(measured_steps(&b, &b.lr, &checks), vec![]);
-        assert_eq!(checked_b_noise(&b, &b.lr, &checks), None);
+        assert_eq!(measured_steps(&b, &b.lr, &checks), vec![(16, 700.0, 450.0)]);
+        // 100 (1 + B/16) / (1 + B/128) = 700 through the run: B_noise 768 at least.
+        let bn = checked_b_noise(&b, &b.lr, &checks).unwrap();
+        assert!((bn - 768.0).abs() / 768.0 < 0.03, "{bn}");
     }
 
     #[test]

@@ -50,16 +50,15 @@ impl RunRate {
         }
     }
 
-    /// How the predicted updates follow the batch: under the rule (held from
-    /// its cap up, [`LrScaling::rate_model`]) when each trial was handed its
-    /// rate; when the command sets its own, at that one
+    /// How the predicted updates follow the batch: under the rule when each
+    /// trial was handed its rate; when the command sets its own, at that one
     /// rate for every batch, taken as the best rate at `tuned_at` (the
     /// user's `--ref-batch`), else at the batch of the trial that measured
     /// the noise (`noise_batch`: there the two counts agree, and the curve
     /// is drawn through that trial's steps).
     pub fn rate_model(&self, noise_batch: Option<u64>) -> RateModel {
         match self {
-            RunRate::Handed { scaling, .. } => scaling.rate_model(),
+            RunRate::Handed { .. } => RateModel::Scaled,
             RunRate::CommandsOwn { tuned_at, .. } => RateModel::Fixed {
                 best_at: tuned_at.or(noise_batch).unwrap_or(1).max(1) as f64,
             },
@@ -197,7 +196,7 @@ pub fn advise_run(
             b_noise: n.b_noise,
             low: n.b_noise_low,
             high: n.b_noise_high,
-            rate: rate.rate_model(Some(n.batch)),
+            rate: RateModel::Scaled,
         }),
         LrAdviceInput {
             rule: rate.rule(),
