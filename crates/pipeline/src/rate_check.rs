@@ -215,7 +215,7 @@ fn check_rates(
                 loss_start: start,
                 loss_end: end,
                 steps_to_target: reached,
-                predicted_steps: basis.steps(batch as f64),
+                predicted_steps: basis.curve.steps(batch as f64),
                 verdict,
                 projected_steps: None,
             });

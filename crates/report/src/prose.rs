@@ -172,7 +172,7 @@ pub fn run_rate(rate: &RunRate, model: RateModel) -> String {
                 (RateModel::Fixed { best_at }, None) => format!(
                     " (assumed the best rate at batch {best_at:.0}, the noise trial's; --ref-batch says where it was tuned)"
                 ),
-                (RateModel::Scaled | RateModel::Held { .. }, _) => String::new(),
+                (RateModel::Scaled, _) => String::new(),
             };
             format!(
                 "learning rate: the command sets its own, one rate at every batch; the time-to-target table predicts for that fixed rate{at}, and the recommendation assumes the rate follows {} from batch to batch: put {{lr}} where the command takes its rate and give --ref-lr (with --ref-batch) to train each trial at the rule's rate",

@@ -296,9 +296,6 @@ pub fn render(d: &RunSummary) -> String {
         .rate_model(d.noise.as_ref().map(|n| n.batch))
     {
         RateModel::Scaled => "steps from the noise scale x measured step time",
-        RateModel::Held { .. } => {
-            "steps from the noise scale, the rule held from its cap up, x measured step time"
-        }
         RateModel::Fixed { .. } => {
             "steps from the noise scale at the command's one fixed rate x measured step time"
         }

@@ -8,7 +8,7 @@ use crate::diagnose::StepPoint;
 use crate::lr::{LrRule, scale};
 use crate::step_times::{REPEATABILITY, local_line, smoothed};
 pub use crate::step_times::{smoothed_step_times, step_time_line};
-use crate::target::{RateModel, TrainingOption};
+use crate::target::{TrainingOption, updates_vs_min};
 use serde::Serialize;
 use serde::ser::{SerializeMap, Serializer};
 
@@ -196,10 +196,6 @@ pub struct NoiseBand {
     pub low: f64,
     /// `None`: unbounded above.
     pub high: Option<f64>,
-    /// How the updates follow the batch under the rate rule the advice names
-    /// (the rule held from its cap up).
-    #[serde(skip)]
-    pub rate: RateModel,
 }
 
 impl NoiseBand {
@@ -209,7 +205,6 @@ impl NoiseBand {
             b_noise,
             low: b_noise,
             high: Some(b_noise),
-            rate: RateModel::Scaled,
         }
     }
 }
@@ -245,7 +240,7 @@ pub fn tied_batches(options: &[(u64, f64, f64)], band: NoiseBand) -> Vec<u64> {
     let across = (0..=BAND_STEPS).map(|i| low * (high / low).powf(i as f64 / BAND_STEPS as f64));
     let mut tied: Vec<u64> = Vec::new();
     for bn in across.chain([band.b_noise]) {
-        let time = |o: &(u64, f64, f64)| band.rate.updates_vs_min(bn, o.0 as f64) * o.1;
+        let time = |o: &(u64, f64, f64)| updates_vs_min(bn, o.0 as f64) * o.1;
         let Some(best) = options.iter().min_by(|a, b| time(a).total_cmp(&time(b))) else {
             return tied;
         };
@@ -318,9 +313,8 @@ pub fn recommend(
                 tied.retain(|&b| b != near);
                 tied.insert(0, near);
             }
-            let time = |o: &TrainingOption| {
-                band.rate.updates_vs_min(bn, o.micro_batch as f64) * o.micro_step_s
-            };
+            let time =
+                |o: &TrainingOption| updates_vs_min(bn, o.micro_batch as f64) * o.micro_step_s;
             let fastest = options
                 .iter()
                 .filter(|o| candidate(o.micro_batch))
@@ -561,7 +555,6 @@ mod tests {
                 b_noise: 400.0,
                 low: 300.0,
                 high: Some(520.0),
-                rate: RateModel::Scaled,
             };
             let (rec, _) = recommend(&evidence(&pts, None), Some(band), ADAM);
             rec
@@ -615,7 +608,6 @@ mod tests {
             b_noise: 461.0,
             low: 392.0,
             high: None,
-            rate: RateModel::Scaled,
         };
         let (rec, _) = recommend(&evidence(&pts, None), Some(band), ADAM);
         // (1 + 461/B) x step: 128: 529 us, 256: 554 us, 64: 672 us; 256 is the
@@ -682,7 +674,6 @@ mod tests {
             b_noise: 50.0,
             low: 50.0,
             high: Some(20_000.0),
-            rate: RateModel::Scaled,
         };
         assert_eq!(tied_batches(&options, band), vec![128, 512, 2048]);
     }

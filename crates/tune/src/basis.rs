@@ -6,7 +6,7 @@
 
 use crate::lr::{LrRule, LrScaling};
 use crate::noise::NoiseRun;
-use crate::target::{RateModel, StepsCurve};
+use crate::target::StepsCurve;
 use crate::trajectory::{RunPoint, Segment, trajectory};
 use serde::{Deserialize, Serialize};
 
@@ -132,17 +132,6 @@ impl PredictionBasis {
             }
             _ => None,
         }
-    }
-
-    /// How the predicted updates follow the batch under this basis's rate
-    /// rule ([`LrScaling::rate_model`]).
-    pub fn rate_model(&self) -> RateModel {
-        self.lr.rate_model()
-    }
-
-    /// Predicted updates to the target at `batch` under [`Self::rate_model`].
-    pub fn steps(&self, batch: f64) -> f64 {
-        self.curve.s_min * self.rate_model().updates_vs_min(self.curve.b_noise, batch)
     }
 
     /// The curve refitted to the noise scale `b_noise` the rate checks

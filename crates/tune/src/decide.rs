@@ -15,7 +15,7 @@ use crate::lr::{LrRule, LrScaling};
 use crate::noise::NoiseRun;
 use crate::probe::DeviceProbe;
 use crate::schedule::DeviceSchedule;
-use crate::target::{RateModel, TimeToTarget, rank_at};
+use crate::target::{StepsCurve, TimeToTarget, rank};
 use batchfit_plan::{Bytes, Plan};
 
 /// What the decision is made from: measurements only.
@@ -105,10 +105,7 @@ fn noise_band(
     b_noise: Option<f64>,
 ) -> Option<NoiseBand> {
     if let Some(m) = e.measured {
-        return Some(NoiseBand {
-            rate: m.rate_model(),
-            ..NoiseBand::exact(m.curve.b_noise)
-        });
+        return Some(NoiseBand::exact(m.curve.b_noise));
     }
     // The band of the stretches' own estimate, where the noise run resolved them.
     if let Some(b) = basis
@@ -118,7 +115,6 @@ fn noise_band(
             b_noise: b.curve.b_noise,
             low,
             high,
-            rate: b.rate_model(),
         });
     }
     let (n, bn) = (e.noise?, b_noise?);
@@ -128,7 +124,6 @@ fn noise_band(
         b_noise: bn,
         low: n.b_simple_low.unwrap_or(b) * ratio,
         high: n.b_simple_high.map(|h| h * ratio),
-        rate: basis.map_or(RateModel::Scaled, PredictionBasis::rate_model),
     })
 }
 
@@ -201,11 +196,8 @@ pub fn decide(e: &Evidence) -> Decision {
         options.extend(opts);
     }
     let s_min = basis.as_ref().map(|b| b.curve.s_min);
-    let rate = basis
-        .as_ref()
-        .map_or(RateModel::Scaled, PredictionBasis::rate_model);
     let mut time_to_target = b_noise
-        .map(|bn| rank_at(&options, bn, s_min, rate))
+        .map(|bn| rank(&options, bn, s_min))
         .unwrap_or_default();
     let lr = basis.as_ref().map_or(
         LrScaling {
@@ -276,10 +268,8 @@ fn device_schedules(
 /// measured); `None` without a run or an upper bound.
 fn steps_band(basis: &PredictionBasis, band: NoiseBand, batch: u64) -> Option<(f64, f64)> {
     let run = basis.run()?;
-    let anchor = basis.steps(run.batch as f64);
-    let model = basis.rate_model();
-    let (br, b) = (run.batch as f64, batch as f64);
-    let at = |bn: f64| anchor * model.updates_vs_min(bn, b) / model.updates_vs_min(bn, br);
+    let anchor = basis.curve.steps(run.batch as f64);
+    let at = |bn: f64| StepsCurve::through(anchor, run.batch as f64, bn).steps(batch as f64);
     let (a, b) = (at(band.low), at(band.high?));
     Some((a.min(b), a.max(b)))
 }
@@ -488,14 +478,9 @@ mod tests {
         for t in &d.time_to_target {
             let b = t.option.micro_batch.min(200) as f64;
             assert!((t.learning_rate.unwrap() - 1e-3 * (b / 16.0).sqrt()).abs() < 1e-15);
-            // Held from 200 up: the rule's S(B) below, more updates above.
-            let batch = t.option.micro_batch as f64;
-            assert!((t.steps.unwrap() - basis.steps(batch)).abs() < 1e-9);
-            if batch > 200.0 {
-                assert!(t.steps.unwrap() > basis.curve.steps(batch));
-            } else {
-                assert!((t.steps.unwrap() - basis.curve.steps(batch)).abs() < 1e-9);
-            }
+            assert!(
+                (t.steps.unwrap() - basis.curve.steps(t.option.micro_batch as f64)).abs() < 1e-9
+            );
         }
         let rec = &d.recommendations[0];
         let b = rec.recommended_batch.unwrap();

@@ -1,6 +1,5 @@
 //! Learning-rate scaling with the batch size.
 
-use crate::target::RateModel;
 use serde::{Deserialize, Serialize};
 
 /// A scaling rule and where it comes from.
@@ -74,20 +73,6 @@ pub struct LrScaling {
 }
 
 impl LrScaling {
-    /// How the updates to a target follow the batch under this rule: scaled
-    /// up to the cap, the cap's rate above it (the square-root rule is Adam's,
-    /// whose update is sign-like; the linear rule SGD's); scaled throughout
-    /// without a cap.
-    pub fn rate_model(&self) -> RateModel {
-        match (self.cap_batch, self.rule) {
-            (Some(cap), LrRule::Sqrt | LrRule::Linear) => RateModel::Held {
-                cap: cap as f64,
-                sign_like: self.rule == LrRule::Sqrt,
-            },
-            _ => RateModel::Scaled,
-        }
-    }
-
     /// The learning rate at `batch`.
     pub fn at(&self, batch: u64) -> f64 {
         let b = self.cap_batch.map_or(batch, |c| batch.min(c));

@@ -113,7 +113,7 @@ pub struct RateCheck {
 /// same rate has not stalled; a prediction that is too optimistic (B_noise
 /// refitted high) must not call it so, or the stall feeds the next refit.
 pub fn check_limit(basis: &PredictionBasis, batch: u64, lr: f64) -> u64 {
-    let predicted = basis.steps(batch as f64) * CHECK_LIMIT;
+    let predicted = basis.curve.steps(batch as f64) * CHECK_LIMIT;
     let run_floor = match (basis.run(), basis.updates_to_target()) {
         (Some(run), Some(updates)) if batch >= run.batch && lr > 0.0 => updates * run.lr / lr,
         _ => 0.0,
@@ -168,7 +168,7 @@ pub fn reference_share(basis: &PredictionBasis, checks: &[RateCheck]) -> f64 {
             let check = checks
                 .iter()
                 .find(|c| c.batch == run.batch && c.rule_rate)?;
-            Some(check.steps_to_target? / basis.steps(run.batch as f64))
+            Some(check.steps_to_target? / basis.curve.steps(run.batch as f64))
         })
         .filter(|k| k.is_finite() && *k > 0.0)
         .unwrap_or(1.0)
@@ -228,7 +228,7 @@ pub fn measured_steps(
                         .find(|c| c.batch == b && c.verdict == RateVerdict::SlowerThanPredicted)
                         .map(|c| c.max_steps as f64)
                 })?;
-            Some((b, steps / reference, basis.steps(b as f64)))
+            Some((b, steps / reference, basis.curve.steps(b as f64)))
         })
         .collect()
 }
@@ -257,15 +257,12 @@ pub fn checked_b_noise(
     if measured.is_empty() {
         return None;
     }
-    let (br, s_run) = (run.batch as f64, basis.steps(run.batch as f64));
-    // The checks trained at the advised rates: held from its cap up.
-    let model = advised.rate_model();
+    let (br, s_run) = (run.batch as f64, basis.curve.steps(run.batch as f64));
     let misfit = |bn: f64| -> f64 {
         measured
             .iter()
             .map(|&(b, m, _)| {
-                let predicted =
-                    s_run * model.updates_vs_min(bn, b as f64) / model.updates_vs_min(bn, br);
+                let predicted = s_run * (1.0 + bn / b as f64) / (1.0 + bn / br);
                 (m.ln() - predicted.ln()).powi(2)
             })
             .sum()

@@ -18,11 +18,6 @@ pub enum RateModel {
     Scaled,
     /// Every batch trains at one rate, the best rate at batch `best_at`.
     Fixed { best_at: f64 },
-    /// The scaling rule held from batch `cap` up (every larger batch trains at
-    /// `cap`'s rate): scaled up to `cap`, a fixed rate above it. `sign_like`:
-    /// Adam's update, whose size is the rate whatever the batch (see
-    /// [`held_updates_vs_min`]); else SGD's, as [`RateModel::Fixed`].
-    Held { cap: f64, sign_like: bool },
 }
 
 impl RateModel {
@@ -36,15 +31,6 @@ impl RateModel {
     pub fn updates_vs_min(self, b_noise: f64, batch: f64) -> f64 {
         match self {
             RateModel::Scaled => updates_vs_min(b_noise, batch),
-            RateModel::Held { cap, .. } if batch <= cap => updates_vs_min(b_noise, batch),
-            RateModel::Held {
-                cap,
-                sign_like: true,
-            } => held_updates_vs_min(b_noise, cap, batch),
-            RateModel::Held {
-                cap,
-                sign_like: false,
-            } => RateModel::Fixed { best_at: cap }.updates_vs_min(b_noise, batch),
             RateModel::Fixed { best_at } => {
                 let x = 1.0 / updates_vs_min(b_noise, best_at);
                 let gain = 2.0 * x - x * x * updates_vs_min(b_noise, batch);
@@ -56,24 +42,6 @@ impl RateModel {
             }
         }
     }
-}
-
-/// Updates relative to S_min at `batch` for Adam at the best rate of batch
-/// `cap` (below `batch`). Adam's update has the rate's size whatever the
-/// batch, so its progress at rate ε is ε a v(B) - ε² c / 2, the first term
-/// the gradient's share of the update's direction, v(B) = 1 / sqrt(1 +
-/// B_noise/B) (the mean sign of a coordinate whose noise falls as 1/sqrt(B);
-/// Li et al. 2024 treat Adam as such a sign-like update). Its best rate grows
-/// as v(B), the square-root rule below B_noise, and its best progress as v(B)²
-/// = 1 / (1 + B_noise/B): the quadratic model that both the square-root rule
-/// and S(B) assume. At the fixed rate best at `cap` (u = v(cap)) an update
-/// gains 2uv - u² of the best possible progress: more than at `cap`, but the
-/// rate no longer grows with the batch, so S(B) falls more slowly than
-/// `1 + B_noise/B`, and never below S_min / (2u - u²).
-pub fn held_updates_vs_min(b_noise: f64, cap: f64, batch: f64) -> f64 {
-    let v = |b: f64| 1.0 / updates_vs_min(b_noise, b).sqrt();
-    let u = v(cap);
-    1.0 / (2.0 * u * v(batch) - u * u)
 }
 
 /// Updates to a target as a function of the batch: S(B) = S_min (1 + B_noise / B).
@@ -412,29 +380,6 @@ mod tests {
         }
     }
 
-    /// Adam held from 32 with B_noise = 96: u = 1/2. At 32 the scaled count
-    /// (4); at 96, v = sqrt(1/2), 2uv - u² = 0.457 of the best progress (2.19x
-    /// S_min, where the scaled rule needs 2x); far past it at most 1/(1 - 1/4).
-    #[test]
-    fn adam_held_from_a_batch_gains_less_than_the_rule_above_it() {
-        let held = RateModel::Held {
-            cap: 32.0,
-            sign_like: true,
-        };
-        assert_eq!(held.updates_vs_min(96.0, 16.0), 7.0);
-        assert!((held.updates_vs_min(96.0, 32.0) - 4.0).abs() < 1e-12);
-        let at_96 = 1.0 / (2.0 * 0.5 * 0.5f64.sqrt() - 0.25);
-        assert!((held.updates_vs_min(96.0, 96.0) - at_96).abs() < 1e-12);
-        assert!(held.updates_vs_min(96.0, 96.0) > RateModel::Scaled.updates_vs_min(96.0, 96.0));
-        let far = held.updates_vs_min(96.0, 1e9);
-        assert!((far - 4.0 / 3.0).abs() < 1e-6, "{far}");
-        // Falling with the batch all the way.
-        let s: Vec<f64> = [32.0, 64.0, 128.0, 1024.0]
-            .map(|b| held.updates_vs_min(96.0, b))
-            .to_vec();
-        assert!(s.windows(2).all(|w| w[1] < w[0]), "{s:?}");
-    }
-
     /// One fixed rate, the best at batch 32, with B_noise = 96: x = 1/4. At 32
     /// it is the scaled count (4); at 128, 2x - x^2 x 1.75 = 0.390625 of the
     /// best gain (2.56x S_min, where the scaled rule needs 1.75x); at 8,
@@ -446,16 +391,6 @@ mod tests {
         assert!((fixed.updates_vs_min(96.0, 128.0) - 1.0 / 0.390625).abs() < 1e-12);
         assert!(fixed.updates_vs_min(96.0, 8.0).is_infinite());
         assert!((RateModel::Scaled.updates_vs_min(96.0, 128.0) - 1.75).abs() < 1e-12);
-        // Held from 32: the scaled count up to it, the fixed rate's above it.
-        let sgd = RateModel::Held {
-            cap: 32.0,
-            sign_like: false,
-        };
-        assert_eq!(sgd.updates_vs_min(96.0, 16.0), 7.0);
-        assert_eq!(
-            sgd.updates_vs_min(96.0, 128.0),
-            fixed.updates_vs_min(96.0, 128.0)
-        );
         let r = rank_at(
             &[
                 opt("cpu", 8, 1, 1e-3),

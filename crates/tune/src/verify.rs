@@ -265,7 +265,7 @@ impl CheckedAdvice {
 
     /// Predicted steps, and seconds where the advice measured the batch's step.
     pub fn predicted(&self, batch: u64) -> Predicted {
-        let steps = self.basis.steps(batch as f64);
+        let steps = self.basis.curve.steps(batch as f64);
         Predicted {
             batch,
             steps,

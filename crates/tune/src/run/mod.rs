@@ -196,7 +196,6 @@ pub fn advise_run(
             b_noise: n.b_noise,
             low: n.b_noise_low,
             high: n.b_noise_high,
-            rate: RateModel::Scaled,
         }),
         LrAdviceInput {
             rule: rate.rule(),
