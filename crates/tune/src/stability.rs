@@ -220,8 +220,9 @@ pub fn measured_steps(
                         .filter(|c| c.batch == b && c.verdict == RateVerdict::Unfinished)
                         .find_map(|c| c.projected_steps)
                 })
-                // One slower than predicted took at least its limit: a lower
-                // bound, which still says B_noise is larger than predicted there.
+                // One slower than predicted took more than its limit: a lower
+                // bound (censored in the fit), which still says B_noise is larger
+                // than predicted there.
                 .or_else(|| {
                     checks
                         .iter()
@@ -258,12 +259,26 @@ pub fn checked_b_noise(
         return None;
     }
     let (br, s_run) = (run.batch as f64, basis.curve.steps(run.batch as f64));
+    // A check slower than predicted took more than its limit: censored, it
+    // weighs only against a curve that predicts fewer updates than that.
+    let censored = |b: u64| {
+        !checks
+            .iter()
+            .any(|c| c.batch == b && (c.steps_to_target.is_some() || c.projected_steps.is_some()))
+            && checks
+                .iter()
+                .any(|c| c.batch == b && c.verdict == RateVerdict::SlowerThanPredicted)
+    };
     let misfit = |bn: f64| -> f64 {
         measured
             .iter()
             .map(|&(b, m, _)| {
                 let predicted = s_run * (1.0 + bn / b as f64) / (1.0 + bn / br);
-                (m.ln() - predicted.ln()).powi(2)
+                if censored(b) && predicted >= m {
+                    0.0
+                } else {
+                    (m.ln() - predicted.ln()).powi(2)
+                }
             })
             .sum()
     };
@@ -434,7 +449,7 @@ mod tests {
     }
 
     #[test]
-    fn a_check_below_the_run_slower_than_predicted_fails_no_rate_and_bounds_the_fit() {
+    fn a_check_below_the_run_slower_than_predicted_fails_no_rate_and_bounds_the_fit_from_below() {
         let b = basis();
         let reference = check(128, 2.8e-3, true, Some(100.0), RateVerdict::Trains);
         // S(16) = 450 predicted; not there within 700 updates.
@@ -447,9 +462,21 @@ mod tests {
         assert_eq!(failed_from(&checks), None);
         assert_eq!(cap_from(&b.lr, &checks), None);
         assert_eq!(measured_steps(&b, &b.lr, &checks), vec![(16, 700.0, 450.0)]);
-        // 100 (1 + B/16) / (1 + B/128) = 700 through the run: B_noise 768 at least.
+        // 100 (1 + B/16) / (1 + B/128) = 700 through the run: B_noise 768 at least,
+        // the least that predicts no fewer than the bound.
         let bn = checked_b_noise(&b, &b.lr, &checks).unwrap();
         assert!((bn - 768.0).abs() / 768.0 < 0.03, "{bn}");
+        // Censored: a bound the curve already predicts more updates than moves
+        // nothing (B_noise 128, as 512's check says); one above it pulls B_noise up.
+        let at_512 = check(512, 5.6e-3, true, Some(62.5), RateVerdict::Trains);
+        let below = RateCheck {
+            max_steps: 400,
+            ..slow
+        };
+        let bn = checked_b_noise(&b, &b.lr, &[reference, below, at_512]).unwrap();
+        assert!((bn - 128.0).abs() / 128.0 < 0.03, "{bn}");
+        let bn = checked_b_noise(&b, &b.lr, &[reference, slow, at_512]).unwrap();
+        assert!(bn > 1.1 * 128.0 && bn < 768.0, "{bn}");
     }
 
     #[test]
