@@ -1,7 +1,7 @@
 //! The runs behind "a rate that trains" (`batchfit_tune::stability`): first
 //! the noise run's own batch and rate (the reference), then the table's powers
-//! of two from half the run's batch up (and below it those predicted within
-//! [`LADDER_COST`] x the best time), each recommended batch, its neighbours
+//! of two from half the run's batch up (and below it those predicted to take
+//! at most [`LADDER_UPDATES`] x the run's updates), each recommended batch, its neighbours
 //! and the largest batch of the table, each trained to the noise run's
 //! target at the rule's rate, then at its halvings where it failed; the
 //! decision is made again until the batches it names have trained.
@@ -115,25 +115,28 @@ fn to_check(d: &Decision, checked: &[RateCheck], first: bool) -> Vec<u64> {
         let Some(b) = r.recommended_batch else {
             continue;
         };
-        // (batch, predicted time relative to the best) of each single-step option.
-        let mut rows: Vec<(u64, f64)> = d
+        let mut on_device: Vec<u64> = d
             .time_to_target
             .iter()
             .filter(|t| t.option.device == r.device && t.option.accumulation == 1)
-            .map(|t| (t.option.micro_batch, t.vs_best))
+            .map(|t| t.option.micro_batch)
             .collect();
-        rows.sort_by_key(|row| row.0);
-        rows.dedup_by_key(|row| row.0);
-        let on_device: Vec<u64> = rows.iter().map(|row| row.0).collect();
+        on_device.sort_unstable();
+        on_device.dedup();
         wanted.push(b);
         wanted.extend(on_device.iter().rev().find(|&&x| x < b));
         wanted.extend(on_device.iter().find(|&&x| x > b));
         if first {
             wanted.extend(on_device.last());
-            wanted.extend(first_round_ladder(
-                &rows,
-                basis.run().map_or(1, |run| run.batch),
-            ));
+            if let Some(run) = basis.run() {
+                // Each batch's predicted updates over the run's own.
+                let at_run = basis.curve.steps(run.batch as f64);
+                let rows: Vec<(u64, f64)> = on_device
+                    .iter()
+                    .map(|&b| (b, basis.curve.steps(b as f64) / at_run))
+                    .collect();
+                wanted.extend(first_round_ladder(&rows, run.batch));
+            }
         }
     }
     let at_rate = |b: u64| {
@@ -149,30 +152,30 @@ fn to_check(d: &Decision, checked: &[RateCheck], first: bool) -> Vec<u64> {
 }
 
 /// The first round's fixed part: the table's powers of two from half the
-/// noise run's batch up, and below that those predicted to reach the target
-/// within [`LADDER_COST`] times the best time (`rows`: batch and predicted time
-/// relative to the best). The rounds after it follow the decision, and a check
-/// that fails moves every decision after it, so a first round that depended
-/// on which of two tied batches measured a little faster would send two runs
-/// of `advise` down different paths; this one is the same in every run (the
-/// times decide only far from the optimum, where B_noise's spread moves no
-/// power of two across the bound by much), and measures S(B) on both sides of
-/// the run's batch, over the range the table is read in: a B_noise fitted to
-/// checks near the run's batch alone extrapolates to small batches with a
-/// slope it never measured.
+/// noise run's batch up, and below that those predicted to take at most
+/// [`LADDER_UPDATES`] times the run's own updates (`rows`: batch and predicted
+/// updates over the run's). The rounds after it follow the decision, and a
+/// check that fails moves every decision after it, so a first round that
+/// depended on which of two tied batches measured a little faster would send
+/// two runs of `advise` down different paths; this one rests on the noise run
+/// alone (its seeds fix it), not on timed steps, so it is the same in every
+/// run. It measures S(B) on both sides of the run's batch, over the range the
+/// table is read in: a B_noise fitted to checks near the run's batch alone
+/// extrapolates to small batches with a slope it never measured.
 fn first_round_ladder(rows: &[(u64, f64)], run_batch: u64) -> Vec<u64> {
     rows.iter()
-        .filter(|&&(x, vs_best)| {
-            x.is_power_of_two() && (2 * x >= run_batch || vs_best <= LADDER_COST)
+        .filter(|&&(x, updates)| {
+            x.is_power_of_two() && (2 * x >= run_batch || updates <= LADDER_UPDATES)
         })
         .map(|&(x, _)| x)
         .collect()
 }
 
 /// Below half the noise run's batch, the first round checks the powers of two
-/// predicted within this many times the best time to the target: each check
-/// trains to the target, so this bounds what the ladder costs.
-pub const LADDER_COST: f64 = 2.0;
+/// predicted to take at most this many times the noise run's updates: a
+/// smaller batch's step costs no more than the run's, so each such check costs
+/// at most this many noise runs' worth of training.
+pub const LADDER_UPDATES: f64 = 4.0;
 
 /// Each batch's check: the rule's rate under `basis` trained to its target,
 /// then up to `halvings` halvings of it until one trains.
@@ -233,19 +236,19 @@ mod tests {
 
     #[test]
     fn the_first_round_checks_the_ladder_from_half_the_run_batch() {
-        // Time relative to the best: 1 / B for the small batches, so 2 is the first
-        // power of two past LADDER_COST below 64.
+        // Updates over the run's: 128 / B below the run (perfect scaling), so 32 is
+        // the smallest power of two within LADDER_UPDATES.
         let table: Vec<(u64, f64)> = [1, 2, 4, 8, 16, 32, 64, 128, 203, 256, 323, 512, 1024]
-            .map(|b| (b, (8.0 / b as f64).max(1.0)))
+            .map(|b| (b, (128.0 / b as f64).max(1.0)))
             .to_vec();
         assert_eq!(
             first_round_ladder(&table, 128),
-            vec![4, 8, 16, 32, 64, 128, 256, 512, 1024]
+            vec![32, 64, 128, 256, 512, 1024]
         );
         // A run at a batch off the ladder: from half of it, rounded up.
         let slow_below: Vec<(u64, f64)> = table
             .iter()
-            .map(|&(b, _)| (b, if b < 64 { 3.0 } else { 1.0 }))
+            .map(|&(b, _)| (b, if b < 64 { 5.0 } else { 1.0 }))
             .collect();
         assert_eq!(
             first_round_ladder(&slow_below, 100),

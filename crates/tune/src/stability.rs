@@ -274,7 +274,11 @@ pub fn checked_b_noise(
             .iter()
             .map(|&(b, m, _)| {
                 let predicted = s_run * (1.0 + bn / b as f64) / (1.0 + bn / br);
-                if censored(b) && predicted >= m {
+                // No S(B) through the run predicts more than s_run br / b at b (its
+                // limit as B_noise grows): a bound above that says the batch trained
+                // slower than any noise scale explains, and nothing about B_noise.
+                let beyond_any_curve = m > s_run * br / b as f64;
+                if censored(b) && (predicted >= m || beyond_any_curve) {
                     0.0
                 } else {
                     (m.ln() - predicted.ln()).powi(2)
@@ -477,6 +481,13 @@ mod tests {
         assert!((bn - 128.0).abs() / 128.0 < 0.03, "{bn}");
         let bn = checked_b_noise(&b, &b.lr, &[reference, slow, at_512]).unwrap();
         assert!(bn > 1.1 * 128.0 && bn < 768.0, "{bn}");
+        // A bound past 8 x the run's updates at 16 (128 / 16): no curve reaches it.
+        let beyond = RateCheck {
+            max_steps: 900,
+            ..slow
+        };
+        let bn = checked_b_noise(&b, &b.lr, &[reference, beyond, at_512]).unwrap();
+        assert!((bn - 128.0).abs() / 128.0 < 0.03, "{bn}");
     }
 
     #[test]
