@@ -4,7 +4,7 @@
 # with three seeds; bench/verify_table.py turns the results into the table of
 # docs/time-to-target.md (failures included).
 #
-#   bench/verify_suite.sh [OUT]          # default target/verify; 40-60 min on 2 cores
+#   bench/verify_suite.sh [OUT]          # default target/verify; about 10 min on 2 cores (plus the venv the first time)
 #   CASES="digits mnist-raw" bench/verify_suite.sh   # a subset
 #
 # The data sets come from packages (scikit-learn's bundled files, the
