@@ -185,6 +185,26 @@ pub fn measured_steps(
     advised: &LrScaling,
     checks: &[RateCheck],
 ) -> Vec<(u64, f64, f64)> {
+    checked_points(basis, advised, checks)
+        .into_iter()
+        .map(|p| (p.batch, p.measured, p.predicted))
+        .collect()
+}
+
+/// One batch of [`measured_steps`], and whether its value is only a lower
+/// bound (the limit of a check slower than predicted).
+struct CheckedPoint {
+    batch: u64,
+    measured: f64,
+    predicted: f64,
+    lower_bound: bool,
+}
+
+fn checked_points(
+    basis: &PredictionBasis,
+    advised: &LrScaling,
+    checks: &[RateCheck],
+) -> Vec<CheckedPoint> {
     let Some(run) = basis.run() else {
         return Vec::new();
     };
@@ -206,7 +226,7 @@ pub fn measured_steps(
                     .iter()
                     .filter(move |c| c.batch == b && c.verdict == RateVerdict::Trains)
             };
-            let steps = of()
+            let measured = of()
                 .find(|c| (c.lr - rate).abs() <= 1e-9 * rate)
                 .and_then(|c| c.steps_to_target)
                 .or_else(|| {
@@ -219,17 +239,25 @@ pub fn measured_steps(
                         .iter()
                         .filter(|c| c.batch == b && c.verdict == RateVerdict::Unfinished)
                         .find_map(|c| c.projected_steps)
-                })
-                // One slower than predicted took more than its limit: a lower
-                // bound (censored in the fit), which still says B_noise is larger
-                // than predicted there.
-                .or_else(|| {
-                    checks
-                        .iter()
-                        .find(|c| c.batch == b && c.verdict == RateVerdict::SlowerThanPredicted)
-                        .map(|c| c.max_steps as f64)
-                })?;
-            Some((b, steps / reference, basis.curve.steps(b as f64)))
+                });
+            // One slower than predicted took more than its limit: a lower bound
+            // (censored in the fit), which still says B_noise is larger there.
+            let bound = || {
+                checks
+                    .iter()
+                    .find(|c| c.batch == b && c.verdict == RateVerdict::SlowerThanPredicted)
+                    .map(|c| c.max_steps as f64)
+            };
+            let (steps, lower_bound) = match measured {
+                Some(m) => (m, false),
+                None => (bound()?, true),
+            };
+            Some(CheckedPoint {
+                batch: b,
+                measured: steps / reference,
+                predicted: basis.curve.steps(b as f64),
+                lower_bound,
+            })
         })
         .collect()
 }
@@ -254,31 +282,24 @@ pub fn checked_b_noise(
     checks: &[RateCheck],
 ) -> Option<f64> {
     let run = basis.run()?;
-    let measured = measured_steps(basis, advised, checks);
+    let measured = checked_points(basis, advised, checks);
     if measured.is_empty() {
         return None;
     }
     let (br, s_run) = (run.batch as f64, basis.curve.steps(run.batch as f64));
-    // A check slower than predicted took more than its limit: censored, it
-    // weighs only against a curve that predicts fewer updates than that.
-    let censored = |b: u64| {
-        !checks
-            .iter()
-            .any(|c| c.batch == b && (c.steps_to_target.is_some() || c.projected_steps.is_some()))
-            && checks
-                .iter()
-                .any(|c| c.batch == b && c.verdict == RateVerdict::SlowerThanPredicted)
-    };
     let misfit = |bn: f64| -> f64 {
         measured
             .iter()
-            .map(|&(b, m, _)| {
-                let predicted = s_run * (1.0 + bn / b as f64) / (1.0 + bn / br);
-                // No S(B) through the run predicts more than s_run br / b at b (its
-                // limit as B_noise grows): a bound above that says the batch trained
-                // slower than any noise scale explains, and nothing about B_noise.
-                let beyond_any_curve = m > s_run * br / b as f64;
-                if censored(b) && (predicted >= m || beyond_any_curve) {
+            .map(|p| {
+                let (b, m) = (p.batch as f64, p.measured);
+                let predicted = s_run * (1.0 + bn / b) / (1.0 + bn / br);
+                // A lower bound weighs only against a curve that predicts fewer
+                // updates. No S(B) through the run predicts more than s_run br / b at
+                // b (its limit as B_noise grows): a bound above that says the batch
+                // trained slower than any noise scale explains, and nothing about
+                // B_noise.
+                let beyond_any_curve = m > s_run * br / b;
+                if p.lower_bound && (predicted >= m || beyond_any_curve) {
                     0.0
                 } else {
                     (m.ln() - predicted.ln()).powi(2)
@@ -286,7 +307,7 @@ pub fn checked_b_noise(
             })
             .sum()
     };
-    let largest = measured.iter().map(|p| p.0 as f64).fold(br, f64::max);
+    let largest = measured.iter().map(|p| p.batch as f64).fold(br, f64::max);
     let high = REFIT_CEILING * basis.curve.b_noise.max(largest);
     Some(b_noise_on_grid(high, misfit))
 }
