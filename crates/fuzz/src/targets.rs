@@ -125,6 +125,7 @@ fn plans(graph: &batchfit_graph::Graph) -> bool {
     let host = CpuHost {
         threads: 2,
         l2_bytes: 1 << 20,
+        l2_ways: 8,
         gemm_kernel: GemmKernel::AVX2,
     };
     for (runtime, gpu) in [

@@ -125,12 +125,14 @@ pub struct Graph {
 pub const EVAL_EXPORT_NOTE: &str = "this ONNX model has convolutions and no normalisation layer. If it came from torch.onnx.export in eval mode (the default), its BatchNorm layers were folded into the convolutions and its Dropout dropped, so the model measured here is not the one you train. Export it with training=torch.onnx.TrainingMode.TRAINING and do_constant_folding=False (docs/model-spec.md).";
 
 impl Graph {
-    /// Forgets the trained weights the nodes carry (ONNX initializers), once a
-    /// trainer holds its own copy: a measured peak should count the model's
-    /// weights once, as the user's framework holds them.
+    /// Forgets the trained weights the nodes carry (ONNX initializers) and the constants
+    /// their ops carry ([`Op::constant_bytes`]), once a trainer holds its own copy: a
+    /// measured peak should count the model's tensors once, as the user's framework
+    /// holds them. The graph's shapes stay; its ops no longer compute.
     pub fn drop_weights(&mut self) {
         for node in &mut self.nodes {
             node.weights = None;
+            node.op.drop_constants();
         }
     }
 

@@ -98,11 +98,13 @@ fn main() {
         CpuHost {
             threads: 2,
             l2_bytes: 512 * 1024,
+            l2_ways: 8,
             gemm_kernel: GemmKernel::AVX2,
         },
         CpuHost {
             threads: 16,
             l2_bytes: 2 << 20,
+            l2_ways: 8,
             gemm_kernel: GemmKernel::AVX512,
         },
     ];

@@ -236,6 +236,7 @@ mod tests {
         let host = plan::CpuHost {
             threads: 2,
             l2_bytes: 512 * 1024,
+            l2_ways: 8,
             gemm_kernel: plan::GemmKernel::AVX2,
         };
         let p = plan::plan_on(&g, &opts(Optimizer::Sgd), host);
@@ -267,12 +268,16 @@ mod tests {
         // At small batches another moment is larger: fc1's dW (36 floats with its bias)
         // being made after fc2's gradients (10 floats): nothing kept is left but the
         // output's gradient (4 floats).
-        let fc1_dw = |b: u64| base + (10 + 36) * 4 + b * (40 + 4 * 4);
+        // Each dW product has the batch as its depth: gemm prepacks its 4 or 2 columns,
+        // rounded up to 16 rows, `min(B, 512)` deep, in a buffer of its own (a depth of 1
+        // or 2 goes to gemm's vector kernels, which pack nothing).
+        let packed = |b: u64| if b <= 2 { 0 } else { b.min(512) * 16 * 4 };
+        let fc1_dw = |b: u64| base + (10 + 36) * 4 + b * (40 + 4 * 4) + packed(b);
         assert_eq!(p.bytes_at(2), Bytes(fc1_dw(2) - slab));
         assert_eq!(p.bytes_at(1), Bytes(fc1_dw(1) - slab));
         assert_eq!(
             p.bytes_at(1000),
-            Bytes(base + 40 - slab + 1000 * (40 + 16 + 24))
+            Bytes(base + 40 - slab + 1000 * (40 + 16 + 24) + packed(1000))
         );
     }
 
@@ -284,8 +289,17 @@ mod tests {
         let b = p.max_batch(budget).unwrap();
         assert!(p.bytes_at(b) <= budget);
         assert!(p.bytes_at(b + 1) > budget);
-        // By hand: floor((budget - fixed) / per_sample).
-        let hand = (budget.0 - p.memory.fixed_bytes.0) / p.memory.per_sample_bytes.0;
+        // By hand: floor((budget - fixed - packing) / per_sample), the packing of the peak
+        // moment's product at its largest (gemm's depth block is reached by then).
+        let packing = p
+            .memory
+            .moments
+            .iter()
+            .filter(|m| m.moment == p.peak_at && m.per_sample_bytes == p.memory.per_sample_bytes)
+            .map(|m| m.gemm_call.map_or(0, |c| c.bytes_at(b)))
+            .max()
+            .unwrap();
+        let hand = (budget.0 - p.memory.fixed_bytes.0 - packing) / p.memory.per_sample_bytes.0;
         assert_eq!(b, hand);
         assert_eq!(p.max_batch(Bytes(1000)), None);
     }

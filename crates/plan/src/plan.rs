@@ -3,7 +3,7 @@
 //! The memory is a maximum over the step's moments (each node's forward and backward, the
 //! loss, the optimizer), each a line `fixed + per_sample x B`; see [`Memory`].
 
-pub use crate::host::{CpuHost, GemmKernel};
+pub use crate::host::{CpuHost, GemmCall, GemmKernel};
 pub use crate::rules::pytorch::{PYTORCH_BLOCK, PYTORCH_CUDA_CONTEXT, PYTORCH_SMALL_SEGMENT};
 
 use crate::accuracy::{self, MeasuredError};
@@ -14,6 +14,8 @@ use crate::rules::{self, RuntimeRules, Sizes};
 use crate::units::{Bytes, Flops};
 use batchfit_graph::{Graph, InputKind, LossKind, Node, Op, PoolKind};
 use serde::Serialize;
+
+pub use memory::{Memory, Moment};
 use std::collections::{HashMap, HashSet};
 
 /// One node's share of the plan.
@@ -88,52 +90,6 @@ pub struct PerSampleMemory {
     pub total: Bytes,
 }
 
-/// One moment of the step as a line in the batch: `fixed_bytes + per_sample_bytes x B`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Moment {
-    /// The node whose backward it is (`NAME`), its forward (`NAME (forward)`), the loss
-    /// (`INPUT (loss)`) or `optimizer`; a node's backward can have several moments.
-    pub moment: String,
-    /// Bytes that do not grow with the batch at this moment.
-    pub fixed_bytes: Bytes,
-    /// Bytes per sample at this moment.
-    pub per_sample_bytes: Bytes,
-}
-
-/// The planned memory of a step as a function of the batch `B`.
-///
-/// [`Plan::bytes_at`] is, with `b = min(B, micro_batch)`: the largest of the
-/// `moments`' lines at `b`, plus `rounding_bytes`, minus `gemm_buffer_bytes` when
-/// `b < gemm_buffer_from_batch`, minus `gemm_pool_bytes` when `b < gemm_pool_from_batch`. `fixed_bytes` and `per_sample_bytes` are the line of
-/// the moment that is largest at large batches (without `rounding_bytes`).
-#[derive(Clone, Debug, Serialize)]
-pub struct Memory {
-    /// Fixed bytes of the moment that is largest at large batches.
-    pub fixed_bytes: Bytes,
-    /// Per-sample bytes of that moment.
-    pub per_sample_bytes: Bytes,
-    /// Every moment of the step, in step order (backward from the last node, the loss,
-    /// forward from the first node, the optimizer).
-    pub moments: Vec<Moment>,
-    /// Added at every batch: the allocator's rounding (PyTorch's 512-byte blocks).
-    pub rounding_bytes: Bytes,
-    /// A buffer counted in every moment's fixed bytes that exists only from
-    /// `gemm_buffer_from_batch` on (burn on a CPU: gemm's packing buffer).
-    pub gemm_buffer_bytes: Bytes,
-    /// The smallest batch at which `gemm_buffer_bytes` exists (0: always; `u64::MAX`: never).
-    pub gemm_buffer_from_batch: u64,
-    /// Buffers counted in every moment's fixed bytes that exist only from
-    /// `gemm_pool_from_batch` on (burn on a CPU: the packing buffers of the thread pool's
-    /// threads, once a product is split across them).
-    pub gemm_pool_bytes: Bytes,
-    /// The smallest batch at which `gemm_pool_bytes` exist (0: always).
-    pub gemm_pool_from_batch: u64,
-    /// Burn on a GPU: the step's tensors as CubeCL's pools hold them; the planned
-    /// bytes are then the pages reserved for them (see [`crate::pages`]).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub device_pages: Option<DevicePages>,
-}
-
 /// The static plan of a model under some training options.
 #[derive(Clone, Debug, Serialize)]
 pub struct Plan {
@@ -181,7 +137,7 @@ impl Plan {
         let peak = m
             .moments
             .iter()
-            .map(|l| l.fixed_bytes + l.per_sample_bytes * b)
+            .map(|l| l.bytes_at(b))
             .fold(m.fixed_bytes + m.per_sample_bytes * b, Bytes::max)
             + m.rounding_bytes;
         let peak = if b < m.gemm_buffer_from_batch {
@@ -246,6 +202,7 @@ pub fn plan(graph: &Graph, opts: &TrainOptions) -> Plan {
         _ => CpuHost {
             threads: 1,
             l2_bytes: 0,
+            l2_ways: 8,
             gemm_kernel: GemmKernel::AVX2,
         },
     };
@@ -572,9 +529,15 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
             graph
                 .nodes
                 .iter()
-                .map(|n| n.op.buffer_elements())
-                .sum::<u64>()
-                * 4,
+                .map(|n| {
+                    n.op.buffer_elements() * 4
+                        + if rules.holds_op_constants() {
+                            n.op.constant_bytes()
+                        } else {
+                            0
+                        }
+                })
+                .sum::<u64>(),
         ),
         accumulation: rules.accumulation(opts.micro_batch, params),
         runtime: rules.runtime_bytes() + pool_bytes,
@@ -595,6 +558,8 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
 
     // Every moment of the step as (fixed, per-sample bytes, name), in step order.
     let mut lines: Vec<(FixedMemory, u64, String)> = Vec::new();
+    // The lines during a product whose packing buffers gemm allocates per call.
+    let mut line_calls: Vec<(usize, GemmCall)> = Vec::new();
     // For each line, the tensors the device's pages hold then: the nodes whose kept
     // tensors are alive (`0..k`), whether the last one's extra is freed, and the
     // moment's own per-sample tensors.
@@ -632,6 +597,9 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
                 graph.nodes[i].name.clone(),
             ));
             line_tensors.push((i + 1, m.extras_freed, pieces(m.bytes, node_largest[i])));
+            if let Some(call) = m.gemm_call {
+                line_calls.push((lines.len() - 1, call));
+            }
         }
         grads_after += param_bytes[i];
         prefix -= saved[i];
@@ -765,10 +733,15 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         per_sample_bytes: per_sample.total,
         moments: lines
             .into_iter()
-            .map(|(f, p, moment)| Moment {
+            .enumerate()
+            .map(|(line, (f, p, moment))| Moment {
                 moment,
                 fixed_bytes: f.total(),
                 per_sample_bytes: Bytes(p),
+                gemm_call: line_calls
+                    .iter()
+                    .find(|(l, _)| *l == line)
+                    .map(|&(_, call)| call),
             })
             .collect(),
         rounding_bytes: rules.rounding_bytes(n),
@@ -795,6 +768,7 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
     }
 }
 
+mod memory;
 mod shared;
 #[cfg(test)]
 mod tests;

@@ -213,7 +213,11 @@ mod tests {
             .as_array()
             .expect("moments")
             .iter()
-            .map(|m| field(m, "fixed_bytes") + field(m, "per_sample_bytes") * b)
+            .map(|m| {
+                field(m, "fixed_bytes")
+                    + field(m, "per_sample_bytes") * b
+                    + packing(&m["gemm_call"], b as u64)
+            })
             .max()
             .expect("one moment at least")
             + field(memory, "rounding_bytes");
@@ -227,6 +231,50 @@ mod tests {
         } else {
             peak
         }
+    }
+
+    /// A moment's `gemm_call` packing bytes at `b` samples, as docs/json.md gives them.
+    fn packing(call: &Value, b: u64) -> u128 {
+        if call.is_null() {
+            return 0;
+        }
+        let num = |v: &Value| v.as_u64().expect("a count");
+        let [lanes, mr, nr] = ["lanes", "rows", "cols"].map(|k| num(&call["kernel"][k]));
+        let [l2, ways] = [0, 1].map(|i| num(&call["l2"][i]));
+        let mut mnk = [0, 1, 2].map(|i| num(&call["mnk"][i]));
+        mnk[num(&call["batch_axis"]) as usize] *= b.max(1);
+        let [m, n, k] = mnk;
+        let unit = |i: usize| call["unit_rows"][i].as_bool().expect("a flag");
+        if m <= 1 || n <= 1 || k <= 2 {
+            return 0;
+        }
+        let (kc, mc) = if m <= 64 && n <= 64 {
+            let kc = k.min(512);
+            (kc, l2 / 4 / kc / mr * mr)
+        } else {
+            let kc = k.div_ceil(k.div_ceil(512));
+            let ways = ways.max(2);
+            let rhs_ways = (nr * kc * 4).div_ceil(l2 / ways);
+            let lhs_ways = ways.saturating_sub(1 + rhs_ways).max(1);
+            let fit = lhs_ways * l2 / (ways * 4 * kc) / mr * mr;
+            let mc = if fit == 0 {
+                mr
+            } else {
+                m.div_ceil(m.div_ceil(fit) * mr) * mr
+            };
+            (kc, mc.min(8 * mr))
+        };
+        let lhs = if m <= 2 * mc && (m % lanes != 0 || !unit(0)) {
+            m.div_ceil(mr) * mr
+        } else {
+            0
+        };
+        let rhs = if !unit(1) && m > 2 * mr {
+            n.div_ceil(nr) * nr
+        } else {
+            0
+        };
+        u128::from(kc * (lhs + rhs) * 4)
     }
 
     /// `bytes_at(B)` from the document alone.
@@ -268,6 +316,7 @@ mod tests {
         let host = CpuHost {
             threads: 4,
             l2_bytes: 1 << 20,
+            l2_ways: 8,
             gemm_kernel: GemmKernel::AVX2,
         };
         let budgets = [1000u64, 3 << 20, 64 << 20, 1 << 30, 6 << 30, 80 << 30];

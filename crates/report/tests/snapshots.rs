@@ -24,6 +24,7 @@ fn host() -> CpuHost {
     CpuHost {
         threads: 2,
         l2_bytes: 1 << 20,
+        l2_ways: 8,
         gemm_kernel: GemmKernel::AVX512,
     }
 }

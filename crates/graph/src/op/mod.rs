@@ -4,6 +4,7 @@
 
 use serde::Serialize;
 
+mod constants;
 mod infer;
 
 pub use infer::{ShapeError, sample_axis};

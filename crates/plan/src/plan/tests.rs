@@ -108,3 +108,89 @@ fn a_standardised_weight_is_fixed_memory_by_each_runtime() {
         assert_eq!(a.memory.per_sample_bytes, b.memory.per_sample_bytes);
     }
 }
+
+/// A dense layer's weight gradient `x^T dy` has the batch's rows as its depth: gemm's
+/// per-call packing (here the lhs prepacked, 1,000 columns not a multiple of the lanes)
+/// grows with the batch up to gemm's depth block of 512 rows, then stops; a product with
+/// 1,024 columns packs through the slab instead, and a GPU packs nothing.
+#[test]
+fn a_weight_gradient_packs_per_call_up_to_the_depth_block() {
+    use batchfit_graph::{GraphBuilder, Shape};
+    let head = |classes: usize| {
+        let mut g = GraphBuilder::new("head");
+        g.input("x", Shape::fixed(&[32, 64])).unwrap();
+        g.linear("lm", "x", classes).unwrap();
+        g.finish(LossKind::Mse, "lm").unwrap()
+    };
+    let host = CpuHost {
+        threads: 1,
+        l2_bytes: 1 << 20,
+        l2_ways: 16,
+        gemm_kernel: GemmKernel::AVX512,
+    };
+    let packing = |graph: &Graph, batch: u64, gpu: bool| {
+        let opts = TrainOptions {
+            runtime: Runtime::Burn,
+            gpu,
+            ..TrainOptions::default()
+        };
+        let p = plan_on(graph, &opts, host);
+        p.memory
+            .moments
+            .iter()
+            .filter_map(|m| m.gemm_call)
+            .map(|c| c.bytes_at(batch))
+            .max()
+            .unwrap_or(0)
+    };
+    let g = head(1000);
+    // 32 rows a sample: depth 64 at batch 2, 256 at 8; `kc x (1,024 + 66)` floats.
+    assert_eq!(packing(&g, 2, false), 64 * 1090 * 4);
+    assert_eq!(packing(&g, 8, false), 256 * 1090 * 4);
+    // From 16 samples (512 rows) the depth block is 512, and the row block it leaves in
+    // the L2 too short for 1,000 columns: only the rhs is packed.
+    assert_eq!(packing(&g, 32, false), 512 * 66 * 4);
+    assert_eq!(packing(&g, 4096, false), 512 * 66 * 4);
+    assert_eq!(packing(&head(1024), 8, false), 256 * 66 * 4);
+    assert_eq!(packing(&g, 8, true), 0);
+    let opts = TrainOptions {
+        runtime: Runtime::Burn,
+        ..TrainOptions::default()
+    };
+    let p = plan_on(&g, &opts, host);
+    let line = |m: &Moment, b: u64| m.fixed_bytes + m.per_sample_bytes * b;
+    assert!(
+        p.memory
+            .moments
+            .iter()
+            .all(|m| m.bytes_at(8).0 == line(m, 8).0 + m.gemm_call.map_or(0, |c| c.bytes_at(8)))
+    );
+}
+
+/// The constants an op carries (a rotary table, a relative-position index) are fixed
+/// memory where the runtime holds them as imported (the engine on a CPU), 4 bytes a value
+/// and 8 an index.
+#[test]
+fn the_engine_holds_the_ops_constants() {
+    use batchfit_graph::{GraphBuilder, Shape};
+    let mut g = GraphBuilder::new("rotary");
+    g.input("x", Shape::fixed(&[8, 16])).unwrap();
+    let table = Op::MulConst {
+        shape: vec![8, 16],
+        values: vec![0.5; 128],
+    };
+    g.push("rot", table, &["x"]).unwrap();
+    g.linear("out", "rot", 4).unwrap();
+    let graph = g.finish(LossKind::Mse, "out").unwrap();
+    let buffers = |runtime, gpu| {
+        let opts = TrainOptions {
+            runtime,
+            gpu,
+            ..TrainOptions::default()
+        };
+        plan(&graph, &opts).fixed.buffers.0
+    };
+    assert_eq!(buffers(Runtime::Burn, false), 128 * 4);
+    assert_eq!(buffers(Runtime::Burn, true), 0);
+    assert_eq!(buffers(Runtime::Pytorch, false), 0);
+}

@@ -21,7 +21,7 @@
 pub mod burn;
 pub mod pytorch;
 
-use crate::host::CpuHost;
+use crate::host::{CpuHost, GemmCall};
 use crate::options::{Optimizer, Runtime};
 use crate::units::Bytes;
 use batchfit_graph::{Graph, LossKind, Op, ReduceKind, ResizeMode};
@@ -73,6 +73,8 @@ pub struct BackwardMoment {
     pub param_elems: u64,
     /// Bytes of per-thread kernel buffers (independent of the batch).
     pub fixed_workspace: u64,
+    /// The matrix product running then, whose packing buffers gemm allocates per call.
+    pub gemm_call: Option<GemmCall>,
 }
 
 /// What differs between runtimes: which tensors autograd keeps, what kernels and the
@@ -113,6 +115,12 @@ pub trait RuntimeRules {
 
     /// Bytes of `op`'s kernel buffers during its forward pass that do not grow with the batch.
     fn forward_workspace(&self, op: &Op, s: &Sizes, act: u64) -> u64;
+
+    /// The matrix product of `op`'s forward pass whose packing buffers gemm allocates per
+    /// call (burn on a CPU: the engine's dense layers).
+    fn forward_gemm_call(&self, _op: &Op, _s: &Sizes) -> Option<GemmCall> {
+        None
+    }
 
     /// The moments of `op`'s backward pass that can set the step's peak. `tracked[j]`:
     /// whether input `j` needs a gradient (batch inputs do not).
@@ -156,6 +164,11 @@ pub trait RuntimeRules {
     /// Whether every parameter gradient is held for the whole step (each moment's fixed
     /// memory is then the optimizer's), rather than made and freed during backward.
     fn gradients_held_all_step(&self) -> bool;
+
+    /// Whether the runtime holds the constants the graph's ops carry ([`Op::constant_bytes`])
+    /// all step: batchfit's engine keeps them as imported; PyTorch computes most of them
+    /// (masks, rotary tables, relative positions) in its forward pass.
+    fn holds_op_constants(&self) -> bool;
 
     /// The optimizer's temporaries during its update: `largest_param` elements in the
     /// largest parameter tensor, `params` in all of them.
@@ -205,6 +218,7 @@ pub fn for_runtime(runtime: Runtime, host: CpuHost, gpu: bool) -> Box<dyn Runtim
             cpu: BurnCpu {
                 threads: host.threads.max(1),
                 gemm_slab: host.gemm_slabs().0,
+                l2_ways: host.l2_ways,
                 gemm_kernel: host.gemm_kernel,
             },
             gpu,

@@ -327,6 +327,10 @@ impl RuntimeRules for Pytorch {
         false
     }
 
+    fn holds_op_constants(&self) -> bool {
+        false
+    }
+
     /// `torch.optim`'s default path: on a GPU the `foreach` one, on a CPU the per-tensor
     /// one (`_default_to_fused_or_foreach`: foreach only on CUDA-like devices). SGD, with or
     /// without momentum, updates in place on both. Adam and AdamW's denominator:

@@ -61,17 +61,31 @@ pub(super) fn backward(
     match op {
         // The engine's own dense layer and product on the CPU: dx = dy W^T, then
         // dW = x^T dy (and the bias's column sums), each written once.
-        Op::Linear { .. } if !b.gpu => vec![
-            BackwardMoment {
-                bytes: (out + dx) * act,
-                ..BackwardMoment::default()
-            },
-            BackwardMoment {
-                bytes: (out + dx) * act,
-                param_elems: params,
-                ..BackwardMoment::default()
-            },
-        ],
+        // gemm allocates packing buffers per call (`Burn::gemm_call`): dx's product is
+        // `[rows, in] = dy [rows, out] x W^T`, dW's `[in, out] = x^T [in, rows] x dy`.
+        Op::Linear {
+            in_features,
+            out_features,
+            ..
+        } if !b.gpu => {
+            let (i, o) = (*in_features as u64, *out_features as u64);
+            let rows = s.inputs[0] / i.max(1);
+            vec![
+                BackwardMoment {
+                    bytes: (out + dx) * act,
+                    gemm_call: (dx > 0)
+                        .then(|| b.gemm_call([rows, i, o], 0, [true, o == 1]))
+                        .flatten(),
+                    ..BackwardMoment::default()
+                },
+                BackwardMoment {
+                    bytes: (out + dx) * act,
+                    param_elems: params,
+                    gemm_call: b.gemm_call([i, o, rows], 2, [i == 1, true]),
+                    ..BackwardMoment::default()
+                },
+            ]
+        }
         Op::MatMul if !b.gpu => one(out + tracked_inputs().iter().sum::<u64>()),
         // `float_matmul` backward: dx = dy W^T, a new matmul output (two copies for a
         // moment); then dW = x^T dy, parameter-sized, also with its twin for a moment.

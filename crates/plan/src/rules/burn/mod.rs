@@ -34,7 +34,7 @@ pub use conv::{
 pub use pool::POOL_MATRIX_MAX;
 
 use super::{BackwardMoment, RuntimeRules, Saved, Sizes};
-use crate::host::GemmKernel;
+use crate::host::{GemmCall, GemmKernel};
 use crate::options::Optimizer;
 use crate::units::Bytes;
 use batchfit_graph::{LossKind, Op};
@@ -56,11 +56,32 @@ pub struct BurnCpu {
     pub threads: u64,
     /// Bytes of gemm's packing buffer, which every thread that packs keeps (`CpuHost::gemm_slabs`).
     pub gemm_slab: u64,
+    /// Ways of associativity of the L2 the slab is sized for.
+    pub l2_ways: u64,
     /// gemm's microkernel on this CPU: which products pack through that buffer.
     pub gemm_kernel: GemmKernel,
 }
 
 impl Burn {
+    /// A product of the engine's (row-major `[m, n] = [m, k] x [k, n]`, each operand's
+    /// columns contiguous or not) as gemm runs it on this CPU: transposed, so gemm's `m`
+    /// is the output's columns and its lhs the right operand. `batch_axis` is the axis
+    /// of `[m, n, k]` that holds the batch's rows, given at one sample. `None` on a GPU.
+    fn gemm_call(
+        &self,
+        [m, n, k]: [u64; 3],
+        batch_axis: usize,
+        unit_cols: [bool; 2],
+    ) -> Option<GemmCall> {
+        (!self.gpu).then(|| GemmCall {
+            kernel: self.cpu.gemm_kernel,
+            l2: [self.cpu.gemm_slab, self.cpu.l2_ways],
+            mnk: [n, m, k],
+            batch_axis: [1, 0, 2][batch_axis],
+            unit_rows: [unit_cols[1], unit_cols[0]],
+        })
+    }
+
     /// Whether a product with `m` rows packs through gemm's per-thread slab on this CPU.
     fn packs(&self, m: u64, unit_lhs_stride: bool) -> bool {
         self.cpu.gemm_kernel.uses_slab(m, unit_lhs_stride)
@@ -257,6 +278,12 @@ impl RuntimeRules for Burn {
         false
     }
 
+    /// The engine's program keeps the ops' constants in host memory (on a GPU they are
+    /// uploaded per use).
+    fn holds_op_constants(&self) -> bool {
+        !self.gpu
+    }
+
     /// burn-optim `AdaptiveMomentum::transform` and `Momentum::transform` clone the gradient
     /// or a moment into a new tensor; plain SGD updates in place, and so do Adam and AdamW
     /// on the CPU, where the engine runs its own update (engine `cpu/adam.rs`).
@@ -321,6 +348,7 @@ mod tests {
         cpu: BurnCpu {
             threads: 2,
             gemm_slab: 512 * 1024,
+            l2_ways: 8,
             gemm_kernel: GemmKernel::AVX2,
         },
         gpu: false,
