@@ -45,5 +45,7 @@ pub fn set_threads(n: usize) -> Result<(), ThreadsError> {
         .num_threads(n)
         .use_current_thread()
         .build_global()
-        .map_err(|source| ThreadsError { threads: n, source })
+        .map_err(|source| ThreadsError { threads: n, source })?;
+    cpu::dense::warm_packing_buffers();
+    Ok(())
 }

@@ -78,15 +78,6 @@ impl GemmKernel {
         }
     }
 
-    /// Whether gemm packs a product with `m` rows through its per-thread slab rather
-    /// than a per-call buffer (`gemm_basic_generic`'s `do_prepack_lhs` is false): `m` over
-    /// twice the largest row block (`mc` at most 8 `MR`, `kernel_params`), or a multiple
-    /// of the lanes with a unit lhs row stride.
-    pub fn uses_slab(self, m: u64, unit_lhs_stride: bool) -> bool {
-        let twice_max_mc = 2 * 8 * self.rows;
-        m > twice_max_mc || (m > 1 && unit_lhs_stride && m.is_multiple_of(self.lanes))
-    }
-
     /// The bytes one call of an `m x n x k` product allocates and frees, in gemm's own
     /// orientation (a row-major output is computed transposed: `m` = its columns, the lhs
     /// = the right operand transposed), with an L2 of `l2_bytes` in `l2_ways` ways.
@@ -196,11 +187,8 @@ impl CpuHost {
     }
 
     /// gemm's packing buffer (gemm-common `L2_SLAB`): an L2-sized thread-local buffer that
-    /// each thread allocates the first time it packs a matrix product, and keeps. Which
-    /// threads pack depends on every product's shape (gemm-common `gemm_basic_generic`:
-    /// matrix-vector products pack nothing, flex runs products under 192^3 multiply-adds
-    /// on the calling thread and larger ones on the pool), so a step holds 0 to
-    /// threads of them (the step runs on one of the pool's); the plan counts one.
+    /// a thread allocates the first time it packs a matrix product, and keeps; the engine
+    /// has every thread of its pool allocate it when it starts the pool.
     pub fn gemm_slabs(&self) -> Bytes {
         Bytes(self.l2_bytes)
     }

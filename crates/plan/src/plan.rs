@@ -140,16 +140,6 @@ impl Plan {
             .map(|l| l.bytes_at(b))
             .fold(m.fixed_bytes + m.per_sample_bytes * b, Bytes::max)
             + m.rounding_bytes;
-        let peak = if b < m.gemm_buffer_from_batch {
-            peak - m.gemm_buffer_bytes
-        } else {
-            peak
-        };
-        let peak = if b < m.gemm_pool_from_batch {
-            peak - m.gemm_pool_bytes
-        } else {
-            peak
-        };
         // The pages hold every live byte, so they are never below the live peak.
         match &m.device_pages {
             Some(pages) => pages.reserved_at(b).max(peak),
@@ -263,9 +253,6 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
     let mut forward_ws = Vec::with_capacity(n);
     let mut param_bytes = Vec::with_capacity(n);
     let mut workspace_max = 0u64;
-    let mut slab_from: Option<u64> = None; // the batch from which the caller packs
-    let mut worker_from: Option<u64> = None; // ... from which a pool thread packs
-    let mut pool_from: Option<u64> = None; // the smallest batch a product is split at
     let mut flops = 0.0;
     // Per-sample bytes of each tensor each node keeps for backward (its extra first),
     // for the device's pages.
@@ -450,15 +437,6 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         extras.push(extra);
         forward_ws.push(rules.forward_workspace(&node.op, &sizes, act));
         workspace_max = workspace_max.max(rules.workspace(&node.op, &sizes, act));
-        if let Some(b) = rules.gemm_slab_from(&node.op, &sizes) {
-            slab_from = Some(slab_from.map_or(b, |p: u64| p.min(b)));
-        }
-        if let Some(b) = rules.gemm_on_pool_from(&node.op, &sizes) {
-            worker_from = Some(worker_from.map_or(b, |p: u64| p.min(b)));
-        }
-        if let Some(b) = rules.pool_from_batch(&node.op, &sizes) {
-            pool_from = Some(pool_from.map_or(b, |p| p.min(b)));
-        }
         layers.push(LayerPlan {
             name: node.name.clone(),
             op: node.op.name(),
@@ -515,12 +493,6 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
         .max()
         .unwrap_or(0);
     let state = opts.optimizer.state_per_param();
-    // The pool threads' buffers, from the batch a product is first split across them.
-    let pool_bytes = if pool_from.is_some() {
-        rules.pool_buffers()
-    } else {
-        Bytes(0)
-    };
     // What every moment of a step holds besides gradients and kernel buffers.
     let base = FixedMemory {
         weights: Bytes(params * opts.precision.weight_bytes()),
@@ -540,7 +512,7 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
                 .sum::<u64>(),
         ),
         accumulation: rules.accumulation(opts.micro_batch, params),
-        runtime: rules.runtime_bytes() + pool_bytes,
+        runtime: rules.runtime_bytes(),
         // What shared nodes keep for the backward, all step (their gradients are
         // transient and a batch of one: left out).
         shared: Bytes(shared_kept),
@@ -722,12 +694,6 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
             outside_pools: WGPU_OUTSIDE_POOLS,
         }
     });
-    // One buffer from the batch the caller or a first pool thread packs.
-    let one_from = [slab_from, worker_from, pool_from]
-        .into_iter()
-        .flatten()
-        .min();
-    let (gemm_buffer_bytes, gemm_buffer_from_batch) = rules.gemm_buffer(one_from);
     let memory = Memory {
         fixed_bytes: fixed.total(),
         per_sample_bytes: per_sample.total,
@@ -745,10 +711,6 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
             })
             .collect(),
         rounding_bytes: rules.rounding_bytes(n),
-        gemm_buffer_bytes,
-        gemm_buffer_from_batch,
-        gemm_pool_bytes: pool_bytes,
-        gemm_pool_from_batch: pool_from.unwrap_or(0),
         device_pages,
     };
     Plan {

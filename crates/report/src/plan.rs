@@ -209,7 +209,7 @@ mod tests {
     fn at_samples(memory: &Value, b: u64) -> u128 {
         let field = |v: &Value, k: &str| u128::from(v[k].as_u64().expect(k));
         let b = u128::from(b);
-        let peak = memory["moments"]
+        memory["moments"]
             .as_array()
             .expect("moments")
             .iter()
@@ -220,17 +220,7 @@ mod tests {
             })
             .max()
             .expect("one moment at least")
-            + field(memory, "rounding_bytes");
-        let peak = if b < field(memory, "gemm_buffer_from_batch") {
-            peak.saturating_sub(field(memory, "gemm_buffer_bytes"))
-        } else {
-            peak
-        };
-        if b < field(memory, "gemm_pool_from_batch") {
-            peak.saturating_sub(field(memory, "gemm_pool_bytes"))
-        } else {
-            peak
-        }
+            + field(memory, "rounding_bytes")
     }
 
     /// A moment's `gemm_call` packing bytes at `b` samples, as docs/json.md gives them.

@@ -32,6 +32,28 @@ const PARALLEL_THRESHOLD: usize = 192 * 192 * 192;
 /// multiply-adds in all runs one product per pool job.
 const BATCH_PARALLEL_THRESHOLD: usize = 128 * 128 * 128;
 
+/// Makes every thread of rayon's pool allocate gemm's packing buffer (gemm-common
+/// `L2_SLAB`, one L2-sized buffer a thread keeps from its first packed product) now.
+/// A thread otherwise allocates it only once it wins a piece of a split product, a race
+/// that small products lose or win from one step to the next, so a step's memory (and
+/// its measured peak) would depend on it.
+pub fn warm_packing_buffers() {
+    // 64 x 64 x 64: a multiple of every kernel's lanes with unit strides, so gemm packs
+    // the lhs through the slab (no per-call buffer, no matrix-vector shortcut).
+    const N: usize = 64;
+    rayon::broadcast(|_| {
+        let (lhs, rhs) = (vec![0f32; N * N], vec![0f32; N * N]);
+        let mut out = vec![MaybeUninit::<f32>::uninit(); N * N];
+        let mats = |data| Mats {
+            data,
+            step: 0,
+            row: N,
+            col: 1,
+        };
+        products(&mut out, [1, N, N, N], mats(&lhs), mats(&rhs), false);
+    });
+}
+
 /// `batch` matrices inside a slice: matrix `i`'s element (r, c) at
 /// `i * step + r * row + c * col`.
 #[derive(Clone, Copy)]

@@ -33,9 +33,9 @@ impl Moment {
 /// The planned memory of a step as a function of the batch `B`.
 ///
 /// [`Plan::bytes_at`] is, with `b = min(B, micro_batch)`: the largest of the
-/// `moments`' lines at `b`, plus `rounding_bytes`, minus `gemm_buffer_bytes` when
-/// `b < gemm_buffer_from_batch`, minus `gemm_pool_bytes` when `b < gemm_pool_from_batch`. `fixed_bytes` and `per_sample_bytes` are the line of
-/// the moment that is largest at large batches (without `rounding_bytes`).
+/// `moments`' lines at `b` ([`Moment::bytes_at`]), plus `rounding_bytes`. `fixed_bytes`
+/// and `per_sample_bytes` are the line of the moment that is largest at large batches
+/// (without `rounding_bytes`).
 #[derive(Clone, Debug, Serialize)]
 pub struct Memory {
     /// Fixed bytes of the moment that is largest at large batches.
@@ -47,17 +47,6 @@ pub struct Memory {
     pub moments: Vec<Moment>,
     /// Added at every batch: the allocator's rounding (PyTorch's 512-byte blocks).
     pub rounding_bytes: Bytes,
-    /// A buffer counted in every moment's fixed bytes that exists only from
-    /// `gemm_buffer_from_batch` on (burn on a CPU: gemm's packing buffer).
-    pub gemm_buffer_bytes: Bytes,
-    /// The smallest batch at which `gemm_buffer_bytes` exists (0: always; `u64::MAX`: never).
-    pub gemm_buffer_from_batch: u64,
-    /// Buffers counted in every moment's fixed bytes that exist only from
-    /// `gemm_pool_from_batch` on (burn on a CPU: the packing buffers of the thread pool's
-    /// threads, once a product is split across them).
-    pub gemm_pool_bytes: Bytes,
-    /// The smallest batch at which `gemm_pool_bytes` exist (0: always).
-    pub gemm_pool_from_batch: u64,
     /// Burn on a GPU: the step's tensors as CubeCL's pools hold them; the planned
     /// bytes are then the pages reserved for them (see [`crate::pages`]).
     #[serde(skip_serializing_if = "Option::is_none")]

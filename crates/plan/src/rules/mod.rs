@@ -129,16 +129,6 @@ pub trait RuntimeRules {
     /// Per-sample bytes of `op`'s kernel workspace, reported as `per_sample.workspace`.
     fn workspace(&self, op: &Op, s: &Sizes, act: u64) -> u64;
 
-    /// The smallest batch from which one of `op`'s matrix products on the calling thread
-    /// makes a CPU gemm use its per-thread packing buffer; `None` when none ever does.
-    fn gemm_slab_from(&self, op: &Op, s: &Sizes) -> Option<u64>;
-
-    /// The smallest batch from which one of `op`'s products runs on a thread of the
-    /// runtime's pool and packs through that thread's buffer; `None`: never.
-    fn gemm_on_pool_from(&self, _op: &Op, _s: &Sizes) -> Option<u64> {
-        None
-    }
-
     /// Per-sample elements the loss's backward holds besides the tensors the loss keeps.
     fn loss_backward_elems(&self, kind: LossKind, logits: u64) -> u64;
 
@@ -182,25 +172,6 @@ pub trait RuntimeRules {
 
     /// Bytes added at every batch for the allocator's rounding, for a graph of `nodes` nodes.
     fn rounding_bytes(&self, nodes: usize) -> Bytes;
-
-    /// A buffer counted in [`RuntimeRules::runtime_bytes`] that exists only from some batch
-    /// on: its bytes and that batch (`0` when there is none). `slab_from`: the smallest
-    /// [`RuntimeRules::gemm_slab_from`] of the graph's nodes.
-    fn gemm_buffer(&self, slab_from: Option<u64>) -> (Bytes, u64);
-
-    /// The smallest batch at which one of `op`'s matrix products is large enough for the
-    /// runtime to split it across its thread pool, whose threads then pack operands into
-    /// buffers of their own ([`RuntimeRules::pool_buffers`]); `None`: never.
-    fn pool_from_batch(&self, _op: &Op, _s: &Sizes) -> Option<u64> {
-        None
-    }
-
-    /// Bytes of the pool threads' packing buffers, which exist from the smallest
-    /// [`RuntimeRules::pool_from_batch`] of the graph on, beside the one buffer
-    /// [`RuntimeRules::gemm_buffer`] counts (that of the pool thread running the step).
-    fn pool_buffers(&self) -> Bytes {
-        Bytes(0)
-    }
 
     /// Index of the moment reported as the step's peak among `(per_sample, fixed)` lines:
     /// the most per sample, then the most fixed; the last of equals.

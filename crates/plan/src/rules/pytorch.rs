@@ -282,11 +282,6 @@ impl RuntimeRules for Pytorch {
         }
     }
 
-    /// No CPU gemm buffer is modelled.
-    fn gemm_slab_from(&self, _op: &Op, _s: &Sizes) -> Option<u64> {
-        None
-    }
-
     /// `nn.SiLU` is one op, `silu`, whose derivative reads its input alone
     /// (derivatives.yaml `silu_backward(grad, self)`); `F.scaled_dot_product_attention`
     /// without dropout runs a fused kernel (`_scaled_dot_product_flash_attention_for_cpu`
@@ -368,11 +363,6 @@ impl RuntimeRules for Pytorch {
         } else {
             0
         })
-    }
-
-    /// No CPU gemm buffer is modelled.
-    fn gemm_buffer(&self, _slab_from: Option<u64>) -> (Bytes, u64) {
-        (Bytes(0), 0)
     }
 }
 

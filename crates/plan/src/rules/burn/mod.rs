@@ -23,7 +23,6 @@ mod dense;
 mod loss;
 mod norm;
 mod pool;
-mod products;
 mod recurrent;
 mod tensor;
 
@@ -54,7 +53,7 @@ pub struct Burn {
 pub struct BurnCpu {
     /// Threads of rayon's global pool.
     pub threads: u64,
-    /// Bytes of gemm's packing buffer, which every thread that packs keeps (`CpuHost::gemm_slabs`).
+    /// Bytes of gemm's packing buffer, which every pool thread keeps (`CpuHost::gemm_slabs`).
     pub gemm_slab: u64,
     /// Ways of associativity of the L2 the slab is sized for.
     pub l2_ways: u64,
@@ -80,11 +79,6 @@ impl Burn {
             batch_axis: [1, 0, 2][batch_axis],
             unit_rows: [unit_cols[1], unit_cols[0]],
         })
-    }
-
-    /// Whether a product with `m` rows packs through gemm's per-thread slab on this CPU.
-    fn packs(&self, m: u64, unit_lhs_stride: bool) -> bool {
-        self.cpu.gemm_kernel.uses_slab(m, unit_lhs_stride)
     }
 }
 
@@ -252,14 +246,6 @@ impl RuntimeRules for Burn {
         0
     }
 
-    fn gemm_slab_from(&self, op: &Op, s: &Sizes) -> Option<u64> {
-        products::gemm_slab_from(self, op, s)
-    }
-
-    fn gemm_on_pool_from(&self, op: &Op, s: &Sizes) -> Option<u64> {
-        products::gemm_on_pool_from(self, op, s)
-    }
-
     fn loss_backward_elems(&self, kind: LossKind, logits: u64) -> u64 {
         loss::loss_backward_elems(self, kind, logits)
     }
@@ -301,40 +287,21 @@ impl RuntimeRules for Burn {
         Bytes(if micro_batch.is_some() { params * 4 } else { 0 })
     }
 
-    /// On a CPU, gemm's packing buffer (`CpuHost::gemm_slabs`); nothing on a GPU.
+    /// On a CPU, gemm's packing buffer (`CpuHost::gemm_slabs`) on every thread of the
+    /// pool: the engine has each allocate it when it starts the pool (engine
+    /// `set_threads`), rather than whichever threads win a piece of a split product.
+    /// Nothing on a GPU.
     fn runtime_bytes(&self) -> Bytes {
-        Bytes(if self.gpu { 0 } else { self.cpu.gemm_slab })
+        Bytes(if self.gpu {
+            0
+        } else {
+            self.cpu.threads.max(1) * self.cpu.gemm_slab
+        })
     }
 
     /// flex allocates exact sizes.
     fn rounding_bytes(&self, _nodes: usize) -> Bytes {
         Bytes(0)
-    }
-
-    fn pool_from_batch(&self, op: &Op, s: &Sizes) -> Option<u64> {
-        products::pool_from_batch(self, op, s)
-    }
-
-    /// Every pool thread packs into a slab of its own when gemm splits a product across
-    /// all of them (`Rayon(0)`); the engine's step runs on one of them (engine
-    /// `Trainer::step`), whose slab is the one [`RuntimeRules::gemm_buffer`] counts. With
-    /// one thread the product stays on the caller.
-    fn pool_buffers(&self) -> Bytes {
-        Bytes(if self.gpu || self.cpu.threads <= 1 {
-            0
-        } else {
-            (self.cpu.threads - 1) * self.cpu.gemm_slab
-        })
-    }
-
-    /// On a CPU, gemm's packing buffer exists from batch 1 if some product is matrix-matrix
-    /// there, else from batch 2.
-    fn gemm_buffer(&self, slab_from: Option<u64>) -> (Bytes, u64) {
-        if self.gpu {
-            (Bytes(0), 0)
-        } else {
-            (Bytes(self.cpu.gemm_slab), slab_from.unwrap_or(u64::MAX))
-        }
     }
 }
 
@@ -452,19 +419,12 @@ mod tests {
         }
     }
 
-    /// flex splits a product of 192^3 multiply-adds or more across the pool, and every
-    /// pool thread then keeps a slab: from batch 18 for a 784 -> 512 layer.
+    /// Every pool thread holds gemm's packing buffer from the start (the engine allocates
+    /// it on each when it starts its pool): threads x L2 on a CPU, at any batch, whatever
+    /// the products; nothing on a GPU.
     #[test]
-    fn pool_buffers_from_the_batch_a_product_is_split() {
-        let fc = Op::Linear {
-            in_features: 784,
-            out_features: 512,
-            bias: true,
-        };
-        let s = sizes(&[784], 512, &[784], &[512]);
-        assert_eq!(CPU.pool_from_batch(&fc, &s), Some(18));
-        // 17 x 784 x 512 = 6.82 M < 192^3 = 7.08 M <= 18 x 784 x 512 = 7.23 M.
-        assert_eq!(CPU.pool_buffers(), Bytes(512 * 1024));
+    fn a_packing_buffer_per_pool_thread_on_a_cpu() {
+        assert_eq!(CPU.runtime_bytes(), Bytes(2 * 512 * 1024));
         let one = Burn {
             cpu: BurnCpu {
                 threads: 1,
@@ -472,61 +432,7 @@ mod tests {
             },
             ..CPU
         };
-        assert_eq!(one.pool_buffers(), Bytes(0));
-        assert_eq!(Burn { gpu: true, ..CPU }.pool_buffers(), Bytes(0));
-        assert_eq!(CPU.pool_from_batch(&Op::Relu, &s), None);
-    }
-
-    #[test]
-    fn gemm_uses_its_slab_for_lane_multiples_and_tall_products() {
-        // gemm-common's do_prepack_lhs: m <= 2 mc and m % lanes != 0 or a strided lhs; AVX2:
-        // 8 lanes, mc up to 128.
-        let avx2 = GemmKernel::AVX2;
-        assert!(avx2.uses_slab(64, true));
-        assert!(!avx2.uses_slab(26, true));
-        assert!(!avx2.uses_slab(64, false));
-        assert!(avx2.uses_slab(257, false));
-        assert!(!avx2.uses_slab(1, true));
-        // AVX-512: 16 lanes, mc up to 512.
-        let avx512 = GemmKernel::AVX512;
-        assert!(!avx512.uses_slab(8, true) && avx512.uses_slab(16, true));
-        assert!(!avx512.uses_slab(1000, false) && avx512.uses_slab(1025, false));
-        // Question 2's conv has 26 output channels: no slab at batch 1. A classifier with 10
-        // classes on one row per sample: its products never use it.
-        let conv = Op::Conv {
-            in_channels: 26,
-            out_channels: 26,
-            window: batchfit_graph::Window::square(2, 3, 1, 1),
-            groups: 1,
-            bias: true,
-            standardize: None,
-        };
-        let s = sizes(&[26 * 81], 26 * 81, &[26, 9, 9], &[26, 9, 9]);
-        assert_eq!(CPU.gemm_slab_from(&conv, &s), None);
-        assert_eq!(CPU.gemm_on_pool_from(&conv, &s), None);
-        let fc = |i: usize, o: usize| Op::Linear {
-            in_features: i,
-            out_features: o,
-            bias: true,
-        };
-        let s = sizes(&[64], 10, &[64], &[10]);
-        assert_eq!(CPU.gemm_slab_from(&fc(64, 10), &s), None);
-        let s = sizes(&[64], 32, &[64], &[32]);
-        assert_eq!(CPU.gemm_slab_from(&fc(64, 32), &s), Some(2));
-        // Rows of a sequence: a matrix product from batch 1.
-        let s = sizes(&[5 * 64], 5 * 32, &[5, 64], &[5, 32]);
-        assert_eq!(CPU.gemm_slab_from(&fc(64, 32), &s), Some(1));
-    }
-
-    #[test]
-    fn gemm_buffer_only_on_a_cpu() {
-        assert_eq!(CPU.runtime_bytes(), Bytes(512 * 1024));
-        assert_eq!(CPU.gemm_buffer(Some(2)), (Bytes(512 * 1024), 2));
-        assert_eq!(CPU.gemm_buffer(None), (Bytes(512 * 1024), u64::MAX));
-        let gpu = Burn { gpu: true, ..CPU };
-        assert_eq!(
-            (gpu.runtime_bytes(), gpu.gemm_buffer(Some(1))),
-            (Bytes(0), (Bytes(0), 0))
-        );
+        assert_eq!(one.runtime_bytes(), Bytes(512 * 1024));
+        assert_eq!(Burn { gpu: true, ..CPU }.runtime_bytes(), Bytes(0));
     }
 }

@@ -82,14 +82,10 @@ pub(super) fn backward(b: &Burn, op: &Op, s: &Sizes, dx: u64, act: u64) -> Vec<B
         // gradient, each direction's projection gradient `[T, gates x H]`, its h_{t-1} rows
         // `[T, H]` (and the GRU's gradient of `h W_hn + b_hn`, `[T, H]`), and the recurrent
         // weights' (and GRU biases') gradients; a bidirectional layer runs its directions on
-        // the pool's threads (`rayon::join`): one on the stepping thread (itself the pool's
-        // first, engine `set_threads`), whose slab the plan counts for the step, the other
-        // on a second thread with a gemm packing buffer of its own, when its
-        // `[B, H] x [H, gates x H]` products pack through the slab at all
-        // (`GemmKernel::uses_slab`). (Where a split product already gave that thread its
-        // slab, the pool's, it is counted twice.) Then each projection's `matmul` makes dx
-        // (and its twin) and the input weight's gradient while the projection gradients
-        // are alive.
+        // the pool's threads (`rayon::join`), each with the gemm packing buffer every pool
+        // thread holds from the start (`runtime_bytes`). Then each projection's `matmul`
+        // makes dx (and its twin) and the input weight's gradient while the projection
+        // gradients are alive.
         let (g, h) = ((cell.gates() * *hidden) as u64, *hidden as u64);
         let (per_step, bias) = match cell {
             Cell::Gru => (g + 2 * h, g),
@@ -100,11 +96,6 @@ pub(super) fn backward(b: &Burn, op: &Op, s: &Sizes, dx: u64, act: u64) -> Vec<B
             BackwardMoment {
                 bytes: (out + dirs * steps * per_step) * act,
                 param_elems: dirs * (hh + bias),
-                fixed_workspace: if dirs == 2 && b.packs(g, true) {
-                    dirs.min(b.cpu.threads).saturating_sub(1) * b.cpu.gemm_slab
-                } else {
-                    0
-                },
                 ..BackwardMoment::default()
             },
             BackwardMoment {
