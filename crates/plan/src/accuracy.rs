@@ -47,16 +47,16 @@ const PYTORCH_CPU: MeasuredError = MeasuredError {
     source: "bench/pytorch_memory.py, bench/README.md section 5",
 };
 
-/// `bench/corpus.sh` at commit b287f93 (its latest full run): the engine's measured peak
+/// `bench/corpus.sh` at commit 3da00d5 (its latest full run): the engine's measured peak
 /// (`probe`).
 const BURN_CPU: MeasuredError = MeasuredError {
     reference: "batchfit's engine, measured by probe, on a CPU",
     models: 19,
     batches: "8 and 32",
-    median: -0.0165,
-    lowest: -0.076,
-    highest: 0.064,
-    source: "bench/corpus.sh at commit b287f93, bench/README.md section 4",
+    median: -0.0115,
+    lowest: -0.052,
+    highest: 0.040,
+    source: "bench/corpus.sh at commit 3da00d5, bench/README.md section 4",
 };
 
 /// One line for a report: the measured error, or that there is none.
