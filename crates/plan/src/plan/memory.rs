@@ -32,7 +32,7 @@ impl Moment {
 
 /// The planned memory of a step as a function of the batch `B`.
 ///
-/// [`Plan::bytes_at`] is, with `b = min(B, micro_batch)`: the largest of the
+/// [`Plan::bytes_at`](super::Plan::bytes_at) is, with `b = min(B, micro_batch)`: the largest of the
 /// `moments`' lines at `b` ([`Moment::bytes_at`]), plus `rounding_bytes`. `fixed_bytes`
 /// and `per_sample_bytes` are the line of the moment that is largest at large batches
 /// (without `rounding_bytes`).
