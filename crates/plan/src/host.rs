@@ -113,8 +113,9 @@ impl GemmKernel {
 
     /// gemm-common 0.19 `kernel_params`' depth and row blocks (`kc`, `mc`) for f32. `kc`:
     /// the whole depth up to 512, beyond it equal blocks of at most 512 (its L1-derived
-    /// block is 512 on the x86 cores measured, AVX2 and AVX-512; products within 64 x 64
-    /// take `min(k, 512)` unsplit). `mc`: the rows whose `kc`-deep panel fits the L2's ways
+    /// block is at most 512 for L1 caches of 32-48 KiB in 8-12 ways, the common x86
+    /// cores: computed from `kernel_params`, measured on an AVX-512 one; products within
+    /// 64 x 64 take `min(k, 512)` unsplit). `mc`: the rows whose `kc`-deep panel fits the L2's ways
     /// less those of one rhs micropanel, in equal blocks of `MR`, at most `8 MR` (within
     /// 64 x 64: the L2 over `kc`, uncapped).
     fn blocks(self, [m, n, k]: [u64; 3], [l2_bytes, l2_ways]: [u64; 2]) -> (u64, u64) {
