@@ -14,9 +14,9 @@ use crate::rules::{self, RuntimeRules, Sizes};
 use crate::units::{Bytes, Flops};
 use batchfit_graph::{Graph, InputKind, LossKind, Node, Op, PoolKind};
 use serde::Serialize;
+use std::collections::{HashMap, HashSet};
 
 pub use memory::{Memory, Moment};
-use std::collections::{HashMap, HashSet};
 
 /// One node's share of the plan.
 #[derive(Clone, Debug, Serialize)]
@@ -531,7 +531,7 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
     // Every moment of the step as (fixed, per-sample bytes, name), in step order.
     let mut lines: Vec<(FixedMemory, u64, String)> = Vec::new();
     // The lines during a product whose packing buffers gemm allocates per call.
-    let mut line_calls: Vec<(usize, GemmCall)> = Vec::new();
+    let mut line_calls: HashMap<usize, GemmCall> = HashMap::new();
     // For each line, the tensors the device's pages hold then: the nodes whose kept
     // tensors are alive (`0..k`), whether the last one's extra is freed, and the
     // moment's own per-sample tensors.
@@ -570,7 +570,7 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
             ));
             line_tensors.push((i + 1, m.extras_freed, pieces(m.bytes, node_largest[i])));
             if let Some(call) = m.gemm_call {
-                line_calls.push((lines.len() - 1, call));
+                line_calls.insert(lines.len() - 1, call);
             }
         }
         grads_after += param_bytes[i];
@@ -704,10 +704,7 @@ pub fn plan_on<'g>(graph: &'g Graph, opts: &TrainOptions, host: CpuHost) -> Plan
                 moment,
                 fixed_bytes: f.total(),
                 per_sample_bytes: Bytes(p),
-                gemm_call: line_calls
-                    .iter()
-                    .find(|(l, _)| *l == line)
-                    .map(|&(_, call)| call),
+                gemm_call: line_calls.get(&line).copied(),
             })
             .collect(),
         rounding_bytes: rules.rounding_bytes(n),
