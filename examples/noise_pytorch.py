@@ -22,7 +22,8 @@ lr 1e-3 (`--lr`), cross-entropy.
 
 The three lines marked `# batchfit` are all a loop needs: `probe.step` does
 zero_grad, forward, backward and optimizer.step(), and prints
-`BATCHFIT {"step", "samples", "seconds", "loss"}`, with `"noise"` on measuring
+`BATCHFIT {"step", "samples", "seconds", "loss"}`, with `"train_loss"` (the loss
+on 1,024 fixed training rows in evaluation mode) every few steps and `"noise"` on measuring
 steps (adaptive, about 3.5 % of the time, by default; every step in `batchfit run`'s
 noise trial; `--every`).
 """
@@ -96,7 +97,11 @@ def main():
     model = (make_cnn if a.model == "cnn" else make_model)(x_np.shape[1]).to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=a.lr)
     loss_fn = nn.CrossEntropyLoss()
-    probe = NoiseProbe(model, opt, k=a.k, b_small=a.b_small, every=a.every)  # batchfit
+    # 1,024 training rows spread over the file, the same for every batch and
+    # seed: the helper reports their loss in evaluation mode as `train_loss`.
+    fixed = torch.from_numpy(np.linspace(0, len(x_np) - 1, min(len(x_np), 1024)).astype(np.int64)).to(dev)
+    probe = NoiseProbe(model, opt, k=a.k, b_small=a.b_small, every=a.every,  # batchfit
+                       fixed_rows=(x_all[fixed], y_all[fixed]))
 
     order, pos = rng.permutation(len(x_np)), 0
     model.train()

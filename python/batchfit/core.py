@@ -45,6 +45,21 @@ DEFAULT_FIRST = 10
 #: replaces the adaptive default, never an `every` the caller gave.
 NOISE_EVERY_ENV = "BATCHFIT_NOISE_EVERY"
 
+#: Training rows whose loss the helper evaluates (`train_loss` on the line):
+#: the fixed subset batchfit's own trainings judge a target by (the engine's
+#: `TARGET_ROWS`), so `batchfit run` reads the loss `advise` reads.
+TARGET_ROWS = 1024
+
+#: Rows per forward pass when evaluating that loss.
+EVAL_CHUNK = 512
+
+#: Evaluations of that loss are at least this share of the steps so far apart
+#: (the spacing of the engine's sweep): every step up to step 20, then about
+#: 46 more per tenfold of steps, so a 200-step trial evaluates about 66 times
+#: and a 4,000-step one about 126; linear interpolation between them keeps
+#: the steps to a target within a few percent on a smooth loss curve.
+CHECK_SPACING = 0.05
+
 class Split(namedtuple("Split", "b_small k b_big remainder")):
     """How one batch is split on a measuring step.
 
@@ -194,6 +209,25 @@ class Schedule(object):
         return sorted(self._costs)[len(self._costs) // 2]
 
 
+class LossChecks(object):
+    """When to evaluate the loss on the fixed training rows: after step 1,
+    then whenever the step is at least `spacing` (default 5 %) of the last
+    evaluation's step past it (at least one step)."""
+
+    def __init__(self, spacing=CHECK_SPACING):
+        self.spacing = float(spacing)
+        if not self.spacing >= 0:
+            raise ValueError("spacing must be >= 0, got %r" % (spacing,))
+        self._next = 1
+
+    def due(self, step):
+        """Whether to evaluate after step `step` (and, if so, schedules the next)."""
+        if step < self._next:
+            return False
+        self._next = step + max(1, int(math.ceil(self.spacing * step)))
+        return True
+
+
 def sq_norm(g):
     """Squared Euclidean norm of a gradient (a numpy array, a sequence of
     arrays, or a sequence of floats), as a Python float accumulated in float64."""
@@ -244,16 +278,19 @@ def noise_from_grads(micro_grads, b_small):
     return noise_fields([sq_norm(g) for g in grads], sq_norm(mean), b_small, b_small * k)
 
 
-def line(step, samples, seconds, loss=None, noise=None):
+def line(step, samples, seconds, loss=None, noise=None, train_loss=None):
     """One protocol line (no newline):
-    `BATCHFIT {"step": .., "samples": .., "seconds": .., "loss": .., "noise": {..}}`.
-    `loss` and `noise` are left out when None; a loss that is not finite is
-    left out too (JSON has no NaN), as is a noise object with a value that is not."""
+    `BATCHFIT {"step": .., "samples": .., "seconds": .., "loss": .., "train_loss": ..,
+    "noise": {..}}`. `loss` is the step's own mean loss; `train_loss` the mean
+    loss on the fixed training rows after the step, in evaluation mode (on the
+    steps that evaluate it). Each is left out when None or not finite (JSON has
+    no NaN), as is a noise object with a value that is not."""
     rec = {"step": int(step), "samples": int(samples), "seconds": float(seconds)}
-    if loss is not None:
-        loss = float(loss)
-        if math.isfinite(loss):
-            rec["loss"] = loss
+    for key, value in (("loss", loss), ("train_loss", train_loss)):
+        if value is not None:
+            value = float(value)
+            if math.isfinite(value):
+                rec[key] = value
     if noise is not None:
         n = {
             "b_small": int(noise["b_small"]),
@@ -271,9 +308,9 @@ def line(step, samples, seconds, loss=None, noise=None):
     return PREFIX + json.dumps(rec)
 
 
-def emit(step, samples, seconds, loss=None, noise=None, file=None):
+def emit(step, samples, seconds, loss=None, noise=None, file=None, train_loss=None):
     """Prints `line(...)` and flushes (batchfit reads the lines as they come); returns it."""
-    text = line(step, samples, seconds, loss=loss, noise=noise)
+    text = line(step, samples, seconds, loss=loss, noise=noise, train_loss=train_loss)
     out = sys.stdout if file is None else file
     out.write(text + "\n")
     out.flush()

@@ -34,6 +34,8 @@ Limits (tested with Keras 3.15 / TensorFlow 2.21 on CPU):
   steps, so those steps train slightly differently; dropout draws different
   masks of the same distribution.
 * Models with one output or a list of outputs (not a dict of outputs).
+* `fixed_rows=(x, y)` on `BatchfitLines` adds `train_loss`, the loss on those
+  rows in inference mode, every few steps.
 * The loss on the line is the step's own mean loss (Keras's `loss` log is the
   running mean over the epoch).
 """
@@ -233,15 +235,37 @@ class BatchfitLines(keras.callbacks.Callback):
     adaptive, about 3.5 % of the training time; `every=0` never measures).
     file: where the lines go (default stdout). With a model that is not a
     `NoiseModel` the lines carry step, samples (`batch_size`) and seconds only.
+    fixed_rows: `(x, y)` of fixed training rows, say 1,024 of the training
+    set: their mean loss (`model.compute_loss` on `model(x, training=False)`,
+    dropout off) after step 1 and then at least 5 % of the steps so far apart
+    (`batchfit.core.LossChecks`) goes on the line as `train_loss`, the loss
+    batchfit's own trainings judge a target by. Its time is not in the step's
+    seconds. (`fit` does not show a callback its batches, so there is no
+    default set.)
     """
 
-    def __init__(self, batch_size=None, every=None, first=None, budget=None, file=None):
+    def __init__(self, batch_size=None, every=None, first=None, budget=None, file=None,
+                 fixed_rows=None):
         super().__init__()
         self.batch_size = batch_size
         self.schedule = core.Schedule(every, first, budget)
         self.file = file
         self.steps = 0
         self.t0 = None
+        self.fixed_rows = fixed_rows
+        self.checks = core.LossChecks() if fixed_rows is not None else None
+
+    def fixed_loss(self):
+        """The mean loss over `fixed_rows` in inference mode."""
+        x, y = self.fixed_rows
+        n = len(y)
+        total = 0.0
+        for start in range(0, n, core.EVAL_CHUNK):
+            xb, yb = x[start:start + core.EVAL_CHUNK], y[start:start + core.EVAL_CHUNK]
+            pred = self.model(xb, training=False)
+            loss = self.model.compute_loss(x=xb, y=yb, y_pred=pred, training=False)
+            total += float(loss) * len(yb)
+        return total / n if n else None
 
     def _state(self):
         return getattr(self.model, "_bf", None)
@@ -270,5 +294,6 @@ class BatchfitLines(keras.callbacks.Callback):
         self.schedule.record(self.steps, seconds, noise is not None)
         if samples is None:
             samples = 0
-        core.emit(self.steps, samples, seconds, loss=loss, noise=noise,
+        train_loss = self.fixed_loss() if self.checks is not None and self.checks.due(self.steps) else None
+        core.emit(self.steps, samples, seconds, loss=loss, noise=noise, train_loss=train_loss,
                   file=self.file if self.file is not None else sys.stdout)

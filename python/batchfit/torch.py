@@ -48,6 +48,18 @@ def _split_arg(a, start, stop, n):
     return a
 
 
+def _detached(a):
+    """A copy of every tensor (inside lists, tuples and dicts too), so that a
+    kept row outlives the caller's buffers."""
+    if torch.is_tensor(a):
+        return a.detach().clone()
+    if isinstance(a, (list, tuple)):
+        return type(a)(_detached(v) for v in a)
+    if isinstance(a, dict):
+        return {key: _detached(v) for key, v in a.items()}
+    return a
+
+
 def _batch_len(args):
     """The first dimension of the first tensor (looking inside lists, tuples, dicts)."""
     for a in args:
@@ -76,10 +88,20 @@ class NoiseProbe(object):
     on_grads: called with no arguments after `.grad` holds the batch's gradient
         and before `optimizer.step()` (gradient clipping, for example).
     file: where the lines go (default stdout).
+    fixed_rows: the arguments of `compute_loss` (a tuple, as `step` takes the
+        batch) holding fixed training rows, say the first 1,024 of the
+        training set: their mean loss, evaluated in evaluation mode
+        (`model.eval()`, no gradient) after step 1 and then at least 5 % of the
+        steps so far apart (`batchfit.core.LossChecks`), goes on the line as
+        `train_loss`, the loss batchfit's own trainings judge a target by.
+        Default None: the helper keeps the first 1,024 rows it trains on (a
+        training at batch B evaluates from step 1024 / B on). Its time is not
+        in the step's seconds.
+    train_loss: False never evaluates it.
     """
 
     def __init__(self, model, optimizer, k=None, b_small=None, every=None, first=None,
-                 budget=None, on_grads=None, file=None):
+                 budget=None, on_grads=None, file=None, fixed_rows=None, train_loss=True):
         self.model = model
         self.optimizer = optimizer
         self.k = k
@@ -90,6 +112,18 @@ class NoiseProbe(object):
         self.file = file
         self.steps = 0
         self.last_noise = None
+        self.checks = core.LossChecks() if train_loss else None
+        # (chunk arguments, rows) of at most EVAL_CHUNK rows each
+        self._rows = []
+        self._held = 0
+        if fixed_rows is not None:
+            if not isinstance(fixed_rows, (list, tuple)):
+                fixed_rows = (fixed_rows,)
+            n = _batch_len(fixed_rows)
+            if not n:
+                raise ValueError("fixed_rows: no tensor with a batch dimension")
+            self._keep(fixed_rows, n, clone=False)
+        self._capturing = fixed_rows is None
 
     def params(self):
         return [p for p in self.model.parameters() if p.requires_grad]
@@ -136,8 +170,42 @@ class NoiseProbe(object):
         seconds = time.perf_counter() - t0
         self.last_noise = noise
         self.schedule.record(self.steps, seconds, noise is not None)
-        core.emit(self.steps, n, seconds, loss=loss_f, noise=noise, file=self.file)
+        if self._capturing and self._held < core.TARGET_ROWS:
+            self._keep(batch, n, clone=True)
+        train_loss = None
+        # A set the caller gave is complete; a kept one once it holds TARGET_ROWS.
+        complete = not self._capturing or self._held >= core.TARGET_ROWS
+        if self.checks is not None and complete and self.checks.due(self.steps):
+            train_loss = self.fixed_loss(compute_loss)
+        core.emit(self.steps, n, seconds, loss=loss_f, noise=noise, file=self.file,
+                  train_loss=train_loss)
         return loss_f
+
+    def _keep(self, batch, n, clone):
+        """Holds up to TARGET_ROWS rows of `batch` (n rows) for the fixed loss."""
+        take = min(n, core.TARGET_ROWS - self._held) if clone else n
+        for start in range(0, take, core.EVAL_CHUNK):
+            stop = min(start + core.EVAL_CHUNK, take)
+            part = tuple(_split_arg(a, start, stop, n) for a in batch)
+            if clone:
+                part = tuple(_detached(a) for a in part)
+            self._rows.append((part, stop - start))
+        self._held += take
+
+    def fixed_loss(self, compute_loss):
+        """The mean loss over the fixed rows in evaluation mode, without a
+        gradient; the model's mode is restored after."""
+        was_training = self.model.training
+        self.model.eval()
+        total, rows = 0.0, 0
+        try:
+            with torch.no_grad():
+                for part, m in self._rows:
+                    total += float(compute_loss(*part)) * m
+                    rows += m
+        finally:
+            self.model.train(was_training)
+        return total / rows if rows else None
 
     def _measure(self, compute_loss, batch, n, split, params):
         w = split.b_small / n  # a measured micro-batch's share of the batch

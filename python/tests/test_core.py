@@ -157,6 +157,13 @@ class Line(unittest.TestCase):
         self.assertEqual(rec, {"step": 1, "samples": 32, "seconds": 0.1})
         self.assertNotIn("NaN", text)
 
+    def test_train_loss_field(self):
+        rec = json.loads(core.line(4, 32, 0.5, loss=0.9, train_loss=0.7)[len("BATCHFIT "):])
+        self.assertEqual(rec, {"step": 4, "samples": 32, "seconds": 0.5, "loss": 0.9,
+                               "train_loss": 0.7})
+        rec = json.loads(core.line(4, 32, 0.5, train_loss=float("inf"))[len("BATCHFIT "):])
+        self.assertNotIn("train_loss", rec)
+
     def test_numpy_scalars(self):
         rec = json.loads(core.line(np.int64(2), np.int32(8), np.float32(0.25),
                                    loss=np.float64(1.5))[len("BATCHFIT "):])
@@ -263,6 +270,29 @@ class ScheduleTest(unittest.TestCase):
             core.Schedule(every=5, first=0)
         with self.assertRaises(ValueError):
             core.Schedule(budget=0)
+
+
+class LossChecksTest(unittest.TestCase):
+    def test_every_step_then_five_percent_apart(self):
+        c = core.LossChecks()
+        due = [t for t in range(1, 4001) if c.due(t)]
+        self.assertEqual(due[:20], list(range(1, 21)))
+        for a, b in zip(due, due[1:]):
+            self.assertGreaterEqual(b - a, max(1, math.ceil(0.05 * a)))
+            self.assertLessEqual(b - a, max(1, math.ceil(0.05 * a)))
+        # A long run stays cheap: about 46 evaluations per tenfold of steps.
+        self.assertLess(len(due), 140)
+        self.assertGreater(len(due), 100)
+
+    def test_a_missed_step_stays_due(self):
+        c = core.LossChecks()
+        self.assertTrue(c.due(1))
+        self.assertTrue(c.due(5))  # steps 2-4 were never asked
+        self.assertFalse(core.LossChecks(spacing=0.5).due(0))
+
+    def test_rejects(self):
+        with self.assertRaises(ValueError):
+            core.LossChecks(spacing=-1)
 
 
 class SplitTest(unittest.TestCase):

@@ -138,6 +138,22 @@ class NoiseModelTest(unittest.TestCase):
         self.assertEqual(recs[1]["noise"]["b_small"], 5)
         self.assertEqual(recs[1]["noise"]["b_big"], 20)
 
+    def test_train_loss_on_given_rows_in_inference_mode(self):
+        keras.utils.set_random_seed(1)
+        inner = keras.Sequential([keras.Input((6,)), keras.layers.Dense(16, activation="relu"),
+                                  keras.layers.Dropout(0.5), keras.layers.Dense(3)])
+        m = NoiseModel(inner)
+        m.compile(optimizer="sgd", loss=self.loss())
+        out = io.StringIO()
+        rows = (self.x[:30], self.y[:30])
+        m.fit(self.x, self.y, batch_size=20, epochs=1, verbose=0, shuffle=False,
+              callbacks=[BatchfitLines(every=0, file=out, fixed_rows=rows)])
+        recs = records(out)
+        self.assertEqual([("train_loss" in r) for r in recs], [True] * 5)
+        # After the last step: the rows' mean loss with dropout off.
+        direct = float(self.loss()(rows[1], inner(rows[0], training=False)))
+        self.assertAlmostEqual(recs[-1]["train_loss"], direct, places=5)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -179,6 +179,54 @@ class NoiseProbeTest(unittest.TestCase):
         self.assertEqual(seen, [(10, 10, 2)] * 5)
         self.assertEqual(records(out)[0]["noise"]["b_big"], 50)
 
+    def test_train_loss_on_given_rows_in_evaluation_mode(self):
+        torch.manual_seed(2)
+        m = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Dropout(0.5),
+                                torch.nn.Linear(16, 3)).double()
+        opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+        out = io.StringIO()
+        rows = (self.x[:20], self.y[:20])
+        probe = bt.NoiseProbe(m, opt, every=0, fixed_rows=rows, file=out)
+        loss_fn = torch.nn.functional.cross_entropy
+        m.train()
+        expected = []
+        for _ in range(3):
+            probe.step(lambda xb, yb: loss_fn(m(xb), yb), self.x, self.y)
+            m.eval()
+            with torch.no_grad():
+                expected.append(float(loss_fn(m(rows[0]), rows[1])))
+            m.train()
+        recs = records(out)
+        self.assertEqual([r["step"] for r in recs if "train_loss" in r], [1, 2, 3])
+        for r, e in zip(recs, expected):
+            self.assertAlmostEqual(r["train_loss"], e, places=12)
+        self.assertTrue(m.training)  # the mode is restored
+        # Dropout active: the step's loss is not the evaluated one.
+        self.assertNotAlmostEqual(recs[0]["loss"], recs[0]["train_loss"], places=6)
+
+    def test_train_loss_on_the_first_rows_trained_on(self):
+        torch.manual_seed(3)
+        x = torch.randn(1400, 6, dtype=torch.float64)
+        y = torch.randint(0, 3, (1400,))
+        m = self.model()
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        out = io.StringIO()
+        probe = bt.NoiseProbe(m, opt, every=0, file=out)
+        loss_fn = torch.nn.functional.cross_entropy
+        for i in range(3):  # 400 rows a step: the 1,024 rows are held after step 3
+            sl = slice(400 * i, 400 * i + 400)
+            probe.step(lambda xb, yb: loss_fn(m(xb), yb), x[sl], y[sl])
+        recs = records(out)
+        self.assertEqual(["train_loss" in r for r in recs], [False, False, True])
+        with torch.no_grad():
+            direct = float(loss_fn(m(x[:1024]), y[:1024]))
+        self.assertAlmostEqual(recs[2]["train_loss"], direct, places=12)
+        # train_loss=False never evaluates.
+        out = io.StringIO()
+        probe = bt.NoiseProbe(m, opt, every=0, fixed_rows=(x[:8], y[:8]), train_loss=False, file=out)
+        probe.step(lambda xb, yb: loss_fn(m(xb), yb), x[:50], y[:50])
+        self.assertNotIn("train_loss", records(out)[0])
+
     def test_batch_of_one_is_not_measured(self):
         m = self.model()
         opt = torch.optim.SGD(m.parameters(), lr=0.01)

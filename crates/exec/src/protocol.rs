@@ -92,6 +92,7 @@ impl StepReader {
                         samples,
                         seconds,
                         loss: None,
+                        train_loss: None,
                         noise: None,
                         rank,
                     }))
@@ -161,6 +162,13 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(s.loss, Some(0.7));
+        assert_eq!(s.train_loss, None);
+        let fixed = read(
+            &r,
+            r#"BATCHFIT {"step": 4, "seconds": 0.05, "loss": 0.7, "train_loss": 0.55}"#,
+            128,
+        );
+        assert_eq!(fixed.unwrap().unwrap().train_loss, Some(0.55));
         let n = s.noise.unwrap();
         assert_eq!((n.b_small, n.b_big), (16.0, 128.0));
         assert_eq!((n.g_small_sq, n.g_big_sq), (0.02, 0.005));
@@ -272,6 +280,7 @@ mod tests {
                 samples: None,
                 seconds,
                 loss: None,
+                train_loss: None,
                 noise: None,
                 rank: None,
             })
@@ -295,6 +304,7 @@ mod tests {
                     samples: None,
                     seconds,
                     loss: None,
+                    train_loss: None,
                     noise: None,
                     rank: None,
                 })

@@ -34,6 +34,9 @@ struct RecommendedBatch {
 #[derive(Deserialize)]
 struct NoiseSteps {
     steps: usize,
+    /// Absent in the JSON of runs before the fixed rows' loss.
+    #[serde(default)]
+    target_on_fixed_rows: bool,
 }
 
 /// Reads `run --json` output; exit 2 when it is not one or predicts no steps.
@@ -85,7 +88,7 @@ pub fn read_run_advice(path: &Path) -> Result<CheckedRun> {
         path: name,
         recommended,
         predicted,
-        target: LossTarget::of_run(target, noise.steps),
+        target: LossTarget::of_run(target, noise.steps).on(noise.target_on_fixed_rows),
         rate: file.learning_rate,
     })
 }

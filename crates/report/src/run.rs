@@ -247,7 +247,14 @@ pub fn render(d: &RunSummary) -> String {
             n.measurements,
             n.steps,
             n.steps_to_target
-                .map(|s| format!(", the target after {s:.0}"))
+                .map(|s| format!(
+                    ", the target after {s:.0}{}",
+                    if n.target_on_fixed_rows {
+                        " (on the loss of fixed training rows the lines carried)"
+                    } else {
+                        ""
+                    }
+                ))
                 .unwrap_or_default(),
             prose::run_noise_method(n),
             thousands(n.b_simple.round() as u64),
@@ -469,9 +476,17 @@ pub fn render_verify(v: &RunVerifyReport) -> String {
     align_numbers(&mut t, 0);
     out.push_str(&t.to_string());
     out.push('\n');
+    let statistic = if v.target.fixed_rows {
+        "on the fixed training rows' loss the lines carry; steps interpolated between its evaluations".to_string()
+    } else {
+        format!(
+            "the mean of {} reported losses; steps counted to the middle of the first such window at it",
+            v.target.window
+        )
+    };
     out.push_str(&format!(
-        "\nPREDICTED (run {}) BESIDE MEASURED (mean ± sd over {} seeds), to loss {:.4} (the mean of {} reported losses; steps counted to the middle of the first such window at it)\n",
-        v.advice, v.seeds, v.target.target, v.target.window
+        "\nPREDICTED (run {}) BESIDE MEASURED (mean ± sd over {} seeds), to loss {:.4} ({statistic})\n",
+        v.advice, v.seeds, v.target.target
     ));
     out.push_str(&match &v.learning_rate {
         RunRate::Handed { scaling, .. } => format!(

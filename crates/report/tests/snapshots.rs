@@ -445,6 +445,7 @@ fn trial(batch: u64, reason: TrialReason, oom: bool, noise: bool) -> RunTrial {
                 samples: Some(batch),
                 seconds: (2e-3 + 1e-5 * batch as f64) * if i == 1 { 5.0 } else { 1.0 },
                 loss: Some(2.0 * (-(i as f64) / 15.0).exp()),
+                train_loss: None,
                 noise: (noise && batch >= 16 && i % 2 == 0).then(|| NoiseReport {
                     b_small: (batch / 8) as f64,
                     g_small_sq: 1.0 + 256.0 / (batch / 8) as f64 * (1.0 + 0.1 * (i % 3) as f64),

@@ -197,6 +197,11 @@ pub struct StepReport {
     /// The step's mean training loss, when the command reports it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss: Option<f64>,
+    /// The loss on fixed training rows after the step, in evaluation mode (the
+    /// helper evaluates it every few steps): the loss `advise` judges a
+    /// target by, where the command reports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_loss: Option<f64>,
     /// Gradient norms at two batch sizes, on the steps the helper measures.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub noise: Option<NoiseReport>,

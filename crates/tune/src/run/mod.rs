@@ -75,22 +75,36 @@ impl RunRate {
 }
 
 /// When a training has reached the target loss, read from the losses its
-/// step lines report: the mean of the last `window` of them is at most
-/// `target`. `run`'s target is that same mean over the last tenth of the
-/// noise trial's losses, so a run is held to the statistic that set it.
+/// step lines report. Where the command reports the loss on fixed training
+/// rows (`train_loss`, the helper's; [`LossTarget::fixed_rows`]) the target
+/// is on that loss, as `advise`'s is: the first point of that curve at the
+/// target, interpolated between evaluations. Else the mean of the last
+/// `window` step losses is at most `target`. `run`'s target is the noise
+/// trial's own level on the same statistic: the mean of its evaluations in
+/// its last tenth of steps, or of its last tenth of step losses, so a run is
+/// held to the statistic that set it.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct LossTarget {
     pub target: f64,
     pub window: usize,
+    /// The target is on the loss of the fixed training rows.
+    pub fixed_rows: bool,
 }
 
 impl LossTarget {
-    /// The target of a run whose noise trial took `steps` steps to `target`.
+    /// The target of a run whose noise trial took `steps` steps to `target`,
+    /// on the window of step losses.
     pub fn of_run(target: f64, steps: usize) -> LossTarget {
         LossTarget {
             target,
             window: (steps - steps * 9 / 10).max(1),
+            fixed_rows: false,
         }
+    }
+
+    /// The same on the fixed rows' loss when `fixed_rows`.
+    pub fn on(self, fixed_rows: bool) -> LossTarget {
+        LossTarget { fixed_rows, ..self }
     }
 
     /// Whether the losses so far (in step order) have reached the target.
@@ -100,35 +114,56 @@ impl LossTarget {
                 <= self.target
     }
 
-    /// Steps and seconds to the target in a trial's reports: the first window
-    /// whose mean is at the target, counted to its middle (a window's mean is
-    /// the loss about half a window back), and the reported seconds of the
-    /// steps up to it, the first `warmup` counted at the median of the rest
-    /// (a framework's first steps compile and warm caches once per process:
-    /// Keras's first takes a second; the predicted step time leaves them out
-    /// too). `None` if it was not reached.
+    /// A trial's loss curve (step, loss) on this target's statistic: its
+    /// fixed rows' evaluations, or the mean of each window of step losses at
+    /// the window's middle step.
+    pub fn curve(&self, reports: &[StepReport]) -> Vec<(f64, f64)> {
+        if self.fixed_rows {
+            fixed_row_losses(reports)
+        } else {
+            window_means(reports, self.window)
+        }
+    }
+
+    /// Steps and seconds to the target in a trial's reports: on the fixed
+    /// rows, where their loss curve first reaches it (interpolated); else the
+    /// first window whose mean is at the target, counted to its middle (a
+    /// window's mean is the loss about half a window back). The seconds are
+    /// the reported seconds of the steps up to it, the first `warmup` counted
+    /// at the median of the rest (a framework's first steps compile and warm
+    /// caches once per process: Keras's first takes a second; the predicted
+    /// step time leaves them out too). `None` if it was not reached.
     pub fn steps_to(&self, reports: &[StepReport], warmup: usize) -> Option<(f64, f64)> {
-        let steps: Vec<(f64, f64)> = rank0_losses(reports).collect();
-        let losses: Vec<f64> = steps.iter().map(|s| s.0).collect();
-        let end = (self.window..=losses.len()).find(|&n| self.reached(&losses[..n]))?;
-        let at = end - (self.window - 1) / 2;
-        let times: Vec<f64> = steps[..at].iter().map(|s| s.1).collect();
-        let seconds = if warmup > 0 && at > warmup {
+        let times: Vec<f64> = rank0(reports).map(|r| r.seconds).collect();
+        let at = if self.fixed_rows {
+            crate::trajectory::reach(&fixed_row_losses(reports), self.target)?
+        } else {
+            let losses: Vec<f64> = rank0_losses(reports).map(|s| s.0).collect();
+            let end = (self.window..=losses.len()).find(|&n| self.reached(&losses[..n]))?;
+            (end - (self.window - 1) / 2) as f64
+        };
+        let counted = (at.round() as usize).clamp(1, times.len().max(1));
+        let times = &times[..counted.min(times.len())];
+        let seconds = if warmup > 0 && times.len() > warmup {
             let median = crate::stats::summarize(&times[warmup..]).median;
             times[warmup..].iter().sum::<f64>() + warmup as f64 * median
         } else {
             times.iter().sum()
         };
-        Some((at as f64, seconds))
+        Some((at, seconds))
     }
-}
 
-impl LossTarget {
-    /// Whether the reports so far have reached the target: [`LossTarget::reached`]
-    /// on rank 0's last `window` losses, read from the end (a trial checks
-    /// this at every line it prints).
+    /// Whether the reports so far have reached the target: rank 0's last
+    /// fixed-rows evaluation, or [`LossTarget::reached`] on its last
+    /// `window` losses, read from the end (a trial checks this at every line
+    /// it prints).
     pub fn reached_by(&self, reports: &[StepReport]) -> bool {
-        let reports = reports.iter().rev().filter(|r| r.rank.unwrap_or(0) == 0);
+        let mut reports = reports.iter().rev().filter(|r| r.rank.unwrap_or(0) == 0);
+        if self.fixed_rows {
+            return reports
+                .find_map(|r| r.train_loss.filter(|l| l.is_finite()))
+                .is_some_and(|l| l <= self.target);
+        }
         let last: Vec<f64> = reports
             .filter_map(|r| r.loss.filter(|l| l.is_finite()))
             .take(self.window)
@@ -137,12 +172,46 @@ impl LossTarget {
     }
 }
 
+/// Rank 0's lines.
+fn rank0(reports: &[StepReport]) -> impl Iterator<Item = &StepReport> + '_ {
+    reports.iter().filter(|r| r.rank.unwrap_or(0) == 0)
+}
+
 /// (loss, seconds) of the steps rank 0 reported a finite loss for, in order.
 pub(crate) fn rank0_losses(reports: &[StepReport]) -> impl Iterator<Item = (f64, f64)> + '_ {
-    reports
-        .iter()
-        .filter(|r| r.rank.unwrap_or(0) == 0)
-        .filter_map(|r| r.loss.filter(|l| l.is_finite()).map(|l| (l, r.seconds)))
+    rank0(reports).filter_map(|r| r.loss.filter(|l| l.is_finite()).map(|l| (l, r.seconds)))
+}
+
+/// Rank 0's evaluations of the loss on fixed training rows: (step, loss), a
+/// line without `step` counted by its position.
+pub(crate) fn fixed_row_losses(reports: &[StepReport]) -> Vec<(f64, f64)> {
+    rank0(reports)
+        .enumerate()
+        .filter_map(|(i, r)| {
+            let l = r.train_loss.filter(|l| l.is_finite())?;
+            Some((r.step.unwrap_or(i as u64 + 1) as f64, l))
+        })
+        .collect()
+}
+
+/// The mean of each window of `window` consecutive losses rank 0 reported,
+/// at the window's middle step (as [`LossTarget::steps_to`] counts it). A
+/// step's own loss is one batch's and noisy; the window's mean is the
+/// statistic the target is set and checked with.
+pub(crate) fn window_means(reports: &[StepReport], window: usize) -> Vec<(f64, f64)> {
+    let losses: Vec<f64> = rank0_losses(reports).map(|l| l.0).collect();
+    if window == 0 || losses.len() < window {
+        return Vec::new();
+    }
+    let mut sum: f64 = losses[..window].iter().sum();
+    let mut out = Vec::with_capacity(losses.len() - window + 1);
+    for end in window..=losses.len() {
+        if end > window {
+            sum += losses[end - 1] - losses[end - 1 - window];
+        }
+        out.push(((end - (window - 1) / 2) as f64, sum / window as f64));
+    }
+    out
 }
 
 /// The advice of a run: as `advise` gives it for one device.
@@ -334,6 +403,7 @@ mod tests {
             samples: None,
             seconds: 0.01,
             loss: Some(loss),
+            train_loss: None,
             noise: None,
             rank: None,
         }
@@ -352,6 +422,7 @@ mod tests {
         let t = LossTarget {
             target: 1.0 + 1e-9,
             window: 5,
+            fixed_rows: false,
         };
         let (steps, seconds) = t.steps_to(&reports, 0).unwrap();
         assert_eq!(steps, 11.0);
@@ -366,9 +437,40 @@ mod tests {
         let never = LossTarget {
             target: -1.0,
             window: 5,
+            fixed_rows: false,
         };
         assert_eq!(never.steps_to(&reports, 0), None);
         // 200 steps: the last 20 set the target, so 20 make the window.
         assert_eq!(LossTarget::of_run(0.3, 200).window, 20);
+    }
+
+    /// On the fixed rows' loss the target is where that curve first reaches
+    /// it, interpolated between evaluations; the step losses (noisier, with
+    /// dropout on) play no part, and the seconds count the steps up to it.
+    #[test]
+    fn on_fixed_rows_the_evaluated_curve_decides() {
+        // Evaluations after steps 1, 2, 4, 8, 16 of 1.0 / step; step losses 5.
+        let reports: Vec<StepReport> = (1..=20u64)
+            .map(|i| StepReport {
+                step: Some(i),
+                train_loss: i.is_power_of_two().then(|| 1.0 / i as f64),
+                ..report(5.0)
+            })
+            .collect();
+        let t = LossTarget::of_run(0.1875, 20).on(true);
+        // 0.25 at 4, 0.125 at 8: 0.1875 halfway, at step 6.
+        let (steps, seconds) = t.steps_to(&reports, 0).unwrap();
+        assert!((steps - 6.0).abs() < 1e-12, "{steps}");
+        assert!((seconds - 0.06).abs() < 1e-12, "{seconds}");
+        assert_eq!(t.curve(&reports).len(), 5);
+        assert!(t.reached_by(&reports));
+        assert!(
+            !t.reached_by(&reports[..7]),
+            "the last evaluation, at 4, is 0.25"
+        );
+        assert!(t.reached_by(&reports[..8]));
+        // The same target on the step losses is never reached.
+        assert_eq!(LossTarget::of_run(0.1875, 20).steps_to(&reports, 0), None);
+        assert_eq!(t.on(true).target, 0.1875);
     }
 }

@@ -3,7 +3,7 @@
 //! the steps the other trials took to its target, as `advise`'s rate checks
 //! refit its noise run.
 
-use super::{LossTarget, RunRate, rank0_losses};
+use super::{LossTarget, RunRate, fixed_row_losses, rank0_losses};
 use crate::basis::{BasisSource, MethodCode, NoiseRunAt, PredictionBasis};
 use crate::noise::{NoiseEstimator, RawEstimate, two_batch};
 use crate::search::TrialReason;
@@ -37,9 +37,12 @@ pub struct RunNoise {
     pub preconditioned: bool,
     /// The trial's stretches (empty for the end value).
     pub segments: Vec<Segment>,
-    /// Steps the trial took to the target (the middle of the first window of
-    /// losses whose mean is at it; see [`LossTarget`]).
+    /// Steps the trial took to the target (see [`LossTarget`]).
     pub steps_to_target: Option<f64>,
+    /// The target is on the loss of fixed training rows that the command's
+    /// lines carried (`train_loss`, in evaluation mode), the loss `advise`
+    /// judges by; else on the mean of a window of the steps' own losses.
+    pub target_on_fixed_rows: bool,
     /// The noise trial's own B_noise where the other trials' steps to the
     /// target (or projections, [`RateCheck::projected_steps`]) refitted it
     /// (`b_noise` is then the refit, as `advise`'s rate checks refit its
@@ -139,27 +142,6 @@ fn steps_taken(reports: &[StepReport]) -> usize {
     (highest as usize).max(reports.len())
 }
 
-/// The loss curve of a trial as the trajectory estimator reads it: the mean
-/// of each window of `window` consecutive losses rank 0 reported, at the
-/// window's middle step (as [`LossTarget::steps_to`] counts it). A step's
-/// own loss is one batch's and noisy; the window's mean is the statistic the
-/// target is set and checked with.
-fn window_means(reports: &[StepReport], window: usize) -> Vec<(f64, f64)> {
-    let losses: Vec<f64> = rank0_losses(reports).map(|l| l.0).collect();
-    if window == 0 || losses.len() < window {
-        return Vec::new();
-    }
-    let mut sum: f64 = losses[..window].iter().sum();
-    let mut out = Vec::with_capacity(losses.len() - window + 1);
-    for end in window..=losses.len() {
-        if end > window {
-            sum += losses[end - 1] - losses[end - 1 - window];
-        }
-        out.push(((end - (window - 1) / 2) as f64, sum / window as f64));
-    }
-    out
-}
-
 /// The batch of `advise`'s noise run (B_big = 8 x 16 samples): `run`'s noise
 /// trial trains there too, so that both measure the noise scale, and set the
 /// target, at the same batch.
@@ -184,7 +166,8 @@ pub fn noise_trial_batch(trials: &[RunTrial]) -> Option<u64> {
 
 /// Every other trial that ran at a handed rate, as a rate check: its steps
 /// to `target` (measured; `None` where its steps ended first) beside
-/// `curve`'s (predicted), its first and last windows of losses. A trial
+/// `curve`'s (predicted), the first and last points of its loss curve on the
+/// target's statistic ([`LossTarget::curve`]). A trial
 /// whose steps ended first is projected from the level it reached
 /// ([`projected_steps`]).
 fn trial_checks(
@@ -200,8 +183,8 @@ fn trial_checks(
         .filter_map(|t| {
             let r = &t.result;
             let lr = r.learning_rate?;
-            let windows = window_means(&r.reports, target.window);
-            let (start, end) = (windows.first()?.1, windows.last()?.1);
+            let losses = target.curve(&r.reports);
+            let (start, end) = (losses.first()?.1, losses.last()?.1);
             let reached = target.steps_to(&r.reports, 0).map(|s| s.0);
             let (max_steps, predicted) = (steps_taken(&r.reports), curve.steps(r.batch as f64));
             let verdict = match judge(start, end, reached) {
@@ -230,12 +213,12 @@ fn trial_checks(
 }
 
 /// The steps a trial whose steps ended before `target` would take to it:
-/// its steps to `level` (its last window's mean) over the noise trial's
-/// (`run`) steps to that level, times the noise trial's to the target.
-/// S(B) = S_min (1 + B_noise/B) puts the same ratio between two batches at
-/// every level, so a trial that got part of the way measured it. `None`
-/// unless both descended to the level (neither was there in its first
-/// window: a trial that made no progress measures no ratio).
+/// its steps to `level` (the last point of its loss curve) over the noise
+/// trial's (`run`) steps to that level, times the noise trial's to the
+/// target. S(B) = S_min (1 + B_noise/B) puts the same ratio between two
+/// batches at every level, so a trial that got part of the way measured it.
+/// `None` unless both descended to the level (neither was there at the first
+/// point of its curve: a trial that made no progress measures no ratio).
 fn projected_steps(
     trial: &[StepReport],
     run: &[StepReport],
@@ -247,22 +230,52 @@ fn projected_steps(
         target: level + 1e-9 * level.abs(),
         ..target
     };
-    let first_window = (target.window - (target.window - 1) / 2) as f64;
     let descended = |reports: &[StepReport]| {
+        let first = target.curve(reports).first()?.0;
         at_level
             .steps_to(reports, 0)
             .map(|s| s.0)
-            .filter(|&s| s > first_window)
+            .filter(|&s| s > first)
     };
     let (trial_steps, run_steps) = (descended(trial)?, descended(run)?);
     Some(run_to_target * trial_steps / run_steps).filter(|s| s.is_finite())
 }
 
+/// The noise trial's target: its level on the loss of the fixed training rows
+/// where it reported that loss twice or more (the mean of its evaluations in
+/// its last tenth of `steps`, as `advise` sets its target from its noise
+/// run), else the mean of its last tenth of step losses.
+fn trial_target(reports: &[StepReport], steps: usize) -> Option<LossTarget> {
+    let fixed = fixed_row_losses(reports);
+    if fixed.len() >= 2 {
+        let last_tenth = (steps * 9 / 10) as f64;
+        let tail: Vec<f64> = fixed
+            .iter()
+            .filter(|p| p.0 >= last_tenth)
+            .map(|p| p.1)
+            .collect();
+        let target = match tail.len() {
+            0 => fixed[fixed.len() - 1].1,
+            n => tail.iter().sum::<f64>() / n as f64,
+        };
+        return Some(LossTarget::of_run(target, steps).on(true));
+    }
+    let losses: Vec<f64> = rank0_losses(reports).map(|l| l.0).collect();
+    (!losses.is_empty()).then(|| {
+        let t = LossTarget::of_run(0.0, losses.len());
+        let tail = &losses[losses.len() - t.window..];
+        LossTarget {
+            target: tail.iter().sum::<f64>() / tail.len() as f64,
+            ..t
+        }
+    })
+}
+
 /// The noise scale of the trials, with `advise`'s estimator. Each trial that
 /// reported noise gets its B_simple; the noise trial ([`TrialReason::Noise`],
 /// measuring every step) stands for the command, else the one with the most
-/// measurements (the larger batch on a tie). Its final loss (the mean
-/// of its last 10 % of reported losses) is the target. S(B) is summed over the
+/// measurements (the larger batch on a tie). Its final loss is the target
+/// ([`trial_target`]: on the fixed training rows where the lines carry it). S(B) is summed over the
 /// stretches of that trial ([`trajectory`]: each stretch's noise scale, in
 /// Adam's geometry where the helper measured it, weighted by the steps it
 /// spent), the trial's end value where its stretches cannot be measured; S_min
@@ -283,16 +296,8 @@ pub fn noise_of(trials: &[RunTrial], rate: &RunRate) -> (Option<RunNoise>, Optio
         return (None, None);
     };
     let best = &best.result;
-    let losses: Vec<f64> = rank0_losses(&best.reports).map(|l| l.0).collect();
     let steps = steps_taken(&best.reports);
-    let target = (!losses.is_empty()).then(|| {
-        let t = LossTarget::of_run(0.0, losses.len());
-        let tail = &losses[losses.len() - t.window..];
-        LossTarget {
-            target: tail.iter().sum::<f64>() / tail.len() as f64,
-            ..t
-        }
-    });
+    let target = trial_target(&best.reports, steps);
     let (raw, preconditioned) = estimates(&measurements(&best.reports));
     let mut points: Vec<RunPoint> = raw
         .iter()
@@ -309,9 +314,9 @@ pub fn noise_of(trials: &[RunTrial], rate: &RunRate) -> (Option<RunNoise>, Optio
     }
     let batch = best.batch as f64;
     let traj = target.and_then(|t| {
-        let curve = window_means(&best.reports, t.window);
-        // The target is the last window's mean: the curve's own end point
-        // reaches it, whatever the rounding of the running sums.
+        // The target is a mean of the curve's own last points: the curve
+        // reaches it, whatever the rounding of the sums.
+        let curve = t.curve(&best.reports);
         trajectory(&points, &curve, batch, t.target + 1e-9 * t.target.abs())
     });
     let model = rate.rate_model(Some(best.batch));
@@ -418,6 +423,7 @@ pub fn noise_of(trials: &[RunTrial], rate: &RunRate) -> (Option<RunNoise>, Optio
             preconditioned,
             segments,
             steps_to_target: traj.as_ref().map(|t| t.updates_to_target),
+            target_on_fixed_rows: target.is_some_and(|t| t.fixed_rows),
             b_noise_run,
             checks,
             b_simple: noise.b_simple,
@@ -444,6 +450,7 @@ mod tests {
             samples: None,
             seconds: 0.01,
             loss: Some(loss),
+            train_loss: None,
             noise: None,
             rank: None,
         }
@@ -467,6 +474,7 @@ mod tests {
             .map(|i| StepReport {
                 step: Some(i),
                 loss: Some(loss(i)),
+                train_loss: None,
                 noise: (noise && i % 2 == 0).then(|| NoiseReport {
                     b_small: 16.0,
                     g_small_sq: norms(100.0, 16.0),
@@ -535,6 +543,41 @@ mod tests {
         let n = n.unwrap();
         assert!(!n.preconditioned);
         assert!((n.b_noise - 100.0).abs() < 1e-6, "{}", n.b_noise);
+    }
+
+    /// Where the lines carry the loss on fixed training rows, `run` sets its
+    /// target on it (the mean of the evaluations in the last tenth of the
+    /// noise trial's steps, as `advise` does) and reads every trial's steps
+    /// to the target on it: the step losses (here 0.5 above, as dropout
+    /// keeps a training loss) are not the statistic.
+    #[test]
+    fn the_target_is_on_the_fixed_rows_where_the_lines_carry_them() {
+        let rate = sqrt_rate();
+        let with_fixed = |mut t: RunTrial, steps: f64| {
+            for r in &mut t.result.reports {
+                let i = r.step.unwrap();
+                let clean = 2.0 - i as f64 / steps;
+                r.loss = Some(clean + 0.5);
+                r.train_loss = (i % 4 == 0).then_some(clean);
+            }
+            t
+        };
+        let run = with_fixed(noise_trial(200, |_| true), 200.0);
+        // A trial at 512 whose loss falls twice as fast per step.
+        let fast = with_fixed(
+            trial(512, TrialReason::Listed, 200, |_| 0.0, false, |_| false),
+            100.0,
+        );
+        let (n, target) = noise_of(&[run, fast], &rate);
+        let n = n.unwrap();
+        assert!(n.target_on_fixed_rows);
+        // Evaluations at 180, 184, ..., 200: their mean is the loss at 190.
+        let t = target.unwrap();
+        assert!((t - (2.0 - 190.0 / 200.0)).abs() < 1e-9, "{t}");
+        assert!((n.steps_to_target.unwrap() - 190.0).abs() < 1e-6);
+        let check = n.checks.iter().find(|c| c.batch == 512).unwrap();
+        assert!((check.steps_to_target.unwrap() - 95.0).abs() < 1e-6);
+        assert!((check.loss_start - (2.0 - 4.0 / 100.0)).abs() < 1e-12);
     }
 
     /// The noise trial stands for the command even with fewer measurements;
