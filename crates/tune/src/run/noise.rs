@@ -275,7 +275,7 @@ fn trial_target(reports: &[StepReport], steps: usize) -> Option<LossTarget> {
 /// reported noise gets its B_simple; the noise trial ([`TrialReason::Noise`],
 /// measuring every step) stands for the command, else the one with the most
 /// measurements (the larger batch on a tie). Its final loss is the target
-/// ([`trial_target`]: on the fixed training rows where the lines carry it). S(B) is summed over the
+/// (on the fixed training rows' loss where the lines carry it, see [`LossTarget`]). S(B) is summed over the
 /// stretches of that trial ([`trajectory`]: each stretch's noise scale, in
 /// Adam's geometry where the helper measured it, weighted by the steps it
 /// spent), the trial's end value where its stretches cannot be measured; S_min
