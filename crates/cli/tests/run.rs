@@ -663,6 +663,18 @@ fn the_rate_is_held_from_the_noise_trials_b_noise_up() {
 /// predicted; each training ends at the target, long before its 300 steps.
 #[test]
 fn verify_trains_the_run_advice_to_its_target() {
+    verify_case(false);
+}
+
+/// The same where the lines carry the fixed rows' loss (`train_loss`, every
+/// third step) and each step's own loss sits 0.5 above it: the target is set
+/// and read on the fixed rows, and the trainings end there.
+#[test]
+fn verify_reads_the_fixed_rows_loss_where_the_lines_carry_it() {
+    verify_case(true);
+}
+
+fn verify_case(fixed_rows: bool) {
     let dir = tempfile::tempdir().unwrap();
     let advice = dir.path().join("run.json");
     let command = |steps: &str| {
@@ -670,6 +682,9 @@ fn verify_trains_the_run_advice_to_its_target() {
         c.env("FAKE_NOISE", "1")
             .env("FAKE_SCALED_LOSS", "1")
             .env("FAKE_STEPS", steps);
+        if fixed_rows {
+            c.env("FAKE_FIXED_ROWS", "1");
+        }
         c
     };
     let tail = ["--", "sh", &trainer(), "{batch}", "--lr={lr}"];
@@ -685,7 +700,16 @@ fn verify_trains_the_run_advice_to_its_target() {
         .args(tail)
         .output()
         .unwrap();
-    std::fs::write(&advice, document(out).to_string()).unwrap();
+    let run = document(out);
+    assert_eq!(
+        run["noise"]["target_on_fixed_rows"], fixed_rows,
+        "{}",
+        run["noise"]
+    );
+    let target = run["target_loss"].as_f64().unwrap();
+    // With fixed rows every step loss is above 0.5: a target on them would be too.
+    assert!(!fixed_rows || target < 0.5, "{target}");
+    std::fs::write(&advice, run.to_string()).unwrap();
     let doc = document(
         command("300")
             .args([
@@ -701,6 +725,7 @@ fn verify_trains_the_run_advice_to_its_target() {
             .unwrap(),
     );
     assert_eq!(doc["kind"], "run_verify");
+    assert_eq!(doc["target"]["fixed_rows"], fixed_rows);
     let trials = doc["trials"].as_array().unwrap();
     assert_eq!(trials.len(), 4, "two batches, two seeds each");
     for t in trials {
