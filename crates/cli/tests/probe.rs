@@ -146,9 +146,11 @@ fn each_worker_trains_the_loss_asked_for() {
     let (mse, mse_planned) = peak(&[]);
     let (ctc, ctc_planned) = peak(&["--loss", "ctc", "--class-axis", "1", "--blank", "28"]);
     assert!(ctc > 4.0 * mse, "CTC peaked at {ctc} bytes, MSE at {mse}");
-    // The plan counts CTC's tables at the output's 400 frames too.
+    // The plan counts CTC's tables at the output's 400 frames too: its rise
+    // from MSE to CTC is at least half the measured one (both plans hold the same
+    // host-dependent packing buffers, threads x L2, so a ratio would not do).
     assert!(
-        ctc_planned > 4.0 * mse_planned,
-        "planned {ctc_planned} vs {mse_planned}"
+        ctc_planned - mse_planned > 0.5 * (ctc - mse),
+        "planned {ctc_planned} vs {mse_planned}, measured {ctc} vs {mse}"
     );
 }

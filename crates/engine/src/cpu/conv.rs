@@ -18,7 +18,7 @@
 
 use crate::cpu::tensor::{
     Ad, FlexDevice, FlexT, Strided, add_partials, assume_init, contiguous, finish_op, from_vec,
-    gemm_into, uninit, values,
+    gemm_into, one_piece_per_thread, uninit, values,
 };
 use batchfit_plan::rules::{
     CONV_MAX_SAMPLE_COLS_BYTES, ConvCpuPath, conv_cpu_path, conv_samples_per_chunk,
@@ -494,15 +494,6 @@ impl Backward<Flex, 2> for ConvOp {
         drop(dx_chunks);
         register(&g, grads, ids, dx, dw);
     }
-}
-
-/// The fewest items per piece that split `items` into at most one piece per thread of
-/// the pool. A rayon `fold` starts one accumulator per piece it splits off, and work
-/// stealing splits further: unbounded, a batch of 8 left up to five weight-gradient sums
-/// (64 MB each for a 2,000 x 250 x 32 filter bank) alive at once where the plan counts
-/// one per thread.
-fn one_piece_per_thread(items: usize) -> usize {
-    items.div_ceil(rayon::current_num_threads().max(1)).max(1)
 }
 
 /// Registers the input's and the weight's gradients with the parents that want them.

@@ -7,8 +7,8 @@
 //! `native_layer_norm` keep them. Channels (rows) run in parallel on rayon's threads.
 
 use crate::cpu::tensor::{
-    Ad, FlexDevice, FlexT, add_partials, assume_init, contiguous, finish_op, from_vec, uninit,
-    values, wide, zero_fill,
+    Ad, FlexDevice, FlexT, add_partials, assume_init, contiguous, finish_op, from_vec,
+    one_piece_per_thread, uninit, values, wide, zero_fill,
 };
 use burn::backend::Flex;
 use burn::tensor::Tensor;
@@ -452,16 +452,20 @@ impl Backward<Flex, 3> for LayerNormOp {
             (dgamma, dbeta)
         };
         let add = |(g0, b0), (g1, b1)| (add_partials(g0, g1), add_partials(b0, b1));
+        // At most one piece per thread: the partials add in the same order every run.
+        let pieces = one_piece_per_thread(rows.div_ceil(job));
         let parts = dyv
             .par_chunks(job * n)
             .zip(xv.par_chunks(job * n).zip(stats.par_chunks(job)));
         let (dgamma, dbeta) = if want_dx {
             dx.par_chunks_mut(job * n)
                 .zip(parts)
+                .with_min_len(pieces)
                 .map(|(dx, (dy, (x, st)))| job_sums(zero_fill(dx), dy, x, st))
                 .reduce(|| (vec![0.0; n], vec![0.0; n]), add)
         } else {
             parts
+                .with_min_len(pieces)
                 .map(|(dy, (x, st))| job_sums(&mut [], dy, x, st))
                 .reduce(|| (vec![0.0; n], vec![0.0; n]), add)
         };
