@@ -310,16 +310,9 @@ pub fn prediction_basis_to(
         .iter()
         .filter_map(|r| r.train_loss.map(|l| (r.step as f64, l)))
         .collect();
-    let last_tenth = (n.history.len() * 9 / 10) as f64;
-    let tail: Vec<f64> = losses
-        .iter()
-        .filter(|p| p.0 >= last_tenth)
-        .map(|p| p.1)
-        .collect();
     let target = match target {
         Some(t) => t,
-        None if tail.is_empty() => losses.last()?.1,
-        None => tail.iter().sum::<f64>() / tail.len() as f64,
+        None => crate::trajectory::final_level(&losses, n.history.len())?,
     };
     let points: Vec<RunPoint> = n
         .history

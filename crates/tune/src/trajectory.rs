@@ -105,6 +105,23 @@ pub fn reach(losses: &[(f64, f64)], target: f64) -> Option<f64> {
     Some(u0 + t * (u1 - u0))
 }
 
+/// A run's final level on its evaluated loss curve `(updates, loss)`: the
+/// mean of the evaluations in the last tenth of its `steps`, else its last
+/// evaluation (`None` without any). `advise` sets its target so from its noise
+/// run, and `run` from its noise trial's fixed-rows loss.
+pub fn final_level(losses: &[(f64, f64)], steps: usize) -> Option<f64> {
+    let last_tenth = (steps * 9 / 10) as f64;
+    let tail: Vec<f64> = losses
+        .iter()
+        .filter(|p| p.0 >= last_tenth)
+        .map(|p| p.1)
+        .collect();
+    match tail.len() {
+        0 => losses.last().map(|p| p.1),
+        n => Some(tail.iter().sum::<f64>() / n as f64),
+    }
+}
+
 /// The loss curve at `updates`, linear between evaluations (NaN without any).
 fn loss_at(losses: &[(f64, f64)], updates: f64) -> f64 {
     match losses.iter().position(|p| p.0 >= updates) {

@@ -248,16 +248,7 @@ fn projected_steps(
 fn trial_target(reports: &[StepReport], steps: usize) -> Option<LossTarget> {
     let fixed = fixed_row_losses(reports);
     if fixed.len() >= 2 {
-        let last_tenth = (steps * 9 / 10) as f64;
-        let tail: Vec<f64> = fixed
-            .iter()
-            .filter(|p| p.0 >= last_tenth)
-            .map(|p| p.1)
-            .collect();
-        let target = match tail.len() {
-            0 => fixed[fixed.len() - 1].1,
-            n => tail.iter().sum::<f64>() / n as f64,
-        };
+        let target = crate::trajectory::final_level(&fixed, steps)?;
         return Some(LossTarget::of_run(target, steps).on(true));
     }
     let losses: Vec<f64> = rank0_losses(reports).map(|l| l.0).collect();
