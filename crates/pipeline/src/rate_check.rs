@@ -1,10 +1,11 @@
 //! The runs behind "a rate that trains" (`batchfit_tune::stability`): first
 //! the noise run's own batch and rate (the reference), then the table's powers
 //! of two from half the run's batch up (and below it those predicted to take
-//! at most [`LADDER_UPDATES`] x the run's updates), each recommended batch, its neighbours
-//! and the largest batch of the table, each trained to the noise run's
-//! target at the rule's rate, then at its halvings where it failed; the
-//! decision is made again until the batches it names have trained.
+//! at most [`LADDER_UPDATES`] x the run's updates) and the largest batch of
+//! the table, each trained to the noise run's target at the rule's rate, then
+//! at its halvings where it failed; B_noise is refitted to these. Then each
+//! recommended batch and its neighbours, the decision made again until the
+//! batches it names have trained.
 
 use crate::Result;
 use batchfit_data::Dataset;
@@ -22,7 +23,8 @@ use batchfit_tune::stability::{
 /// Rounds of check-then-decide: each round checks the batches the last
 /// decision names that no round has checked; a failed batch moves the
 /// recommendation below it, so a few rounds reach a batch that trains.
-pub const ROUNDS: usize = 4;
+/// The first round checks a fixed ladder and names nothing.
+pub const ROUNDS: usize = 5;
 
 /// What the checks found, for the next decision.
 #[derive(Clone, Debug, Default)]
@@ -59,18 +61,28 @@ pub fn checked_decision(
     found
         .checks
         .extend(check_rates(graph, base, data, &run_basis, &[run.batch], 0)?);
+    // The checks B_noise is refitted to: the reference and the first round's,
+    // which rest on the noise run alone (see [`to_check`]), with the verdicts
+    // they had then: a later check that trained faster at a smaller batch
+    // marks one of them [`RateVerdict::NoGain`], and which later batches are
+    // checked depends on the timings.
+    let mut fitted: Vec<RateCheck> = found.checks.clone();
     for round in 0..ROUNDS {
         let Some(basis) = decision.basis.clone() else {
             break;
         };
-        let batches = to_check(&decision, &found.checks, round == 0);
-        if batches.is_empty() {
+        let first = round == 0;
+        let batches = to_check(&decision, &found.checks, first);
+        if batches.is_empty() && !first {
             break;
         }
         found
             .checks
             .extend(check_rates(graph, base, data, &basis, &batches, HALVINGS)?);
         mark_no_gain(&mut found.checks, None);
+        if first {
+            fitted = found.checks.clone();
+        }
         // Never below the run's own batch, whose rate the run trained with.
         found.cap = cap_from(&basis.lr, &found.checks).map(|c| c.max(run.batch));
         found.failed_from = failed_from(&found.checks);
@@ -81,7 +93,11 @@ pub fn checked_decision(
             },
             ..run_basis.lr
         };
-        found.b_noise = checked_b_noise(&run_basis, &advised, &found.checks);
+        // The later rounds' checks depend on which of two tied batches timed a
+        // little faster; a refit to them sent runs of `advise` on raw MNIST to
+        // noise scales of 1,620 and 2,844. They still cap the rate and stop a
+        // batch that does not train.
+        found.b_noise = checked_b_noise(&run_basis, &advised, &fitted);
         let next = decide(&found);
         if next
             .recommendations
@@ -99,13 +115,14 @@ pub fn checked_decision(
     Ok((decision, found))
 }
 
-/// The batches to check next: every device's recommended batch and its
-/// neighbours in the time-to-target table (the next smaller and larger
-/// single-step batch: the choice is between them, so S(B) is measured
-/// there), and in the first round the table's largest batch (the far end of
-/// the fit) and [`first_round_ladder`]; none already checked at the rate the
-/// decision now gives it (a cap changes the rate of the batches above it).
-/// Ascending.
+/// The batches to check next. The first round: the table's largest batch
+/// (the far end of the fit) and [`first_round_ladder`], which rest on the
+/// noise run alone, so every run of `advise` checks the same batches and
+/// refits B_noise to the same results. Each round after it: every device's
+/// recommended batch and its neighbours in the time-to-target table (the
+/// next smaller and larger single-step batch: the choice is between them, so
+/// S(B) is measured there). None already checked at the rate the decision
+/// now gives it (a cap changes the rate of the batches above it). Ascending.
 fn to_check(d: &Decision, checked: &[RateCheck], first: bool) -> Vec<u64> {
     let Some(basis) = &d.basis else {
         return Vec::new();
@@ -123,21 +140,19 @@ fn to_check(d: &Decision, checked: &[RateCheck], first: bool) -> Vec<u64> {
             .collect();
         on_device.sort_unstable();
         on_device.dedup();
-        wanted.push(b);
-        wanted.extend(on_device.iter().rev().find(|&&x| x < b));
-        wanted.extend(on_device.iter().find(|&&x| x > b));
-        if first {
-            wanted.extend(on_device.last());
-            if let Some(run) = basis.run() {
-                // Each batch's predicted updates over the run's own.
-                let at_run = basis.curve.steps(run.batch as f64);
-                let rows: Vec<(u64, f64)> = on_device
-                    .iter()
-                    .map(|&b| (b, basis.curve.steps(b as f64) / at_run))
-                    .collect();
-                wanted.extend(first_round_ladder(&rows, run.batch));
-            }
-        }
+        let ladder = || {
+            let Some(run) = basis.run() else {
+                return Vec::new();
+            };
+            // Each batch's predicted updates over the run's own.
+            let at_run = basis.curve.steps(run.batch as f64);
+            let rows: Vec<(u64, f64)> = on_device
+                .iter()
+                .map(|&b| (b, basis.curve.steps(b as f64) / at_run))
+                .collect();
+            first_round_ladder(&rows, run.batch)
+        };
+        wanted.extend(round_batches(&on_device, b, first, ladder));
     }
     let at_rate = |b: u64| {
         let rate = basis.lr.at(b);
@@ -148,6 +163,26 @@ fn to_check(d: &Decision, checked: &[RateCheck], first: bool) -> Vec<u64> {
     wanted.retain(|&b| !at_rate(b));
     wanted.sort_unstable();
     wanted.dedup();
+    wanted
+}
+
+/// One device's batches for a round (`on_device`: its table's single-step
+/// batches, ascending): in the first round the largest and the `ladder`,
+/// whatever the recommended batch `b`; after it `b` and its neighbours.
+fn round_batches(
+    on_device: &[u64],
+    b: u64,
+    first: bool,
+    ladder: impl FnOnce() -> Vec<u64>,
+) -> Vec<u64> {
+    if first {
+        let mut wanted = ladder();
+        wanted.extend(on_device.last());
+        return wanted;
+    }
+    let mut wanted = vec![b];
+    wanted.extend(on_device.iter().rev().find(|&&x| x < b));
+    wanted.extend(on_device.iter().find(|&&x| x > b));
     wanted
 }
 
@@ -232,7 +267,29 @@ fn check_rates(
 
 #[cfg(test)]
 mod tests {
-    use super::first_round_ladder;
+    use super::{first_round_ladder, round_batches};
+
+    #[test]
+    fn the_first_round_is_the_same_whichever_batch_the_timings_named() {
+        // Two runs whose timings named 203 and 406 (tied batches): the first
+        // round checks the same batches, and each later round the named
+        // batch and its neighbours.
+        let table = [32, 64, 128, 203, 256, 323, 406, 512, 1024];
+        let ladder = || vec![64, 128, 256, 512, 1024];
+        assert_eq!(
+            round_batches(&table, 203, true, ladder),
+            round_batches(&table, 406, true, ladder)
+        );
+        assert_eq!(
+            round_batches(&table, 203, true, ladder),
+            vec![64, 128, 256, 512, 1024, 1024]
+        );
+        assert_eq!(
+            round_batches(&table, 203, false, ladder),
+            vec![203, 128, 256]
+        );
+        assert_eq!(round_batches(&table, 1024, false, ladder), vec![1024, 512]);
+    }
 
     #[test]
     fn the_first_round_checks_the_ladder_from_half_the_run_batch() {
