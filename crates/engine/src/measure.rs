@@ -30,6 +30,11 @@ pub struct PointResult {
     pub first_loss: f32,
     /// Loss of the last timed step.
     pub last_loss: f32,
+    /// Share of the machine's CPU time the hypervisor gave to other virtual
+    /// machines while the steps were timed (steal time, /proc/stat); `None`
+    /// where the system does not report it.
+    #[serde(default)]
+    pub cpu_steal_share: Option<f64>,
 }
 
 impl PointResult {
@@ -138,6 +143,7 @@ pub fn measure_point(
     let mut times = Vec::new();
     let mut peak = 0u64;
     let counting = alloc::counting();
+    let steal_before = cpu_steal_ticks();
     while !stop.done(&times) {
         alloc::reset_peak();
         let t0 = Instant::now();
@@ -159,12 +165,51 @@ pub fn measure_point(
         peak_rss_bytes: alloc::peak_rss(),
         first_loss,
         last_loss,
+        cpu_steal_share: steal_share(steal_before, cpu_steal_ticks()),
     })
+}
+
+/// The machine's stolen and total CPU ticks so far (`/proc/stat`'s `cpu` line),
+/// `None` off Linux or where the line has no steal field.
+fn cpu_steal_ticks() -> Option<(u64, u64)> {
+    parse_steal(&std::fs::read_to_string("/proc/stat").ok()?)
+}
+
+/// Stolen and total ticks from `/proc/stat`'s text: the `cpu` line's eighth
+/// field is steal; guest time (ninth, tenth) is already counted in user time.
+fn parse_steal(stat: &str) -> Option<(u64, u64)> {
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let ticks: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .ok()?;
+    let steal = *ticks.get(7)?;
+    Some((steal, ticks.iter().take(8).sum()))
+}
+
+/// The share of ticks stolen between two readings.
+fn steal_share(before: Option<(u64, u64)>, after: Option<(u64, u64)>) -> Option<f64> {
+    let ((s0, t0), (s1, t1)) = (before?, after?);
+    (t1 > t0).then(|| s1.saturating_sub(s0) as f64 / (t1 - t0) as f64)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn steal_is_read_from_the_cpu_line() {
+        let stat = "cpu  100 0 50 800 10 0 5 35 0 0\ncpu0 50 0 25 400 5 0 2 18 0 0\n";
+        assert_eq!(parse_steal(stat), Some((35, 1000)));
+        // A kernel without the steal field, and no cpu line at all.
+        assert_eq!(parse_steal("cpu  100 0 50 800 10 0 5\n"), None);
+        assert_eq!(parse_steal("intr 5\n"), None);
+        let share = steal_share(Some((35, 1000)), Some((85, 1200)));
+        assert!((share.unwrap() - 0.25).abs() < 1e-12);
+        assert_eq!(steal_share(Some((35, 1000)), Some((35, 1000))), None);
+    }
 
     /// A diverged step reaches the parent as itself: its loss survives JSON, which has no
     /// NaN (a NaN written as `null` read back as an unreadable answer, a crash).

@@ -193,9 +193,10 @@ impl Trials for WorkerTrials<'_> {
             .outcome
             .verdict(r.point.as_ref().and_then(|p| p.peak_bytes).map(Bytes));
         let point = match (&r.outcome, r.point) {
-            (Outcome::Ran, Some(p)) => {
-                ProbePoint::measured(b, &p.summary(), p.peak_bytes, p.peak_rss_bytes, planned)
-            }
+            (Outcome::Ran, Some(p)) => ProbePoint {
+                cpu_steal_share: p.cpu_steal_share,
+                ..ProbePoint::measured(b, &p.summary(), p.peak_bytes, p.peak_rss_bytes, planned)
+            },
             (Outcome::TimedOut, _) => ProbePoint::failed(
                 b,
                 planned,

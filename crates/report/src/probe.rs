@@ -128,6 +128,14 @@ pub fn render(model: &str, devices: &[DeviceProbe]) -> String {
         if d.points.iter().any(|p| p.noisy) {
             out.push_str("warning: statistical outliers were detected in rows marked noisy; consider re-running on a quiet system.\n");
         }
+        let steal: Vec<(u64, f64)> = d
+            .points
+            .iter()
+            .filter_map(|p| Some((p.batch, p.cpu_steal_share?)))
+            .collect();
+        if let Some(f) = batchfit_tune::diagnose::cpu_steal(&steal, d.device) {
+            out.push_str(&format!("warning: {}.\n", crate::prose::finding(&f)));
+        }
         if let Some(s) = &d.search {
             out.push_str(&format!(
                 "largest batch under {}: {} (measured; next size up {}), found in {} trial steps, {:.1} s; plan predicted {}, calibrated line {}\n",

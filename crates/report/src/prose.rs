@@ -114,6 +114,10 @@ pub fn finding(f: &Finding) -> String {
             step_s * 1e3,
             100.0 * share
         ),
+        FindingKind::CpuSteal { share, batch } => format!(
+            "{device}: while batch {batch} was timed, other virtual machines on this host took {:.0} % of its CPU time (steal time, /proc/stat, measured): step times are slower and noisier than on a quiet machine, and so is every choice made from them; measure again when the host is quiet, or on dedicated hardware",
+            100.0 * share
+        ),
         FindingKind::AboveCritical { batch, critical } => format!(
             "{device}: batch {batch} is {:.0}x the critical batch ({critical:.0}): it needs about {:.1}x the epochs of a small batch to reach the same loss (E(B) = E_min (1 + B/B_noise))",
             batch as f64 / critical,

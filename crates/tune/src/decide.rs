@@ -80,12 +80,19 @@ pub fn b_noise_for_probing(
 }
 
 /// What a device's measured curve says, whoever measured it (`advise`, `run`):
-/// throughput flat above some batch, a large fixed cost per step, and the knee
-/// or the largest batch far above the critical batch.
+/// throughput flat above some batch, a large fixed cost per step, other
+/// virtual machines taking the CPU while it was timed, and the knee or the
+/// largest batch far above the critical batch.
 pub fn curve_findings(p: &DeviceProbe, points: &[StepPoint], b_noise: Option<f64>) -> Vec<Finding> {
     let mut findings = Vec::new();
     findings.extend(diagnose::flat_throughput(points, p.device));
     findings.extend(diagnose::fixed_overhead(points, p.device));
+    let steal: Vec<(u64, f64)> = p
+        .points
+        .iter()
+        .filter_map(|q| Some((q.batch, q.cpu_steal_share?)))
+        .collect();
+    findings.extend(diagnose::cpu_steal(&steal, p.device));
     if let Some(bn) = b_noise {
         let largest = points.iter().map(|q| q.batch).max().unwrap_or(0);
         findings.extend(

@@ -48,6 +48,9 @@ pub enum FindingKind {
         max_batch: u64,
         safe: u64,
     },
+    /// Other virtual machines took `share` of the host's CPU time while `batch`
+    /// was timed (the most of any batch).
+    CpuSteal { share: f64, batch: u64 },
 }
 
 /// A finding's rule as a stable identifier.
@@ -62,6 +65,7 @@ pub enum Rule {
     #[serde(rename = "above_critical_batch")]
     AboveCritical,
     NearMemoryLimit,
+    CpuSteal,
 }
 
 impl Finding {
@@ -74,6 +78,7 @@ impl Finding {
             FindingKind::InputBound { .. } => Rule::InputBound,
             FindingKind::AboveCritical { .. } => Rule::AboveCritical,
             FindingKind::NearMemoryLimit { .. } => Rule::NearMemoryLimit,
+            FindingKind::CpuSteal { .. } => Rule::CpuSteal,
         }
     }
 }
@@ -186,9 +191,39 @@ pub fn near_memory_limit(batch: u64, max_batch: u64, device: DeviceSpec) -> Opti
     })
 }
 
+/// Steal time above this share of the CPU is named: a step is then timed
+/// that much slower, in bursts, and two batches timed at different moments
+/// differ by more than the few percent the advice tells apart.
+pub const STEAL_WARN: f64 = 0.05;
+
+/// The hypervisor gave other virtual machines more than [`STEAL_WARN`] of the
+/// CPU while some batch's steps were timed (`(batch, steal share)`).
+pub fn cpu_steal(points: &[(u64, f64)], device: DeviceSpec) -> Option<Finding> {
+    let &(batch, share) = points.iter().max_by(|a, b| a.1.total_cmp(&b.1))?;
+    (share > STEAL_WARN).then_some(Finding {
+        device,
+        kind: FindingKind::CpuSteal { share, batch },
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn steal_is_named_above_its_threshold_at_the_worst_batch() {
+        let f = cpu_steal(&[(8, 0.01), (64, 0.12), (512, 0.07)], DeviceSpec::Cpu).unwrap();
+        assert_eq!(
+            f.kind,
+            FindingKind::CpuSteal {
+                share: 0.12,
+                batch: 64
+            }
+        );
+        assert_eq!(f.rule(), Rule::CpuSteal);
+        assert_eq!(cpu_steal(&[(8, 0.01), (64, 0.05)], DeviceSpec::Cpu), None);
+        assert_eq!(cpu_steal(&[], DeviceSpec::Cpu), None);
+    }
 
     fn curve(f: impl Fn(u64) -> f64) -> Vec<StepPoint> {
         [16, 64, 256, 1024, 4096]

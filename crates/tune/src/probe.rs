@@ -40,6 +40,10 @@ pub struct ProbePoint {
     pub plan_error_pct: Option<f64>,
     /// Whether the spread of the timings is wide (outliers, p10-p90 over 25 % of the median).
     pub noisy: bool,
+    /// Share of the machine's CPU time other virtual machines took while the
+    /// steps were timed (steal time, measured); null where not reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_steal_share: Option<f64>,
     /// Out of memory, crashed or timed out instead of measured: how it ended, in words.
     pub failure: Option<String>,
     /// The same, as a code (`out_of_memory`, `crashed`, `failed`, `timed_out`, `not_started`).
@@ -72,6 +76,7 @@ impl ProbePoint {
                 .zip(planned)
                 .map(|(p, planned)| 100.0 * (planned.as_f64() - p as f64) / p as f64),
             noisy: s.noisy(),
+            cpu_steal_share: None,
             failure: None,
             failure_code: None,
         }
@@ -98,6 +103,7 @@ impl ProbePoint {
             planned_bytes: planned,
             plan_error_pct: None,
             noisy: false,
+            cpu_steal_share: None,
             failure: Some(why),
             failure_code: Some(kind),
         }
@@ -115,6 +121,7 @@ impl ProbePoint {
             samples_per_s: f64::NAN,
             peak_bytes: peak,
             peak_rss_bytes: rss,
+            cpu_steal_share: None,
             failure: None,
             failure_code: None,
             ..ProbePoint::failed(batch, None, FailureKind::Failed, String::new())
