@@ -38,6 +38,9 @@ for case in "${all_cases[@]}"; do
     IFS='|' read -r name model data batches <<< "$case"
     if [ -n "${CASES:-}" ] && [[ " $CASES " != *" $name "* ]]; then continue; fi
     echo "== $name" >&2
+    # The host's stolen and total CPU ticks around the case (steal time: other
+    # virtual machines' share), for the table: timings on a busy host move.
+    awk '/^cpu /{print $9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat > "$out/$name.steal" 2>/dev/null || true
     # shellcheck disable=SC2086 # the data flags are words
     # A failed command is a result: its error stays in the .err file, the table says so.
     for i in $(seq 1 "$repeats"); do
@@ -49,5 +52,6 @@ for case in "${all_cases[@]}"; do
     $bin sweep --verify "$out/$name.advise1.json" --batches "$batches${named:+,$named}" --seeds "$seeds" \
         --json > "$out/$name.verify.json" 2> "$out/$name.verify.err" ||
         echo "sweep --verify failed: $(tail -1 "$out/$name.verify.err")" >&2
+    awk '/^cpu /{print $9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat >> "$out/$name.steal" 2>/dev/null || true
 done
 python3 bench/verify_table.py "$out"

@@ -40,6 +40,16 @@ def tie_range(tie):
     return [(t[0], t[-1]) for t in tie]
 
 
+def steal_pct(out, name):
+    """The share of the host's CPU other virtual machines took during the case
+    (bench/verify_suite.sh's two /proc/stat readings), or None."""
+    try:
+        (s0, t0), (s1, t1) = [tuple(map(int, l.split())) for l in open(f"{out}/{name}.steal")][:2]
+    except (OSError, ValueError):
+        return None
+    return 100.0 * (s1 - s0) / (t1 - t0) if t1 > t0 else None
+
+
 def named_text(batches, tie):
     """`128`, or `128 of {64, 128}` where the recommendation states a tie."""
     return "; ".join(f"{b}" if len(t) <= 1 else f"{b} of {{{', '.join(map(str, t))}}}" for b, t in zip(batches, tie))
@@ -62,7 +72,9 @@ def main(out):
         print(f"`advise` named, run by run: {', '.join(named_text(n, t) for n, t in zip(named, ties))}; "
               f"B_noise {basis.get('curve', {}).get('b_noise', float('nan')):.0f}"
               + (f" (refitted by the rate checks; the noise run's {basis['b_noise_run']:.0f})" if basis.get("b_noise_run") else "")
-              + f"; data findings: {', '.join(f['code'] for f in (first.get('data_profile') or {}).get('findings', [])) or 'none'}\n")
+              + f"; data findings: {', '.join(f['code'] for f in (first.get('data_profile') or {}).get('findings', [])) or 'none'}"
+              + (f"; steal time during the case {steal:.1f} % of the CPU" if (steal := steal_pct(out, name)) is not None else "")
+              + "\n")
         vpath = f"{out}/{name}.verify.json"
         v = (load(vpath) or {}).get("verify")
         if not v:

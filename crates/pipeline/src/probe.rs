@@ -278,6 +278,7 @@ pub fn probe_device_for(
             not_measured: curve.not_measured,
         }),
         knee_range: curve.knee_range,
+        between_process_error: curve.between_process_error,
         device,
         threads: (!device.is_gpu()).then(|| cfg.threads.unwrap_or_else(default_threads)),
         points: curve.points,

@@ -326,6 +326,7 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunSummary> {
         search: None,
         seconds: started.elapsed().as_secs_f64(),
         budget: None,
+        between_process_error: curve.between_process_error,
     };
     let (noise, target_loss) = noise_of(&log, &learning_rate);
     let limit_found = search.smallest_failure.is_some();

@@ -54,6 +54,7 @@ fn cpu_probe() -> DeviceProbe {
     DeviceProbe {
         device: DeviceSpec::Cpu,
         threads: Some(2),
+        between_process_error: None,
         knee_range: batchfit_tune::knee::knee_range(&curve_with_errors(&points), 0.9),
         points,
         max_batch: None,
@@ -84,6 +85,7 @@ fn gpu_probe() -> DeviceProbe {
     DeviceProbe {
         device: DeviceSpec::Wgpu(0),
         threads: None,
+        between_process_error: None,
         points,
         max_batch: Some(150),
         knee_batch: Some(128),
@@ -532,6 +534,7 @@ fn run_on_stand_in_trials() {
         search: None,
         seconds: 7.0,
         budget: None,
+        between_process_error: None,
     };
     let learning_rate = RunRate::CommandsOwn {
         assumed_rule: LrRule::Sqrt,

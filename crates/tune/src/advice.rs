@@ -226,7 +226,9 @@ const BAND_STEPS: usize = 16;
 /// standard errors of the two measured step times, is not above 1. Each
 /// error is at least `REPEATABILITY`: the ratio of two step times moves
 /// between runs by more than one run's repeats show (digits, 256 against
-/// 128: 1.69 to 1.76 in five runs). Ascending.
+/// 128: 1.69 to 1.76 in five runs); where the probe measured how far two
+/// processes stray, the errors include that already
+/// ([`crate::probe::DeviceProbe::step_points`]). Ascending.
 pub fn tied_batches(options: &[(u64, f64, f64)], band: NoiseBand) -> Vec<u64> {
     let rel = |e: f64| {
         if e.is_finite() {

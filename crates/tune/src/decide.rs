@@ -377,6 +377,22 @@ mod tests {
             search: None,
             seconds: 0.0,
             budget: None,
+            between_process_error: None,
+        }
+    }
+
+    /// Each batch is timed in its own process: the error of a step time
+    /// includes how far two processes' medians of one batch stray apart.
+    #[test]
+    fn step_time_errors_include_the_between_process_error() {
+        let mut p = probe("cpu", &[(64, 0.010), (128, 0.016)], None);
+        let within: Vec<f64> = p.step_points().iter().map(|q| q.rel_err).collect();
+        p.between_process_error = Some(0.1);
+        let widened = p.step_points();
+        let updates = p.update_points(&|_| None);
+        for ((q, u), w) in widened.iter().zip(&updates).zip(within) {
+            assert!((q.rel_err - w.hypot(0.1)).abs() < 1e-12, "{q:?}");
+            assert_eq!(u.rel_err, q.rel_err);
         }
     }
 

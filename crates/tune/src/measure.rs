@@ -102,6 +102,9 @@ pub struct Curve {
     pub knee_range: Option<KneeRange>,
     /// Batches the budget left out, ascending.
     pub not_measured: Vec<u64>,
+    /// [`between_process_error`] of the batches measured twice; `None` where
+    /// none was.
+    pub between_process_error: Option<f64>,
 }
 
 /// Seconds of starting a worker, loading the model and building its step, besides
@@ -363,6 +366,7 @@ pub fn measure_curve(trials: &mut dyn Trials, plan: &CurvePlan, points: Vec<Prob
         knee_batch,
         knee_range: range.map(|r| r.covering(knee_batch)),
         not_measured,
+        between_process_error: (!l.repeats.is_empty()).then(|| between_process_error(&l.repeats)),
     }
 }
 

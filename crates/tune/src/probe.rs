@@ -182,12 +182,31 @@ pub struct DeviceProbe {
     /// Under a time budget (`advise --budget`): what it left unmeasured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub budget: Option<ProbeBudget>,
+    /// How far one process's median step time strays from another's at the
+    /// same batch, relative (measured on the batches timed twice; null where
+    /// none was): every step time's error includes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub between_process_error: Option<f64>,
 }
 
 impl DeviceProbe {
-    /// The measured (batch, median step time, its error) of the batches that ran.
+    /// The measured (batch, median step time, its error) of the batches that
+    /// ran, the error widened by [`DeviceProbe::between_process_error`].
     pub fn step_points(&self) -> Vec<StepPoint> {
         step_points(&self.points)
+            .into_iter()
+            .map(|q| StepPoint {
+                rel_err: self.step_error(q.rel_err),
+                ..q
+            })
+            .collect()
+    }
+
+    /// A step time's relative error: its process's own, and how far another
+    /// process would measure it (each batch is timed in its own process, so
+    /// two batches compared differ by both).
+    fn step_error(&self, within: f64) -> f64 {
+        within.hypot(self.between_process_error.unwrap_or(0.0))
     }
 
     /// The measured time of one update at each batch that ran, as a training
@@ -202,7 +221,7 @@ impl DeviceProbe {
                 batch: q.batch,
                 step_s: q.step_time_mean_s.unwrap_or(q.step_time_s)
                     + input_seconds(q.batch).unwrap_or(0.0),
-                rel_err: q.step_time_rel_err,
+                rel_err: self.step_error(q.step_time_rel_err),
             })
             .collect()
     }
