@@ -185,7 +185,7 @@ pub struct DeviceProbe {
     /// How far one process's median step time strays from another's at the
     /// same batch, relative (measured on the batches timed twice; null where
     /// none was): every step time's error includes it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub between_process_error: Option<f64>,
 }
 
