@@ -312,6 +312,76 @@ fn verify_trains_what_the_advice_predicted_and_says_whether_it_held() {
     );
 }
 
+/// The advice ranks batches up to the whole data set; its check holds
+/// validation rows out. Checked by default (the recommended batch and its
+/// neighbours), a neighbour above the training rows is left out; a
+/// recommended batch above them is refused, saying whose batch it is.
+#[test]
+fn verify_leaves_out_neighbours_above_the_training_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m.toml");
+    std::fs::write(
+        &model,
+        "name = \"m\"\n[[input]]\nname = \"x\"\nshape = [4]\n\n[[layer]]\nname = \"fc\"\nop = \"linear\"\nout_features = 2\n\n[loss]\nkind = \"cross_entropy\"\n",
+    )
+    .unwrap();
+    // 400 rows: the class is the sign of the first two features' sum.
+    let data = dir.path().join("d.csv");
+    let rows: String = (0..400)
+        .map(|i| {
+            let x: Vec<f64> = (0..4)
+                .map(|j| ((i * 7 + j * 13) % 17) as f64 / 8.0 - 1.0)
+                .collect();
+            let label = u8::from(x[0] + x[1] > 0.0);
+            format!("{},{},{},{},{label}\n", x[0], x[1], x[2], x[3])
+        })
+        .collect();
+    std::fs::write(&data, rows).unwrap();
+    let (model, data) = (model.to_str().unwrap(), data.to_str().unwrap());
+    let mut advice = json(&[
+        "advise",
+        model,
+        "--data",
+        data,
+        "--noise-steps",
+        "40",
+        "--batches",
+        "16,64,256",
+        "--time-cap",
+        "0.1",
+        "--warmup",
+        "1",
+    ]);
+    let file = dir.path().join("advice.json");
+    let file = file.to_str().unwrap();
+    // Half the rows held out: 200 train, so 256 does not fit.
+    advice["recommendations"][0]["recommended_batch"] = 64.into();
+    std::fs::write(file, advice.to_string()).unwrap();
+    let d = json(&[
+        "sweep",
+        "--verify",
+        file,
+        "--seeds",
+        "1",
+        "--val-split",
+        "0.5",
+    ]);
+    assert_eq!(d["settings"]["batches"], serde_json::json!([16, 64]));
+    advice["recommendations"][0]["recommended_batch"] = 256.into();
+    std::fs::write(file, advice.to_string()).unwrap();
+    let out = batchfit()
+        .args(["sweep", "--verify", file, "--val-split", "0.5"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("256 exceeds the 200 training rows")
+            && err.contains("the advice's recommended batch"),
+        "{err}"
+    );
+}
+
 /// A sweep's folder given to `advise --from-sweep`: the time to target rests
 /// on its fitted steps and its learning-rate rule, and says so.
 #[test]

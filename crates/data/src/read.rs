@@ -273,6 +273,29 @@ pub fn npz_bytes(bytes: &[u8]) -> Result<Vec<(String, Array)>, FormatError> {
     Ok(out)
 }
 
+/// Which field of a CSV row does not parse, by column (and header name,
+/// where the file has one), and what an empty one means: pandas writes a
+/// missing value as an empty field.
+fn not_a_number(row: usize, rec: &csv::StringRecord, header: Option<&csv::StringRecord>) -> String {
+    let Some((j, field)) = rec
+        .iter()
+        .enumerate()
+        .find(|(_, f)| f.trim().parse::<f32>().is_err())
+    else {
+        return format!("row {row}: a field is not a number");
+    };
+    let name = header
+        .and_then(|h| h.get(j))
+        .map(|n| format!(" (`{}`)", n.trim()))
+        .unwrap_or_default();
+    let column = format!("row {row}, column {}{name}", j + 1);
+    if field.trim().is_empty() {
+        format!("{column} is empty: a missing value; drop or fill the rows that have one")
+    } else {
+        format!("{column}: `{}` is not a number", field.trim())
+    }
+}
+
 /// Reads a CSV file: one row per sample, a header optional (detected when the
 /// first line does not parse as numbers). Returns (features, labels).
 pub fn csv(path: &Path, label_col: Option<isize>) -> Result<(Array, Array), DataError> {
@@ -287,6 +310,7 @@ pub fn csv_bytes(bytes: &[u8], label_col: Option<isize>) -> Result<(Array, Array
         .from_reader(bytes);
     let mut rows: Vec<Vec<f32>> = Vec::new();
     let mut integral = Vec::new();
+    let mut header: Option<csv::StringRecord> = None;
     for (i, rec) in reader.records().enumerate() {
         let rec = rec.map_err(|e| FormatError::because(format!("row {}", i + 1), e))?;
         let parsed: Result<Vec<f32>, _> = rec.iter().map(|f| f.trim().parse::<f32>()).collect();
@@ -295,10 +319,8 @@ pub fn csv_bytes(bytes: &[u8], label_col: Option<isize>) -> Result<(Array, Array
                 integral.push(rec.iter().all(|f| !f.contains(['.', 'e', 'E'])));
                 rows.push(v);
             }
-            Err(_) if i == 0 => continue, // a header
-            Err(_) => {
-                return Err(format!("row {}: a field is not a number", i + 1).into());
-            }
+            Err(_) if i == 0 => header = Some(rec), // a header
+            Err(_) => return Err(not_a_number(i + 1, &rec, header.as_ref()).into()),
         }
     }
     let width = rows
@@ -450,5 +472,21 @@ mod tests {
         assert_eq!(a.values, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
         assert!(idx_bytes(&b[..14]).is_err());
         assert!(idx_bytes(b"PK\x03\x04").is_err());
+    }
+
+    #[test]
+    fn a_field_that_is_not_a_number_is_named_by_row_and_column() {
+        let missing = "bill,mass,species\n39.1,3750,0\n,3800,0\n".as_bytes();
+        let why = csv_bytes(missing, None).unwrap_err().to_string();
+        assert!(
+            why.contains("row 3, column 1 (`bill`) is empty: a missing value"),
+            "{why}"
+        );
+        let word = "1,2,0\n1,two,1\n".as_bytes();
+        let why = csv_bytes(word, None).unwrap_err().to_string();
+        assert!(
+            why.contains("row 2, column 2: `two` is not a number"),
+            "{why}"
+        );
     }
 }

@@ -86,10 +86,20 @@ const UNIT: u64 = 1000;
 
 /// The checks on the flags that need the data: the batches in the order
 /// given, each once, none above the training rows; the devices each once.
+/// Checking an advice by default (its recommended batch and neighbours), a
+/// neighbour above the training rows is left out: the advice ranks every
+/// batch up to the whole data set, the check holds some rows out.
 fn check(cfg: &SweepConfig, train: &Dataset) -> Result<Vec<u64>> {
+    let by_default = cfg
+        .verify
+        .as_ref()
+        .is_some_and(|a| a.default_batches() == cfg.batches);
     let mut batches: Vec<u64> = Vec::new();
     for &b in &cfg.batches {
-        if !batches.contains(&b) {
+        let neighbour_too_big = by_default
+            && b as usize > train.rows
+            && cfg.verify.as_ref().is_some_and(|a| a.recommended != b);
+        if !batches.contains(&b) && !neighbour_too_big {
             batches.push(b);
         }
     }
@@ -97,8 +107,13 @@ fn check(cfg: &SweepConfig, train: &Dataset) -> Result<Vec<u64>> {
         return Err(Error::input("--batches: give at least one batch size"));
     }
     if let Some(&b) = batches.iter().find(|&&b| b as usize > train.rows) {
+        let whose = if by_default {
+            ", the advice's recommended batch (a smaller --val-split holds fewer rows out)"
+        } else {
+            ""
+        };
         return Err(Error::input(format!(
-            "--batches: {b} exceeds the {} training rows of {}",
+            "--batches: {b} exceeds the {} training rows of {}{whose}",
             train.rows, train.source
         )));
     }
