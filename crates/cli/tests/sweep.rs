@@ -382,6 +382,58 @@ fn verify_leaves_out_neighbours_above_the_training_rows() {
     );
 }
 
+/// The check judges the target on the rows it was measured on: advise's
+/// fixed rows of the whole data set, not the training split's. Here those
+/// rows alone have target 4 (the rest 0, the inputs carry nothing), so their
+/// loss ends near (4 - mean)^2 while the split's own fixed rows, mostly 0,
+/// start below that: judged there, every run would reach the target at step 0.
+#[test]
+fn verify_judges_the_target_on_the_rows_it_was_measured_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m.toml");
+    std::fs::write(
+        &model,
+        "name = \"m\"\n[[input]]\nname = \"x\"\nshape = [2]\n\n[[layer]]\nname = \"fc\"\nop = \"linear\"\nout_features = 1\n\n[loss]\nkind = \"mse\"\n",
+    )
+    .unwrap();
+    let n = 3000;
+    let fixed = batchfit_engine::sweep::target_rows(n);
+    let rows: String = (0..n)
+        .map(|i| {
+            let y = if fixed.contains(&i) { 4 } else { 0 };
+            format!("{},{},{y}\n", (i % 7) as f64 / 7.0, (i % 11) as f64 / 11.0)
+        })
+        .collect();
+    let data = dir.path().join("d.csv");
+    std::fs::write(&data, rows).unwrap();
+    let advice = json(&[
+        "advise",
+        model.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--noise-steps",
+        "60",
+        "--batches",
+        "16,64,256",
+        "--time-cap",
+        "0.1",
+        "--warmup",
+        "1",
+    ]);
+    let target = advice["prediction"]["target_loss"].as_f64().unwrap();
+    let file = dir.path().join("advice.json");
+    std::fs::write(&file, advice.to_string()).unwrap();
+    let d = json(&["sweep", "--verify", file.to_str().unwrap(), "--seeds", "1"]);
+    for run in d["runs"].as_array().unwrap() {
+        let first = run["record"]["curve"][0]["loss"].as_f64().unwrap();
+        assert!(first > target, "{first} <= {target}: {}", run["record"]);
+    }
+    assert_ne!(
+        d["verify"]["verdict"]["line_code"],
+        "at_target_from_the_start"
+    );
+}
+
 /// A sweep's folder given to `advise --from-sweep`: the time to target rests
 /// on its fitted steps and its learning-rate rule, and says so.
 #[test]

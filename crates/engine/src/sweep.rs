@@ -173,13 +173,24 @@ fn evaluate(trainer: &Trainer, graph: &Graph, data: &Dataset, idx: &[usize]) -> 
     (loss / n, labels.map(|_| correct as f64 / n))
 }
 
-/// Trains `spec` on `train`, validating on `val`. `progress` sees the share of
-/// the epoch budget done (a run that reaches its target ends early).
+/// The rows whose loss the curve records and the target is judged on: a
+/// data set and row indices into it.
+#[derive(Clone, Copy, Debug)]
+pub struct JudgedOn<'a> {
+    pub data: &'a Dataset,
+    pub rows: &'a [usize],
+}
+
+/// Trains `spec` on `train`, validating on `val`, its curve's loss on
+/// `judged` (the training split's [`target_rows`] unless a target was
+/// measured on other rows). `progress` sees the share of the epoch budget
+/// done (a run that reaches its target ends early).
 pub fn train_run(
     graph: &Graph,
     base: &TrainConfig,
     train: &Dataset,
     val: &Dataset,
+    judged: JudgedOn,
     spec: &RunSpec,
     mut progress: impl FnMut(f64),
 ) -> Result<RunRecord, EngineError> {
@@ -195,7 +206,6 @@ pub fn train_run(
             ..base.clone()
         },
     )?;
-    let order = target_rows(train.rows);
     let val_rows: Vec<usize> = (0..val.rows).collect();
 
     let steps_per_epoch = (train.rows / spec.batch).max(1) as u64;
@@ -206,7 +216,7 @@ pub fn train_run(
         step: 0,
         seconds: 0.0,
         samples: 0,
-        loss: evaluate(&trainer, graph, train, &order).0,
+        loss: evaluate(&trainer, graph, judged.data, judged.rows).0,
     }];
     let mut epochs = Vec::new();
     let (mut step, mut seconds) = (0u64, 0.0f64);
@@ -255,7 +265,7 @@ pub fn train_run(
             epoch_steps += 1;
             if checks.due(step) {
                 checked = true;
-                let loss = evaluate(&trainer, graph, train, &order).0;
+                let loss = evaluate(&trainer, graph, judged.data, judged.rows).0;
                 curve.push(CurvePoint {
                     step,
                     seconds,

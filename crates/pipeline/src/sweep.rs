@@ -8,7 +8,7 @@ use crate::output::check_output_folder;
 use crate::sweep_out::{prepare_out, read_record, run_file, write_record};
 use crate::{Error, Progress, Result};
 use batchfit_data::Dataset;
-use batchfit_engine::sweep::{RunSpec, train_run};
+use batchfit_engine::sweep::{JudgedOn, RunSpec, target_rows, train_run};
 use batchfit_engine::{DeviceSpec, TrainConfig};
 use batchfit_plan::Optimizer;
 use batchfit_tune::basis::{prediction_basis, prediction_basis_to};
@@ -154,6 +154,22 @@ pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepSummary>
     }
     let (train, val) = data.split(cfg.val_split, cfg.split_seed);
     let batches = check(cfg, &train)?;
+    // A loss level is a property of the rows it is measured on: an advice's
+    // target was measured on the whole data set's fixed rows (advise trains on
+    // every row), so its check judges on those; the training split's own
+    // would put a heavy-tailed target (counts, prices) at another level
+    // (randhie's visit counts: 17 against 25 before any step).
+    let (advice_rows, split_rows) = (target_rows(data.rows), target_rows(train.rows));
+    let judged = match cfg.verify {
+        Some(_) => JudgedOn {
+            data: &data,
+            rows: &advice_rows,
+        },
+        None => JudgedOn {
+            data: &train,
+            rows: &split_rows,
+        },
+    };
     let smallest = *batches.iter().min().expect("checked: at least one");
     if let Some(p) = &cfg.html {
         check_output_folder("--html", p)?;
@@ -292,7 +308,7 @@ pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepSummary>
             device,
             init_random: true,
         };
-        let record = train_run(&graph, &base, &train, &val, &spec, |done| {
+        let record = train_run(&graph, &base, &train, &val, judged, &spec, |done| {
             progress.set_position(i as u64 * UNIT + (done * UNIT as f64) as u64);
         })?;
         if let Some(f) = &file {

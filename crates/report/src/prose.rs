@@ -392,6 +392,9 @@ pub fn verdict_line(recommended: u64, v: VerdictOutcome) -> String {
         VerdictOutcome::NotReached => format!(
             "The advice could not be checked: batch {recommended} did not reach the target in every run."
         ),
+        VerdictOutcome::AtTargetFromTheStart => format!(
+            "The advice could not be checked: batch {recommended}'s runs started at or below the target loss (it was measured on other rows, or the data trains to it at once)."
+        ),
     }
 }
 

@@ -104,6 +104,9 @@ pub enum VerdictOutcome {
     NotTrained,
     /// It did not reach the target in every run.
     NotReached,
+    /// Its runs started at or below the target loss: no step was needed, so
+    /// the runs say nothing of the steps the prediction is about.
+    AtTargetFromTheStart,
 }
 
 impl VerdictOutcome {
@@ -115,6 +118,7 @@ impl VerdictOutcome {
             VerdictOutcome::NotHeld { .. } => "not_held",
             VerdictOutcome::NotTrained => "not_trained",
             VerdictOutcome::NotReached => "not_reached",
+            VerdictOutcome::AtTargetFromTheStart => "at_target_from_the_start",
         }
     }
 }
@@ -138,9 +142,11 @@ pub fn verify(
     let stat = |v: &[f64]| (!v.is_empty()).then(|| mean_std(v));
     let of = |b: u64| measured.iter().find(|m| m.batch == b);
     let complete = |m: &Measured| m.runs > 0 && m.seconds.len() == m.runs;
+    // A run that took no step to the target started there: no time to compare.
+    let started_there = |m: &Measured| !m.steps.is_empty() && m.steps.iter().all(|&s| s <= 0.0);
     let fastest = measured
         .iter()
-        .filter(|m| complete(m))
+        .filter(|m| complete(m) && !started_there(m))
         .filter_map(|m| stat(&m.seconds).map(|s| (m, s)))
         .min_by(|a, b| a.1.0.total_cmp(&b.1.0));
     let best_predicted = predicted
@@ -184,7 +190,9 @@ pub fn verify(
     let worst_relative = worst(|r| r.vs_best_error_pct);
     let worst_absolute = worst(|r| r.seconds_error_pct);
     let rec = of(recommended);
-    let rec_seconds = rec.filter(|m| complete(m)).and_then(|m| stat(&m.seconds));
+    let rec_seconds = rec
+        .filter(|m| complete(m) && !started_there(m))
+        .and_then(|m| stat(&m.seconds));
     let (recommended_vs_fastest, within_seed_noise) = match (rec, rec_seconds, fastest) {
         (Some(r), Some(_), Some((f, _))) => match difference(&r.seconds, &f.seconds) {
             Some((ratio, diff, se)) => (Some(ratio), diff <= 2.0 * se),
@@ -213,6 +221,7 @@ pub fn verify(
             fastest_seconds: fs.0,
         },
         _ if rec.is_none() => VerdictOutcome::NotTrained,
+        _ if rec.is_some_and(started_there) => VerdictOutcome::AtTargetFromTheStart,
         _ => VerdictOutcome::NotReached,
     };
     (
@@ -461,5 +470,21 @@ mod tests {
         let (rows, v) = verify(&pred, &[short, m(256, &[0.1, 0.1, 0.1])], 128);
         assert!(!v.held && rows[0].vs_best.is_none());
         assert_eq!(v.outcome, VerdictOutcome::NotReached);
+    }
+
+    /// Runs whose first loss was already at the target took no step: no
+    /// time to compare, and no verdict of "held" on them.
+    #[test]
+    fn runs_that_start_at_the_target_cannot_check_the_advice() {
+        let pred = [p(128, 0.10), p(256, 0.11)];
+        let none = |b| Measured {
+            batch: b,
+            runs: 2,
+            steps: vec![0.0, 0.0],
+            seconds: vec![0.0, 0.0],
+        };
+        let (rows, v) = verify(&pred, &[none(128), none(256)], 128);
+        assert!(!v.held && v.fastest.is_none() && rows.iter().all(|r| r.vs_best.is_none()));
+        assert_eq!(v.outcome, VerdictOutcome::AtTargetFromTheStart);
     }
 }
