@@ -383,7 +383,8 @@ fn verify_leaves_out_neighbours_above_the_training_rows() {
 }
 
 /// The check judges the target on the rows it was measured on: advise's
-/// fixed rows of the whole data set, not the training split's. Here those
+/// fixed rows of the whole data set (those the split trains on), not the
+/// training split's own. Here those
 /// rows alone have target 4 (the rest 0, the inputs carry nothing), so their
 /// loss ends near (4 - mean)^2 while the split's own fixed rows, mostly 0,
 /// start below that: judged there, every run would reach the target at step 0.

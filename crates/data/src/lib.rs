@@ -255,11 +255,19 @@ impl Dataset {
     /// Training and validation rows: a seeded shuffle, the first `share`
     /// (at least one row, at most all but one) held out.
     pub fn split(&self, share: f64, seed: u64) -> (Dataset, Dataset) {
+        let (train, val) = self.split_rows(share, seed);
+        (self.subset(&train), self.subset(&val))
+    }
+
+    /// The rows [`Dataset::split`] puts in training and in validation, in
+    /// the order its subsets hold them.
+    pub fn split_rows(&self, share: f64, seed: u64) -> (Vec<usize>, Vec<usize>) {
         let mut idx: Vec<usize> = (0..self.rows).collect();
         idx.shuffle(&mut StdRng::seed_from_u64(seed));
         let n_val = ((self.rows as f64 * share).ceil() as usize)
             .clamp(1, self.rows.saturating_sub(1).max(1));
-        (self.subset(&idx[n_val..]), self.subset(&idx[..n_val]))
+        let train = idx.split_off(n_val);
+        (train, idx)
     }
 
     /// A subset of rows (for train/validation splits).
@@ -489,6 +497,25 @@ mod tests {
             _ => panic!("classification"),
         }
         assert!(d.inputs[0].iter().all(|&v| (0.0..=1.0).contains(&v)));
+    }
+
+    /// `split_rows` names the rows `split`'s subsets hold, in their order,
+    /// and every row once.
+    #[test]
+    fn split_rows_are_the_rows_of_the_split() {
+        let g = zoo::build("digits-mlp").unwrap();
+        let d = digits::load(&g).unwrap();
+        let (train, val) = d.split(0.1, 7);
+        let (train_rows, val_rows) = d.split_rows(0.1, 7);
+        assert_eq!((train_rows.len(), val_rows.len()), (train.rows, val.rows));
+        assert_eq!(
+            train.gather_input(0, &[3]),
+            d.gather_input(0, &[train_rows[3]])
+        );
+        assert_eq!(val.gather_input(0, &[5]), d.gather_input(0, &[val_rows[5]]));
+        let mut all: Vec<usize> = train_rows.into_iter().chain(val_rows).collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..d.rows).collect::<Vec<_>>());
     }
 
     /// A [T = 6, C = 5] CTC model over 4 features a frame, blank 0.

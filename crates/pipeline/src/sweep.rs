@@ -81,6 +81,21 @@ pub enum ScheduleChoice {
     Given { schedule: Schedule, source: String },
 }
 
+/// The whole data set's fixed rows ([`target_rows`], those an advice's
+/// target was measured on) that the split puts in training, as indices into
+/// the training subset.
+fn advice_rows_in_training(data: &Dataset, cfg: &SweepConfig) -> Vec<usize> {
+    let (train, _) = data.split_rows(cfg.val_split, cfg.split_seed);
+    let mut position = vec![None; data.rows];
+    for (i, &row) in train.iter().enumerate() {
+        position[row] = Some(i);
+    }
+    target_rows(data.rows)
+        .into_iter()
+        .filter_map(|row| position[row])
+        .collect()
+}
+
 /// Progress units per run.
 const UNIT: u64 = 1000;
 
@@ -156,19 +171,17 @@ pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepSummary>
     let batches = check(cfg, &train)?;
     // A loss level is a property of the rows it is measured on: an advice's
     // target was measured on the whole data set's fixed rows (advise trains on
-    // every row), so its check judges on those; the training split's own
-    // would put a heavy-tailed target (counts, prices) at another level
-    // (randhie's visit counts: 17 against 25 before any step).
-    let (advice_rows, split_rows) = (target_rows(data.rows), target_rows(train.rows));
-    let judged = match cfg.verify {
-        Some(_) => JudgedOn {
-            data: &data,
-            rows: &advice_rows,
-        },
-        None => JudgedOn {
-            data: &train,
-            rows: &split_rows,
-        },
+    // every row), so its check judges on those of them it trains on; the
+    // training split's own would put a heavy-tailed target (counts, prices)
+    // at another level (randhie's visit counts: 17 against 25 before any
+    // step), and held-out rows never reach a training loss.
+    let judged_rows = match cfg.verify {
+        Some(_) => advice_rows_in_training(&data, cfg),
+        None => target_rows(train.rows),
+    };
+    let judged = JudgedOn {
+        data: &train,
+        rows: &judged_rows,
     };
     let smallest = *batches.iter().min().expect("checked: at least one");
     if let Some(p) = &cfg.html {
