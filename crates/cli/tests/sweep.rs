@@ -312,6 +312,43 @@ fn verify_trains_what_the_advice_predicted_and_says_whether_it_held() {
     );
 }
 
+/// A one-layer model file in `dir`: `inputs` features to `outputs`, with `loss`.
+fn linear_model(
+    dir: &std::path::Path,
+    inputs: usize,
+    outputs: usize,
+    loss: &str,
+) -> std::path::PathBuf {
+    let model = dir.join("m.toml");
+    std::fs::write(
+        &model,
+        format!(
+            "name = \"m\"\n[[input]]\nname = \"x\"\nshape = [{inputs}]\n\n[[layer]]\nname = \"fc\"\n\
+             op = \"linear\"\nout_features = {outputs}\n\n[loss]\nkind = \"{loss}\"\n"
+        ),
+    )
+    .unwrap();
+    model
+}
+
+/// `advise --json` of `model` on `data`, briefly: a short noise run, three batches.
+fn quick_advice(model: &str, data: &str) -> Value {
+    json(&[
+        "advise",
+        model,
+        "--data",
+        data,
+        "--noise-steps",
+        "60",
+        "--batches",
+        "16,64,256",
+        "--time-cap",
+        "0.1",
+        "--warmup",
+        "1",
+    ])
+}
+
 /// The advice ranks batches up to the whole data set; its check holds
 /// validation rows out. Checked by default (the recommended batch and its
 /// neighbours), a neighbour above the training rows is left out; a
@@ -319,12 +356,7 @@ fn verify_trains_what_the_advice_predicted_and_says_whether_it_held() {
 #[test]
 fn verify_leaves_out_neighbours_above_the_training_rows() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("m.toml");
-    std::fs::write(
-        &model,
-        "name = \"m\"\n[[input]]\nname = \"x\"\nshape = [4]\n\n[[layer]]\nname = \"fc\"\nop = \"linear\"\nout_features = 2\n\n[loss]\nkind = \"cross_entropy\"\n",
-    )
-    .unwrap();
+    let model = linear_model(dir.path(), 4, 2, "cross_entropy");
     // 400 rows: the class is the sign of the first two features' sum.
     let data = dir.path().join("d.csv");
     let rows: String = (0..400)
@@ -338,20 +370,7 @@ fn verify_leaves_out_neighbours_above_the_training_rows() {
         .collect();
     std::fs::write(&data, rows).unwrap();
     let (model, data) = (model.to_str().unwrap(), data.to_str().unwrap());
-    let mut advice = json(&[
-        "advise",
-        model,
-        "--data",
-        data,
-        "--noise-steps",
-        "40",
-        "--batches",
-        "16,64,256",
-        "--time-cap",
-        "0.1",
-        "--warmup",
-        "1",
-    ]);
+    let mut advice = quick_advice(model, data);
     let file = dir.path().join("advice.json");
     let file = file.to_str().unwrap();
     // Half the rows held out: 200 train, so 256 does not fit.
@@ -391,12 +410,7 @@ fn verify_leaves_out_neighbours_above_the_training_rows() {
 #[test]
 fn verify_judges_the_target_on_the_rows_it_was_measured_on() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("m.toml");
-    std::fs::write(
-        &model,
-        "name = \"m\"\n[[input]]\nname = \"x\"\nshape = [2]\n\n[[layer]]\nname = \"fc\"\nop = \"linear\"\nout_features = 1\n\n[loss]\nkind = \"mse\"\n",
-    )
-    .unwrap();
+    let model = linear_model(dir.path(), 2, 1, "mse");
     let n = 3000;
     let fixed = batchfit_engine::sweep::target_rows(n);
     let rows: String = (0..n)
@@ -407,20 +421,7 @@ fn verify_judges_the_target_on_the_rows_it_was_measured_on() {
         .collect();
     let data = dir.path().join("d.csv");
     std::fs::write(&data, rows).unwrap();
-    let advice = json(&[
-        "advise",
-        model.to_str().unwrap(),
-        "--data",
-        data.to_str().unwrap(),
-        "--noise-steps",
-        "60",
-        "--batches",
-        "16,64,256",
-        "--time-cap",
-        "0.1",
-        "--warmup",
-        "1",
-    ]);
+    let advice = quick_advice(model.to_str().unwrap(), data.to_str().unwrap());
     let target = advice["prediction"]["target_loss"].as_f64().unwrap();
     let file = dir.path().join("advice.json");
     std::fs::write(&file, advice.to_string()).unwrap();
