@@ -50,6 +50,8 @@ pub fn reason(r: &Reason) -> String {
                 NoiseHint::GiveData => "add --data to measure it on your data",
                 NoiseHint::PythonHelper =>
                     "report it from your training loop with the Python helper, docs/run.md",
+                NoiseHint::NoneFromTheRun =>
+                    "the noise run on your data gave none, its |G|^2 not clearly above zero; a longer run (--noise-steps) or more rows may",
             }
         ),
         Reason::NothingMeasured => "no batch size could be measured".into(),

@@ -105,6 +105,8 @@ pub enum NoiseHint {
     GiveData,
     /// `run` of a command that reported none.
     PythonHelper,
+    /// A noise run on the data that gave no noise scale.
+    NoneFromTheRun,
 }
 
 /// What to do on one device.

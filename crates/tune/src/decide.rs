@@ -167,15 +167,33 @@ pub fn decide(e: &Evidence) -> Decision {
             ),
             None => (None, MaxBatchSource::NotSearched),
         };
+        // A batch larger than the data set is not a batch one can train
+        // with: the knee among the batches it holds.
+        let knee_batch = match e.data_rows {
+            Some(rows) if p.knee_batch.is_some_and(|k| k > rows) => {
+                let within: Vec<_> = p
+                    .points
+                    .iter()
+                    .filter(|q| q.batch <= rows)
+                    .cloned()
+                    .collect();
+                crate::measure::knee_of(&within, p.efficiency)
+            }
+            _ => p.knee_batch,
+        };
         let (mut rec, opts) = recommend(
             &DeviceEvidence {
                 device: p.device,
                 points: &updates,
-                knee_batch: p.knee_batch,
+                knee_batch,
                 efficiency: p.efficiency,
                 max_batch,
                 max_batch_source,
-                noise_hint: NoiseHint::GiveData,
+                noise_hint: if e.noise.is_some() {
+                    NoiseHint::NoneFromTheRun
+                } else {
+                    NoiseHint::GiveData
+                },
                 rate_failed_from: e.rate_failed_from,
             },
             band,
@@ -394,6 +412,46 @@ mod tests {
             assert!((q.rel_err - w.hypot(0.1)).abs() < 1e-12, "{q:?}");
             assert_eq!(u.rel_err, q.rel_err);
         }
+    }
+
+    /// A knee above the data set's rows is no batch to train with: the
+    /// recommendation is the knee among the batches the data holds.
+    #[test]
+    fn the_knee_is_taken_among_batches_the_data_holds() {
+        let graph = batchfit_graph::load("zoo:digits-mlp").unwrap();
+        let plan_cpu = plan(&graph, &TrainOptions::default());
+        let mut p = probe(
+            "cpu",
+            &[(8, 0.0010), (16, 0.0011), (32, 0.0012), (512, 0.0100)],
+            None,
+        );
+        p.knee_batch = Some(512);
+        let d = decide(&Evidence {
+            probes: &[p],
+            plan_cpu: &plan_cpu,
+            host_memory: None,
+            noise: None,
+            measured: None,
+            rule: LrRule::Sqrt,
+            reference: (16, 1e-3),
+            input_seconds: &|_| None,
+            rate_cap: None,
+            data_rows: Some(32),
+            rate_failed_from: None,
+            checked_b_noise: None,
+        });
+        let rec = &d.recommendations[0];
+        assert_eq!(
+            (rec.recommended_batch, rec.knee_batch),
+            (Some(32), Some(32))
+        );
+        assert!(matches!(
+            rec.reason,
+            crate::advice::Reason::Knee {
+                hint: NoiseHint::GiveData,
+                ..
+            }
+        ));
     }
 
     /// The 6 GB card question as measurements: a GPU that fits 25 at 10 ms a
