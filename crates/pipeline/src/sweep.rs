@@ -81,16 +81,15 @@ pub enum ScheduleChoice {
     Given { schedule: Schedule, source: String },
 }
 
-/// The whole data set's fixed rows ([`target_rows`], those an advice's
-/// target was measured on) that the split puts in training, as indices into
-/// the training subset.
-fn advice_rows_in_training(data: &Dataset, cfg: &SweepConfig) -> Vec<usize> {
-    let (train, _) = data.split_rows(cfg.val_split, cfg.split_seed);
-    let mut position = vec![None; data.rows];
+/// The fixed rows of a data set of `rows` rows ([`target_rows`], those an
+/// advice's target was measured on) that the split puts in training
+/// (`train`, in the training subset's order), as indices into that subset.
+fn advice_rows_in_training(rows: usize, train: &[usize]) -> Vec<usize> {
+    let mut position = vec![None; rows];
     for (i, &row) in train.iter().enumerate() {
         position[row] = Some(i);
     }
-    target_rows(data.rows)
+    target_rows(rows)
         .into_iter()
         .filter_map(|row| position[row])
         .collect()
@@ -108,12 +107,11 @@ fn check(cfg: &SweepConfig, train: &Dataset) -> Result<Vec<u64>> {
     let by_default = cfg
         .verify
         .as_ref()
-        .is_some_and(|a| a.default_batches() == cfg.batches);
+        .filter(|a| a.default_batches() == cfg.batches);
     let mut batches: Vec<u64> = Vec::new();
     for &b in &cfg.batches {
-        let neighbour_too_big = by_default
-            && b as usize > train.rows
-            && cfg.verify.as_ref().is_some_and(|a| a.recommended != b);
+        let neighbour_too_big =
+            b as usize > train.rows && by_default.is_some_and(|a| a.recommended != b);
         if !batches.contains(&b) && !neighbour_too_big {
             batches.push(b);
         }
@@ -122,7 +120,7 @@ fn check(cfg: &SweepConfig, train: &Dataset) -> Result<Vec<u64>> {
         return Err(Error::input("--batches: give at least one batch size"));
     }
     if let Some(&b) = batches.iter().find(|&&b| b as usize > train.rows) {
-        let whose = if by_default {
+        let whose = if by_default.is_some() {
             ", the advice's recommended batch (a smaller --val-split holds fewer rows out)"
         } else {
             ""
@@ -167,7 +165,8 @@ pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepSummary>
             data.source, data.rows
         )));
     }
-    let (train, val) = data.split(cfg.val_split, cfg.split_seed);
+    let (train_rows, val_rows) = data.split_rows(cfg.val_split, cfg.split_seed);
+    let (train, val) = (data.subset(&train_rows), data.subset(&val_rows));
     let batches = check(cfg, &train)?;
     // A loss level is a property of the rows it is measured on: an advice's
     // target was measured on the whole data set's fixed rows (advise trains on
@@ -176,7 +175,7 @@ pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepSummary>
     // at another level (randhie's visit counts: 17 against 25 before any
     // step), and held-out rows never reach a training loss.
     let judged_rows = match cfg.verify {
-        Some(_) => advice_rows_in_training(&data, cfg),
+        Some(_) => advice_rows_in_training(data.rows, &train_rows),
         None => target_rows(train.rows),
     };
     let judged = JudgedOn {
