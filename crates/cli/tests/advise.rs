@@ -138,9 +138,8 @@ fn gpus_give_time_to_target_across_world_sizes() {
     assert!(text.contains("B_noise"), "{text}");
 }
 
-/// 400 rows of two classes whose 8 features sit around ±1 times 300 (raw
-/// units), a deterministic hash for the noise, and an 8-16-2 MLP for them.
-fn unscaled_blobs(dir: &std::path::Path) -> (String, String) {
+/// An 8-16-2 MLP for the rows of [`unscaled_blobs`] and [`uninformative`].
+fn two_class_mlp(dir: &std::path::Path) -> String {
     let model = dir.join("blobs.toml");
     std::fs::write(
         &model,
@@ -151,6 +150,13 @@ fn unscaled_blobs(dir: &std::path::Path) -> (String, String) {
          [loss]\nkind = \"cross_entropy\"\n",
     )
     .unwrap();
+    model.to_str().unwrap().to_string()
+}
+
+/// 400 rows of two classes whose 8 features sit around ±1 times 300 (raw
+/// units), a deterministic hash for the noise, and an 8-16-2 MLP for them.
+fn unscaled_blobs(dir: &std::path::Path) -> (String, String) {
+    let model = two_class_mlp(dir);
     let mut state = 0x2545_f491_4f6c_dd1du64;
     let mut noise = || {
         state ^= state << 13;
@@ -170,10 +176,19 @@ fn unscaled_blobs(dir: &std::path::Path) -> (String, String) {
         .collect();
     let data = dir.join("blobs.csv");
     std::fs::write(&data, rows).unwrap();
-    (
-        model.to_str().unwrap().to_string(),
-        data.to_str().unwrap().to_string(),
-    )
+    (model, data.to_str().unwrap().to_string())
+}
+
+/// 400 rows whose 8 features are the same in every row, a quarter of them
+/// class 1: nothing to learn beyond the class frequencies, so no training
+/// can end below their entropy.
+fn uninformative(dir: &std::path::Path) -> (String, String) {
+    let rows: String = (0..400)
+        .map(|i| format!("{}{}\n", "0.5,".repeat(8), u8::from(i % 4 == 0)))
+        .collect();
+    let data = dir.join("flat.csv");
+    std::fs::write(&data, rows).unwrap();
+    (two_class_mlp(dir), data.to_str().unwrap().to_string())
 }
 
 fn advise_json(args: &[&str]) -> serde_json::Value {
@@ -225,6 +240,39 @@ fn unscaled_data_is_named_with_its_fix_and_standardize_trains_on_it_scaled() {
         !codes(&scaled).contains(&"unscaled_inputs".to_string()),
         "{scaled}"
     );
+    let learning = &scaled["learning"];
+    assert_eq!(learning["learned"], true, "{learning}");
+    assert!((learning["prior_loss"].as_f64().unwrap() - 2f64.ln()).abs() < 1e-12);
+    assert_eq!(scaled["target_loss"], learning["run_loss"]);
+}
+
+/// Inputs that carry nothing: the noise run ends no lower than the class
+/// frequencies' entropy, so the advice names the knee by throughput, predicts
+/// no time to target, and `sweep --verify` refuses it saying why.
+#[test]
+fn a_run_that_learns_nothing_from_the_inputs_predicts_no_time_to_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, data) = uninformative(dir.path());
+    let v = advise_json(&[&model, "--data", &data]);
+    let learning = &v["learning"];
+    assert_eq!(learning["learned"], false, "{learning}");
+    let prior = 0.75f64.ln() * -0.75 - 0.25 * 0.25f64.ln();
+    assert!((learning["prior_loss"].as_f64().unwrap() - prior).abs() < 1e-12);
+    assert!(learning["run_loss"].as_f64().unwrap() >= prior);
+    assert!(v["target_loss"].is_null() && v["prediction"].is_null());
+    assert_eq!(v["time_to_target"].as_array().unwrap().len(), 0);
+    let rec = &v["recommendations"][0];
+    assert_eq!(rec["reason_code"], "knee");
+    assert_eq!(rec["recommended_batch"], rec["knee_batch"]);
+    let advice = dir.path().join("advice.json");
+    std::fs::write(&advice, v.to_string()).unwrap();
+    let out = batchfit()
+        .args(["sweep", "--verify", advice.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("learned nothing from the inputs"), "{err}");
 }
 
 #[test]

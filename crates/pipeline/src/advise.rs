@@ -146,6 +146,9 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<Advice> {
     };
     let plan_cpu = plan(&graph, &train);
     let input_seconds = |b| data.as_ref().map(|d| batch_load_seconds(d, &graph, b));
+    let prior_loss = data
+        .as_ref()
+        .and_then(|d| prior_loss_on_fixed_rows(d, &graph));
     let decide_on = |noise: Option<&NoiseRun>, rates: &RateFindings| {
         decide(&Evidence {
             probes: &probes,
@@ -160,6 +163,7 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<Advice> {
             rate_cap: rates.cap,
             rate_failed_from: rates.failed_from,
             checked_b_noise: rates.b_noise,
+            prior_loss,
         })
     };
     // A rate that trains: the rule's rate at the batches the advice names,
@@ -339,4 +343,12 @@ fn machine() -> String {
         .map(|b| b.to_string())
         .unwrap_or_else(|| "? RAM".into());
     format!("{cpu} ({cores} cores), {ram} RAM")
+}
+
+/// The loss of ignoring the inputs on the rows the noise run's loss is
+/// evaluated on (its fixed rows, as batchfit's runs see them), so the two
+/// compare exactly: no training that ignores the inputs ends below it.
+fn prior_loss_on_fixed_rows(data: &Dataset, graph: &Graph) -> Option<f64> {
+    let rows = batchfit_engine::sweep::target_rows(data.rows);
+    data.subset(&rows).profile(graph).prior_loss()
 }

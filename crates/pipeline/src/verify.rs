@@ -7,7 +7,7 @@
 use crate::noise::{DataSource, LossChoice, LossRequest};
 use crate::{Error, Result};
 use batchfit_tune::basis::PredictionBasis;
-use batchfit_tune::decide::AdviceInputs;
+use batchfit_tune::decide::{AdviceInputs, Learning};
 use batchfit_tune::device::DeviceSpec;
 use batchfit_tune::target::TimeToTarget;
 use batchfit_tune::verify::CheckedAdvice;
@@ -22,6 +22,9 @@ struct AdviceFile {
     prediction: Option<PredictionBasis>,
     time_to_target: Vec<TimeToTarget>,
     recommendations: Vec<RecommendedBatch>,
+    /// Absent in documents written before it.
+    #[serde(default)]
+    learning: Option<Learning>,
 }
 
 #[derive(Deserialize)]
@@ -54,6 +57,12 @@ pub fn parse_advice(path: &Path, text: &str) -> Result<CheckedAdvice> {
         )));
     }
     let Some(basis) = file.prediction else {
+        if let Some(l) = file.learning.filter(|l| !l.learned) {
+            return Err(Error::input(format!(
+                "--verify {name}: the advice predicts no time to target: its noise run learned nothing from the inputs (loss {:.4}, no lower than {:.4} for ignoring them); scale the inputs (--standardize) or lower --lr, and advise again",
+                l.run_loss, l.prior_loss
+            )));
+        }
         return Err(Error::input(format!(
             "--verify {name}: the advice predicts no time to target (it needs the noise run: --data, a learning rate above 0, --noise-steps above 0)"
         )));

@@ -7,7 +7,7 @@ use crate::plots::{Figure, Series, SeriesKind};
 use crate::{align_numbers, esc, prose, table, thousands};
 use batchfit_plan::{Bytes, Plan};
 use batchfit_tune::basis::PredictionBasis;
-use batchfit_tune::decide::{Advice, AdviceInputs, SeedNoise};
+use batchfit_tune::decide::{Advice, AdviceInputs, Learning, SeedNoise};
 use batchfit_tune::device::DeviceSpec;
 use batchfit_tune::probe::DeviceProbe;
 use batchfit_tune::schedule::{DeviceSchedule, Schedule, Stage};
@@ -36,6 +36,9 @@ pub struct AdviseDocument<'a> {
     pub time_to_target: &'a [TimeToTarget],
     /// The loss the noise run reached; time to target is predicted for it.
     pub target_loss: Option<f64>,
+    /// The noise run's loss beside the loss of ignoring the inputs (null
+    /// without a noise run or a closed form for the latter).
+    pub learning: Option<Learning>,
     /// What the predicted time to target rests on.
     pub prediction: Option<BasisJson<'a>>,
     /// A batch-size ramp on each device (predicted).
@@ -80,6 +83,7 @@ impl<'a> AdviseDocument<'a> {
                 .collect(),
             time_to_target: &d.time_to_target,
             target_loss: d.target_loss,
+            learning: d.learning,
             prediction: d.basis.as_ref().map(BasisJson::new),
             schedules: DeviceScheduleJson::all(&d.schedules),
             findings: FindingJson::all(&d.findings),
@@ -157,9 +161,13 @@ pub fn render(d: &Advice) -> String {
     }
     if let Some(p) = &d.decision.basis {
         out.push_str(&format!(
-            "  critical batch ≈ {} for training to loss {:.4} ({})\n",
+            "  critical batch ≈ {} for training to loss {:.4}{} ({})\n",
             thousands(p.curve.b_noise.round() as u64),
             p.target_loss,
+            d.decision
+                .learning
+                .map(|l| format!(", against {:.4} for ignoring the inputs", l.prior_loss))
+                .unwrap_or_default(),
             if p.measured() {
                 "B_noise fitted to the steps to target of real trainings"
             } else {
@@ -167,8 +175,10 @@ pub fn render(d: &Advice) -> String {
             }
         ));
     }
+    // A run that learned nothing from the inputs has no critical batch to state.
     if let Some(n) = &d.noise
         && let Some(c) = n.critical_batch
+        && d.decision.learning.is_none_or(|l| l.learned)
     {
         let band = format!(
             "90 % band {}–{}",

@@ -43,6 +43,17 @@ pub fn reason(r: &Reason) -> String {
                 fastest_step_s * 1e3
             )
         }
+        Reason::Knee {
+            hint:
+                NoiseHint::NotLearning {
+                    run_loss,
+                    prior_loss,
+                },
+            efficiency,
+        } => format!(
+            "the smallest batch reaching {:.0} % of the best measured throughput, throughput only: no batch is ranked by time to target, because the noise run learned nothing from the inputs (its loss ended at {run_loss:.4}, no lower than {prior_loss:.4}, the loss of ignoring the inputs); scale the inputs (--standardize) or lower --lr, and measure again",
+            efficiency * 100.0,
+        ),
         Reason::Knee { efficiency, hint } => format!(
             "the smallest batch reaching {:.0} % of the best measured throughput (the noise scale is unknown, so steps needed are not weighed: {})",
             efficiency * 100.0,
@@ -50,7 +61,7 @@ pub fn reason(r: &Reason) -> String {
                 NoiseHint::GiveData => "add --data to measure it on your data",
                 NoiseHint::PythonHelper =>
                     "report it from your training loop with the Python helper, docs/run.md",
-                NoiseHint::NoneFromTheRun =>
+                NoiseHint::NoneFromTheRun | NoiseHint::NotLearning { .. } =>
                     "the noise run on your data gave none, its |G|^2 not clearly above zero; a longer run (--noise-steps) or more rows may",
             }
         ),

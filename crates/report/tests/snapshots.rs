@@ -199,6 +199,7 @@ fn advice() -> Advice {
         data_rows: None,
         rate_failed_from: None,
         checked_b_noise: None,
+        prior_loss: Some(10f64.ln()),
     });
     Advice {
         model: graph.name.clone(),

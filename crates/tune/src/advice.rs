@@ -99,7 +99,7 @@ impl Serialize for Reason {
 }
 
 /// How the user gets the noise scale, said when there is none.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum NoiseHint {
     /// `advise` without `--data`.
     GiveData,
@@ -107,6 +107,9 @@ pub enum NoiseHint {
     PythonHelper,
     /// A noise run on the data that gave no noise scale.
     NoneFromTheRun,
+    /// A noise run whose loss ended no lower than ignoring the inputs would
+    /// ([`crate::decide::Learning`]).
+    NotLearning { run_loss: f64, prior_loss: f64 },
 }
 
 /// What to do on one device.

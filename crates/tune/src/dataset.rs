@@ -100,6 +100,34 @@ impl DataFinding {
 }
 
 impl DataProfile {
+    /// The loss of the best prediction that ignores the inputs: the class
+    /// frequencies under cross-entropy (their entropy, in nats), the mean
+    /// under MSE (the targets' variance; 1 once `--standardize` scaled them).
+    /// A training whose loss is not below it has learned nothing from the
+    /// inputs. `None` for CTC's label sequences (no such closed form).
+    pub fn prior_loss(&self) -> Option<f64> {
+        match &self.targets {
+            TargetProfile::Classes { counts } => {
+                let total: usize = counts.iter().sum();
+                (total > 0).then(|| {
+                    counts
+                        .iter()
+                        .filter(|&&c| c > 0)
+                        .map(|&c| {
+                            let p = c as f64 / total as f64;
+                            -p * p.ln()
+                        })
+                        .sum()
+                })
+            }
+            TargetProfile::Labels { .. } => None,
+            TargetProfile::Values(v) if self.standardized => {
+                Some(if v.std > 0.0 { 1.0 } else { 0.0 })
+            }
+            TargetProfile::Values(v) => Some(v.std * v.std),
+        }
+    }
+
     /// What the user should fix, in order of consequence.
     pub fn findings(&self) -> Vec<DataFinding> {
         let mut out = Vec::new();
@@ -209,6 +237,42 @@ mod tests {
             std: 77.0,
         });
         assert_eq!(profile(1.0, targets).findings()[0].code(), "wide_targets");
+    }
+
+    #[test]
+    fn the_prior_loss_is_what_ignoring_the_inputs_costs() {
+        let even = profile(
+            1.0,
+            TargetProfile::Classes {
+                counts: vec![5, 5, 0, 5, 5],
+            },
+        );
+        assert!(
+            (even.prior_loss().unwrap() - 4f64.ln()).abs() < 1e-12,
+            "an empty class costs nothing"
+        );
+        let one = profile(1.0, TargetProfile::Classes { counts: vec![0, 9] });
+        assert_eq!(one.prior_loss(), Some(0.0));
+        let values = TargetProfile::Values(ColumnStats {
+            min: 0.0,
+            max: 9.0,
+            mean: 3.0,
+            std: 2.0,
+        });
+        assert_eq!(profile(1.0, values.clone()).prior_loss(), Some(4.0));
+        let scaled = DataProfile {
+            standardized: true,
+            ..profile(1.0, values)
+        };
+        assert_eq!(scaled.prior_loss(), Some(1.0));
+        let ctc = profile(
+            1.0,
+            TargetProfile::Labels {
+                counts: vec![0, 3, 4],
+                blank: 0,
+            },
+        );
+        assert_eq!(ctc.prior_loss(), None);
     }
 
     #[test]

@@ -44,6 +44,21 @@ pub struct Evidence<'a> {
     /// B_noise the rate checks measured ([`crate::stability::checked_b_noise`]):
     /// S(B) is refitted to it through the noise run.
     pub checked_b_noise: Option<f64>,
+    /// The loss of ignoring the inputs ([`crate::dataset::DataProfile::prior_loss`]):
+    /// a noise run that ends no lower learned nothing to predict from.
+    pub prior_loss: Option<f64>,
+}
+
+/// How far the noise run learned: the loss it ended at beside the loss of
+/// ignoring the inputs.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Learning {
+    /// The noise run's final loss on its fixed rows (the target, where it learned).
+    pub run_loss: f64,
+    pub prior_loss: f64,
+    /// `run_loss < prior_loss`: without it there is no target to predict for,
+    /// and no batch is ranked by time to target.
+    pub learned: bool,
 }
 
 /// The recommendations, time-to-target table and findings.
@@ -60,6 +75,8 @@ pub struct Decision {
     /// The batch-size ramp on each device (predicted), when the basis has stretches.
     pub schedules: Vec<DeviceSchedule>,
     pub findings: Vec<Finding>,
+    /// The noise run's loss beside the loss of ignoring the inputs.
+    pub learning: Option<Learning>,
 }
 
 /// The noise scale the probes weigh batches with before the decision: a
@@ -107,11 +124,12 @@ pub fn curve_findings(p: &DeviceProbe, points: &[StepPoint], b_noise: Option<f64
 /// B_noise with its 90 % band, from a sweep's measured curve (exact) or the
 /// noise run's B_simple band carried over to the effective value.
 fn noise_band(
-    e: &Evidence,
+    measured: Option<&PredictionBasis>,
+    noise: Option<&NoiseRun>,
     basis: Option<&PredictionBasis>,
     b_noise: Option<f64>,
 ) -> Option<NoiseBand> {
-    if let Some(m) = e.measured {
+    if let Some(m) = measured {
         return Some(NoiseBand::exact(m.curve.b_noise));
     }
     // The band of the stretches' own estimate, where the noise run resolved them.
@@ -124,7 +142,7 @@ fn noise_band(
             high,
         });
     }
-    let (n, bn) = (e.noise?, b_noise?);
+    let (n, bn) = (noise?, b_noise?);
     let b = n.b_simple?;
     let ratio = bn / b;
     Some(NoiseBand {
@@ -137,10 +155,24 @@ fn noise_band(
 /// From the evidence to the advice: per device a recommendation, every option
 /// ranked by predicted time to target, the diagnosis. Spawns nothing.
 pub fn decide(e: &Evidence) -> Decision {
-    let mut basis = e.measured.cloned().or_else(|| {
-        e.noise
-            .and_then(|n| prediction_basis(n, e.rule, e.reference))
-    });
+    let run_basis = e
+        .noise
+        .and_then(|n| prediction_basis(n, e.rule, e.reference));
+    let learning = run_basis
+        .as_ref()
+        .zip(e.prior_loss)
+        .map(|(b, prior)| Learning {
+            run_loss: b.target_loss,
+            prior_loss: prior,
+            learned: b.target_loss < prior,
+        });
+    // A run that learned nothing from the inputs has no target worth a
+    // prediction and no noise scale of a training that learns.
+    let noise = e.noise.filter(|_| learning.is_none_or(|l| l.learned));
+    let mut basis = e
+        .measured
+        .cloned()
+        .or(run_basis.filter(|_| noise.is_some()));
     if let (Some(b), Some(cap)) = (basis.as_mut(), e.rate_cap) {
         b.lr.cap_batch = Some(b.lr.cap_batch.map_or(cap, |c| c.min(cap)));
     }
@@ -150,8 +182,8 @@ pub fn decide(e: &Evidence) -> Decision {
     let b_noise = basis
         .as_ref()
         .map(|b| b.curve.b_noise)
-        .or(e.noise.and_then(|n| n.b_simple));
-    let band = noise_band(e, basis.as_ref(), b_noise);
+        .or(noise.and_then(|n| n.b_simple));
+    let band = noise_band(e.measured, noise, basis.as_ref(), b_noise);
     let mut recommendations = Vec::new();
     let mut options = Vec::new();
     let mut findings: Vec<Finding> = Vec::new();
@@ -189,10 +221,13 @@ pub fn decide(e: &Evidence) -> Decision {
                 efficiency: p.efficiency,
                 max_batch,
                 max_batch_source,
-                noise_hint: if e.noise.is_some() {
-                    NoiseHint::NoneFromTheRun
-                } else {
-                    NoiseHint::GiveData
+                noise_hint: match (e.noise, learning) {
+                    (Some(_), Some(l)) if !l.learned => NoiseHint::NotLearning {
+                        run_loss: l.run_loss,
+                        prior_loss: l.prior_loss,
+                    },
+                    (Some(_), _) => NoiseHint::NoneFromTheRun,
+                    (None, _) => NoiseHint::GiveData,
                 },
                 rate_failed_from: e.rate_failed_from,
             },
@@ -252,6 +287,7 @@ pub fn decide(e: &Evidence) -> Decision {
         basis,
         schedules,
         findings,
+        learning,
     }
 }
 
@@ -439,6 +475,7 @@ mod tests {
             data_rows: Some(32),
             rate_failed_from: None,
             checked_b_noise: None,
+            prior_loss: None,
         });
         let rec = &d.recommendations[0];
         assert_eq!(
@@ -479,6 +516,7 @@ mod tests {
             data_rows: None,
             rate_failed_from: None,
             checked_b_noise: None,
+            prior_loss: None,
         });
         let order: Vec<(DeviceSpec, u64, u64)> = d
             .time_to_target
@@ -502,26 +540,7 @@ mod tests {
     /// recommendation state that rate.
     #[test]
     fn the_noise_run_sets_the_target_the_curve_and_the_held_rate() {
-        let mut doc = noise_with_b_simple(150.0);
-        doc.lr = 1e-3 * 8f64.sqrt();
-        doc.steps = 100;
-        doc.history = (0..100)
-            .map(|i| NoiseRecord {
-                step: i,
-                loss: 1.0,
-                train_loss: (i % 10 == 0 || i == 99).then_some(2.0 - 0.015 * i as f64),
-                b_simple: Some(150.0),
-                b_simple_low: None,
-                b_simple_high: None,
-                g2: None,
-                trace: None,
-                g2_raw: 1.0,
-                trace_raw: 150.0,
-                g2_raw_preconditioned: Some(2.0),
-                trace_raw_preconditioned: Some(400.0),
-                epoch: 0,
-            })
-            .collect();
+        let doc = run_at_b_noise_200();
         let basis = prediction_basis(&doc, LrRule::Sqrt, (16, 1e-3)).unwrap();
         // The target is the mean of the evaluations in the last 10 % (at 90 and 99), reached at 94.5.
         let target = (2.0 - 0.015 * 90.0 + 2.0 - 0.015 * 99.0) / 2.0;
@@ -555,6 +574,7 @@ mod tests {
             data_rows: None,
             rate_failed_from: None,
             checked_b_noise: None,
+            prior_loss: None,
         });
         for t in &d.time_to_target {
             let b = t.option.micro_batch.min(200) as f64;
@@ -566,6 +586,87 @@ mod tests {
         let rec = &d.recommendations[0];
         let b = rec.recommended_batch.unwrap();
         assert_eq!(rec.learning_rate, Some(basis.lr.at(b)));
+    }
+
+    /// A noise run at 128 whose stretches all measure B = 200 (Adam's
+    /// geometry) and whose loss on the fixed rows falls linearly from 2.
+    fn run_at_b_noise_200() -> NoiseRun {
+        let mut doc = noise_with_b_simple(150.0);
+        doc.lr = 1e-3 * 8f64.sqrt();
+        doc.steps = 100;
+        doc.history = (0..100)
+            .map(|i| NoiseRecord {
+                step: i,
+                loss: 1.0,
+                train_loss: (i % 10 == 0 || i == 99).then_some(2.0 - 0.015 * i as f64),
+                b_simple: Some(150.0),
+                b_simple_low: None,
+                b_simple_high: None,
+                g2: None,
+                trace: None,
+                g2_raw: 1.0,
+                trace_raw: 150.0,
+                g2_raw_preconditioned: Some(2.0),
+                trace_raw_preconditioned: Some(400.0),
+                epoch: 0,
+            })
+            .collect();
+        doc
+    }
+
+    /// A run whose loss ends no lower than ignoring the inputs costs learned
+    /// nothing: no target, no time to target, the knee by throughput with the
+    /// reason; a loss just under it is a target like any other.
+    #[test]
+    fn a_run_that_learned_nothing_from_the_inputs_sets_no_target() {
+        let doc = run_at_b_noise_200();
+        let target = prediction_basis(&doc, LrRule::Sqrt, (16, 1e-3))
+            .unwrap()
+            .target_loss;
+        let graph = batchfit_graph::load("zoo:digits-mlp").unwrap();
+        let plan_cpu = plan(&graph, &TrainOptions::default());
+        let probes = [probe("cpu", &[(64, 0.001), (256, 0.002)], None)];
+        let with_prior = |prior_loss| {
+            decide(&Evidence {
+                probes: &probes,
+                plan_cpu: &plan_cpu,
+                host_memory: None,
+                noise: Some(&doc),
+                measured: None,
+                rule: LrRule::Sqrt,
+                reference: (16, 1e-3),
+                input_seconds: &|_| None,
+                rate_cap: None,
+                data_rows: None,
+                rate_failed_from: None,
+                checked_b_noise: None,
+                prior_loss: Some(prior_loss),
+            })
+        };
+        let d = with_prior(target);
+        assert_eq!(
+            d.learning,
+            Some(Learning {
+                run_loss: target,
+                prior_loss: target,
+                learned: false
+            })
+        );
+        assert!(d.basis.is_none() && d.target_loss.is_none());
+        assert!(d.time_to_target.is_empty() && d.schedules.is_empty());
+        let rec = &d.recommendations[0];
+        assert_eq!(rec.recommended_batch, rec.knee_batch);
+        assert!(matches!(
+            rec.reason,
+            crate::advice::Reason::Knee {
+                hint: NoiseHint::NotLearning { .. },
+                ..
+            }
+        ));
+        let d = with_prior(target * 1.01);
+        assert_eq!(d.learning.map(|l| l.learned), Some(true));
+        assert_eq!(d.target_loss, Some(target));
+        assert!(!d.time_to_target.is_empty());
     }
 
     /// A noise run as the decision reads it: B_simple, no run (lr 0, so no S_min).
