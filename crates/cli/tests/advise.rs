@@ -246,6 +246,43 @@ fn unscaled_data_is_named_with_its_fix_and_standardize_trains_on_it_scaled() {
     assert_eq!(scaled["target_loss"], learning["run_loss"]);
 }
 
+/// 40 rows, under one big batch of the default estimator (8 x 16): the noise
+/// run measures with micro-batches of 40 / 8 = 5 and says so, and the curve
+/// stops at the data's rows.
+#[test]
+fn a_data_set_smaller_than_one_big_batch_shrinks_the_noise_runs_micro_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, data) = unscaled_blobs(dir.path());
+    let small = dir.path().join("small.csv");
+    let rows: String = std::fs::read_to_string(&data)
+        .unwrap()
+        .lines()
+        .take(40)
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&small, rows).unwrap();
+    let out = batchfit()
+        .arg("advise")
+        .args([&model, "--data", small.to_str().unwrap(), "--standardize"])
+        .args(["--noise-steps", "60", "--time-cap", "0.2", "--warmup", "1"])
+        .arg("--json")
+        .output()
+        .unwrap();
+    let v = common::document(out);
+    assert_eq!(v["b_small_asked"], 16, "the default --b-small");
+    assert_eq!(
+        (v["noise"]["b_small"].as_u64(), v["noise"]["b_big"].as_u64()),
+        (Some(5), Some(40))
+    );
+    let batches: Vec<u64> = v["devices"][0]["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["batch"].as_u64().unwrap())
+        .collect();
+    assert_eq!(batches.iter().max(), Some(&40), "{batches:?}");
+}
+
 /// Inputs that carry nothing: the noise run ends no lower than the class
 /// frequencies' entropy, so the advice names the knee by throughput, predicts
 /// no time to target, and `sweep --verify` refuses it saying why.

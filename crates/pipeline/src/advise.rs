@@ -71,13 +71,21 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<Advice> {
     let reference = cfg
         .reference
         .unwrap_or((cfg.b_small as u64, cfg.measure.lr));
-    let b_big = (cfg.b_small * cfg.k) as u64;
     let (data, data_profile) = if cfg.data.data.is_some() || default_model {
         let (d, p) = load_data(&cfg.data, &graph, seq_len, default_model)?;
         (Some(d), Some(p))
     } else {
         (None, None)
     };
+    let rows = data.as_ref().map(|d| d.rows);
+    // A data set smaller than one big batch: the noise run's micro-batches
+    // shrink so that B_big (k of them) fits it; the report says so. The
+    // reference stays at the asked B_small, where --lr was given.
+    let b_small = match rows {
+        Some(r) if cfg.b_small * cfg.k > r => (r / cfg.k).max(1),
+        _ => cfg.b_small,
+    };
+    let b_big = (b_small * cfg.k) as u64;
 
     // Steps measured by a sweep, when given, stand in for the noise run's prediction.
     let measured = match &cfg.from_sweep {
@@ -89,7 +97,7 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<Advice> {
         lr: scale(rule, reference.0, reference.1, b_big),
         optimizer: cfg.measure.optimizer,
         steps: cfg.noise_steps,
-        b_small: cfg.b_small,
+        b_small,
         k: cfg.k,
         beta: None,
         batches: Vec::new(),
@@ -134,6 +142,9 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<Advice> {
             budget_s: cfg.measure.budget_s.map(|b| {
                 (b - started.elapsed().as_secs_f64()).max(0.0) / (devices.len() - i) as f64
             }),
+            // A batch above the data's rows is no batch to train with: the
+            // curve stops at the data (a memory search still goes past it).
+            up_to: rows.map_or(cfg.measure.up_to, |r| cfg.measure.up_to.min(r as u64)),
             ..cfg.measure.clone()
         };
         probes.push(probe_device_for(&measure, &target, d, b_noise, progress)?);
@@ -159,7 +170,7 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<Advice> {
             rule,
             reference,
             input_seconds: &input_seconds,
-            data_rows: data.as_ref().map(|d| d.rows as u64),
+            data_rows: rows.map(|r| r as u64),
             rate_cap: rates.cap,
             rate_failed_from: rates.failed_from,
             checked_b_noise: rates.b_noise,
@@ -254,6 +265,7 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<Advice> {
         rate_checks: rates.checks,
         rate_cap: rates.cap,
         rate_failed_from: rates.failed_from,
+        b_small_asked: (b_small != cfg.b_small).then_some(cfg.b_small),
     })
 }
 

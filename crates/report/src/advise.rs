@@ -59,6 +59,8 @@ pub struct AdviseDocument<'a> {
     pub rate_cap: Option<u64>,
     /// The smallest checked batch where no rate trained (null: none).
     pub rate_failed_from: Option<u64>,
+    /// `--b-small` as asked, where the data was smaller than its B_big (null: as asked).
+    pub b_small_asked: Option<usize>,
 }
 
 impl<'a> AdviseDocument<'a> {
@@ -95,6 +97,7 @@ impl<'a> AdviseDocument<'a> {
             rate_checks: &a.rate_checks,
             rate_cap: a.rate_cap,
             rate_failed_from: a.rate_failed_from,
+            b_small_asked: a.b_small_asked,
         }
     }
 }
@@ -200,6 +203,12 @@ pub fn render(d: &Advice) -> String {
                 thousands(c)
             )
         });
+    }
+    if let (Some(asked), Some(n)) = (d.b_small_asked, &d.noise) {
+        out.push_str(&format!(
+            "  the noise run measured with micro-batches of {} (B_big {}) instead of --b-small {asked}: the data holds {} rows\n",
+            n.b_small, n.b_big, n.rows
+        ));
     }
     if let Some(line) = seed_agreement(d) {
         out.push_str(&line);

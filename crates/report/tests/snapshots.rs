@@ -256,6 +256,7 @@ fn advice() -> Advice {
         ],
         rate_cap: Some(256),
         rate_failed_from: None,
+        b_small_asked: None,
     }
 }
 

@@ -403,6 +403,9 @@ pub struct Advice {
     pub rate_cap: Option<u64>,
     /// The smallest checked batch where no rate trained; the advice is below it.
     pub rate_failed_from: Option<u64>,
+    /// `--b-small` as asked, where the data had fewer rows than its B_big and
+    /// the noise run measured with smaller micro-batches (`noise.b_small`).
+    pub b_small_asked: Option<usize>,
 }
 #[cfg(test)]
 mod tests {
