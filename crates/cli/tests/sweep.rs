@@ -403,26 +403,36 @@ fn verify_leaves_out_neighbours_above_the_training_rows() {
 
 /// The check judges the target on the rows it was measured on: advise's
 /// fixed rows of the whole data set (those the split trains on), not the
-/// training split's own. Here those
-/// rows alone have target 4 (the rest 0, the inputs carry nothing), so their
-/// loss ends near (4 - mean)^2 while the split's own fixed rows, mostly 0,
-/// start below that: judged there, every run would reach the target at step 0.
+/// training split's own. Here the target is a learnable ±2 everywhere plus,
+/// in every tenth of advise's fixed rows alone, an outlier of ±6 that no
+/// input predicts: their loss ends high, while the split's own fixed rows,
+/// which hold a third of those outliers, start below it: judged there, every
+/// run would reach the target at step 0.
 #[test]
 fn verify_judges_the_target_on_the_rows_it_was_measured_on() {
     let dir = tempfile::tempdir().unwrap();
     let model = linear_model(dir.path(), 2, 1, "mse");
     let n = 3000;
     let fixed = batchfit_engine::sweep::target_rows(n);
+    let outliers: Vec<usize> = fixed.iter().copied().step_by(10).collect();
     let rows: String = (0..n)
         .map(|i| {
-            let y = if fixed.contains(&i) { 4 } else { 0 };
-            format!("{},{},{y}\n", (i % 7) as f64 / 7.0, (i % 11) as f64 / 11.0)
+            let x = if i % 2 == 0 { 1.0 } else { -1.0 };
+            let outlier = match outliers.iter().position(|&o| o == i) {
+                Some(k) if k % 2 == 0 => 6.0,
+                Some(_) => -6.0,
+                None => 0.0,
+            };
+            let y = 2.0 * x + outlier;
+            format!("{x},{},{y}\n", (i % 11) as f64 / 11.0)
         })
         .collect();
     let data = dir.path().join("d.csv");
     std::fs::write(&data, rows).unwrap();
     let advice = quick_advice(model.to_str().unwrap(), data.to_str().unwrap());
-    let target = advice["prediction"]["target_loss"].as_f64().unwrap();
+    let target = advice["prediction"]["target_loss"]
+        .as_f64()
+        .expect(&advice["learning"].to_string());
     let file = dir.path().join("advice.json");
     std::fs::write(&file, advice.to_string()).unwrap();
     let d = json(&["sweep", "--verify", file.to_str().unwrap(), "--seeds", "1"]);
