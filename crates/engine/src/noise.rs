@@ -11,7 +11,7 @@ use crate::data::from_rows;
 use crate::trainer::Trainer;
 use batchfit_data::{Batcher, Dataset};
 use batchfit_graph::Graph;
-use batchfit_tune::noise::{NoiseEstimator, NoiseRecord, two_batch};
+use batchfit_tune::noise::{NoiseEstimator, NoiseRecord, two_batch, without_replacement};
 
 /// How to measure.
 #[derive(Clone, Debug)]
@@ -109,7 +109,11 @@ pub fn measure_noise(
             return Err(NoiseError::NonFiniteLoss { step, loss });
         }
         let big_sq = sum.iter().map(|s| (s / k) * (s / k)).sum::<f64>();
-        let raw = two_batch(cfg.b_small as f64, small_sq / k, big as f64, big_sq);
+        let rows = data.rows as f64;
+        let raw = without_replacement(
+            two_batch(cfg.b_small as f64, small_sq / k, big as f64, big_sq),
+            rows,
+        );
         est.push(raw);
         let preconditioned = moments.as_mut().map(|m| {
             // In place: the big batch's gradient and the micro-batches' mean
@@ -118,7 +122,10 @@ pub fn measure_noise(
             small_sq_by_coord.iter_mut().for_each(|s| *s /= k);
             let (small_sq_p, big_sq_p) = m.weighted_norms(&small_sq_by_coord, &sum);
             m.push(&sum);
-            two_batch(cfg.b_small as f64, small_sq_p, big as f64, big_sq_p)
+            without_replacement(
+                two_batch(cfg.b_small as f64, small_sq_p, big as f64, big_sq_p),
+                rows,
+            )
         });
         // The loss a sweep targets, at the weights this measurement saw.
         let train_loss = (step == 0 || checks.due(step as u64) || step + 1 == cfg.steps)
