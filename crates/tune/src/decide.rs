@@ -418,6 +418,34 @@ mod tests {
     use crate::stats::summarize;
     use batchfit_plan::{Optimizer, TrainOptions, plan};
 
+    fn no_input(_: u64) -> Option<f64> {
+        None
+    }
+
+    /// The evidence of `probes` and the noise run `noise`: the square-root
+    /// rule from (16, 1e-3), no data, no rate checks.
+    fn evidence<'a>(
+        probes: &'a [DeviceProbe],
+        plan_cpu: &'a Plan,
+        noise: Option<&'a NoiseRun>,
+    ) -> Evidence<'a> {
+        Evidence {
+            probes,
+            plan_cpu,
+            host_memory: None,
+            noise,
+            measured: None,
+            rule: LrRule::Sqrt,
+            reference: (16, 1e-3),
+            input_seconds: &no_input,
+            rate_cap: None,
+            data_rows: None,
+            rate_failed_from: None,
+            checked_b_noise: None,
+            prior_loss: None,
+        }
+    }
+
     fn probe(device: &str, steps: &[(u64, f64)], max_batch: Option<u64>) -> DeviceProbe {
         DeviceProbe {
             device: device.parse().unwrap(),
@@ -466,19 +494,8 @@ mod tests {
         );
         p.knee_batch = Some(512);
         let d = decide(&Evidence {
-            probes: &[p],
-            plan_cpu: &plan_cpu,
-            host_memory: None,
-            noise: None,
-            measured: None,
-            rule: LrRule::Sqrt,
-            reference: (16, 1e-3),
-            input_seconds: &|_| None,
-            rate_cap: None,
             data_rows: Some(32),
-            rate_failed_from: None,
-            checked_b_noise: None,
-            prior_loss: None,
+            ..evidence(&[p], &plan_cpu, None)
         });
         let rec = &d.recommendations[0];
         assert_eq!(
@@ -506,21 +523,7 @@ mod tests {
             probe("cpu", &[(250, 0.400)], Some(700)),
         ];
         let noise_doc = noise_with_b_simple(250.0);
-        let d = decide(&Evidence {
-            probes: &probes,
-            plan_cpu: &plan_cpu,
-            host_memory: None,
-            noise: Some(&noise_doc),
-            measured: None,
-            rule: LrRule::Sqrt,
-            reference: (16, 1e-3),
-            input_seconds: &|_| None,
-            rate_cap: None,
-            data_rows: None,
-            rate_failed_from: None,
-            checked_b_noise: None,
-            prior_loss: None,
-        });
+        let d = decide(&evidence(&probes, &plan_cpu, Some(&noise_doc)));
         let order: Vec<(DeviceSpec, u64, u64)> = d
             .time_to_target
             .iter()
@@ -564,21 +567,7 @@ mod tests {
             &[(64, 0.001), (256, 0.002), (1024, 0.006)],
             None,
         )];
-        let d = decide(&Evidence {
-            probes: &probes,
-            plan_cpu: &plan_cpu,
-            host_memory: None,
-            noise: Some(&doc),
-            measured: None,
-            rule: LrRule::Sqrt,
-            reference: (16, 1e-3),
-            input_seconds: &|_| None,
-            rate_cap: None,
-            data_rows: None,
-            rate_failed_from: None,
-            checked_b_noise: None,
-            prior_loss: None,
-        });
+        let d = decide(&evidence(&probes, &plan_cpu, Some(&doc)));
         for t in &d.time_to_target {
             let b = t.option.micro_batch.min(200) as f64;
             assert!((t.learning_rate.unwrap() - 1e-3 * (b / 16.0).sqrt()).abs() < 1e-15);
@@ -631,19 +620,8 @@ mod tests {
         let probes = [probe("cpu", &[(64, 0.001), (256, 0.002)], None)];
         let with_prior = |prior_loss| {
             decide(&Evidence {
-                probes: &probes,
-                plan_cpu: &plan_cpu,
-                host_memory: None,
-                noise: Some(&doc),
-                measured: None,
-                rule: LrRule::Sqrt,
-                reference: (16, 1e-3),
-                input_seconds: &|_| None,
-                rate_cap: None,
-                data_rows: None,
-                rate_failed_from: None,
-                checked_b_noise: None,
                 prior_loss: Some(prior_loss),
+                ..evidence(&probes, &plan_cpu, Some(&doc))
             })
         };
         let d = with_prior(target);
