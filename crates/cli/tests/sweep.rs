@@ -432,7 +432,7 @@ fn verify_judges_the_target_on_the_rows_it_was_measured_on() {
     let advice = quick_advice(model.to_str().unwrap(), data.to_str().unwrap());
     let target = advice["prediction"]["target_loss"]
         .as_f64()
-        .expect(&advice["learning"].to_string());
+        .unwrap_or_else(|| panic!("no target: {}", advice["learning"]));
     let file = dir.path().join("advice.json");
     std::fs::write(&file, advice.to_string()).unwrap();
     let d = json(&["sweep", "--verify", file.to_str().unwrap(), "--seeds", "1"]);

@@ -216,7 +216,12 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<Advice> {
     } else {
         Vec::new()
     };
-    let world_sizes = match (noise.as_ref().and_then(|n| n.b_simple), probes.first()) {
+    // A run that learned nothing from the inputs has no noise scale to scale out with.
+    let learned = decision.learning.is_none_or(|l| l.learned);
+    let world_sizes = match (
+        noise.as_ref().and_then(|n| n.b_simple).filter(|_| learned),
+        probes.first(),
+    ) {
         (Some(bn), Some(p)) if !cfg.gpus.is_empty() => {
             let gpu_plan = plan(&graph, &batchfit_plan::distributed::plan_options(&train));
             Some(across_world_sizes(
