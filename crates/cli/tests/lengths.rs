@@ -215,13 +215,25 @@ fn probe_measures_every_bucket_longest_first() {
     for (row, b) in plan["buckets"].as_array().unwrap().iter().zip(buckets) {
         assert_eq!(row["batch"], b["max_batch"]);
     }
+    // Each scheme's batches sit at the measured limit, where a process's peak
+    // moves with how its threads interleave: a batch that ran at the bucket's
+    // longest length can run out of memory at a shorter one in the next
+    // process (seen on a loaded 2-core VM). That is a result, said as such;
+    // any other failure, or no epoch timed at all, is not.
     let epochs = doc["epochs"].as_array().unwrap();
     assert_eq!(epochs.len(), 3);
+    let mut timed = 0;
     for e in epochs {
-        assert!(e["failed"].is_null(), "{e}");
-        assert!(e["measured_epoch_s"].as_f64().unwrap() > 0.0);
         assert!(e["timed"].as_u64() <= e["steps"].as_u64());
+        match e["failed"].as_str() {
+            None => {
+                assert!(e["measured_epoch_s"].as_f64().unwrap() > 0.0, "{e}");
+                timed += 1;
+            }
+            Some(f) => assert!(f.contains("out of memory"), "{e}"),
+        }
     }
+    assert!(timed >= 1, "{epochs:?}");
 }
 
 /// `run --lengths` in the user's own framework (a stand-in trainer that runs out of

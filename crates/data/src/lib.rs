@@ -262,12 +262,7 @@ impl Dataset {
     /// The rows [`Dataset::split`] puts in training and in validation, in
     /// the order its subsets hold them.
     pub fn split_rows(&self, share: f64, seed: u64) -> (Vec<usize>, Vec<usize>) {
-        let mut idx: Vec<usize> = (0..self.rows).collect();
-        idx.shuffle(&mut StdRng::seed_from_u64(seed));
-        let n_val = ((self.rows as f64 * share).ceil() as usize)
-            .clamp(1, self.rows.saturating_sub(1).max(1));
-        let train = idx.split_off(n_val);
-        (train, idx)
+        split_indices(self.rows, share, seed)
     }
 
     /// A subset of rows (for train/validation splits).
@@ -331,6 +326,21 @@ fn check_finite(key: &str, a: &Array, fail: &dyn Fn(String) -> DataError) -> Res
         )));
     }
     Ok(())
+}
+
+/// `sweep`'s default share of rows held out for validation, and the seed of
+/// its split: the split `sweep --verify` checks an advice with unless told otherwise.
+pub const DEFAULT_VAL_SPLIT: f64 = 0.1;
+pub const DEFAULT_SPLIT_SEED: u64 = 0;
+
+/// Training and validation rows of a data set of `rows` rows: a seeded
+/// shuffle, the first `share` (at least one row, at most all but one) held out.
+pub fn split_indices(rows: usize, share: f64, seed: u64) -> (Vec<usize>, Vec<usize>) {
+    let mut idx: Vec<usize> = (0..rows).collect();
+    idx.shuffle(&mut StdRng::seed_from_u64(seed));
+    let n_val = ((rows as f64 * share).ceil() as usize).clamp(1, rows.saturating_sub(1).max(1));
+    let train = idx.split_off(n_val.min(rows));
+    (train, idx)
 }
 
 /// Draws batches by shuffling the rows each epoch with a seed.

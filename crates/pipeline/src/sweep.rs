@@ -8,6 +8,7 @@ use crate::output::check_output_folder;
 use crate::sweep_out::{prepare_out, read_record, run_file, write_record};
 use crate::{Error, Progress, Result};
 use batchfit_data::Dataset;
+pub use batchfit_data::{DEFAULT_SPLIT_SEED, DEFAULT_VAL_SPLIT};
 use batchfit_engine::sweep::{JudgedOn, RunSpec, target_rows, train_run};
 use batchfit_engine::{DeviceSpec, TrainConfig};
 use batchfit_plan::Optimizer;

@@ -9,7 +9,9 @@ use crate::options::{
 };
 use crate::options::{SeedsFlag, VerifyFlag};
 use batchfit_pipeline::probe::parse_devices;
-use batchfit_pipeline::sweep::{ScheduleChoice, SweepConfig, sweep};
+use batchfit_pipeline::sweep::{
+    DEFAULT_SPLIT_SEED, DEFAULT_VAL_SPLIT, ScheduleChoice, SweepConfig, sweep,
+};
 use batchfit_pipeline::verify::{data_source, read_advice};
 use batchfit_report::sweep::{SweepDocument, html, render};
 use batchfit_tune::lr::LrRule;
@@ -60,12 +62,12 @@ pub struct SweepArgs {
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
     pub epochs: u32,
     /// Share of the rows held out for validation (the same split for every run).
-    #[arg(long, default_value_t = 0.1, value_parser = parse_split)]
+    #[arg(long, default_value_t = DEFAULT_VAL_SPLIT, value_parser = parse_split)]
     pub val_split: f64,
     #[command(flatten)]
     pub seeds: SeedsFlag,
     /// Seed of the train/validation split.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = DEFAULT_SPLIT_SEED)]
     pub split_seed: u64,
     /// Skip the noise-scale measurement the fitted B_noise is compared with.
     #[arg(long)]
