@@ -258,7 +258,9 @@ fn fixed_rows_entropy(rows: usize, class_one: impl Fn(usize) -> bool) -> f64 {
 
 /// 40 rows, under one big batch of the default estimator (8 x 16): the noise
 /// run measures with micro-batches of 40 / 8 = 5 and says so, and the curve
-/// stops at the data's rows.
+/// stops at the 36 rows a training holds (sweep holds 4 out), so `sweep
+/// --verify` can train every batch the advice names (iris, 150 rows: advise
+/// named 150 and the check refused it).
 #[test]
 fn a_data_set_smaller_than_one_big_batch_shrinks_the_noise_runs_micro_batches() {
     let dir = tempfile::tempdir().unwrap();
@@ -290,7 +292,19 @@ fn a_data_set_smaller_than_one_big_batch_shrinks_the_noise_runs_micro_batches() 
         .iter()
         .map(|p| p["batch"].as_u64().unwrap())
         .collect();
-    assert_eq!(batches.iter().max(), Some(&40), "{batches:?}");
+    assert_eq!(batches.iter().max(), Some(&36), "{batches:?}");
+    let named = v["recommendations"][0]["recommended_batch"].as_u64().unwrap();
+    assert!(named <= 36, "named {named}");
+    let advice = dir.path().join("advice.json");
+    std::fs::write(&advice, v.to_string()).unwrap();
+    let out = batchfit()
+        .args(["sweep", "--verify", advice.to_str().unwrap(), "--seeds", "1"])
+        .args(["--batches", &named.to_string()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("training rows"), "{err}");
+    assert!(out.status.success(), "{err}");
 }
 
 /// Inputs that carry nothing: the noise run ends no lower than the class

@@ -338,9 +338,22 @@ pub const DEFAULT_SPLIT_SEED: u64 = 0;
 pub fn split_indices(rows: usize, share: f64, seed: u64) -> (Vec<usize>, Vec<usize>) {
     let mut idx: Vec<usize> = (0..rows).collect();
     idx.shuffle(&mut StdRng::seed_from_u64(seed));
-    let n_val = ((rows as f64 * share).ceil() as usize).clamp(1, rows.saturating_sub(1).max(1));
-    let train = idx.split_off(n_val.min(rows));
+    let train = idx.split_off(held_out_rows(rows, share));
     (train, idx)
+}
+
+/// Rows [`split_indices`] holds out of `rows` for a `share`.
+fn held_out_rows(rows: usize, share: f64) -> usize {
+    ((rows as f64 * share).ceil() as usize)
+        .clamp(1, rows.saturating_sub(1).max(1))
+        .min(rows)
+}
+
+/// Rows a training on `rows` rows trains on under the default split
+/// ([`DEFAULT_VAL_SPLIT`]): the largest batch `sweep` (and `sweep --verify`)
+/// can train with, so the largest batch worth advising.
+pub fn default_training_rows(rows: usize) -> usize {
+    rows - held_out_rows(rows, DEFAULT_VAL_SPLIT)
 }
 
 /// Draws batches by shuffling the rows each epoch with a seed.

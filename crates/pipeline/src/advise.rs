@@ -78,6 +78,9 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<Advice> {
         (None, None)
     };
     let rows = data.as_ref().map(|d| d.rows);
+    // What a training holds out for validation (as `sweep`, and its check of
+    // this advice, do by default) is no batch's: the largest batch is the rest.
+    let training_rows = rows.map(|r| batchfit_data::default_training_rows(r) as u64);
     // A data set smaller than one big batch: the noise run's micro-batches
     // shrink so that B_big (k of them) fits it; the report says so. The
     // reference stays at the asked B_small, where --lr was given.
@@ -142,9 +145,9 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<Advice> {
             budget_s: cfg.measure.budget_s.map(|b| {
                 (b - started.elapsed().as_secs_f64()).max(0.0) / (devices.len() - i) as f64
             }),
-            // A batch above the data's rows is no batch to train with: the
-            // curve stops at the data (a memory search still goes past it).
-            up_to: rows.map_or(cfg.measure.up_to, |r| cfg.measure.up_to.min(r as u64)),
+            // A batch above the rows a training holds is no batch to train
+            // with: the curve stops there (a memory search still goes past it).
+            up_to: training_rows.map_or(cfg.measure.up_to, |r| cfg.measure.up_to.min(r)),
             ..cfg.measure.clone()
         };
         probes.push(probe_device_for(&measure, &target, d, b_noise, progress)?);
@@ -170,7 +173,7 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<Advice> {
             rule,
             reference,
             input_seconds: &input_seconds,
-            data_rows: rows.map(|r| r as u64),
+            data_rows: training_rows,
             rate_cap: rates.cap,
             rate_failed_from: rates.failed_from,
             checked_b_noise: rates.b_noise,

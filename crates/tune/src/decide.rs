@@ -32,8 +32,8 @@ pub struct Evidence<'a> {
     pub reference: (u64, f64),
     /// Seconds to gather one batch of `b` rows from the data, when there is data.
     pub input_seconds: &'a dyn Fn(u64) -> Option<f64>,
-    /// Rows of the data: no larger batch is an option (an epoch would be
-    /// under one update).
+    /// Rows a training holds (the data less the validation share `sweep`
+    /// holds out by default): no larger batch is an option.
     pub data_rows: Option<u64>,
     /// The batch whose rule rate the rate checks held the rule at
     /// ([`crate::stability::cap_from`]): every larger batch trains with its rate.
