@@ -293,12 +293,20 @@ fn a_data_set_smaller_than_one_big_batch_shrinks_the_noise_runs_micro_batches() 
         .map(|p| p["batch"].as_u64().unwrap())
         .collect();
     assert_eq!(batches.iter().max(), Some(&36), "{batches:?}");
-    let named = v["recommendations"][0]["recommended_batch"].as_u64().unwrap();
+    let named = v["recommendations"][0]["recommended_batch"]
+        .as_u64()
+        .unwrap();
     assert!(named <= 36, "named {named}");
     let advice = dir.path().join("advice.json");
     std::fs::write(&advice, v.to_string()).unwrap();
     let out = batchfit()
-        .args(["sweep", "--verify", advice.to_str().unwrap(), "--seeds", "1"])
+        .args([
+            "sweep",
+            "--verify",
+            advice.to_str().unwrap(),
+            "--seeds",
+            "1",
+        ])
         .args(["--batches", &named.to_string()])
         .output()
         .unwrap();

@@ -193,13 +193,15 @@ impl DeviceProbe {
     /// The measured (batch, median step time, its error) of the batches that
     /// ran, the error widened by [`DeviceProbe::between_process_error`].
     pub fn step_points(&self) -> Vec<StepPoint> {
-        step_points(&self.points)
-            .into_iter()
-            .map(|q| StepPoint {
-                rel_err: self.step_error(q.rel_err),
-                ..q
-            })
-            .collect()
+        non_decreasing_in_batch(
+            step_points(&self.points)
+                .into_iter()
+                .map(|q| StepPoint {
+                    rel_err: self.step_error(q.rel_err),
+                    ..q
+                })
+                .collect(),
+        )
     }
 
     /// A step time's relative error: its process's own, and how far another
@@ -214,16 +216,18 @@ impl DeviceProbe {
     /// total) plus `input_seconds(batch)`, gathering the batch from the data,
     /// which the probe's synthetic batch leaves out.
     pub fn update_points(&self, input_seconds: &dyn Fn(u64) -> Option<f64>) -> Vec<StepPoint> {
-        self.points
-            .iter()
-            .filter(|q| q.ok())
-            .map(|q| StepPoint {
-                batch: q.batch,
-                step_s: q.step_time_mean_s.unwrap_or(q.step_time_s)
-                    + input_seconds(q.batch).unwrap_or(0.0),
-                rel_err: self.step_error(q.step_time_rel_err),
-            })
-            .collect()
+        non_decreasing_in_batch(
+            self.points
+                .iter()
+                .filter(|q| q.ok())
+                .map(|q| StepPoint {
+                    batch: q.batch,
+                    step_s: q.step_time_mean_s.unwrap_or(q.step_time_s)
+                        + input_seconds(q.batch).unwrap_or(0.0),
+                    rel_err: self.step_error(q.step_time_rel_err),
+                })
+                .collect(),
+        )
     }
 
     /// The point that ran with the highest throughput.
@@ -233,6 +237,26 @@ impl DeviceProbe {
             .filter(|p| p.ok())
             .max_by(|a, b| a.samples_per_s.total_cmp(&b.samples_per_s))
     }
+}
+
+/// Step times that never fall as the batch grows: a batch timed slower than
+/// a larger one takes the larger one's time. A step of more rows does at
+/// least the work of one of fewer with the same kernels, and interference
+/// (other processes, another virtual machine) only ever slows a step, so a
+/// smaller batch measured slower was measured in a busier moment (as a batch
+/// timed twice keeps the faster). Seen on models whose step is a few tens of
+/// microseconds, where the per-step overhead is the whole step: one process
+/// timed batch 16 at 0.068 ms and another batch 40 at 0.050, and trainings
+/// ran both at 0.052-0.055. Points keep their order.
+pub fn non_decreasing_in_batch(mut points: Vec<StepPoint>) -> Vec<StepPoint> {
+    let mut order: Vec<usize> = (0..points.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(points[i].batch));
+    let mut least = f64::INFINITY;
+    for i in order {
+        least = least.min(points[i].step_s);
+        points[i].step_s = least;
+    }
+    points
 }
 
 /// The measured (batch, median step time, its error) of the points that ran.
@@ -265,4 +289,53 @@ pub struct ProbeBudget {
     pub not_measured: Vec<u64>,
     /// The first of them: its step predicted from the measured batch below it (a prediction).
     pub predicted_step_s: Option<f64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(batch: u64, ms: f64) -> StepPoint {
+        StepPoint {
+            batch,
+            step_s: ms * 1e-3,
+            rel_err: 0.01,
+        }
+    }
+
+    fn millis(points: &[StepPoint]) -> Vec<(u64, f64)> {
+        points
+            .iter()
+            .map(|q| (q.batch, (q.step_s * 1e6).round() / 1e3))
+            .collect()
+    }
+
+    #[test]
+    fn a_smaller_batch_timed_slower_than_a_larger_one_takes_its_time() {
+        // Out of order on purpose: the points keep theirs.
+        let timed = vec![
+            point(32, 0.074),
+            point(16, 0.068),
+            point(40, 0.050),
+            point(64, 0.080),
+        ];
+        assert_eq!(
+            millis(&non_decreasing_in_batch(timed)),
+            vec![(32, 0.050), (16, 0.050), (40, 0.050), (64, 0.080)]
+        );
+    }
+
+    #[test]
+    fn step_times_rising_with_the_batch_are_kept() {
+        let timed = vec![
+            point(16, 0.10),
+            point(64, 0.16),
+            point(256, 0.41),
+            point(1024, 1.05),
+        ];
+        assert_eq!(
+            millis(&non_decreasing_in_batch(timed.clone())),
+            millis(&timed)
+        );
+    }
 }
