@@ -87,7 +87,8 @@ def main():
     # seed: the callback reports their loss in inference mode as `train_loss`.
     fixed = np.linspace(0, len(x) - 1, min(len(x), 1024)).astype(np.int64)
     model.fit(data, epochs=1, steps_per_epoch=a.steps, verbose=0, shuffle=False,
-              callbacks=[BatchfitLines(every=a.every, fixed_rows=(x[fixed], y[fixed]))])  # batchfit
+              callbacks=[BatchfitLines(every=a.every, fixed_rows=(x[fixed], y[fixed]),  # batchfit
+                                       rows=len(x))])
 
 
 if __name__ == "__main__":

@@ -101,7 +101,7 @@ def main():
     # seed: the helper reports their loss in evaluation mode as `train_loss`.
     fixed = torch.from_numpy(np.linspace(0, len(x_np) - 1, min(len(x_np), 1024)).astype(np.int64)).to(dev)
     probe = NoiseProbe(model, opt, k=a.k, b_small=a.b_small, every=a.every,  # batchfit
-                       fixed_rows=(x_all[fixed], y_all[fixed]))
+                       fixed_rows=(x_all[fixed], y_all[fixed]), rows=len(x_np))
 
     order, pos = rng.permutation(len(x_np)), 0
     model.train()

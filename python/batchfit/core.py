@@ -266,6 +266,20 @@ def noise_fields(micro_grad_sq_norms, big_grad_sq_norm, b_small, b_big):
     return {"b_small": b_small, "g_small_sq": small, "b_big": b_big, "g_big_sq": big}
 
 
+def check_rows(rows):
+    """`rows` as the helpers take it: None, or the rows of the training set a
+    shuffled loader draws each epoch's batches from without replacement.
+    batchfit then corrects |G|^2 for the finite data (a mean of n of N rows
+    strays from the full data's gradient less than n independent draws do), as
+    `advise` corrects its own runs; on a few thousand rows late in training the
+    uncorrected |G|^2 reads low, B_noise high."""
+    if rows is None:
+        return None
+    if isinstance(rows, bool) or int(rows) != rows or rows < 1:
+        raise ValueError("rows must be a positive whole number of training rows, not %r" % (rows,))
+    return int(rows)
+
+
 def noise_from_grads(micro_grads, b_small):
     """`noise_fields` from the k micro-batch gradients themselves (numpy arrays
     of one shape, or lists of per-parameter arrays)."""
@@ -281,7 +295,9 @@ def noise_from_grads(micro_grads, b_small):
 def line(step, samples, seconds, loss=None, noise=None, train_loss=None):
     """One protocol line (no newline):
     `BATCHFIT {"step": .., "samples": .., "seconds": .., "loss": .., "train_loss": ..,
-    "noise": {..}}`. `loss` is the step's own mean loss; `train_loss` the mean
+    "noise": {..}}`. The noise object may carry `rows`, the rows of the data
+    set the batch was drawn from without replacement (`check_rows`); a count
+    below `b_big` is no such data set and is left out. `loss` is the step's own mean loss; `train_loss` the mean
     loss on the fixed training rows after the step, in evaluation mode (on the
     steps that evaluate it). Each is left out when None or not finite (JSON has
     no NaN), as is a noise object with a value that is not."""
@@ -298,6 +314,9 @@ def line(step, samples, seconds, loss=None, noise=None, train_loss=None):
             "b_big": int(noise["b_big"]),
             "g_big_sq": float(noise["g_big_sq"]),
         }
+        rows = noise.get("rows")
+        if rows is not None and int(rows) >= n["b_big"]:
+            n["rows"] = int(rows)
         pre = noise.get("preconditioned")
         if pre is not None:
             p = {"g_small_sq": float(pre["g_small_sq"]), "g_big_sq": float(pre["g_big_sq"])}

@@ -242,11 +242,15 @@ class BatchfitLines(keras.callbacks.Callback):
     batchfit's own trainings judge a target by. Its time is not in the step's
     seconds. (`fit` does not show a callback its batches, so there is no
     default set.)
+    rows: the rows of the training set `fit` draws its shuffled batches from
+    (`batchfit.core.check_rows`): the lines carry it and batchfit corrects the
+    noise scale for the finite data. Default None: no correction.
     """
 
     def __init__(self, batch_size=None, every=None, first=None, budget=None, file=None,
-                 fixed_rows=None):
+                 fixed_rows=None, rows=None):
         super().__init__()
+        self.rows = core.check_rows(rows)
         self.batch_size = batch_size
         self.schedule = core.Schedule(every, first, budget)
         self.file = file
@@ -290,6 +294,8 @@ class BatchfitLines(keras.callbacks.Callback):
                          "b_big": int(s[4]), "g_big_sq": float(s[5])}
                 if s[7] > 0:
                     noise["preconditioned"] = {"g_small_sq": float(s[8]), "g_big_sq": float(s[9])}
+                if self.rows is not None:
+                    noise["rows"] = self.rows
         seconds = time.perf_counter() - self.t0
         self.schedule.record(self.steps, seconds, noise is not None)
         if samples is None:

@@ -98,11 +98,17 @@ class NoiseProbe(object):
         training at batch B evaluates from step 1024 / B on). Its time is not
         in the step's seconds.
     train_loss: False never evaluates it.
+    rows: the rows of the training set the batches are drawn from without
+        replacement (a shuffled loader, as `len(dataset)`): the lines carry it
+        and batchfit corrects the noise scale for the finite data
+        (`batchfit.core.check_rows`). Default None: no correction.
     """
 
     def __init__(self, model, optimizer, k=None, b_small=None, every=None, first=None,
-                 budget=None, on_grads=None, file=None, fixed_rows=None, train_loss=True):
+                 budget=None, on_grads=None, file=None, fixed_rows=None, train_loss=True,
+                 rows=None):
         self.model = model
+        self.rows = core.check_rows(rows)
         self.optimizer = optimizer
         self.k = k
         self.b_small = b_small
@@ -162,6 +168,8 @@ class NoiseProbe(object):
             loss_value = loss.detach()
         else:
             loss_value, noise = self._measure(compute_loss, batch, n, split, params)
+            if self.rows is not None:
+                noise["rows"] = self.rows
         if self.on_grads is not None:
             self.on_grads()
         self.optimizer.step()

@@ -146,6 +146,20 @@ class Line(unittest.TestCase):
         self.assertNotIn("preconditioned", rec["noise"])
         self.assertEqual(rec["noise"]["g_big_sq"], 0.0045)
 
+    def test_rows_ride_along_when_they_can_hold_the_batch(self):
+        noise = {"b_small": 16, "g_small_sq": 0.0123, "b_big": 128, "g_big_sq": 0.0045, "rows": 5000}
+        rec = json.loads(core.line(12, 128, 0.031, noise=noise)[len("BATCHFIT "):])
+        self.assertEqual(rec["noise"]["rows"], 5000)
+        # Fewer rows than the big batch is no data set it was drawn from.
+        noise["rows"] = 100
+        rec = json.loads(core.line(12, 128, 0.031, noise=noise)[len("BATCHFIT "):])
+        self.assertNotIn("rows", rec["noise"])
+        self.assertEqual(core.check_rows(None), None)
+        self.assertEqual(core.check_rows(5000), 5000)
+        for bad in (0, -3, 2.5, True, "many"):
+            with self.assertRaises((ValueError, TypeError)):
+                core.check_rows(bad)
+
     def test_optional_fields_left_out(self):
         rec = json.loads(core.line(3, 32, 0.5)[len("BATCHFIT "):])
         self.assertEqual(rec, {"step": 3, "samples": 32, "seconds": 0.5})

@@ -172,7 +172,14 @@ mod tests {
         let n = s.noise.unwrap();
         assert_eq!((n.b_small, n.b_big), (16.0, 128.0));
         assert_eq!((n.g_small_sq, n.g_big_sq), (0.02, 0.005));
-        assert_eq!(n.preconditioned, None);
+        assert_eq!((n.preconditioned, n.rows), (None, None));
+        // The data set's rows, where the helper was told them.
+        let rows = read(
+            &r,
+            r#"BATCHFIT {"seconds": 0.05, "noise": {"b_small": 16, "g_small_sq": 0.02, "b_big": 128, "g_big_sq": 0.005, "rows": 5000}}"#,
+            128,
+        );
+        assert_eq!(rows.unwrap().unwrap().noise.unwrap().rows, Some(5000.0));
         // Adam's geometry beside the raw norms; a negative one is refused.
         let pre = |v: &str| {
             read(&r,

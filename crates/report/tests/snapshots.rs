@@ -456,6 +456,7 @@ fn trial(batch: u64, reason: TrialReason, oom: bool, noise: bool) -> RunTrial {
                     b_big: batch as f64,
                     g_big_sq: 1.0 + 256.0 / batch as f64,
                     preconditioned: None,
+                    rows: None,
                 }),
                 rank: None,
             })

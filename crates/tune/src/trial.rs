@@ -226,6 +226,12 @@ pub struct NoiseReport {
     /// moment), where the helper could read the optimizer's state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preconditioned: Option<SquaredNorms>,
+    /// Rows of the data set the batch was drawn from without replacement (a
+    /// shuffled loader's epoch), where the helper was told: |G|² is then
+    /// corrected for the finite data as `advise`'s own runs correct it
+    /// ([`crate::noise::without_replacement`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows: Option<f64>,
 }
 
 /// `g_small_sq` and `g_big_sq` of a [`NoiseReport`] in another geometry.
@@ -247,6 +253,12 @@ impl NoiseReport {
             .all(|x| x.is_finite() && *x >= 0.0)
             && self.b_big > self.b_small
             && self.b_small > 0.0
+    }
+
+    /// [`NoiseReport::rows`] where it can be the rows of a without-replacement
+    /// draw of `b_big` (a count below the batch is no such data set: left out).
+    pub fn finite_rows(&self) -> Option<f64> {
+        self.rows.filter(|n| n.is_finite() && *n >= self.b_big)
     }
 }
 

@@ -5,7 +5,7 @@
 
 use super::{LossTarget, RunRate, fixed_row_losses, rank0_losses};
 use crate::basis::{BasisSource, MethodCode, NoiseRunAt, PredictionBasis};
-use crate::noise::{NoiseEstimator, RawEstimate, two_batch};
+use crate::noise::{NoiseEstimator, RawEstimate, two_batch, without_replacement};
 use crate::search::TrialReason;
 use crate::stability::{
     CHECK_LIMIT, REFIT_CEILING, RateCheck, RateVerdict, checked_b_noise, judge, mark_no_gain,
@@ -112,7 +112,11 @@ fn estimates(measured: &[(f64, NoiseReport)]) -> (Vec<(f64, RawEstimate)>, bool)
                 Some(p) => (p.g_small_sq, p.g_big_sq),
                 None => (m.g_small_sq, m.g_big_sq),
             };
-            (*step, two_batch(m.b_small, small, m.b_big, big))
+            let raw = two_batch(m.b_small, small, m.b_big, big);
+            (
+                *step,
+                m.finite_rows().map_or(raw, |n| without_replacement(raw, n)),
+            )
         })
         .collect();
     (raw, pre)
@@ -475,6 +479,7 @@ mod tests {
                         g_small_sq: norms(400.0, 16.0),
                         g_big_sq: norms(400.0, 128.0),
                     }),
+                    rows: None,
                 }),
                 ..report(0.0)
             })
@@ -534,6 +539,42 @@ mod tests {
         let n = n.unwrap();
         assert!(!n.preconditioned);
         assert!((n.b_noise - 100.0).abs() < 1e-6, "{}", n.b_noise);
+    }
+
+    /// A helper told its data set's rows: micro-batches drawn without
+    /// replacement from N rows have norms E|g_b|^2 = |G|^2 + (T / b)(N - b) / (N - 1),
+    /// which read as |G|^2 short by T / (N - 1) without the correction `advise`
+    /// applies (here B_simple 667 for 400). With `rows`, `run` applies it too;
+    /// a count below the big batch is no such data set and is left out.
+    #[test]
+    fn a_helper_that_names_its_rows_gets_the_finite_data_correction() {
+        let (trace, rows) = (400.0, 1000.0);
+        let finite = |b: f64| 1.0 + trace / b * (rows - b) / (rows - 1.0);
+        let with_rows = |rows: f64| {
+            let mut t = noise_trial(200, |_| true);
+            for r in &mut t.result.reports {
+                if let Some(n) = &mut r.noise {
+                    n.rows = Some(rows);
+                    n.preconditioned = Some(crate::trial::SquaredNorms {
+                        g_small_sq: finite(n.b_small),
+                        g_big_sq: finite(n.b_big),
+                    });
+                }
+            }
+            noise_of(&[t], &sqrt_rate()).0.unwrap().b_simple
+        };
+        // The trace estimates the per-sample variance with N - 1: T N / (N - 1).
+        let corrected = with_rows(rows);
+        assert!(
+            (corrected - trace * rows / (rows - 1.0)).abs() < 1e-6,
+            "{corrected}"
+        );
+        let uncorrected = with_rows(64.0);
+        let short = trace * rows / (rows - 1.0) / (1.0 - trace / (rows - 1.0));
+        assert!(
+            (uncorrected - short).abs() < 1e-6,
+            "{uncorrected} against {short}"
+        );
     }
 
     /// Where the lines carry the loss on fixed training rows, `run` sets its
