@@ -237,6 +237,16 @@ pub fn run_noise_method(n: &RunNoise) -> String {
     } else {
         " of the raw gradient"
     };
+    let finite = n
+        .data_rows
+        .map(|rows| {
+            format!(
+                ", |G|² corrected for the finite data ({} rows drawn without replacement)",
+                rows.round()
+            )
+        })
+        .unwrap_or_default();
+    let geometry = format!("{geometry}{finite}");
     match n.method {
         MethodCode::Stretches => format!(
             "B_eff of {} stretch{} of up to {SEGMENT_MEASUREMENTS} measurements, each with its own noise scale{geometry} (McCandlish et al. 2018, section 2.3)",

@@ -35,6 +35,10 @@ pub struct RunNoise {
     /// The estimates are of the step Adam takes, g / (sqrt(v) + ε): every
     /// measurement of the trial carried the helper's preconditioned norms.
     pub preconditioned: bool,
+    /// The training set's rows the helper reported (`rows=`, `noise.rows`):
+    /// |G|² is corrected for the finite data with it; `None`: not reported,
+    /// no correction.
+    pub data_rows: Option<f64>,
     /// The trial's stretches (empty for the end value).
     pub segments: Vec<Segment>,
     /// Steps the trial took to the target (see [`LossTarget`]).
@@ -416,6 +420,9 @@ pub fn noise_of(trials: &[RunTrial], rate: &RunRate) -> (Option<RunNoise>, Optio
             b_noise_high: band.1.is_finite().then_some(band.1),
             method,
             preconditioned,
+            data_rows: measurements(&best.reports)
+                .iter()
+                .find_map(|(_, m)| m.finite_rows()),
             segments,
             steps_to_target: traj.as_ref().map(|t| t.updates_to_target),
             target_on_fixed_rows: target.is_some_and(|t| t.fixed_rows),
@@ -561,20 +568,23 @@ mod tests {
                     });
                 }
             }
-            noise_of(&[t], &sqrt_rate()).0.unwrap().b_simple
+            let n = noise_of(&[t], &sqrt_rate()).0.unwrap();
+            (n.b_simple, n.data_rows)
         };
         // The trace estimates the per-sample variance with N - 1: T N / (N - 1).
-        let corrected = with_rows(rows);
+        let (corrected, said) = with_rows(rows);
         assert!(
             (corrected - trace * rows / (rows - 1.0)).abs() < 1e-6,
             "{corrected}"
         );
-        let uncorrected = with_rows(64.0);
+        assert_eq!(said, Some(rows));
+        let (uncorrected, said) = with_rows(64.0);
         let short = trace * rows / (rows - 1.0) / (1.0 - trace / (rows - 1.0));
         assert!(
             (uncorrected - short).abs() < 1e-6,
             "{uncorrected} against {short}"
         );
+        assert_eq!(said, None);
     }
 
     /// Where the lines carry the loss on fixed training rows, `run` sets its
