@@ -121,6 +121,12 @@ fn bad_data_exits_2_naming_what_is_wrong() {
     std::fs::write(d("wide.csv"), "1,2,3,4,5,0\n1,2,3,4,5,1\n").unwrap();
     std::fs::write(d("labels.csv"), "1,2,3,4,0\n1,2,3,4,7\n").unwrap();
     std::fs::write(d("nan.csv"), "1,2,3,4,0\n1,nan,3,4,1\n").unwrap();
+    let names = "1,2,3,4,a\n1,2,3,4,b\n1,2,3,4,c\n1,2,3,4,d\n";
+    std::fs::write(d("names.csv"), names).unwrap();
+    let sex = "w,sex,h,l,species\n1,male,3,4,a\n1,female,3,4,b\n";
+    std::fs::write(d("sex.csv"), sex).unwrap();
+    let regression = "[[input]]\nname = \"x\"\nshape = [4]\n[[layer]]\nname = \"fc\"\nop = \"linear\"\nout_features = 1\n[loss]\nkind = \"mse\"\n";
+    std::fs::write(d("reg.toml"), regression).unwrap();
     write_npy(&d("x.npy"), &[2, 5], &[0.0; 10]);
     write_npy(&d("y.npy"), &[2], &[0.0, 1.0]);
     write_npy(&d("x4.npy"), &[2, 4], &[0.0; 8]);
@@ -134,6 +140,14 @@ fn bad_data_exits_2_naming_what_is_wrong() {
         (vec![p("nan.csv")], "row 2: value NaN is not finite"),
         (vec![p("x.npy"), "--labels".into(), p("y.npy")], "found [5]"),
         (vec![p("x4.npy")], "no `target` array"),
+        (
+            vec![p("names.csv")],
+            "the label column names 4 classes (a, b, c, d), the model predicts 3",
+        ),
+        (
+            vec![p("sex.csv")],
+            "row 2, column 2 (`sex`): `male` is not a number (a category: encode it",
+        ),
     ];
     for (data, msg) in cases {
         let mut args = vec![
@@ -150,12 +164,69 @@ fn bad_data_exits_2_naming_what_is_wrong() {
             .code(2)
             .stderr(contains(msg));
     }
+    // Class names for a model that predicts values.
+    batchfit()
+        .args([
+            "noise",
+            &p("reg.toml"),
+            "--steps",
+            "2",
+            "--data",
+            &p("names.csv"),
+        ])
+        .assert()
+        .code(2)
+        .stderr(contains(
+            "holds class names (a, b, c, d), but the model's loss is not cross-entropy",
+        ));
     // A model other than the default needs data.
     batchfit()
         .args(["noise", m])
         .assert()
         .code(2)
         .stderr(contains("--data"));
+}
+
+/// A label column of names (as UCI's iris ships, with a header): the classes
+/// are numbered in sorted order, the report and the JSON name them.
+#[test]
+fn class_names_in_a_csv_are_the_classes() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.toml");
+    std::fs::write(&model, TINY_CLASSIFIER).unwrap();
+    let names = ["virginica", "setosa", "versicolor"];
+    let rows: String = (0..192)
+        .map(|i| {
+            let c = [0, 1, 2, 0][i % 4];
+            let x = |k: usize| (c * 4 + k) as f64 * 0.1 + (i % 7) as f64 * 0.01;
+            format!("{},{},{},{},{}\n", x(0), x(1), x(2), x(3), names[c])
+        })
+        .collect();
+    let data = dir.path().join("iris.csv");
+    std::fs::write(&data, format!("sl,sw,pl,pw,species\n{rows}")).unwrap();
+    let args = [
+        "noise",
+        model.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--steps",
+        "8",
+    ];
+    let v = json(&args);
+    let profile = &v["data_profile"];
+    assert_eq!(profile["rows"], 192);
+    assert_eq!(
+        profile["class_names"],
+        serde_json::json!(["setosa", "versicolor", "virginica"])
+    );
+    // virginica in half the rows, numbered last by its name.
+    assert_eq!(
+        profile["targets"]["counts"],
+        serde_json::json!([48, 48, 96])
+    );
+    batchfit().args(args).assert().success().stdout(contains(
+        "classes named in the label column, numbered in sorted order: 0 setosa, 1 versicolor, 2 virginica",
+    ));
 }
 
 #[test]

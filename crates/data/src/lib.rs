@@ -60,6 +60,50 @@ pub struct Dataset {
     pub inputs: Vec<Vec<f32>>,
     pub input_elems: Vec<usize>,
     pub targets: Targets,
+    /// The classes' names where the file named them (a CSV's label column of
+    /// names): class i is `class_names[i]`.
+    pub class_names: Option<Vec<String>>,
+}
+
+/// A label column of class names is for a classifier with a class for each:
+/// said before binding, naming the classes, rather than as a number out of range.
+fn names_fit_the_model(
+    path: &str,
+    names: &[String],
+    graph: &Graph,
+    seq_len: usize,
+) -> Result<(), DataError> {
+    let shown = |names: &[String]| {
+        let mut s = names.iter().take(5).cloned().collect::<Vec<_>>().join(", ");
+        if names.len() > 5 {
+            s.push_str(", ...");
+        }
+        s
+    };
+    let why = match graph.loss.kind {
+        LossKind::CrossEntropy | LossKind::CrossEntropyPerFrame => {
+            let out = graph.output().shape.resolve(seq_len);
+            let classes = out.last().copied().unwrap_or(0);
+            (names.len() > classes).then(|| {
+                format!(
+                    "the label column names {} classes ({}), the model predicts {classes}",
+                    names.len(),
+                    shown(names)
+                )
+            })
+        }
+        _ => Some(format!(
+            "the label column holds class names ({}), but the model's loss is not cross-entropy: a classifier (--loss ce) predicts classes",
+            shown(names)
+        )),
+    };
+    match why {
+        Some(why) => Err(DataError::File {
+            path: path.to_string(),
+            source: why.into(),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// How to read `--data`.
@@ -81,6 +125,7 @@ impl Dataset {
     ) -> Result<Dataset, DataError> {
         let p = Path::new(path);
         let name = p.file_name().and_then(|n| n.to_str()).unwrap_or(path);
+        let mut class_names = None;
         let arrays: Vec<(String, Array)> = if name.ends_with(".npz") {
             read::npz(p)?
         } else if name.ends_with(".npy") {
@@ -90,7 +135,8 @@ impl Dataset {
             }
             v
         } else if name.ends_with(".csv") || name.ends_with(".csv.gz") {
-            let (x, y) = read::csv(p, opts.label_col)?;
+            let read::Csv { x, y, classes } = read::csv(p, opts.label_col)?;
+            class_names = classes;
             vec![("x".to_string(), x), ("target".to_string(), y)]
         } else if name.contains("idx") || name.contains("ubyte") {
             let mut v = vec![("x".to_string(), read::idx(p)?)];
@@ -104,7 +150,12 @@ impl Dataset {
                 source: "unknown data format: use .npy, .npz, .csv (.csv.gz) or an IDX file (*idx*, *ubyte*)".into(),
             });
         };
-        Dataset::bind(path, arrays, graph, seq_len)
+        if let Some(names) = &class_names {
+            names_fit_the_model(path, names, graph, seq_len)?;
+        }
+        let mut data = Dataset::bind(path, arrays, graph, seq_len)?;
+        data.class_names = class_names;
+        Ok(data)
     }
 
     /// Matches named arrays to the model's inputs and loss, checking everything.
@@ -244,6 +295,7 @@ impl Dataset {
             inputs,
             input_elems,
             targets,
+            class_names: None,
         })
     }
 
@@ -303,6 +355,7 @@ impl Dataset {
                 .collect(),
             input_elems: self.input_elems.clone(),
             targets,
+            class_names: self.class_names.clone(),
         }
     }
 }
@@ -404,7 +457,7 @@ pub mod digits {
 
     /// The digits bound to `graph` (which must take 64 inputs and predict 10 classes).
     pub fn load(graph: &Graph) -> Result<Dataset, DataError> {
-        let (mut x, y) = read::csv_bytes(
+        let read::Csv { mut x, y, .. } = read::csv_bytes(
             &read::gunzip(CSV_GZ).map_err(|source| DataError::File {
                 path: NAME.into(),
                 source,

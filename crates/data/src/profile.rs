@@ -176,6 +176,7 @@ impl Dataset {
             first_constant: constant.first().copied(),
             targets,
             standardized: false,
+            class_names: self.class_names.clone().unwrap_or_default(),
         }
     }
 
@@ -243,6 +244,7 @@ mod tests {
                 per_row: 1,
                 classes: 3,
             },
+            class_names: None,
         };
         let p = d.profile(&graph);
         assert_eq!((p.max_abs, p.max_abs_feature), (198.0, 0));

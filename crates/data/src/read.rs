@@ -275,12 +275,18 @@ pub fn npz_bytes(bytes: &[u8]) -> Result<Vec<(String, Array)>, FormatError> {
 
 /// Which field of a CSV row does not parse, by column (and header name,
 /// where the file has one), and what an empty one means: pandas writes a
-/// missing value as an empty field.
-fn not_a_number(row: usize, rec: &csv::StringRecord, header: Option<&csv::StringRecord>) -> String {
+/// missing value as an empty field. The label column (`skip`) may hold class
+/// names and is not looked at.
+fn not_a_number(
+    row: usize,
+    rec: &csv::StringRecord,
+    header: Option<&csv::StringRecord>,
+    skip: Option<usize>,
+) -> String {
     let Some((j, field)) = rec
         .iter()
         .enumerate()
-        .find(|(_, f)| f.trim().parse::<f32>().is_err())
+        .find(|&(j, f)| Some(j) != skip && f.trim().parse::<f32>().is_err())
     else {
         return format!("row {row}: a field is not a number");
     };
@@ -292,82 +298,165 @@ fn not_a_number(row: usize, rec: &csv::StringRecord, header: Option<&csv::String
     if field.trim().is_empty() {
         format!("{column} is empty: a missing value; drop or fill the rows that have one")
     } else {
-        format!("{column}: `{}` is not a number", field.trim())
+        format!(
+            "{column}: `{}` is not a number (a category: encode it as numbers first, one 0/1 column per value)",
+            field.trim()
+        )
     }
 }
 
+/// A CSV file's features and labels.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Csv {
+    pub x: Array,
+    pub y: Array,
+    /// Where the label column holds names (`setosa`, `Gentoo`) rather than
+    /// numbers: the names, sorted; each row's label is its name's index here
+    /// (as scikit-learn's `LabelEncoder` numbers them). `None`: numeric labels.
+    pub classes: Option<Vec<String>>,
+}
+
 /// Reads a CSV file: one row per sample, a header optional (detected when the
-/// first line does not parse as numbers). Returns (features, labels).
-pub fn csv(path: &Path, label_col: Option<isize>) -> Result<(Array, Array), DataError> {
+/// first line's features do not parse as numbers). The label column may hold
+/// numbers or class names ([`Csv::classes`]).
+pub fn csv(path: &Path, label_col: Option<isize>) -> Result<Csv, DataError> {
     let bytes = read_maybe_gz(path)?;
     csv_bytes(&bytes, label_col).map_err(|why| err(path, why))
 }
 
-/// CSV text to (features, labels); see [`csv()`].
-pub fn csv_bytes(bytes: &[u8], label_col: Option<isize>) -> Result<(Array, Array), FormatError> {
+/// A label field as read: a number, or a class name.
+enum Label {
+    Number(f32),
+    Name(String),
+}
+
+/// CSV text to features and labels; see [`csv()`].
+pub fn csv_bytes(bytes: &[u8], label_col: Option<isize>) -> Result<Csv, FormatError> {
     let mut reader = csv::ReaderBuilder::new()
         .has_headers(false)
+        .flexible(true)
         .from_reader(bytes);
-    let mut rows: Vec<Vec<f32>> = Vec::new();
-    let mut integral = Vec::new();
+    let mut x: Vec<f32> = Vec::new();
+    let mut labels: Vec<Label> = Vec::new();
+    // Per row: whether its features were written as integers.
+    let mut integral: Vec<bool> = Vec::new();
     let mut header: Option<csv::StringRecord> = None;
+    // (width, label column) from the first record.
+    let mut layout: Option<(usize, usize)> = None;
+    // Row 0 when only its label is not a number: a header whose other names
+    // are numbers ("0,1,...,783,label"), or a first row with a class name.
+    let mut first_named = false;
     for (i, rec) in reader.records().enumerate() {
         let rec = rec.map_err(|e| FormatError::because(format!("row {}", i + 1), e))?;
-        let parsed: Result<Vec<f32>, _> = rec.iter().map(|f| f.trim().parse::<f32>()).collect();
-        match parsed {
-            Ok(v) => {
-                integral.push(rec.iter().all(|f| !f.contains(['.', 'e', 'E'])));
-                rows.push(v);
+        let (width, col) = match layout {
+            Some(l) => l,
+            None => {
+                let width = rec.len();
+                if width < 2 {
+                    return Err("needs at least one feature column and a label column".into());
+                }
+                let col = match label_col.unwrap_or(-1) {
+                    c if c < 0 && (-c) as usize <= width => width - (-c) as usize,
+                    c if c >= 0 && (c as usize) < width => c as usize,
+                    c => {
+                        return Err(
+                            format!("--label-col {c} is outside the {width} columns").into()
+                        );
+                    }
+                };
+                *layout.insert((width, col))
             }
-            Err(_) if i == 0 => header = Some(rec), // a header
-            Err(_) => return Err(not_a_number(i + 1, &rec, header.as_ref()).into()),
+        };
+        if rec.len() != width {
+            return Err(format!(
+                "row {} has {} fields, the first has {width}",
+                i + 1,
+                rec.len()
+            )
+            .into());
         }
+        let features: Result<Vec<f32>, _> = rec
+            .iter()
+            .enumerate()
+            .filter(|&(j, _)| j != col)
+            .map(|(_, f)| f.trim().parse::<f32>())
+            .collect();
+        let Ok(features) = features else {
+            if i == 0 {
+                header = Some(rec); // a header
+                continue;
+            }
+            return Err(not_a_number(i + 1, &rec, header.as_ref(), Some(col)).into());
+        };
+        let field = rec[col].trim();
+        let label = match field.parse::<f32>() {
+            Ok(v) => Label::Number(v),
+            Err(_) if field.is_empty() => {
+                return Err(not_a_number(i + 1, &rec, header.as_ref(), None).into());
+            }
+            Err(_) if i == 0 => {
+                first_named = true;
+                Label::Name(field.to_string())
+            }
+            Err(_) => Label::Name(field.to_string()),
+        };
+        integral.push(
+            rec.iter()
+                .enumerate()
+                .all(|(j, f)| j == col || !f.contains(['.', 'e', 'E'])),
+        );
+        x.extend(features);
+        labels.push(label);
     }
-    let width = rows
-        .first()
-        .map(Vec::len)
-        .ok_or(FormatError::from("no data rows"))?;
-    if width < 2 {
-        return Err("needs at least one feature column and a label column".into());
+    let (width, _) = layout.ok_or(FormatError::from("no data rows"))?;
+    // Row 0's name among numeric labels was a header's.
+    if first_named && labels[1..].iter().all(|l| matches!(l, Label::Number(_))) {
+        labels.remove(0);
+        integral.remove(0);
+        x.drain(..width - 1);
     }
-    if let Some((i, r)) = rows.iter().enumerate().find(|(_, r)| r.len() != width) {
-        return Err(format!(
-            "row {} has {} fields, the first has {width}",
-            i + 1,
-            r.len()
-        )
-        .into());
+    if labels.is_empty() {
+        return Err("no data rows".into());
     }
-    let col = match label_col.unwrap_or(-1) {
-        c if c < 0 && (-c) as usize <= width => width - (-c) as usize,
-        c if c >= 0 && (c as usize) < width => c as usize,
-        c => return Err(format!("--label-col {c} is outside the {width} columns").into()),
+    let n = labels.len();
+    let numbers: Option<Vec<f32>> = labels
+        .iter()
+        .map(|l| match l {
+            Label::Number(v) => Some(*v),
+            Label::Name(_) => None,
+        })
+        .collect();
+    let (y, classes) = if let Some(y) = numbers {
+        (y, None)
+    } else {
+        // Class names (a number among them is a name too: "1" beside "setosa").
+        let text = |l: &Label| match l {
+            Label::Number(v) => v.to_string(),
+            Label::Name(s) => s.clone(),
+        };
+        let mut names: Vec<String> = labels.iter().map(text).collect();
+        names.sort();
+        names.dedup();
+        let y = labels
+            .iter()
+            .map(|l| names.binary_search(&text(l)).unwrap_or(0) as f32)
+            .collect();
+        (y, Some(names))
     };
-    let n = rows.len();
-    let mut x = Vec::with_capacity(n * (width - 1));
-    let mut y = Vec::with_capacity(n);
-    for r in &rows {
-        for (j, v) in r.iter().enumerate() {
-            if j == col {
-                y.push(*v);
-            } else {
-                x.push(*v);
-            }
-        }
-    }
-    let labels_integral = y.iter().all(|v| v.fract() == 0.0);
-    Ok((
-        Array {
+    let labels_integral = y.iter().all(|v: &f32| v.fract() == 0.0);
+    Ok(Csv {
+        x: Array {
             shape: vec![n, width - 1],
             values: x,
             integral: integral.iter().all(|&b| b),
         },
-        Array {
+        y: Array {
             shape: vec![n],
             values: y,
             integral: labels_integral,
         },
-    ))
+        classes,
+    })
 }
 
 /// Reads an IDX file (MNIST's format), gzipped or not.
@@ -488,5 +577,34 @@ mod tests {
             why.contains("row 2, column 2: `two` is not a number"),
             "{why}"
         );
+        // A name in the label column is a class; an empty one is still missing.
+        let empty_label = "1,2,setosa\n1,3,\n".as_bytes();
+        let why = csv_bytes(empty_label, None).unwrap_err().to_string();
+        assert!(why.contains("row 2, column 3 is empty"), "{why}");
+    }
+
+    /// Class names in the label column, as UCI's iris and palmerpenguins ship
+    /// them: numbered in sorted order, with or without a header, in any column.
+    #[test]
+    fn class_names_in_the_label_column_are_numbered_in_sorted_order() {
+        let with_header = "sepal,petal,species\n5.1,1.4,setosa\n7.0,4.7,versicolor\n5.0,1.3,setosa\n6.3,6.0,virginica\n";
+        let c = csv_bytes(with_header.as_bytes(), None).unwrap();
+        assert_eq!(
+            c.classes.as_deref(),
+            Some(&["setosa", "versicolor", "virginica"].map(String::from)[..])
+        );
+        assert_eq!(c.y.values, vec![0.0, 1.0, 0.0, 2.0]);
+        assert!(c.y.integral);
+        assert_eq!((c.x.shape.clone(), c.x.values[2]), (vec![4, 2], 7.0));
+        // No header, the label first, a stray space: the same classes.
+        let first = "Gentoo, 46.1\nAdelie, 39.1\n".as_bytes();
+        let c = csv_bytes(first, Some(0)).unwrap();
+        assert_eq!(c.classes.unwrap(), vec!["Adelie", "Gentoo"]);
+        assert_eq!((c.y.values, c.x.values), (vec![1.0, 0.0], vec![46.1, 39.1]));
+        // A header whose feature names are numbers over numeric labels stays a header.
+        let numbered = "0,1,label\n0.5,0.25,1\n0.75,0.5,0\n".as_bytes();
+        let c = csv_bytes(numbered, None).unwrap();
+        assert_eq!((c.classes, c.y.values), (None, vec![1.0, 0.0]));
+        assert_eq!(c.x.values, vec![0.5, 0.25, 0.75, 0.5]);
     }
 }

@@ -36,6 +36,9 @@ impl<'a> DataJson<'a> {
     }
 }
 
+/// Class names the DATA section lists (the JSON has them all).
+const CLASS_NAMES_SHOWN: usize = 12;
+
 /// The DATA section: what was read, then each finding with its fix.
 pub fn section(p: &DataProfile) -> String {
     let targets = match &p.targets {
@@ -56,6 +59,22 @@ pub fn section(p: &DataProfile) -> String {
             ""
         }
     );
+    if !p.class_names.is_empty() {
+        let mut named: Vec<String> = p
+            .class_names
+            .iter()
+            .take(CLASS_NAMES_SHOWN)
+            .enumerate()
+            .map(|(i, n)| format!("{i} {n}"))
+            .collect();
+        if p.class_names.len() > CLASS_NAMES_SHOWN {
+            named.push("...".into());
+        }
+        out.push_str(&format!(
+            "  classes named in the label column, numbered in sorted order: {}\n",
+            named.join(", ")
+        ));
+    }
     let findings = p.findings();
     if findings.is_empty() {
         out.push_str("  nothing to fix\n");

@@ -236,6 +236,7 @@ fn advice() -> Advice {
                 counts: vec![178, 182, 177, 183, 181, 182, 181, 179, 174, 180],
             },
             standardized: false,
+            class_names: Vec::new(),
         }),
         noise_seeds: vec![
             SeedNoise {

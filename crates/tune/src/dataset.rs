@@ -46,6 +46,10 @@ pub struct DataProfile {
     pub targets: TargetProfile,
     /// batchfit's own runs train on standardised inputs (and regression targets).
     pub standardized: bool,
+    /// The classes' names where the file named them (class i is the i-th,
+    /// in sorted order); empty where its labels are numbers.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub class_names: Vec<String>,
 }
 
 /// Inputs beyond this magnitude are far from the order one that default
@@ -205,6 +209,7 @@ mod tests {
             first_constant: None,
             targets,
             standardized: false,
+            class_names: Vec::new(),
         }
     }
 
