@@ -154,6 +154,18 @@ class NoiseProbeTest(unittest.TestCase):
             self.assertGreater(r["seconds"], 0)
             self.assertIn("loss", r)
 
+    def test_rows_ride_on_the_measuring_lines(self):
+        m = self.model()
+        opt = torch.optim.SGD(m.parameters(), lr=0.01)
+        out = io.StringIO()
+        probe = bt.NoiseProbe(m, opt, every=2, file=out, rows=5000)
+        for _ in range(4):
+            probe.step(lambda xb, yb: torch.nn.functional.cross_entropy(m(xb), yb), self.x, self.y)
+        noise = [r["noise"] for r in records(out) if "noise" in r]
+        self.assertEqual([n["rows"] for n in noise], [5000, 5000])
+        with self.assertRaises(ValueError):
+            bt.NoiseProbe(m, opt, rows=0)
+
     def test_kwargs_free_inputs_and_dicts(self):
         # A dict of tensors is cut too; non-tensor arguments pass through unchanged.
         m = self.model()
