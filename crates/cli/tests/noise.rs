@@ -197,7 +197,8 @@ fn class_names_in_a_csv_are_the_classes() {
     let names = ["virginica", "setosa", "versicolor"];
     let rows: String = (0..192)
         .map(|i| {
-            let c = [0, 1, 2, 0][i % 4];
+            // setosa in 4 rows of 192: a rare class, named as such.
+            let c = if i % 48 == 1 { 1 } else { [0, 2][i % 2] };
             let x = |k: usize| (c * 4 + k) as f64 * 0.1 + (i % 7) as f64 * 0.01;
             format!("{},{},{},{},{}\n", x(0), x(1), x(2), x(3), names[c])
         })
@@ -219,10 +220,16 @@ fn class_names_in_a_csv_are_the_classes() {
         profile["class_names"],
         serde_json::json!(["setosa", "versicolor", "virginica"])
     );
-    // virginica in half the rows, numbered last by its name.
-    assert_eq!(
-        profile["targets"]["counts"],
-        serde_json::json!([48, 48, 96])
+    // Counted by name: setosa 4, versicolor 92, virginica 96.
+    assert_eq!(profile["targets"]["counts"], serde_json::json!([4, 92, 96]));
+    let rare = &profile["findings"][0];
+    assert_eq!(rare["code"], "rare_class");
+    assert!(
+        rare["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("class 0 (setosa) holds 2.1 %"),
+        "{rare}"
     );
     batchfit().args(args).assert().success().stdout(contains(
         "classes named in the label column, numbered in sorted order: 0 setosa, 1 versicolor, 2 virginica",

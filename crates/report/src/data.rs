@@ -29,7 +29,7 @@ impl<'a> DataJson<'a> {
                 .iter()
                 .map(|f| DataFindingJson {
                     code: f.code(),
-                    message: prose::data_finding(f),
+                    message: prose::data_finding(f, &profile.class_names),
                 })
                 .collect(),
         }
@@ -80,7 +80,7 @@ pub fn section(p: &DataProfile) -> String {
         out.push_str("  nothing to fix\n");
     }
     for f in &findings {
-        out.push_str(&format!("  - {}\n", prose::data_finding(f)));
+        out.push_str(&format!("  - {}\n", prose::data_finding(f, &p.class_names)));
     }
     out
 }

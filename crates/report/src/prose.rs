@@ -470,8 +470,9 @@ pub fn quality_code(
     }
 }
 
-/// A finding on the data, with its fix.
-pub fn data_finding(f: &batchfit_tune::dataset::DataFinding) -> String {
+/// A finding on the data, with its fix; a class is named where the file
+/// named it (`class_names`, empty where its labels are numbers).
+pub fn data_finding(f: &batchfit_tune::dataset::DataFinding, class_names: &[String]) -> String {
     use batchfit_tune::dataset::{DataFinding, UNSCALED_ABOVE, WIDE_TARGETS_STD};
     match f {
         DataFinding::Unscaled { max_abs, feature } => format!(
@@ -497,7 +498,11 @@ pub fn data_finding(f: &batchfit_tune::dataset::DataFinding) -> String {
             share,
             classes,
         } => format!(
-            "class {class} holds {:.1} % of the rows (an even share of {classes} classes is {:.1} %): a loss target is reached mostly on the common classes; weigh or resample the rare one if it matters",
+            "class {class}{} holds {:.1} % of the rows (an even share of {classes} classes is {:.1} %): a loss target is reached mostly on the common classes; weigh or resample the rare one if it matters",
+            class_names
+                .get(*class)
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default(),
             share * 100.0,
             100.0 / *classes as f64
         ),

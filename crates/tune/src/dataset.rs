@@ -48,7 +48,6 @@ pub struct DataProfile {
     pub standardized: bool,
     /// The classes' names where the file named them (class i is the i-th,
     /// in sorted order); empty where its labels are numbers.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub class_names: Vec<String>,
 }
 
