@@ -330,6 +330,23 @@ enum Label {
     Name(String),
 }
 
+/// Whether row 0's label, a name, is a header's beside the rows below: it
+/// names no other row, and every name below names at least two. (A true
+/// class of one row, first in the file, reads as a header: a class that one
+/// row shows can be neither learned nor validated.)
+fn header_name(labels: &[Label]) -> bool {
+    let Some(Label::Name(first)) = labels.first() else {
+        return false;
+    };
+    let mut counts: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for l in &labels[1..] {
+        if let Label::Name(n) = l {
+            *counts.entry(n.as_str()).or_default() += 1;
+        }
+    }
+    !counts.is_empty() && !counts.contains_key(first.as_str()) && counts.values().all(|&c| c >= 2)
+}
+
 /// CSV text to features and labels; see [`csv()`].
 pub fn csv_bytes(bytes: &[u8], label_col: Option<isize>) -> Result<Csv, FormatError> {
     let mut reader = csv::ReaderBuilder::new()
@@ -409,8 +426,13 @@ pub fn csv_bytes(bytes: &[u8], label_col: Option<isize>) -> Result<Csv, FormatEr
         labels.push(label);
     }
     let (width, _) = layout.ok_or(FormatError::from("no data rows"))?;
-    // Row 0's name among numeric labels was a header's.
-    if first_named && labels[1..].iter().all(|l| matches!(l, Label::Number(_))) {
+    // Row 0's name was a header's where the rows below give it away: their
+    // labels are all numbers, or their names each name two rows or more and
+    // row 0's names none of them (a header whose feature names are numbers,
+    // such as years, over a column of class names: "2000,...,2017,indicator").
+    if first_named
+        && (labels[1..].iter().all(|l| matches!(l, Label::Number(_))) || header_name(&labels))
+    {
         labels.remove(0);
         integral.remove(0);
         x.drain(..width - 1);
@@ -606,5 +628,18 @@ mod tests {
         let c = csv_bytes(numbered, None).unwrap();
         assert_eq!((c.classes, c.y.values), (None, vec![1.0, 0.0]));
         assert_eq!(c.x.values, vec![0.5, 0.25, 0.75, 0.5]);
+        // Years for feature names over class names (tidyr's world_bank_pop):
+        // a header, since its label names no row below and each name below
+        // names two.
+        let years = "2000,2001,indicator\n1.5,2,SP.POP.TOTL\n3,4,SP.URB.TOTL\n5,6,SP.POP.TOTL\n7,8,SP.URB.TOTL\n";
+        let c = csv_bytes(years.as_bytes(), None).unwrap();
+        assert_eq!(c.classes.unwrap(), vec!["SP.POP.TOTL", "SP.URB.TOTL"]);
+        assert_eq!(
+            (c.x.shape, c.y.values),
+            (vec![4, 2], vec![0.0, 1.0, 0.0, 1.0])
+        );
+        // A first row whose class recurs below is data.
+        let data = "1,2,a\n3,4,b\n5,6,a\n7,8,b\n".as_bytes();
+        assert_eq!(csv_bytes(data, None).unwrap().y.values.len(), 4);
     }
 }

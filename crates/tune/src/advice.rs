@@ -578,6 +578,41 @@ mod tests {
         }
     }
 
+    /// A per-step floor up to a hinge inside the tie, then a rise in proportion
+    /// to the batch (a one-hidden-layer MLP on R's kidtran, 863 rows, steps of
+    /// 0.06-0.2 ms, as `advise` timed them): no line meets the tie's
+    /// neighbourhood, so no line's optimum breaks the tie (one through it said
+    /// 611, and 512 was named where 256 trained 20 % faster in `sweep
+    /// --verify`); the smallest tied power of two is named.
+    #[test]
+    fn a_tie_across_a_hinge_is_not_broken_by_a_line_through_it() {
+        let pts: Vec<StepPoint> = [
+            (32, 56.9),
+            (64, 56.9),
+            (128, 74.8),
+            (161, 74.8),
+            (203, 74.8),
+            (256, 74.8),
+            (512, 147.4),
+            (776, 214.5),
+        ]
+        .iter()
+        .map(|&(batch, us)| StepPoint {
+            batch,
+            step_s: us * 1e-6,
+            rel_err: 0.006,
+        })
+        .collect();
+        let band = NoiseBand {
+            b_noise: 1060.0,
+            low: 722.0,
+            high: None,
+        };
+        let (rec, _) = recommend(&evidence(&pts, None), Some(band), ADAM);
+        assert!(rec.tied_batches.contains(&512), "{:?}", rec.tied_batches);
+        assert_eq!(rec.recommended_batch, Some(256), "{:?}", rec.tied_batches);
+    }
+
     /// Update times measured to 0.1-1.5 % that bend away from any line (a
     /// per-step floor to batch 32, a faster kernel at 1,024: the shipped
     /// digits MLP on a 2-core CPU, one `advise`): a line explains 11 of the 13

@@ -114,7 +114,11 @@ fn misfit_is_noise(points: &[StepPoint], fixed: f64, per: f64) -> bool {
 
 /// The line through the measured points from half the smallest to twice the
 /// largest of `batches` (at least three points), when both its terms are
-/// positive: step time is a line there even when tiny batches bend the curve.
+/// positive and it misses them by no more than their noise: step time is
+/// often a line there even when tiny batches bend the curve, but not always
+/// (a per-step floor up to a hinge inside the tie, then a rise in proportion
+/// to the batch), and the optimum of a line that bends through a hinge is
+/// neither side's.
 pub(crate) fn local_line(points: &[StepPoint], batches: &[u64]) -> Option<(f64, f64)> {
     let (lo, hi) = (*batches.iter().min()?, *batches.iter().max()?);
     let near: Vec<StepPoint> = points
@@ -125,7 +129,7 @@ pub(crate) fn local_line(points: &[StepPoint], batches: &[u64]) -> Option<(f64, 
     if near.len() < 3 {
         return None;
     }
-    relative_line(&near).filter(|(f, p)| *f > 0.0 && *p > 0.0)
+    relative_line(&near).filter(|&(f, p)| f > 0.0 && p > 0.0 && misfit_is_noise(&near, f, p))
 }
 
 /// `fixed + per_sample x B` by least squares on relative errors (weights
