@@ -3,7 +3,7 @@
 //! schedule compares, the verdict of a check. The decisions (`batchfit_tune`)
 //! carry codes and figures; the words are here, once.
 
-use batchfit_tune::advice::{NoiseHint, Reason, Recommendation};
+use batchfit_tune::advice::{NoiseHint, Reason, Recommendation, TieBreak};
 use batchfit_tune::basis::{BasisSource, MethodCode, PredictionBasis};
 use batchfit_tune::diagnose::{Finding, FindingKind};
 use batchfit_tune::lr::{LrRule, LrScaling};
@@ -22,13 +22,16 @@ pub fn reason(r: &Reason) -> String {
             band,
             fastest_batch,
             fastest_step_s,
-            optimum,
+            tie_break,
         } => {
-            let tie_break = match optimum {
-                Some(opt) => format!(
+            let tie_break = match tie_break {
+                TieBreak::Optimum(opt) => format!(
                     "the nearest to the fitted curve's optimum B* ≈ {opt:.0} (among the tied powers of two, where any)"
                 ),
-                None => "the smallest".to_string(),
+                TieBreak::Measured { optimum } => format!(
+                    "the one the measured step times put fastest: the fitted curve's optimum B* ≈ {optimum:.0} lies nearer a batch they measured slower beyond both errors"
+                ),
+                TieBreak::Smallest => "the smallest".to_string(),
             };
             format!(
                 "lowest predicted time to target, (1 + B_noise/B) x step time, within the measurement's noise: batches {} cannot be told apart (B_noise ≈ {:.0}, band {:.0}–{}; fastest point estimate B = {}, step {:.2} ms measured); of those, {tie_break}",
