@@ -125,6 +125,9 @@ fn bad_data_exits_2_naming_what_is_wrong() {
     std::fs::write(d("names.csv"), names).unwrap();
     let sex = "w,sex,h,l,species\n1,male,3,4,a\n1,female,3,4,b\n";
     std::fs::write(d("sex.csv"), sex).unwrap();
+    let label_first = "label,p1,p2,p3,p4\n1,0,0,0,0\n2,0,0,0,0\n";
+    std::fs::write(d("label-first.csv"), label_first).unwrap();
+    std::fs::write(d("missing.csv"), "1,2,3,4,0\n1,?,3,4,1\n").unwrap();
     let regression = "[[input]]\nname = \"x\"\nshape = [4]\n[[layer]]\nname = \"fc\"\nop = \"linear\"\nout_features = 1\n[loss]\nkind = \"mse\"\n";
     std::fs::write(d("reg.toml"), regression).unwrap();
     write_npy(&d("x.npy"), &[2, 5], &[0.0; 10]);
@@ -143,6 +146,14 @@ fn bad_data_exits_2_naming_what_is_wrong() {
         (
             vec![p("names.csv")],
             "the label column names 4 classes (a, b, c, d), the model predicts 3",
+        ),
+        (
+            vec![p("label-first.csv")],
+            "the header names column 1 `label`, but the label is read from the last column",
+        ),
+        (
+            vec![p("missing.csv")],
+            "row 2, column 2: `?` marks a missing value",
         ),
         (
             vec![p("sex.csv")],

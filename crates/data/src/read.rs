@@ -297,11 +297,57 @@ fn not_a_number(
     let column = format!("row {row}, column {}{name}", j + 1);
     if field.trim().is_empty() {
         format!("{column} is empty: a missing value; drop or fill the rows that have one")
+    } else if is_missing_marker(field) {
+        format!(
+            "{column}: `{}` marks a missing value; drop or fill the rows that have one",
+            field.trim()
+        )
     } else {
         format!(
             "{column}: `{}` is not a number (a category: encode it as numbers first, one 0/1 column per value)",
             field.trim()
         )
+    }
+}
+
+/// The markers data sets write for a missing value: R's and pandas' `NA`,
+/// UCI's `?`, and their kin (`NaN` parses as a number; the data checks find it).
+fn is_missing_marker(field: &str) -> bool {
+    const MARKERS: [&str; 8] = ["na", "n/a", "?", "null", "none", "nil", "-", "."];
+    MARKERS.contains(&field.trim().to_ascii_lowercase().as_str())
+}
+
+/// Whether a first row whose features do not all parse is a header: most of
+/// them are names. A row of numbers with a `?` or `NA` among them is data
+/// with a missing value, which the reader reports by row and column.
+fn looks_like_header(rec: &csv::StringRecord, col: usize) -> bool {
+    let features: Vec<&str> = rec
+        .iter()
+        .enumerate()
+        .filter(|&(j, _)| j != col)
+        .map(|(_, f)| f.trim())
+        .collect();
+    let names = features
+        .iter()
+        .filter(|f| f.parse::<f32>().is_err() && !is_missing_marker(f))
+        .count();
+    2 * names > features.len()
+}
+
+/// The field delimiter of CSV text: the comma, unless the first line holds
+/// none and more semicolons (UCI's wine-quality files, spreadsheets in locales
+/// whose decimal mark is the comma) or tabs (TSV). The csv crate reads one
+/// given delimiter and does not guess it.
+fn delimiter(bytes: &[u8]) -> u8 {
+    let first = bytes.split(|&b| b == b'\n').next().unwrap_or(&[]);
+    let count = |d: u8| first.iter().filter(|&&b| b == d).count();
+    if count(b',') > 0 {
+        return b',';
+    }
+    match (count(b';'), count(b'\t')) {
+        (0, 0) => b',',
+        (semi, tab) if semi >= tab => b';',
+        _ => b'\t',
     }
 }
 
@@ -316,9 +362,28 @@ pub struct Csv {
     pub classes: Option<Vec<String>>,
 }
 
-/// Reads a CSV file: one row per sample, a header optional (detected when the
-/// first line's features do not parse as numbers). The label column may hold
-/// numbers or class names ([`Csv::classes`]).
+/// Header names that say a column is the label.
+const LABEL_NAMES: [&str; 4] = ["label", "labels", "target", "class"];
+
+/// The column the header names as the label, where it is not `col`, the one
+/// the label is read from (one such column only: two leave it open).
+fn label_named_elsewhere(header: &csv::StringRecord, col: usize) -> Option<(usize, String)> {
+    let named: Vec<(usize, &str)> = header
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| LABEL_NAMES.contains(&n.trim().to_ascii_lowercase().as_str()))
+        .map(|(j, n)| (j, n.trim()))
+        .collect();
+    match named[..] {
+        [(j, name)] if j != col => Some((j, name.to_string())),
+        _ => None,
+    }
+}
+
+/// Reads a CSV file: one row per sample, a header optional (detected when
+/// most of the first line's features are names, not numbers), fields
+/// separated by commas, or by semicolons or tabs where the first line has no
+/// comma. The label column may hold numbers or class names ([`Csv::classes`]).
 pub fn csv(path: &Path, label_col: Option<isize>) -> Result<Csv, DataError> {
     let bytes = read_maybe_gz(path)?;
     csv_bytes(&bytes, label_col).map_err(|why| err(path, why))
@@ -350,6 +415,7 @@ fn header_name(labels: &[Label]) -> bool {
 /// CSV text to features and labels; see [`csv()`].
 pub fn csv_bytes(bytes: &[u8], label_col: Option<isize>) -> Result<Csv, FormatError> {
     let mut reader = csv::ReaderBuilder::new()
+        .delimiter(delimiter(bytes))
         .has_headers(false)
         .flexible(true)
         .from_reader(bytes);
@@ -399,7 +465,7 @@ pub fn csv_bytes(bytes: &[u8], label_col: Option<isize>) -> Result<Csv, FormatEr
             .map(|(_, f)| f.trim().parse::<f32>())
             .collect();
         let Ok(features) = features else {
-            if i == 0 {
+            if i == 0 && looks_like_header(&rec, col) {
                 header = Some(rec); // a header
                 continue;
             }
@@ -466,6 +532,19 @@ pub fn csv_bytes(bytes: &[u8], label_col: Option<isize>) -> Result<Csv, FormatEr
         (y, Some(names))
     };
     let labels_integral = y.iter().all(|v: &f32| v.fract() == 0.0);
+    // The label is the last column unless --label-col says otherwise; a
+    // header that names another column the label (Kaggle's MNIST CSV puts
+    // `label` first) would otherwise train on a pixel, silently where that
+    // pixel is 0 in every row.
+    if let (Some(h), None) = (&header, label_col)
+        && let Some((j, name)) = label_named_elsewhere(h, width - 1)
+    {
+        return Err(format!(
+            "the header names column {} `{name}`, but the label is read from the last column unless --label-col says otherwise: give --label-col {j} (or --label-col -1 for the last)",
+            j + 1
+        )
+        .into());
+    }
     Ok(Csv {
         x: Array {
             shape: vec![n, width - 1],
@@ -637,6 +716,47 @@ mod tests {
         assert_eq!(
             (c.x.shape, c.y.values),
             (vec![4, 2], vec![0.0, 1.0, 0.0, 1.0])
+        );
+        // Semicolons (UCI's wine-quality files) and tabs separate fields too.
+        let semi = "fixed acidity;pH;quality\n7.4;3.51;5\n7.8;3.2;6\n".as_bytes();
+        let c = csv_bytes(semi, None).unwrap();
+        assert_eq!(
+            (c.x.values, c.y.values),
+            (vec![7.4, 3.51, 7.8, 3.2], vec![5.0, 6.0])
+        );
+        let tabs = "a\tb\ty\n1\t2\t0\n".as_bytes();
+        assert_eq!(csv_bytes(tabs, None).unwrap().x.values, vec![1.0, 2.0]);
+        // A first row of numbers with a missing value is data, and says so;
+        // `NA` and `?` are missing values, not categories.
+        for (text, field) in [
+            ("1.5,?,3,1\n2.5,3,4,0\n", "?"),
+            ("1.5,NA,3,1\n2,3,4,0\n", "NA"),
+        ] {
+            let why = csv_bytes(text.as_bytes(), None).unwrap_err().to_string();
+            assert!(
+                why.contains(&format!("row 1, column 2: `{field}` marks a missing value")),
+                "{why}"
+            );
+        }
+        let na = "a,b,y\n1,2,0\n3,NA,1\n".as_bytes();
+        let why = csv_bytes(na, None).unwrap_err().to_string();
+        assert!(
+            why.contains("row 3, column 2 (`b`): `NA` marks a missing value"),
+            "{why}"
+        );
+        // A header naming a column other than the last the label, with no
+        // --label-col: refused, naming the column; --label-col decides.
+        let label_first = "label,p1,p2\n3,0,0\n7,255,0\n".as_bytes();
+        let why = csv_bytes(label_first, None).unwrap_err().to_string();
+        assert!(
+            why.contains("column 1 `label`") && why.contains("--label-col 0"),
+            "{why}"
+        );
+        let c = csv_bytes(label_first, Some(0)).unwrap();
+        assert_eq!((c.y.values, c.x.shape), (vec![3.0, 7.0], vec![2, 2]));
+        assert_eq!(
+            csv_bytes(label_first, Some(-1)).unwrap().y.values,
+            vec![0.0, 0.0]
         );
         // A first row whose class recurs below is data.
         let data = "1,2,a\n3,4,b\n5,6,a\n7,8,b\n".as_bytes();
