@@ -361,8 +361,8 @@ impl MeasureFlags {
 /// Where the training data comes from.
 #[derive(Args, Clone, Debug)]
 pub struct DataFlags {
-    /// Training data: .npy, .npz (keys = model input names + `target`), .csv
-    /// (.csv.gz), IDX (MNIST), or builtin:digits [default for the default model].
+    /// Training data: .npy, .npz (keys = model input names + `target`), .csv or
+    /// .tsv (gzipped or not), IDX (MNIST), or builtin:digits [default for the default model].
     #[arg(long)]
     pub data: Option<String>,
     /// Labels for single-array formats (.npy, IDX).

@@ -134,7 +134,10 @@ impl Dataset {
                 v.push(("target".to_string(), read_single(l)?));
             }
             v
-        } else if name.ends_with(".csv") || name.ends_with(".csv.gz") {
+        } else if [".csv", ".csv.gz", ".tsv", ".tsv.gz"]
+            .iter()
+            .any(|e| name.ends_with(e))
+        {
             let read::Csv { x, y, classes } = read::csv(p, opts.label_col)?;
             class_names = classes;
             vec![("x".to_string(), x), ("target".to_string(), y)]
@@ -147,7 +150,7 @@ impl Dataset {
         } else {
             return Err(DataError::File {
                 path: path.to_string(),
-                source: "unknown data format: use .npy, .npz, .csv (.csv.gz) or an IDX file (*idx*, *ubyte*)".into(),
+                source: "unknown data format: use .npy, .npz, .csv or .tsv (gzipped or not) or an IDX file (*idx*, *ubyte*)".into(),
             });
         };
         if let Some(names) = &class_names {

@@ -286,7 +286,7 @@ fn not_a_number(
     let Some((j, field)) = rec
         .iter()
         .enumerate()
-        .find(|&(j, f)| Some(j) != skip && f.trim().parse::<f32>().is_err())
+        .find(|&(j, f)| Some(j) != skip && number(f).is_none())
     else {
         return format!("row {row}: a field is not a number");
     };
@@ -310,6 +310,22 @@ fn not_a_number(
     }
 }
 
+/// A feature field as a number: a decimal, or a boolean as 1 or 0 (R writes
+/// `TRUE`/`FALSE`, pandas `True`/`False`; every library trains on them as
+/// 0/1).
+fn number(field: &str) -> Option<f32> {
+    let f = field.trim();
+    f.parse::<f32>().ok().or_else(|| {
+        if f.eq_ignore_ascii_case("true") {
+            Some(1.0)
+        } else if f.eq_ignore_ascii_case("false") {
+            Some(0.0)
+        } else {
+            None
+        }
+    })
+}
+
 /// The markers data sets write for a missing value: R's and pandas' `NA`,
 /// UCI's `?`, and their kin (`NaN` parses as a number; the data checks find it).
 fn is_missing_marker(field: &str) -> bool {
@@ -329,7 +345,7 @@ fn looks_like_header(rec: &csv::StringRecord, col: usize) -> bool {
         .collect();
     let names = features
         .iter()
-        .filter(|f| f.parse::<f32>().is_err() && !is_missing_marker(f))
+        .filter(|f| number(f).is_none() && !is_missing_marker(f))
         .count();
     2 * names > features.len()
 }
@@ -458,13 +474,13 @@ pub fn csv_bytes(bytes: &[u8], label_col: Option<isize>) -> Result<Csv, FormatEr
             )
             .into());
         }
-        let features: Result<Vec<f32>, _> = rec
+        let features: Option<Vec<f32>> = rec
             .iter()
             .enumerate()
             .filter(|&(j, _)| j != col)
-            .map(|(_, f)| f.trim().parse::<f32>())
+            .map(|(_, f)| number(f))
             .collect();
-        let Ok(features) = features else {
+        let Some(features) = features else {
             if i == 0 && looks_like_header(&rec, col) {
                 header = Some(rec); // a header
                 continue;
@@ -483,11 +499,13 @@ pub fn csv_bytes(bytes: &[u8], label_col: Option<isize>) -> Result<Csv, FormatEr
             }
             Err(_) => Label::Name(field.to_string()),
         };
-        integral.push(
-            rec.iter()
-                .enumerate()
-                .all(|(j, f)| j == col || !f.contains(['.', 'e', 'E'])),
-        );
+        integral.push(rec.iter().enumerate().all(|(j, f)| {
+            let f = f.trim();
+            j == col
+                || !f.contains(['.', 'e', 'E'])
+                || f.eq_ignore_ascii_case("true")
+                || f.eq_ignore_ascii_case("false")
+        }));
         x.extend(features);
         labels.push(label);
     }
@@ -743,6 +761,12 @@ mod tests {
         assert!(
             why.contains("row 3, column 2 (`b`): `NA` marks a missing value"),
             "{why}"
+        );
+        // Booleans, as R and pandas write them, are 1 and 0.
+        let bools = "TRUE,2.5,0\nFalse,1,1\n".as_bytes();
+        assert_eq!(
+            csv_bytes(bools, None).unwrap().x.values,
+            vec![1.0, 2.5, 0.0, 1.0]
         );
         // A header naming a column other than the last the label, with no
         // --label-col: refused, naming the column; --label-col decides.
