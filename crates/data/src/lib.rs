@@ -197,7 +197,16 @@ impl Dataset {
         };
         for input in &graph.inputs {
             let names: Vec<&str> = if single {
-                vec![input.name.as_str(), "x", "inputs", "data", "features"]
+                // `x_train`/`y_train`: Keras's datasets (mnist.npz) and the
+                // tutorials that save them; their test split is left alone.
+                vec![
+                    input.name.as_str(),
+                    "x",
+                    "inputs",
+                    "data",
+                    "features",
+                    "x_train",
+                ]
             } else {
                 vec![input.name.as_str()]
             };
@@ -236,7 +245,7 @@ impl Dataset {
             inputs.push(a.values.clone());
             input_elems.push(elems);
         }
-        let (key, t) = find(&["target", "y", "labels", "label"]).ok_or_else(|| {
+        let (key, t) = find(&["target", "y", "labels", "label", "y_train"]).ok_or_else(|| {
             fail(format!("no `target` array (the file has {}); labels for single-array formats come from --labels", keys.join(", ")))
         })?;
         check_rows(key, t.rows())?;
@@ -595,6 +604,30 @@ mod tests {
         let mut all: Vec<usize> = train_rows.into_iter().chain(val_rows).collect();
         all.sort_unstable();
         assert_eq!(all, (0..d.rows).collect::<Vec<_>>());
+    }
+
+    /// An archive as Keras's `mnist.npz` ships (`x_train`, `y_train`,
+    /// `x_test`, `y_test`) binds its training split.
+    #[test]
+    fn a_keras_archive_binds_its_training_split() {
+        let g = zoo::build("digits-mlp").unwrap();
+        let array = |rows: usize, row: &[usize], v: f32| Array {
+            shape: [&[rows][..], row].concat(),
+            values: vec![v; rows * row.iter().product::<usize>()],
+            integral: true,
+        };
+        let arrays = vec![
+            ("x_train".to_string(), array(5, &[8, 8], 1.0)),
+            ("y_train".to_string(), array(5, &[], 3.0)),
+            ("x_test".to_string(), array(2, &[8, 8], 2.0)),
+            ("y_test".to_string(), array(2, &[], 4.0)),
+        ];
+        let d = Dataset::bind("mnist.npz", arrays, &g, 1).unwrap();
+        assert_eq!((d.rows, d.inputs[0][0]), (5, 1.0));
+        match &d.targets {
+            Targets::Classes { labels, .. } => assert_eq!(labels, &vec![3; 5]),
+            _ => panic!("classification"),
+        }
     }
 
     /// A [T = 6, C = 5] CTC model over 4 features a frame, blank 0.
