@@ -268,14 +268,27 @@ impl Dataset {
             LossKind::CrossEntropy | LossKind::CrossEntropyPerFrame => {
                 let classes = *out.last().expect("logits have classes");
                 let per_row: usize = out[..out.len() - 1].iter().product();
-                if t.row_elems() != per_row {
+                // One-hot rows (Keras's `to_categorical`) are their classes.
+                let decoded;
+                let values: &[f32] = if classes > 1 && t.row_elems() == per_row * classes {
+                    decoded = one_hot_classes(&t.values, classes).map_err(|i| {
+                        fail(format!(
+                            "key `{key}` row {}: {classes} values a label are read as one-hot, and these are not (one 1, the rest 0)",
+                            i / per_row + 1
+                        ))
+                    })?;
+                    &decoded
+                } else if t.row_elems() == per_row {
+                    &t.values
+                } else {
                     return Err(fail(format!(
-                        "key `{key}`: expected {per_row} class label(s) per row, found shape {:?}",
+                        "key `{key}`: expected {per_row} class label(s) per row (or {} one-hot values), found shape {:?}",
+                        per_row * classes,
                         t.row_shape()
                     )));
-                }
-                let mut labels = Vec::with_capacity(t.values.len());
-                for (i, &v) in t.values.iter().enumerate() {
+                };
+                let mut labels = Vec::with_capacity(values.len());
+                for (i, &v) in values.iter().enumerate() {
                     if v < 0.0 || v.fract() != 0.0 || v as usize >= classes {
                         return Err(fail(format!(
                             "key `{key}` row {}: label {v} is not a class of the model (0..{classes})",
@@ -487,6 +500,20 @@ pub mod digits {
     }
 }
 
+/// The class of each one-hot group of `classes` values, or the index of the
+/// first group that is not one-hot (a single 1, every other value 0).
+fn one_hot_classes(values: &[f32], classes: usize) -> Result<Vec<f32>, usize> {
+    values
+        .chunks(classes)
+        .enumerate()
+        .map(|(i, group)| {
+            let hot = group.iter().position(|&v| v == 1.0).ok_or(i)?;
+            let rest_zero = group.iter().enumerate().all(|(j, &v)| j == hot || v == 0.0);
+            if rest_zero { Ok(hot as f32) } else { Err(i) }
+        })
+        .collect()
+}
+
 /// Rows `idx` of a row-major table of `width` values a row.
 fn rows_of<T: Copy>(values: &[T], width: usize, idx: &[usize]) -> Vec<T> {
     let mut out = Vec::with_capacity(idx.len() * width);
@@ -628,6 +655,46 @@ mod tests {
             Targets::Classes { labels, .. } => assert_eq!(labels, &vec![3; 5]),
             _ => panic!("classification"),
         }
+    }
+
+    /// One-hot labels (Keras's `to_categorical`) are their classes; a row
+    /// that is not one-hot (label smoothing) is refused, naming it.
+    #[test]
+    fn one_hot_labels_are_their_classes() {
+        let g = zoo::build("digits-mlp").unwrap();
+        let bind = |y: Vec<f32>| {
+            let arrays = vec![
+                (
+                    "x".to_string(),
+                    Array {
+                        shape: vec![2, 64],
+                        values: vec![0.5; 128],
+                        integral: false,
+                    },
+                ),
+                (
+                    "y".to_string(),
+                    Array {
+                        shape: vec![2, 10],
+                        values: y,
+                        integral: false,
+                    },
+                ),
+            ];
+            Dataset::bind("onehot.npz", arrays, &g, 1)
+        };
+        let mut y = vec![0.0; 20];
+        (y[3], y[17]) = (1.0, 1.0);
+        match bind(y.clone()).unwrap().targets {
+            Targets::Classes { labels, .. } => assert_eq!(labels, vec![3, 7]),
+            _ => panic!("classification"),
+        }
+        y[12] = 0.1;
+        let why = bind(y).unwrap_err().to_string();
+        assert!(
+            why.contains("row 2: 10 values a label are read as one-hot"),
+            "{why}"
+        );
     }
 
     /// A [T = 6, C = 5] CTC model over 4 features a frame, blank 0.
