@@ -168,17 +168,24 @@ pub const TIE_BREAK: &str = "of the batches whose predicted time to target canno
 /// the batches refined between them vary with the run's timings, so a tie
 /// broken among those would name a different batch when asked twice.
 fn nearest_tied(tied: &[u64], optimum: f64) -> Option<u64> {
+    let distance = |b: u64| (b as f64 / optimum).ln().abs();
+    ladder_of(tied)
+        .into_iter()
+        .min_by(|&a, &b| distance(a).total_cmp(&distance(b)))
+}
+
+/// The tied powers of two, or every tied batch where none is one.
+fn ladder_of(tied: &[u64]) -> Vec<u64> {
     let ladder: Vec<u64> = tied
         .iter()
         .copied()
         .filter(|b| b.is_power_of_two())
         .collect();
-    let among = if ladder.is_empty() { tied } else { &ladder };
-    let distance = |b: u64| (b as f64 / optimum).ln().abs();
-    among
-        .iter()
-        .copied()
-        .min_by(|&a, &b| distance(a).total_cmp(&distance(b)))
+    if ladder.is_empty() {
+        tied.to_vec()
+    } else {
+        ladder
+    }
 }
 
 /// The tied batch (among the tied powers of two where there are any) whose
@@ -197,15 +204,9 @@ fn measured_faster(points: &[StepPoint], tied: &[u64], near: u64, b_noise: f64) 
         }
     };
     let at_near = point(near)?;
-    let ladder: Vec<u64> = tied
-        .iter()
-        .copied()
-        .filter(|b| b.is_power_of_two())
-        .collect();
-    let among = if ladder.is_empty() { tied } else { &ladder };
-    among
-        .iter()
-        .filter_map(|&b| point(b))
+    ladder_of(tied)
+        .into_iter()
+        .filter_map(point)
         .filter(|q| {
             let ratio = time(q) / time(at_near);
             let e = (err(q).powi(2) + err(at_near).powi(2)).sqrt();
