@@ -54,8 +54,15 @@ pub fn reason(r: &Reason) -> String {
                 },
             efficiency,
         } => format!(
-            "the smallest batch reaching {:.0} % of the best measured throughput, throughput only: no batch is ranked by time to target, because the noise run learned nothing from the inputs (its loss ended at {run_loss:.4}, no lower than {prior_loss:.4}, the loss of ignoring the inputs); scale the inputs (--standardize) or lower --lr, and measure again",
+            "the smallest batch reaching {:.0} % of the best measured throughput, throughput only: no batch is ranked by time to target, because the noise run learned nothing from the inputs (its loss ended at {run_loss:.4}, no lower than {prior_loss:.4}, the loss of ignoring the inputs); {}",
             efficiency * 100.0,
+            // Ignoring the inputs costs nothing where every row has the same
+            // target or class: no scaling or rate helps (DATA says which).
+            if *prior_loss <= 0.0 {
+                "every row has the same target, so there is nothing to learn: check the label column (see DATA)"
+            } else {
+                "scale the inputs (--standardize) or lower --lr, and measure again"
+            }
         ),
         Reason::Knee { efficiency, hint } => format!(
             "the smallest batch reaching {:.0} % of the best measured throughput (the noise scale is unknown, so steps needed are not weighed: {})",
@@ -512,6 +519,9 @@ pub fn data_finding(f: &batchfit_tune::dataset::DataFinding, class_names: &[Stri
         DataFinding::WideTargets { mean, std } => format!(
             "regression targets have mean {mean:.4} and spread {std:.4} (over {WIDE_TARGETS_STD}): the squared error and its gradients scale with their square; standardise the targets, or add --standardize"
         ),
+        DataFinding::ConstantTargets { value } => format!(
+            "every row's regression target is {value:.4}: there is nothing to learn; the label column or --label-col may be wrong"
+        ),
     }
 }
 
@@ -578,4 +588,34 @@ pub fn rate_outcome(
         ));
     }
     (!out.is_empty()).then(|| out.join("; "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A noise run that learned nothing is explained by the data where the
+    /// data leaves nothing to learn (one target, one class: ignoring the
+    /// inputs costs nothing), and by the inputs or the rate otherwise.
+    #[test]
+    fn learning_nothing_from_one_target_blames_the_labels_not_the_scale() {
+        let knee = |prior_loss: f64| {
+            reason(&Reason::Knee {
+                efficiency: 0.9,
+                hint: NoiseHint::NotLearning {
+                    run_loss: 0.9,
+                    prior_loss,
+                },
+            })
+        };
+        for nothing in [0.0, -0.0] {
+            let why = knee(nothing);
+            assert!(
+                why.contains("nothing to learn: check the label column"),
+                "{why}"
+            );
+            assert!(!why.contains("--standardize"), "{why}");
+        }
+        assert!(knee(0.5).contains("scale the inputs (--standardize) or lower --lr"));
+    }
 }

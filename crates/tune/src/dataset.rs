@@ -87,6 +87,8 @@ pub enum DataFinding {
     },
     /// Regression targets of this mean and spread.
     WideTargets { mean: f64, std: f64 },
+    /// Every row's regression target is `value`: nothing to learn.
+    ConstantTargets { value: f64 },
 }
 
 impl DataFinding {
@@ -98,6 +100,7 @@ impl DataFinding {
             DataFinding::MissingClasses { .. } => "missing_classes",
             DataFinding::RareClass { .. } => "rare_class",
             DataFinding::WideTargets { .. } => "wide_targets",
+            DataFinding::ConstantTargets { .. } => "constant_targets",
         }
     }
 }
@@ -144,6 +147,9 @@ impl DataProfile {
             TargetProfile::Classes { counts } => out.extend(class_finding(counts, None)),
             TargetProfile::Labels { counts, blank } => {
                 out.extend(class_finding(counts, Some(*blank)));
+            }
+            TargetProfile::Values(v) if v.min == v.max => {
+                out.push(DataFinding::ConstantTargets { value: v.min });
             }
             TargetProfile::Values(v) => {
                 if !self.standardized
@@ -241,6 +247,20 @@ mod tests {
             std: 77.0,
         });
         assert_eq!(profile(1.0, targets).findings()[0].code(), "wide_targets");
+        // One target in every row: nothing to learn, said as such (not as
+        // wide targets, even where its value is large).
+        for value in [5.0, 500.0] {
+            let same = TargetProfile::Values(ColumnStats {
+                min: value,
+                max: value,
+                mean: value,
+                std: 0.0,
+            });
+            assert_eq!(
+                profile(1.0, same).findings(),
+                [DataFinding::ConstantTargets { value }]
+            );
+        }
     }
 
     #[test]
