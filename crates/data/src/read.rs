@@ -430,6 +430,8 @@ fn header_name(labels: &[Label]) -> bool {
 
 /// CSV text to features and labels; see [`csv()`].
 pub fn csv_bytes(bytes: &[u8], label_col: Option<isize>) -> Result<Csv, FormatError> {
+    // Spreadsheets (Excel's "CSV UTF-8") start the file with a byte-order mark.
+    let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
     let mut reader = csv::ReaderBuilder::new()
         .delimiter(delimiter(bytes))
         .has_headers(false)
@@ -761,6 +763,12 @@ mod tests {
         assert!(
             why.contains("row 3, column 2 (`b`): `NA` marks a missing value"),
             "{why}"
+        );
+        // A byte-order mark before the first field is not part of it.
+        let bom = b"\xEF\xBB\xBF1.5,2,0\n2.5,3,1\n";
+        assert_eq!(
+            csv_bytes(bom, None).unwrap().x.values,
+            vec![1.5, 2.0, 2.5, 3.0]
         );
         // Booleans, as R and pandas write them, are 1 and 0.
         let bools = "TRUE,2.5,0\nFalse,1,1\n".as_bytes();
