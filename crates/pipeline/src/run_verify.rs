@@ -29,6 +29,9 @@ struct RunFile {
 #[derive(Deserialize)]
 struct RecommendedBatch {
     recommended_batch: Option<u64>,
+    /// Absent in documents before it.
+    #[serde(default)]
+    tied_batches: Vec<u64>,
 }
 
 #[derive(Deserialize)]
@@ -62,10 +65,10 @@ pub fn read_run_advice(path: &Path) -> Result<CheckedRun> {
              measurements and losses: docs/run.md)"
         )));
     };
-    let Some(recommended) = file
+    let Some((recommended, tied)) = file
         .recommendation
-        .and_then(|r| r.recommended_batch)
-        .filter(|&b| b > 0)
+        .and_then(|r| r.recommended_batch.map(|b| (b, r.tied_batches)))
+        .filter(|&(b, _)| b > 0)
     else {
         return Err(Error::input(format!(
             "--verify {name}: the run recommends no batch"
@@ -87,6 +90,7 @@ pub fn read_run_advice(path: &Path) -> Result<CheckedRun> {
     Ok(CheckedRun {
         path: name,
         recommended,
+        tied,
         predicted,
         target: LossTarget::of_run(target, noise.steps).on(noise.target_on_fixed_rows),
         rate: file.learning_rate,
@@ -200,7 +204,7 @@ pub fn run_verify(
         }
         measured.push(m);
     }
-    let (rows, verdict) = verify(&predicted, &measured, advice.recommended);
+    let (rows, verdict) = verify(&predicted, &measured, advice.recommended, &advice.tied);
     Ok(RunVerifyReport {
         advice: advice.path.clone(),
         command: template.display(),

@@ -31,6 +31,9 @@ struct AdviceFile {
 struct RecommendedBatch {
     device: DeviceSpec,
     recommended_batch: Option<u64>,
+    /// Absent in documents before it.
+    #[serde(default)]
+    tied_batches: Vec<u64>,
 }
 
 /// Reads `advise --json` output; exit 2 when it is not one or has no
@@ -67,11 +70,14 @@ pub fn parse_advice(path: &Path, text: &str) -> Result<CheckedAdvice> {
             "--verify {name}: the advice predicts no time to target (it needs the noise run: --data, a learning rate above 0, --noise-steps above 0)"
         )));
     };
-    let Some((device, recommended)) = file
+    let Some((device, recommended, tied)) = file
         .recommendations
         .iter()
-        .find_map(|r| r.recommended_batch.map(|b| (r.device, b)))
-        .filter(|&(_, b)| b > 0)
+        .find_map(|r| {
+            r.recommended_batch
+                .map(|b| (r.device, b, r.tied_batches.clone()))
+        })
+        .filter(|&(_, b, _)| b > 0)
     else {
         return Err(Error::input(format!(
             "--verify {name}: the advice recommends no batch"
@@ -91,6 +97,7 @@ pub fn parse_advice(path: &Path, text: &str) -> Result<CheckedAdvice> {
         basis,
         device,
         recommended,
+        tied,
         update_s,
     })
 }

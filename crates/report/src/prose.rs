@@ -409,15 +409,23 @@ pub fn verdict_line(recommended: u64, v: VerdictOutcome) -> String {
             }
         ),
         VerdictOutcome::NotHeld {
+            fastest_in_tie,
             seconds: s,
             ratio,
             fastest,
             fastest_seconds,
         } => format!(
-            "The advice did not hold: batch {recommended} took {}, {:.0} % more than batch {fastest} ({}), beyond the seeds' noise.",
+            "The advice did not hold: batch {recommended} took {}, {:.0} % more than batch {fastest} ({}), beyond the seeds' noise.{}",
             seconds(s),
             100.0 * (ratio - 1.0),
-            seconds(fastest_seconds)
+            seconds(fastest_seconds),
+            if fastest_in_tie {
+                format!(
+                    " The advice had stated {fastest} among the batches its timings could not tell apart from {recommended}."
+                )
+            } else {
+                String::new()
+            }
         ),
         VerdictOutcome::NotTrained => {
             format!("The advice could not be checked: batch {recommended} was not trained.")
@@ -617,5 +625,31 @@ mod tests {
             assert!(!why.contains("--standardize"), "{why}");
         }
         assert!(knee(0.5).contains("scale the inputs (--standardize) or lower --lr"));
+    }
+
+    /// A check that did not hold says whether the advice had stated the
+    /// faster batch among those it could not tell apart.
+    #[test]
+    fn a_verdict_that_did_not_hold_names_a_stated_tie() {
+        let line = |fastest_in_tie| {
+            verdict_line(
+                128,
+                VerdictOutcome::NotHeld {
+                    fastest_in_tie,
+                    seconds: 0.02,
+                    ratio: 1.1,
+                    fastest: 256,
+                    fastest_seconds: 0.018,
+                },
+            )
+        };
+        assert!(line(true).ends_with(
+            "The advice had stated 256 among the batches its timings could not tell apart from 128."
+        ));
+        assert!(
+            line(false).ends_with("beyond the seeds' noise."),
+            "{}",
+            line(false)
+        );
     }
 }

@@ -623,7 +623,7 @@ mod tests {
                 seconds: vec![0.07, 0.065],
             },
         ];
-        let (rows, verdict) = verify(&predicted, &measured, 256);
+        let (rows, verdict) = verify(&predicted, &measured, 256, &[]);
         let report = VerifyReport {
             advice: "advice.json".into(),
             device: batchfit_tune::device::DeviceSpec::Cpu,

@@ -416,6 +416,7 @@ fn sweep_and_verify() {
         basis,
         device: DeviceSpec::Cpu,
         recommended: a.decision.recommendations[0].recommended_batch.unwrap(),
+        tied: a.decision.recommendations[0].tied_batches.clone(),
         update_s: {
             let mut u: Vec<(u64, f64)> = a
                 .decision

@@ -95,6 +95,9 @@ pub enum VerdictOutcome {
     },
     /// Did not hold: slower than the fastest beyond the seeds' noise.
     NotHeld {
+        /// The advice had stated `fastest` tied with the recommended batch
+        /// (its timings could not tell them apart).
+        fastest_in_tie: bool,
         seconds: f64,
         ratio: f64,
         fastest: u64,
@@ -133,11 +136,13 @@ fn pct(predicted: f64, measured: f64) -> f64 {
     100.0 * (predicted - measured) / measured
 }
 
-/// The rows (in the order of `predicted`) and the verdict on `recommended`.
+/// The rows (in the order of `predicted`) and the verdict on `recommended`,
+/// which the advice named from the batches `tied` (empty: none stated).
 pub fn verify(
     predicted: &[Predicted],
     measured: &[Measured],
     recommended: u64,
+    tied: &[u64],
 ) -> (Vec<VerifyRow>, Verdict) {
     let stat = |v: &[f64]| (!v.is_empty()).then(|| mean_std(v));
     let of = |b: u64| measured.iter().find(|m| m.batch == b);
@@ -215,6 +220,7 @@ pub fn verify(
             by_tolerance: r <= 1.0 + RECOMMENDATION_TOLERANCE,
         },
         (Some(r), Some((f, fs))) => VerdictOutcome::NotHeld {
+            fastest_in_tie: tied.contains(&f.batch),
             seconds: fs.0 * r,
             ratio: r,
             fastest: f.batch,
@@ -259,6 +265,9 @@ pub struct CheckedAdvice {
     /// The device of the first recommendation: the one checked.
     pub device: DeviceSpec,
     pub recommended: u64,
+    /// The batches the advice could not tell apart from the recommended one
+    /// (its `tied_batches`; empty in documents before them).
+    pub tied: Vec<u64>,
     /// Measured seconds per update at each batch of the table on that device
     /// (no accumulation), ascending by batch.
     pub update_s: Vec<(u64, f64)>,
@@ -311,7 +320,7 @@ impl VerifyReport {
     pub fn new(advice: &CheckedAdvice, measured: &[Measured]) -> VerifyReport {
         let predicted: Vec<Predicted> =
             measured.iter().map(|m| advice.predicted(m.batch)).collect();
-        let (rows, verdict) = verify(&predicted, measured, advice.recommended);
+        let (rows, verdict) = verify(&predicted, measured, advice.recommended, &advice.tied);
         VerifyReport {
             advice: advice.path.clone(),
             device: advice.device,
@@ -327,6 +336,8 @@ impl VerifyReport {
 pub struct CheckedRun {
     pub path: String,
     pub recommended: u64,
+    /// The batches the run could not tell apart from the recommended one.
+    pub tied: Vec<u64>,
     /// The run's predictions at each batch of its table (no accumulation), ascending.
     pub predicted: Vec<Predicted>,
     pub target: LossTarget,
@@ -400,7 +411,7 @@ mod tests {
             m(128, &[0.10, 0.11, 0.12]),
             m(256, &[0.13, 0.12, 0.14]),
         ];
-        let (rows, v) = verify(&pred, &meas, 128);
+        let (rows, v) = verify(&pred, &meas, 128, &[]);
         assert!(v.held && v.fastest == Some(128), "{v:?}");
         assert!(
             matches!(v.outcome, VerdictOutcome::Fastest { runs: 3, .. }),
@@ -419,20 +430,27 @@ mod tests {
     #[test]
     fn a_slower_recommendation_holds_only_within_tolerance_or_seed_noise() {
         let pred = [p(128, 0.10), p(256, 0.11)];
-        // 128 is 20 % slower than 256 with tight seeds: did not hold.
-        let (_, v) = verify(
-            &pred,
-            &[
-                m(128, &[0.120, 0.121, 0.119]),
-                m(256, &[0.100, 0.101, 0.099]),
-            ],
-            128,
-        );
-        assert!(!v.held && !v.within_seed_noise, "{v:?}");
-        assert!(
-            matches!(v.outcome, VerdictOutcome::NotHeld { fastest: 256, .. }),
-            "{v:?}"
-        );
+        // 128 is 20 % slower than 256 with tight seeds: did not hold; the
+        // verdict says whether the advice had stated 256 tied with 128.
+        let slower = [
+            m(128, &[0.120, 0.121, 0.119]),
+            m(256, &[0.100, 0.101, 0.099]),
+        ];
+        for (tied, in_tie) in [(&[][..], false), (&[128, 256][..], true)] {
+            let (_, v) = verify(&pred, &slower, 128, tied);
+            assert!(!v.held && !v.within_seed_noise, "{v:?}");
+            assert!(
+                matches!(
+                    v.outcome,
+                    VerdictOutcome::NotHeld {
+                        fastest: 256,
+                        fastest_in_tie,
+                        ..
+                    } if fastest_in_tie == in_tie
+                ),
+                "{v:?}"
+            );
+        }
         // 3 % slower: within the tolerance.
         let (_, v) = verify(
             &pred,
@@ -441,6 +459,7 @@ mod tests {
                 m(256, &[0.100, 0.101, 0.099]),
             ],
             128,
+            &[],
         );
         assert!(v.held && !v.within_seed_noise, "{v:?}");
         // 20 % slower but the seeds scatter by 30 %: within the seeds' noise.
@@ -448,6 +467,7 @@ mod tests {
             &pred,
             &[m(128, &[0.08, 0.12, 0.16]), m(256, &[0.07, 0.10, 0.13])],
             128,
+            &[],
         );
         assert!(v.held && v.within_seed_noise, "{v:?}");
         assert!(
@@ -467,7 +487,7 @@ mod tests {
         let pred = [p(128, 0.10), p(256, 0.11)];
         let mut short = m(128, &[0.1]);
         short.runs = 3;
-        let (rows, v) = verify(&pred, &[short, m(256, &[0.1, 0.1, 0.1])], 128);
+        let (rows, v) = verify(&pred, &[short, m(256, &[0.1, 0.1, 0.1])], 128, &[]);
         assert!(!v.held && rows[0].vs_best.is_none());
         assert_eq!(v.outcome, VerdictOutcome::NotReached);
     }
@@ -483,7 +503,7 @@ mod tests {
             steps: vec![0.0, 0.0],
             seconds: vec![0.0, 0.0],
         };
-        let (rows, v) = verify(&pred, &[none(128), none(256)], 128);
+        let (rows, v) = verify(&pred, &[none(128), none(256)], 128, &[]);
         assert!(!v.held && v.fastest.is_none() && rows.iter().all(|r| r.vs_best.is_none()));
         assert_eq!(v.outcome, VerdictOutcome::AtTargetFromTheStart);
     }
