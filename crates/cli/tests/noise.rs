@@ -128,6 +128,7 @@ fn bad_data_exits_2_naming_what_is_wrong() {
     let label_first = "label,p1,p2,p3,p4\n1,0,0,0,0\n2,0,0,0,0\n";
     std::fs::write(d("label-first.csv"), label_first).unwrap();
     std::fs::write(d("missing.csv"), "1,2,3,4,0\n1,?,3,4,1\n").unwrap();
+    std::fs::write(d("from-one.csv"), "1,2,3,4,1\n1,2,3,4,3\n1,2,3,4,2\n").unwrap();
     let regression = "[[input]]\nname = \"x\"\nshape = [4]\n[[layer]]\nname = \"fc\"\nop = \"linear\"\nout_features = 1\n[loss]\nkind = \"mse\"\n";
     std::fs::write(d("reg.toml"), regression).unwrap();
     write_npy(&d("x.npy"), &[2, 5], &[0.0; 10]);
@@ -150,6 +151,10 @@ fn bad_data_exits_2_naming_what_is_wrong() {
         (
             vec![p("label-first.csv")],
             "the header names column 1 `label`, but the label is read from the last column",
+        ),
+        (
+            vec![p("from-one.csv")],
+            "the labels run from 1 to 3: number the classes from 0 (subtract 1)",
         ),
         (
             vec![p("missing.csv")],

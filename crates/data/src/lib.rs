@@ -287,12 +287,23 @@ impl Dataset {
                         t.row_shape()
                     )));
                 };
+                // Labels numbered 1..=K (UCI's wine, R's factors as codes) for
+                // K classes: the losses of PyTorch and Keras refuse them too.
+                let from_one =
+                    values.iter().all(|&v| v >= 1.0) && values.iter().any(|&v| v == classes as f32);
                 let mut labels = Vec::with_capacity(values.len());
                 for (i, &v) in values.iter().enumerate() {
                     if v < 0.0 || v.fract() != 0.0 || v as usize >= classes {
                         return Err(fail(format!(
-                            "key `{key}` row {}: label {v} is not a class of the model (0..{classes})",
-                            i / per_row + 1
+                            "key `{key}` row {}: label {v} is not a class of the model (0..{classes}){}",
+                            i / per_row + 1,
+                            if from_one {
+                                format!(
+                                    "; the labels run from 1 to {classes}: number the classes from 0 (subtract 1), as cross-entropy in PyTorch and Keras expects"
+                                )
+                            } else {
+                                String::new()
+                            }
                         )));
                     }
                     labels.push(v as usize);
