@@ -368,9 +368,9 @@ pub struct DataFlags {
     /// Labels for single-array formats (.npy, IDX).
     #[arg(long)]
     pub labels: Option<String>,
-    /// CSV column holding the label (negative counts from the end) [default: last].
+    /// CSV column holding the label: a 0-based index (negative counts from the end) or its name in the header [default: last].
     #[arg(long, allow_hyphen_values = true)]
-    pub label_col: Option<isize>,
+    pub label_col: Option<batchfit_tune::dataset::LabelCol>,
     #[command(flatten)]
     pub loss: LossFlags,
     /// Standardise every input feature (and regression targets) to zero mean
@@ -384,7 +384,7 @@ impl DataFlags {
         Ok(DataSource {
             data: self.data.clone(),
             labels: self.labels.clone(),
-            label_col: self.label_col,
+            label_col: self.label_col.clone(),
             loss: self.loss.request()?,
             standardize: self.standardize,
         })

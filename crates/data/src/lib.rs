@@ -11,6 +11,7 @@ pub mod profile;
 pub mod read;
 
 use batchfit_graph::{Graph, InputKind, LossKind};
+pub use batchfit_tune::dataset::LabelCol;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -112,7 +113,7 @@ pub struct ReadOptions {
     /// Labels for single-array formats (`.npy`, IDX).
     pub labels: Option<String>,
     /// CSV label column (negative counts from the end; default: the last).
-    pub label_col: Option<isize>,
+    pub label_col: Option<LabelCol>,
 }
 
 impl Dataset {
@@ -138,7 +139,7 @@ impl Dataset {
             .iter()
             .any(|e| name.ends_with(e))
         {
-            let read::Csv { x, y, classes } = read::csv(p, opts.label_col)?;
+            let read::Csv { x, y, classes } = read::csv(p, opts.label_col.as_ref())?;
             class_names = classes;
             vec![("x".to_string(), x), ("target".to_string(), y)]
         } else if name.contains("idx") || name.contains("ubyte") {
@@ -290,7 +291,7 @@ impl Dataset {
                 // Labels numbered 1..=K (UCI's wine, R's factors as codes) for
                 // K classes: the losses of PyTorch and Keras refuse them too.
                 let from_one =
-                    values.iter().all(|&v| v >= 1.0) && values.iter().any(|&v| v == classes as f32);
+                    values.iter().all(|&v| v >= 1.0) && values.contains(&(classes as f32));
                 let mut labels = Vec::with_capacity(values.len());
                 for (i, &v) in values.iter().enumerate() {
                     if v < 0.0 || v.fract() != 0.0 || v as usize >= classes {

@@ -1,6 +1,7 @@
 //! Readers: each turns a file into named arrays, with the file named in every error.
 
 use crate::DataError;
+use batchfit_tune::dataset::LabelCol;
 use flate2::read::GzDecoder;
 use std::error::Error as StdError;
 use std::io::Read;
@@ -400,7 +401,7 @@ fn label_named_elsewhere(header: &csv::StringRecord, col: usize) -> Option<(usiz
 /// most of the first line's features are names, not numbers), fields
 /// separated by commas, or by semicolons or tabs where the first line has no
 /// comma. The label column may hold numbers or class names ([`Csv::classes`]).
-pub fn csv(path: &Path, label_col: Option<isize>) -> Result<Csv, DataError> {
+pub fn csv(path: &Path, label_col: Option<&LabelCol>) -> Result<Csv, DataError> {
     let bytes = read_maybe_gz(path)?;
     csv_bytes(&bytes, label_col).map_err(|why| err(path, why))
 }
@@ -429,7 +430,7 @@ fn header_name(labels: &[Label]) -> bool {
 }
 
 /// CSV text to features and labels; see [`csv()`].
-pub fn csv_bytes(bytes: &[u8], label_col: Option<isize>) -> Result<Csv, FormatError> {
+pub fn csv_bytes(bytes: &[u8], label_col: Option<&LabelCol>) -> Result<Csv, FormatError> {
     // Spreadsheets (Excel's "CSV UTF-8") start the file with a byte-order mark.
     let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
     let mut reader = csv::ReaderBuilder::new()
@@ -456,13 +457,26 @@ pub fn csv_bytes(bytes: &[u8], label_col: Option<isize>) -> Result<Csv, FormatEr
                 if width < 2 {
                     return Err("needs at least one feature column and a label column".into());
                 }
-                let col = match label_col.unwrap_or(-1) {
-                    c if c < 0 && (-c) as usize <= width => width - (-c) as usize,
-                    c if c >= 0 && (c as usize) < width => c as usize,
-                    c => {
+                let col = match label_col.unwrap_or(&LabelCol::Index(-1)) {
+                    LabelCol::Index(c) if *c < 0 && (-c) as usize <= width => width - (-c) as usize,
+                    LabelCol::Index(c) if *c >= 0 && (*c as usize) < width => *c as usize,
+                    LabelCol::Index(c) => {
                         return Err(
                             format!("--label-col {c} is outside the {width} columns").into()
                         );
+                    }
+                    LabelCol::Name(name) => {
+                        let Some(j) = rec.iter().position(|f| f.trim() == name) else {
+                            return Err(format!(
+                                "--label-col {name}: the first row names no column so (it reads {})",
+                                rec.iter().take(8).collect::<Vec<_>>().join(", ")
+                            )
+                            .into());
+                        };
+                        // The row that names the label column is the header.
+                        layout = Some((width, j));
+                        header = Some(rec);
+                        continue;
                     }
                 };
                 *layout.insert((width, col))
@@ -560,7 +574,7 @@ pub fn csv_bytes(bytes: &[u8], label_col: Option<isize>) -> Result<Csv, FormatEr
         && let Some((j, name)) = label_named_elsewhere(h, width - 1)
     {
         return Err(format!(
-            "the header names column {} `{name}`, but the label is read from the last column unless --label-col says otherwise: give --label-col {j} (or --label-col -1 for the last)",
+            "the header names column {} `{name}`, but the label is read from the last column unless --label-col says otherwise: give --label-col {j} (or --label-col {name}; --label-col -1 for the last)",
             j + 1
         )
         .into());
@@ -719,7 +733,7 @@ mod tests {
         assert_eq!((c.x.shape.clone(), c.x.values[2]), (vec![4, 2], 7.0));
         // No header, the label first, a stray space: the same classes.
         let first = "Gentoo, 46.1\nAdelie, 39.1\n".as_bytes();
-        let c = csv_bytes(first, Some(0)).unwrap();
+        let c = csv_bytes(first, Some(&LabelCol::Index(0))).unwrap();
         assert_eq!(c.classes.unwrap(), vec!["Adelie", "Gentoo"]);
         assert_eq!((c.y.values, c.x.values), (vec![1.0, 0.0], vec![46.1, 39.1]));
         // A header whose feature names are numbers over numeric labels stays a header.
@@ -784,11 +798,28 @@ mod tests {
             why.contains("column 1 `label`") && why.contains("--label-col 0"),
             "{why}"
         );
-        let c = csv_bytes(label_first, Some(0)).unwrap();
+        let c = csv_bytes(label_first, Some(&LabelCol::Index(0))).unwrap();
         assert_eq!((c.y.values, c.x.shape), (vec![3.0, 7.0], vec![2, 2]));
         assert_eq!(
-            csv_bytes(label_first, Some(-1)).unwrap().y.values,
+            csv_bytes(label_first, Some(&LabelCol::Index(-1)))
+                .unwrap()
+                .y
+                .values,
             vec![0.0, 0.0]
+        );
+        // The label column by its header name, anywhere; a name the header
+        // does not hold is refused, quoting the first row.
+        let named = LabelCol::Name("label".into());
+        let c = csv_bytes(label_first, Some(&named)).unwrap();
+        assert_eq!((c.y.values, c.x.shape), (vec![3.0, 7.0], vec![2, 2]));
+        let why = csv_bytes(label_first, Some(&LabelCol::Name("class".into())))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            why.contains(
+                "--label-col class: the first row names no column so (it reads label, p1, p2)"
+            ),
+            "{why}"
         );
         // A first row whose class recurs below is data.
         let data = "1,2,a\n3,4,b\n5,6,a\n7,8,b\n".as_bytes();

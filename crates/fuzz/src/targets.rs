@@ -37,8 +37,8 @@ pub const TARGETS: &[Target] = &[
         check: |b| {
             // The label column rides in the first byte, so it is fuzzed too.
             let (col, body) = b.split_first().map_or((0, b), |(c, rest)| (*c, rest));
-            let label = (col != 0).then_some(col as i8 as isize);
-            batchfit_data::read::csv_bytes(body, label).is_ok()
+            let label = (col != 0).then_some(batchfit_data::LabelCol::Index(col as i8 as isize));
+            batchfit_data::read::csv_bytes(body, label.as_ref()).is_ok()
         },
     },
     Target {

@@ -252,7 +252,7 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<Advice> {
             model: cfg.model.as_deref().map(absolute_if_file),
             data: cfg.data.data.as_deref().map(absolute_if_file),
             labels: cfg.data.labels.as_deref().map(absolute_if_file),
-            label_col: cfg.data.label_col,
+            label_col: cfg.data.label_col.clone(),
             loss: cfg.data.loss.map(|l| l.choice.name().to_string()),
             class_axis: cfg.data.loss.and_then(|l| l.class_axis),
             blank: cfg.data.loss.and_then(|l| l.blank),

@@ -21,7 +21,7 @@ pub struct DataSource {
     /// Labels for single-array formats (.npy, IDX).
     pub labels: Option<String>,
     /// CSV column of the label (negative counts from the end).
-    pub label_col: Option<isize>,
+    pub label_col: Option<batchfit_tune::dataset::LabelCol>,
     /// Replaces the model's loss (`--loss`).
     pub loss: Option<LossRequest>,
     /// Train batchfit's own runs on standardised inputs (and regression targets).
@@ -139,7 +139,7 @@ pub fn load_data(
             &path,
             &ReadOptions {
                 labels: source.labels.clone(),
-                label_col: source.label_col,
+                label_col: source.label_col.clone(),
             },
             graph,
             seq_len,

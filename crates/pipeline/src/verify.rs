@@ -121,7 +121,10 @@ pub fn data_source(advice: &CheckedAdvice, given: &DataSource) -> Result<DataSou
             .labels
             .clone()
             .or_else(|| advice.inputs.labels.clone()),
-        label_col: given.label_col.or(advice.inputs.label_col),
+        label_col: given
+            .label_col
+            .clone()
+            .or_else(|| advice.inputs.label_col.clone()),
         loss,
         standardize: given.standardize || advice.inputs.standardize,
     })

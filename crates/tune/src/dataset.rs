@@ -3,7 +3,7 @@
 //! classes missing or rare, regression targets on a large scale. `batchfit_data`
 //! fills in the profile; the findings are decided here, the report says them.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// One input feature (or, with `--standardize`, the statistics it was scaled by).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -65,6 +65,35 @@ pub const RARE_CLASS_SHARE: f64 = 0.2;
 /// Regression targets spread wider than this (in their own units) make MSE and
 /// its gradients scale with their square.
 pub const WIDE_TARGETS_STD: f64 = 10.0;
+
+/// The CSV column that holds the label (`--label-col`): by 0-based index
+/// (negative counts from the end), or by its name in the header.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum LabelCol {
+    Index(isize),
+    Name(String),
+}
+
+impl std::str::FromStr for LabelCol {
+    type Err = std::convert::Infallible;
+
+    /// A number is an index, anything else a header name.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim();
+        Ok(s.parse::<isize>()
+            .map_or_else(|_| LabelCol::Name(s.to_string()), LabelCol::Index))
+    }
+}
+
+impl std::fmt::Display for LabelCol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LabelCol::Index(i) => write!(f, "{i}"),
+            LabelCol::Name(n) => f.write_str(n),
+        }
+    }
+}
 
 /// What the data asks the user to fix.
 #[derive(Clone, Debug, PartialEq)]

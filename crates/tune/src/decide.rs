@@ -342,7 +342,7 @@ pub struct AdviceInputs {
     pub model: Option<String>,
     pub data: Option<String>,
     pub labels: Option<String>,
-    pub label_col: Option<isize>,
+    pub label_col: Option<crate::dataset::LabelCol>,
     /// `mse`, `ce` or `ctc` when the model's loss was replaced.
     pub loss: Option<String>,
     /// The output's class axis the loss read, where one was named (`--class-axis`).
