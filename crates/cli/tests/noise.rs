@@ -153,6 +153,10 @@ fn bad_data_exits_2_naming_what_is_wrong() {
             "the header names column 1 `label`, but the label is read from the last column",
         ),
         (
+            vec![p("label-first.csv"), "--label-col".into(), "kind".into()],
+            "--label-col kind: the first row names no column so (it reads label, p1, p2, p3, p4)",
+        ),
+        (
             vec![p("from-one.csv")],
             "the labels run from 1 to 3: number the classes from 0 (subtract 1)",
         ),
