@@ -176,6 +176,7 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<Advice> {
             data_rows: training_rows,
             rate_cap: rates.cap,
             rate_failed_from: rates.failed_from,
+            rate_unreached_to: rates.unreached_to,
             checked_b_noise: rates.b_noise,
             prior_loss,
         })
@@ -273,6 +274,7 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<Advice> {
         rate_checks: rates.checks,
         rate_cap: rates.cap,
         rate_failed_from: rates.failed_from,
+        rate_unreached_to: rates.unreached_to,
         b_small_asked: (b_small != cfg.b_small).then_some(cfg.b_small),
     })
 }

@@ -17,7 +17,7 @@ use batchfit_tune::decide::Decision;
 use batchfit_tune::lr::LrScaling;
 use batchfit_tune::stability::{
     HALVINGS, RateCheck, RateVerdict, cap_from, check_limit, checked_b_noise, failed_from, judge,
-    mark_no_gain,
+    mark_no_gain, unreached_to,
 };
 
 /// Rounds of check-then-decide: each round checks the batches the last
@@ -34,6 +34,8 @@ pub struct RateFindings {
     pub cap: Option<u64>,
     /// The smallest batch where no rate trained ([`failed_from`]).
     pub failed_from: Option<u64>,
+    /// The largest batch whose check was slower than predicted ([`unreached_to`]).
+    pub unreached_to: Option<u64>,
     /// B_noise as the checks measured it ([`checked_b_noise`]).
     pub b_noise: Option<f64>,
 }
@@ -86,6 +88,7 @@ pub fn checked_decision(
         // Never below the run's own batch, whose rate the run trained with.
         found.cap = cap_from(&basis.lr, &found.checks).map(|c| c.max(run.batch));
         found.failed_from = failed_from(&found.checks);
+        found.unreached_to = unreached_to(&found.checks);
         let advised = LrScaling {
             cap_batch: match (run_basis.lr.cap_batch, found.cap) {
                 (Some(a), Some(b)) => Some(a.min(b)),
@@ -104,9 +107,11 @@ pub fn checked_decision(
             .iter()
             .all(|r| r.recommended_batch.is_none())
         {
-            // Nothing below the failed batch to recommend: keep the named
-            // batch, which the report says did not train.
+            // Nothing between the failed and the unreached batches to
+            // recommend: keep the named batch, which the report says did not
+            // train.
             found.failed_from = None;
+            found.unreached_to = None;
             decision = decide(&found);
             break;
         }

@@ -59,6 +59,8 @@ pub struct AdviseDocument<'a> {
     pub rate_cap: Option<u64>,
     /// The smallest checked batch where no rate trained (null: none).
     pub rate_failed_from: Option<u64>,
+    /// The largest checked batch whose check was slower than predicted (null: none).
+    pub rate_unreached_to: Option<u64>,
     /// `--b-small` as asked, where the data was smaller than its B_big (null: as asked).
     pub b_small_asked: Option<usize>,
 }
@@ -97,6 +99,7 @@ impl<'a> AdviseDocument<'a> {
             rate_checks: &a.rate_checks,
             rate_cap: a.rate_cap,
             rate_failed_from: a.rate_failed_from,
+            rate_unreached_to: a.rate_unreached_to,
             b_small_asked: a.b_small_asked,
         }
     }
@@ -158,7 +161,9 @@ pub fn render(d: &Advice) -> String {
             .basis
             .as_ref()
             .and_then(|b| Some((b.curve.b_noise, b.b_noise_run?)));
-        if let Some(o) = prose::rate_outcome(d.rate_cap, d.rate_failed_from, refit) {
+        if let Some(o) =
+            prose::rate_outcome(d.rate_cap, d.rate_failed_from, d.rate_unreached_to, refit)
+        {
             out.push_str(&format!("    {o}\n"));
         }
     }

@@ -31,6 +31,10 @@ pub fn reason(r: &Reason) -> String {
                 TieBreak::Measured { optimum } => format!(
                     "the one the measured step times put fastest: the fitted curve's optimum B* ≈ {optimum:.0} lies nearer a batch they measured slower beyond both errors"
                 ),
+                TieBreak::Midpoint { optimum, low, high } => format!(
+                    "the one the measured step times put faster of the two around the fitted curve's optimum B* ≈ {optimum:.0}: over B_noise's band B* moves {low:.0}–{}, across the midpoint between them, so the curve cannot say which is nearer",
+                    high.map_or("∞".to_string(), |h| format!("{h:.0}"))
+                ),
                 TieBreak::Smallest => "the smallest".to_string(),
             };
             format!(
@@ -577,6 +581,7 @@ pub fn rate_check(c: &batchfit_tune::stability::RateCheck) -> String {
 pub fn rate_outcome(
     cap: Option<u64>,
     failed_from: Option<u64>,
+    unreached_to: Option<u64>,
     checked_b_noise: Option<(f64, f64)>,
 ) -> Option<String> {
     let mut out = Vec::new();
@@ -593,6 +598,12 @@ pub fn rate_outcome(
     if let Some(f) = failed_from {
         out.push(format!(
             "at batch {f} no rate tried made the predicted progress: the prediction there and above is not borne out, and only smaller batches are recommended (scaling the data may mend it)"
+        ));
+    }
+    if let Some(u) = unreached_to {
+        out.push(format!(
+            "at batch {u} the check did not reach the target within {} x its predicted updates: its updates there and below are known only as a lower bound, so only larger batches are recommended",
+            batchfit_tune::stability::CHECK_LIMIT
         ));
     }
     (!out.is_empty()).then(|| out.join("; "))

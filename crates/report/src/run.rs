@@ -265,8 +265,9 @@ pub fn render(d: &RunSummary) -> String {
                 out.push_str(&format!("    {}\n", prose::rate_check(c)));
             }
             let failed = batchfit_tune::stability::failed_from(&n.checks);
+            let unreached = batchfit_tune::stability::unreached_to(&n.checks);
             let refit = n.b_noise_run.map(|run| (n.b_noise, run));
-            if let Some(o) = prose::rate_outcome(None, failed, refit) {
+            if let Some(o) = prose::rate_outcome(None, failed, unreached, refit) {
                 out.push_str(&format!("    {o}\n"));
             }
         }

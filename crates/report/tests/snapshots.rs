@@ -198,6 +198,7 @@ fn advice() -> Advice {
         rate_cap: None,
         data_rows: None,
         rate_failed_from: None,
+        rate_unreached_to: None,
         checked_b_noise: None,
         prior_loss: Some(10f64.ln()),
     });
@@ -257,6 +258,7 @@ fn advice() -> Advice {
         ],
         rate_cap: Some(256),
         rate_failed_from: None,
+        rate_unreached_to: None,
         b_small_asked: None,
     }
 }

@@ -146,6 +146,15 @@ pub enum TieBreak {
     /// The line's optimum B* pointed at a tied batch that the measured step
     /// times put slower than this one beyond both their errors.
     Measured { optimum: f64 },
+    /// B_noise's band moves the line's optimum B* (`low`..`high`) across the
+    /// geometric midpoint of the two tied powers of two around it, so the
+    /// line cannot say which is nearer: the one of the two whose measured
+    /// step time gives the lower time to target.
+    Midpoint {
+        optimum: f64,
+        low: f64,
+        high: Option<f64>,
+    },
     /// No line fits the step times: the smallest tied batch.
     Smallest,
 }
@@ -159,9 +168,11 @@ pub enum TieBreak {
 /// vary from run to run); unless the measured step times themselves put
 /// another tied power of two faster beyond both errors (a line drawn through
 /// a floor and a rise, under wide between-process errors, can put its
-/// optimum where no measurement does); without a fitted curve, the smallest
+/// optimum where no measurement does); where B_noise's band moves the
+/// optimum across the midpoint of the tied powers of two around it, the one
+/// of those two the measured step times put faster; without a fitted curve, the smallest
 /// (the most memory free and updates per epoch).
-pub const TIE_BREAK: &str = "of the batches whose predicted time to target cannot be told apart from the fastest (step-time errors and B_noise's 90 % band), the one nearest the fitted curve's optimum sqrt(B_noise x fixed / per_sample), among the tied powers of two where there are any, unless the measured step times put another of those faster beyond both their errors (then that one); without a fitted curve, the smallest";
+pub const TIE_BREAK: &str = "of the batches whose predicted time to target cannot be told apart from the fastest (step-time errors and B_noise's 90 % band), the one nearest the fitted curve's optimum sqrt(B_noise x fixed / per_sample), among the tied powers of two where there are any, unless the measured step times put another of those faster beyond both their errors (then that one); where B_noise's band moves the optimum across the midpoint of the two tied powers of two around it, the one of those two the measured step times put faster; without a fitted curve, the smallest";
 
 /// The tied batch nearest `optimum` (in ratio), among the tied powers of two
 /// where there are any: the ladder's powers of two are measured in every run,
@@ -216,6 +227,39 @@ fn measured_faster(points: &[StepPoint], tied: &[u64], near: u64, b_noise: f64) 
         .map(|q| q.batch)
 }
 
+/// The two tied batches (among the tied powers of two where there are any)
+/// on either side of `optimum`, when the optimum's band (`low`..`high`,
+/// `None`: unbounded) holds their geometric midpoint: which of the two the
+/// optimum is nearer to is then down to where in its band B_noise is.
+fn straddled(tied: &[u64], optimum: f64, low: f64, high: Option<f64>) -> Option<(u64, u64)> {
+    let ladder = ladder_of(tied);
+    let below = ladder
+        .iter()
+        .copied()
+        .filter(|&b| b as f64 <= optimum)
+        .max()?;
+    let above = ladder
+        .iter()
+        .copied()
+        .filter(|&b| b as f64 > optimum)
+        .min()?;
+    let midpoint = (below as f64 * above as f64).sqrt();
+    (low <= midpoint && high.is_none_or(|h| midpoint <= h)).then_some((below, above))
+}
+
+/// Of two batches, the one whose measured step time gives the lower time to
+/// target at B_noise; `None` where either was not measured.
+fn measured_fastest_of(points: &[StepPoint], pair: (u64, u64), b_noise: f64) -> Option<u64> {
+    let time = |b: u64| {
+        points
+            .iter()
+            .find(|q| q.batch == b)
+            .map(|q| updates_vs_min(b_noise, b as f64) * q.step_s)
+    };
+    let (a, b) = (time(pair.0)?, time(pair.1)?);
+    Some(if b < a { pair.1 } else { pair.0 })
+}
+
 /// Micro-batches accumulated into one update.
 #[derive(Clone, Debug, Serialize)]
 pub struct Accumulation {
@@ -242,6 +286,10 @@ pub struct DeviceEvidence<'a> {
     /// The smallest batch at which no rate tried made the predicted progress
     /// on the data ([`crate::stability`]): only smaller batches are recommended.
     pub rate_failed_from: Option<u64>,
+    /// The largest batch whose check did not reach the target, slower than
+    /// predicted ([`crate::stability::unreached_to`]): only larger batches
+    /// are recommended.
+    pub rate_unreached_to: Option<u64>,
 }
 
 /// The noise scale with its 90 % band.
@@ -349,7 +397,11 @@ pub fn recommend(
     let (recommended, reason) = match noise {
         Some(band) => {
             let bn = band.b_noise;
-            let candidate = |b: u64| fits(b) && e.rate_failed_from.is_none_or(|f| b < f);
+            let candidate = |b: u64| {
+                fits(b)
+                    && e.rate_failed_from.is_none_or(|f| b < f)
+                    && e.rate_unreached_to.is_none_or(|u| b > u)
+            };
             let fitting: Vec<StepPoint> = e
                 .points
                 .iter()
@@ -370,12 +422,28 @@ pub fn recommend(
             if let Some((opt, near)) =
                 optimum.and_then(|opt| nearest_tied(&tied, opt).map(|near| (opt, near)))
             {
-                let named = match measured_faster(&fitting, &tied, near, bn) {
-                    Some(faster) => {
+                // B* = sqrt(B_noise fixed / per_sample) moves with the square
+                // root of B_noise across its band.
+                let (low, high) = (
+                    opt * (band.low / bn).sqrt(),
+                    band.high.map(|h| opt * (h / bn).sqrt()),
+                );
+                let midpoint = straddled(&tied, opt, low, high)
+                    .and_then(|pair| measured_fastest_of(&fitting, pair, bn));
+                let named = match (measured_faster(&fitting, &tied, near, bn), midpoint) {
+                    (Some(faster), _) => {
                         tie_break = TieBreak::Measured { optimum: opt };
                         faster
                     }
-                    None => {
+                    (None, Some(side)) => {
+                        tie_break = TieBreak::Midpoint {
+                            optimum: opt,
+                            low,
+                            high,
+                        };
+                        side
+                    }
+                    (None, None) => {
                         tie_break = TieBreak::Optimum(opt);
                         near
                     }

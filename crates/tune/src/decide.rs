@@ -41,6 +41,9 @@ pub struct Evidence<'a> {
     /// The smallest batch at which no rate tried made the predicted progress
     /// ([`crate::stability::failed_from`]): only smaller ones are recommended.
     pub rate_failed_from: Option<u64>,
+    /// The largest batch whose check was slower than predicted
+    /// ([`crate::stability::unreached_to`]): only larger ones are recommended.
+    pub rate_unreached_to: Option<u64>,
     /// B_noise the rate checks measured ([`crate::stability::checked_b_noise`]):
     /// S(B) is refitted to it through the noise run.
     pub checked_b_noise: Option<f64>,
@@ -230,6 +233,7 @@ pub fn decide(e: &Evidence) -> Decision {
                     (None, _) => NoiseHint::GiveData,
                 },
                 rate_failed_from: e.rate_failed_from,
+                rate_unreached_to: e.rate_unreached_to,
             },
             band,
             LrAdviceInput {
@@ -403,6 +407,9 @@ pub struct Advice {
     pub rate_cap: Option<u64>,
     /// The smallest checked batch where no rate trained; the advice is below it.
     pub rate_failed_from: Option<u64>,
+    /// The largest checked batch whose check was slower than predicted; the
+    /// advice is above it.
+    pub rate_unreached_to: Option<u64>,
     /// `--b-small` as asked, where the data had fewer rows than its B_big and
     /// the noise run measured with smaller micro-batches (`noise.b_small`).
     pub b_small_asked: Option<usize>,
@@ -441,6 +448,7 @@ mod tests {
             rate_cap: None,
             data_rows: None,
             rate_failed_from: None,
+            rate_unreached_to: None,
             checked_b_noise: None,
             prior_loss: None,
         }

@@ -157,6 +157,31 @@ pub fn failed_from(checks: &[RateCheck]) -> Option<u64> {
         .min()
 }
 
+/// The largest checked batch at which no rate tried reached the target and
+/// a check was slower than predicted, with no smaller checked batch reaching
+/// it. Its updates are known only as a lower bound (the check's limit), and so
+/// are those below it, which train at lower rates under the rule and with more
+/// noise: none of them can be shown the fastest to the target, so only larger
+/// batches are recommended. A miss with a smaller batch training below it is
+/// one check's noise, as in [`failed_from`].
+pub fn unreached_to(checks: &[RateCheck]) -> Option<u64> {
+    let at = |b: u64| checks.iter().filter(move |c| c.batch == b);
+    let trained_below = |b: u64| {
+        checks
+            .iter()
+            .any(|c| c.batch < b && c.steps_to_target.is_some())
+    };
+    checks
+        .iter()
+        .map(|c| c.batch)
+        .filter(|&b| {
+            !at(b).any(|c| c.steps_to_target.is_some())
+                && at(b).any(|c| c.verdict == RateVerdict::SlowerThanPredicted)
+                && !trained_below(b)
+        })
+        .max()
+}
+
 /// The updates a check at the noise run's own batch and rate took, over the
 /// run's own: S(B) predicts 1; what it makes is the checks' offset from the
 /// run (the run's seeds pooled, its evaluations on another schedule), and
@@ -471,6 +496,26 @@ mod tests {
         let unfinished = [check(1024, 8e-3, true, None, RateVerdict::Unfinished)];
         assert_eq!(failed_from(&unfinished), None);
         assert_eq!(cap_from(&lr, &unfinished), None);
+    }
+
+    /// A batch no check reached the target at, slower than predicted, knows
+    /// its updates only as a lower bound: it and the batches below it are not
+    /// recommended (stevedata's Arca, raw: 64 was named after its check
+    /// missed, and `sweep --verify` reached the target there in 1 of 2 seeds).
+    #[test]
+    fn a_batch_slower_than_predicted_bounds_the_advice_from_below() {
+        let reference = check(128, 2.8e-3, true, Some(100.0), RateVerdict::Trains);
+        let slow = |b: u64| check(b, 1e-3, true, None, RateVerdict::SlowerThanPredicted);
+        assert_eq!(unreached_to(&[reference, slow(64)]), Some(64));
+        assert_eq!(unreached_to(&[slow(32), reference, slow(64)]), Some(64));
+        // 32 reached the target below 64's miss: that miss is one check's noise.
+        let trained_32 = check(32, 7e-4, true, Some(300.0), RateVerdict::Trains);
+        assert_eq!(unreached_to(&[trained_32, reference, slow(64)]), None);
+        assert_eq!(unreached_to(&[trained_32, slow(16), reference]), Some(16));
+        // A stall or an unfinished check bounds nothing from below.
+        let stalled = check(64, 1e-3, true, None, RateVerdict::Stalled);
+        assert_eq!(unreached_to(&[reference, stalled]), None);
+        assert_eq!(unreached_to(&[reference]), None);
     }
 
     #[test]

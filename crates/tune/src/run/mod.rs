@@ -12,7 +12,7 @@ use crate::diagnose::{self, Finding};
 use crate::lr::{LrRule, LrScaling};
 use crate::probe::DeviceProbe;
 use crate::search::TrialReason;
-use crate::stability::failed_from;
+use crate::stability::{failed_from, unreached_to};
 use crate::target::{RateModel, TimeToTarget, rank_at};
 use crate::trial::{RunTrial, StepReport, TrialResult};
 use serde::{Deserialize, Serialize};
@@ -259,6 +259,7 @@ pub fn advise_run(
             },
             noise_hint: NoiseHint::PythonHelper,
             rate_failed_from: noise.and_then(|n| failed_from(&n.checks)),
+            rate_unreached_to: noise.and_then(|n| unreached_to(&n.checks)),
         },
         noise.map(|n| NoiseBand {
             b_noise: n.b_noise,
