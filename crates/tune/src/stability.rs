@@ -134,11 +134,15 @@ pub fn judge(start: f64, end: f64, reached: Option<f64>) -> RateVerdict {
 }
 
 /// The smallest checked batch at which no rate tried trained and some rate
-/// failed, and from which no larger checked batch trained at any rate (an
-/// unfinished check decides nothing). Rates fail from some batch up (Adam's
-/// best rate falls past B_noise); a failure with a larger batch training
-/// above it is one check's noise (a single seed that needed 231 updates at 128
-/// against 222 at 64, while 256 trained in 150), not a batch to stop at.
+/// failed or was slower than predicted, and from which no larger checked
+/// batch trained at any rate (an unfinished check decides nothing). Rates
+/// fail from some batch up (Adam's best rate falls past B_noise); a failure
+/// with a larger batch training above it is one check's noise (a single seed
+/// that needed 231 updates at 128 against 222 at 64, while 256 trained in
+/// 150), not a batch to stop at. A miss below the noise run's batch with
+/// nothing above it training is where the failures start (stevedata's Arca,
+/// prices near 1,000: 8 and 16 trained, 32 and 64 missed, and from 128 up
+/// every rate stalled, the run's own included).
 pub fn failed_from(checks: &[RateCheck]) -> Option<u64> {
     let at = |b: u64| checks.iter().filter(move |c| c.batch == b);
     let trained_above = |b: u64| {
@@ -151,7 +155,8 @@ pub fn failed_from(checks: &[RateCheck]) -> Option<u64> {
         .map(|c| c.batch)
         .filter(|&b| {
             !at(b).any(|c| c.verdict == RateVerdict::Trains)
-                && at(b).any(|c| c.verdict.failed())
+                && at(b)
+                    .any(|c| c.verdict.failed() || c.verdict == RateVerdict::SlowerThanPredicted)
                 && !trained_above(b)
         })
         .min()
@@ -512,6 +517,11 @@ mod tests {
         let trained_32 = check(32, 7e-4, true, Some(300.0), RateVerdict::Trains);
         assert_eq!(unreached_to(&[trained_32, reference, slow(64)]), None);
         assert_eq!(unreached_to(&[trained_32, slow(16), reference]), Some(16));
+        // Misses with nothing above them training: the failures start there.
+        let stalled_128 = check(128, 2.8e-3, true, None, RateVerdict::Stalled);
+        let arca = [trained_32, slow(64), stalled_128, slow(48)];
+        assert_eq!(unreached_to(&arca), None);
+        assert_eq!(failed_from(&arca), Some(48));
         // A stall or an unfinished check bounds nothing from below.
         let stalled = check(64, 1e-3, true, None, RateVerdict::Stalled);
         assert_eq!(unreached_to(&[reference, stalled]), None);
