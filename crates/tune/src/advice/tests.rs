@@ -34,17 +34,22 @@ const ADAM: LrAdviceInput = LrAdviceInput {
     reference: None,
 };
 
-#[test]
-fn with_a_noise_scale_the_fastest_predicted_time_wins() {
-    // Step time 1 ms + 0.01 ms per sample; B_noise = 400.
-    // (1 + 400/B)(1 + 0.01 B) ms: B=16: 26 x 1.16 = 30.2; 64: 7.25 x 1.64 = 11.9;
-    // 256: 2.5625 x 3.56 = 9.1; 1024: 1.39 x 11.24 = 15.6. 256 wins.
-    let p = pts(&[
+/// Step time 1 ms + 0.01 ms per sample at 16, 64, 256 and 1,024.
+fn one_ms_plus_ten_us_a_sample() -> Vec<StepPoint> {
+    pts(&[
         (16, 1.16e-3),
         (64, 1.64e-3),
         (256, 3.56e-3),
         (1024, 11.24e-3),
-    ]);
+    ])
+}
+
+#[test]
+fn with_a_noise_scale_the_fastest_predicted_time_wins() {
+    // B_noise = 400: (1 + 400/B)(1 + 0.01 B) ms: B=16: 26 x 1.16 = 30.2;
+    // 64: 7.25 x 1.64 = 11.9; 256: 2.5625 x 3.56 = 9.1; 1024: 1.39 x 11.24 =
+    // 15.6. 256 wins.
+    let p = one_ms_plus_ten_us_a_sample();
     let (rec, options) = recommend(&evidence(&p, None), Some(NoiseBand::exact(400.0)), ADAM);
     assert_eq!(rec.recommended_batch, Some(256));
     assert_eq!(options.len(), 4);
@@ -57,41 +62,26 @@ fn with_a_noise_scale_the_fastest_predicted_time_wins() {
     );
 }
 
+/// On the same curve (256 fastest, 64 next, 1,024 last), the rate checks'
+/// bounds: no rate trained from 256 up (64 is named), or the check at 256
+/// did not reach the target, its updates only a lower bound (1,024, the only
+/// batch above it, is named). The table keeps every batch that fits.
 #[test]
-fn a_batch_whose_rate_did_not_train_is_not_recommended_but_stays_in_the_table() {
-    // The same curve as above: 256 is fastest, 64 next.
-    let p = pts(&[
-        (16, 1.16e-3),
-        (64, 1.64e-3),
-        (256, 3.56e-3),
-        (1024, 11.24e-3),
-    ]);
-    let e = DeviceEvidence {
+fn batches_the_rate_checks_rule_out_are_not_recommended_but_stay_in_the_table() {
+    let p = one_ms_plus_ten_us_a_sample();
+    let failed = DeviceEvidence {
         rate_failed_from: Some(256),
         ..evidence(&p, None)
     };
-    let (rec, options) = recommend(&e, Some(NoiseBand::exact(400.0)), ADAM);
-    assert_eq!(rec.recommended_batch, Some(64));
-    assert_eq!(options.len(), 4, "the table keeps every batch that fits");
-}
-
-#[test]
-fn a_batch_whose_check_fell_short_is_not_recommended_nor_any_below() {
-    // The same curve: 256 fastest, 64 next, 1,024 last. A check at 256 that
-    // did not reach the target leaves 1,024, the only batch above it.
-    let p = pts(&[
-        (16, 1.16e-3),
-        (64, 1.64e-3),
-        (256, 3.56e-3),
-        (1024, 11.24e-3),
-    ]);
-    let e = DeviceEvidence {
+    let unreached = DeviceEvidence {
         rate_unreached_to: Some(256),
         ..evidence(&p, None)
     };
-    let (rec, options) = recommend(&e, Some(NoiseBand::exact(400.0)), ADAM);
-    assert_eq!(rec.recommended_batch, Some(1024));
-    assert_eq!(options.len(), 4, "the table keeps every batch that fits");
+    for (e, named) in [(failed, 64), (unreached, 1024)] {
+        let (rec, options) = recommend(&e, Some(NoiseBand::exact(400.0)), ADAM);
+        assert_eq!(rec.recommended_batch, Some(named));
+        assert_eq!(options.len(), 4);
+    }
 }
 
 #[test]
