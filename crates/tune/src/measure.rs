@@ -96,7 +96,7 @@ pub struct CurvePlan {
 /// The measured curve.
 #[derive(Clone, Debug)]
 pub struct Curve {
-    /// One point per batch, ascending: a batch measured again keeps the faster.
+    /// One point per batch, ascending: a batch measured again is the mean of its processes.
     pub points: Vec<ProbePoint>,
     pub knee_batch: Option<u64>,
     pub knee_range: Option<KneeRange>,
@@ -239,16 +239,18 @@ struct Loop<'a> {
     plan: &'a CurvePlan,
     points: Vec<ProbePoint>,
     repeats: Vec<f64>,
+    /// Every measurement that ran, in order (a batch timed again has several).
+    timings: Vec<ProbePoint>,
     skipped: Vec<u64>,
 }
 
 impl Loop<'_> {
     /// Measures `b` unless its predicted cost passes the budget; says whether it did.
-    /// A batch measured again keeps the faster of its measurements: on a shared
-    /// machine interference only ever slows a step down, so the slower process
-    /// measured the neighbours, not the batch (as `timeit` keeps the best repeat).
-    /// The two measurements of a batch also tell how far one process's median
-    /// strays from another's, which a process's own spread does not show.
+    /// A batch measured again is the mean of its processes ([`ProbePoint::pooled`]):
+    /// the batches that decide the answer are the ones timed again, and keeping
+    /// their fastest process would put them ahead of batches timed once. The
+    /// measurements of a batch also tell how far one process's median strays
+    /// from another's, which a process's own spread does not show.
     fn measure(&mut self, b: u64, reason: TrialReason) -> bool {
         let warmup = match &self.plan.budget {
             None => Warmup::Configured,
@@ -264,15 +266,23 @@ impl Loop<'_> {
             }
         };
         let row = self.trials.measure(b, reason, warmup).point;
-        let earlier = self.points.iter_mut().find(|q| q.batch == b);
-        if let Some(q) = &earlier
-            && q.ok()
-            && row.ok()
-        {
-            self.repeats.push((row.step_time_s / q.step_time_s).ln());
+        if row.ok() {
+            if let Some(last) = self.timings.iter().rev().find(|q| q.batch == b) {
+                self.repeats.push((row.step_time_s / last.step_time_s).ln());
+            }
+            self.timings.push(row.clone());
         }
+        let earlier = self.points.iter_mut().find(|q| q.batch == b);
         match earlier {
-            Some(q) if !q.ok() || (row.ok() && row.step_time_s < q.step_time_s) => *q = row,
+            Some(q) if row.ok() => {
+                let runs: Vec<ProbePoint> = self
+                    .timings
+                    .iter()
+                    .filter(|t| t.batch == b)
+                    .cloned()
+                    .collect();
+                *q = ProbePoint::pooled(&runs);
+            }
             Some(_) => {}
             None => self.points.push(row),
         }
@@ -299,11 +309,13 @@ impl Loop<'_> {
 /// measured, e.g. by a search whose every trial is a measurement), the knee
 /// refined, then settled.
 pub fn measure_curve(trials: &mut dyn Trials, plan: &CurvePlan, points: Vec<ProbePoint>) -> Curve {
+    let timings = points.iter().filter(|p| p.ok()).cloned().collect();
     let mut l = Loop {
         trials,
         plan,
         points,
         repeats: Vec::new(),
+        timings,
         skipped: Vec::new(),
     };
     let reason = if plan.listed {
@@ -441,10 +453,10 @@ mod tests {
     }
 
     /// Throughput B / (1 ms + 10 us B) up to 512: 90 % of the best first at
-    /// 323 (refined between 256 and 512), and the first, slow measurements
-    /// are replaced by the clean repeats.
+    /// 323 (refined between 256 and 512), and a batch timed again is the
+    /// mean of its slow first and clean later processes.
     #[test]
-    fn the_knee_is_refined_then_settled_and_repeats_keep_the_faster() {
+    fn the_knee_is_refined_then_settled_and_repeats_are_pooled() {
         let mut dev = stand_in(1.5, u64::MAX);
         let curve = measure_curve(
             &mut dev,
@@ -460,8 +472,12 @@ mod tests {
             .collect();
         assert_eq!(refined, [323, 406]);
         assert!(dev.seen.iter().any(|s| s.1 == TrialReason::Settling));
+        // 323 timed slow once (1.5x) and clean after: the mean of its processes.
+        let timed = dev.seen.iter().filter(|s| s.0 == 323).count() as f64;
+        assert!(timed >= 2.0, "{:?}", dev.seen);
         let p = curve.points.iter().find(|p| p.batch == 323).unwrap();
-        assert!((p.step_time_s - 0.00423).abs() < 1e-9, "{p:?}");
+        let expected = 0.00423 * (1.5 + (timed - 1.0)) / timed;
+        assert!((p.step_time_s - expected).abs() < 1e-9, "{p:?}");
         let range = curve.knee_range.unwrap();
         assert!(range.low < 323 && range.high >= 323, "{range:?}");
     }

@@ -82,6 +82,45 @@ impl ProbePoint {
         }
     }
 
+    /// One batch timed in several processes, as one point: each timing the mean
+    /// of the processes' own. A training runs in one process, whichever it
+    /// gets, so what it can expect is the mean; keeping the fastest process
+    /// would make a batch timed three times look faster than one timed once,
+    /// and the batches that decide the answer are the ones timed again.
+    /// Memory is the largest any process reached. `runs` ran, at one batch.
+    pub fn pooled(runs: &[ProbePoint]) -> ProbePoint {
+        let n = runs.len().max(1) as f64;
+        let mean = |f: &dyn Fn(&ProbePoint) -> f64| runs.iter().map(f).sum::<f64>() / n;
+        let step = mean(&|p| p.step_time_s);
+        let means: Option<Vec<f64>> = runs.iter().map(|p| p.step_time_mean_s).collect();
+        let steals: Option<Vec<f64>> = runs.iter().map(|p| p.cpu_steal_share).collect();
+        let max_bytes = |f: &dyn Fn(&ProbePoint) -> Option<Bytes>| runs.iter().filter_map(f).max();
+        let first = &runs[0];
+        let peak = max_bytes(&|p| p.peak_bytes);
+        ProbePoint {
+            batch: first.batch,
+            step_time_s: step,
+            step_time_p10_s: mean(&|p| p.step_time_p10_s),
+            step_time_p90_s: mean(&|p| p.step_time_p90_s),
+            step_time_mean_s: means.map(|m| m.iter().sum::<f64>() / n),
+            // The mean of n independent medians: its error falls by sqrt(n).
+            step_time_rel_err: mean(&|p| p.step_time_rel_err.powi(2)).sqrt() / n.sqrt(),
+            steps_timed: runs.iter().map(|p| p.steps_timed).sum(),
+            samples_per_s: first.batch as f64 / step,
+            peak_bytes: peak,
+            peak_rss_bytes: max_bytes(&|p| p.peak_rss_bytes),
+            planned_bytes: first.planned_bytes,
+            plan_error_pct: peak
+                .filter(|p| p.0 > 0)
+                .zip(first.planned_bytes)
+                .map(|(p, planned)| 100.0 * (planned.as_f64() - p.as_f64()) / p.as_f64()),
+            noisy: runs.iter().any(|p| p.noisy),
+            cpu_steal_share: steals.map(|s| s.iter().sum::<f64>() / n),
+            failure: None,
+            failure_code: None,
+        }
+    }
+
     /// A batch that did not run: how it ended, and that outcome in words.
     pub fn failed(
         batch: u64,
@@ -243,8 +282,7 @@ impl DeviceProbe {
 /// a larger one takes the larger one's time. A step of more rows does at
 /// least the work of one of fewer with the same kernels, and interference
 /// (other processes, another virtual machine) only ever slows a step, so a
-/// smaller batch measured slower was measured in a busier moment (as a batch
-/// timed twice keeps the faster). Seen on models whose step is a few tens of
+/// smaller batch measured slower was measured in a busier moment. Seen on models whose step is a few tens of
 /// microseconds, where the per-step overhead is the whole step: one process
 /// timed batch 16 at 0.068 ms and another batch 40 at 0.050, and trainings
 /// ran both at 0.052-0.055. Points keep their order.
@@ -294,6 +332,23 @@ pub struct ProbeBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two processes timing one batch at 1 and 2 ms a step: the point is their
+    /// mean (1.5 ms), not the faster; steps add up, memory is the larger peak.
+    #[test]
+    fn a_batch_timed_in_two_processes_is_their_mean() {
+        let timed = |ms: f64, peak: u64| {
+            let steps = [ms * 1e-3; 10];
+            ProbePoint::measured(64, &crate::stats::summarize(&steps), Some(peak), None, None)
+        };
+        let p = ProbePoint::pooled(&[timed(1.0, 100), timed(2.0, 300)]);
+        assert!((p.step_time_s - 1.5e-3).abs() < 1e-12, "{p:?}");
+        assert!((p.step_time_mean_s.unwrap() - 1.5e-3).abs() < 1e-12);
+        assert!((p.samples_per_s - 64.0 / 1.5e-3).abs() < 1e-6);
+        assert_eq!(p.steps_timed, 20);
+        assert_eq!(p.peak_bytes, Some(Bytes(300)));
+        assert!(p.ok());
+    }
 
     fn point(batch: u64, ms: f64) -> StepPoint {
         StepPoint {
