@@ -16,8 +16,8 @@ use batchfit_tune::basis::PredictionBasis;
 use batchfit_tune::decide::Decision;
 use batchfit_tune::lr::LrScaling;
 use batchfit_tune::stability::{
-    HALVINGS, RateCheck, RateVerdict, cap_from, check_limit, checked_b_noise, failed_from, judge,
-    mark_no_gain, unreached_to,
+    CHECK_SEEDS, HALVINGS, RateCheck, RateVerdict, cap_from, check_limit, checked_b_noise,
+    failed_from, judge, mark_no_gain, seeds_settled, unreached_to,
 };
 
 /// Rounds of check-then-decide: each round checks the batches the last
@@ -250,6 +250,33 @@ fn check_rates(
                 RateVerdict::Stalled if below_run => RateVerdict::SlowerThanPredicted,
                 v => v,
             };
+            // A rate that trained is trained again from other seeds until its
+            // mean updates are known (the verdict stays the first seed's).
+            let (mut steps_to_target, mut seeds, mut steps_sd) = (reached, 1, None);
+            if let (RateVerdict::Trains, Some(first)) = (verdict, reached) {
+                let mut steps = vec![first];
+                for k in 1..CHECK_SEEDS {
+                    let seeded = TrainConfig {
+                        seed: base.seed + k,
+                        ..base.clone()
+                    };
+                    let (_, _, r) = run_to_target(
+                        graph,
+                        &seeded,
+                        data,
+                        batch as usize,
+                        lr,
+                        basis.target_loss,
+                        max_steps,
+                    )?;
+                    steps.push(r.unwrap_or(max_steps as f64));
+                    let (mean, sd, settled) = seeds_settled(&steps);
+                    (steps_to_target, seeds, steps_sd) = (Some(mean), k + 1, sd);
+                    if settled {
+                        break;
+                    }
+                }
+            }
             checks.push(RateCheck {
                 batch,
                 lr,
@@ -257,10 +284,12 @@ fn check_rates(
                 max_steps,
                 loss_start: start,
                 loss_end: end,
-                steps_to_target: reached,
+                steps_to_target,
                 predicted_steps: basis.curve.steps(batch as f64),
                 verdict,
                 projected_steps: None,
+                seeds,
+                steps_sd,
             });
             if verdict == RateVerdict::Trains {
                 break;

@@ -545,9 +545,13 @@ pub fn rate_check(c: &batchfit_tune::stability::RateCheck) -> String {
         c.batch,
         c.lr,
         if c.rule_rate { " (the rule's)" } else { "" },
-        match c.steps_to_target {
-            Some(s) => format!("reached the target in {s:.0} updates"),
-            None => format!(
+        match (c.steps_to_target, c.steps_sd) {
+            (Some(s), Some(sd)) if c.seeds > 1 => format!(
+                "reached the target in {s:.0} ± {sd:.0} updates ({} seeds)",
+                c.seeds
+            ),
+            (Some(s), _) => format!("reached the target in {s:.0} updates"),
+            (None, _) => format!(
                 "not at the target after {} updates (loss {:.4} to {})",
                 c.max_steps,
                 c.loss_start,
@@ -612,6 +616,34 @@ pub fn rate_outcome(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A check trained from several seeds gives their mean and spread.
+    #[test]
+    fn a_check_of_several_seeds_states_their_spread() {
+        use batchfit_tune::stability::{RateCheck, RateVerdict};
+        let mut c = RateCheck {
+            batch: 64,
+            lr: 2e-3,
+            rule_rate: true,
+            max_steps: 700,
+            loss_start: 2.3,
+            loss_end: 0.04,
+            steps_to_target: Some(381.4),
+            predicted_steps: 343.0,
+            verdict: RateVerdict::Trains,
+            projected_steps: None,
+            seeds: 2,
+            steps_sd: Some(12.2),
+        };
+        let line = rate_check(&c);
+        assert!(
+            line.contains("reached the target in 381 ± 12 updates (2 seeds)"),
+            "{line}"
+        );
+        c.seeds = 1;
+        c.steps_sd = None;
+        assert!(rate_check(&c).contains("reached the target in 381 updates"));
+    }
 
     /// A noise run that learned nothing is explained by the data where the
     /// data leaves nothing to learn (one target, one class: ignoring the

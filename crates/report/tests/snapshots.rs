@@ -282,6 +282,8 @@ fn rate_check(
         predicted_steps,
         verdict,
         projected_steps: None,
+        seeds: 1,
+        steps_sd: None,
     }
 }
 

@@ -215,6 +215,8 @@ fn trial_checks(
                 predicted_steps: predicted,
                 verdict,
                 projected_steps,
+                seeds: 1,
+                steps_sd: None,
             })
         })
         .collect()
