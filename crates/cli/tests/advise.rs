@@ -248,19 +248,20 @@ fn unscaled_data_is_named_with_its_fix_and_standardize_trains_on_it_scaled() {
     assert_eq!(scaled["target_loss"], learning["run_loss"]);
 }
 
-/// The entropy of two classes over the fixed rows of `rows` rows (those the
-/// noise run's loss is evaluated on), `class_one(i)` saying row i's class.
+/// The entropy of two classes over the fixed rows of a data set of `rows`
+/// rows (those the noise run's loss is evaluated on: advise trains on the
+/// default split's training rows), `class_one(i)` saying row i's class.
 fn fixed_rows_entropy(rows: usize, class_one: impl Fn(usize) -> bool) -> f64 {
-    let fixed = batchfit_engine::sweep::target_rows(rows);
+    let fixed = common::advice_fixed_rows(rows);
     let p = fixed.iter().filter(|&&i| class_one(i)).count() as f64 / fixed.len() as f64;
     -(p * p.ln() + (1.0 - p) * (1.0 - p).ln())
 }
 
-/// 40 rows, under one big batch of the default estimator (8 x 16): the noise
-/// run measures with micro-batches of 40 / 8 = 5 and says so, and the curve
-/// stops at the 36 rows a training holds (sweep holds 4 out), so `sweep
-/// --verify` can train every batch the advice names (iris, 150 rows: advise
-/// named 150 and the check refused it).
+/// 40 rows, under one big batch of the default estimator (8 x 16): advise
+/// trains on the 36 rows a training holds (sweep holds 4 out), so the noise
+/// run measures with micro-batches of 36 / 8 = 4 and says so, and the curve
+/// stops at 36, so `sweep --verify` can train every batch the advice names
+/// (iris, 150 rows: advise named 150 and the check refused it).
 #[test]
 fn a_data_set_smaller_than_one_big_batch_shrinks_the_noise_runs_micro_batches() {
     let dir = tempfile::tempdir().unwrap();
@@ -284,7 +285,7 @@ fn a_data_set_smaller_than_one_big_batch_shrinks_the_noise_runs_micro_batches() 
     assert_eq!(v["b_small_asked"], 16, "the default --b-small");
     assert_eq!(
         (v["noise"]["b_small"].as_u64(), v["noise"]["b_big"].as_u64()),
-        (Some(5), Some(40))
+        (Some(4), Some(32))
     );
     let batches: Vec<u64> = v["devices"][0]["points"]
         .as_array()

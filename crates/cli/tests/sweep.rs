@@ -402,18 +402,17 @@ fn verify_leaves_out_neighbours_above_the_training_rows() {
 }
 
 /// The check judges the target on the rows it was measured on: advise's
-/// fixed rows of the whole data set (those the split trains on), not the
-/// training split's own. Here the target is a learnable ±2 everywhere plus,
-/// in every tenth of advise's fixed rows alone, an outlier of ±6 that no
-/// input predicts: their loss ends high, while the split's own fixed rows,
-/// which hold a third of those outliers, start below it: judged there, every
-/// run would reach the target at step 0.
+/// fixed rows of the training rows the default split keeps. Here the target
+/// is a learnable ±2 everywhere plus, in every tenth of advise's fixed rows
+/// alone, an outlier of ±6 that no input predicts: their loss ends high;
+/// judged on rows with fewer of those outliers, every run would start below
+/// the target and reach it at step 0.
 #[test]
 fn verify_judges_the_target_on_the_rows_it_was_measured_on() {
     let dir = tempfile::tempdir().unwrap();
     let model = linear_model(dir.path(), 2, 1, "mse");
     let n = 3000;
-    let fixed = batchfit_engine::sweep::target_rows(n);
+    let fixed = common::advice_fixed_rows(n);
     let outliers: Vec<usize> = fixed.iter().copied().step_by(10).collect();
     let rows: String = (0..n)
         .map(|i| {

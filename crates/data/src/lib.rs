@@ -439,13 +439,6 @@ fn held_out_rows(rows: usize, share: f64) -> usize {
         .min(rows)
 }
 
-/// Rows a training on `rows` rows trains on under the default split
-/// ([`DEFAULT_VAL_SPLIT`]): the largest batch `sweep` (and `sweep --verify`)
-/// can train with, so the largest batch worth advising.
-pub fn default_training_rows(rows: usize) -> usize {
-    rows - held_out_rows(rows, DEFAULT_VAL_SPLIT)
-}
-
 /// Draws batches by shuffling the rows each epoch with a seed.
 pub struct Batcher {
     order: Vec<usize>,

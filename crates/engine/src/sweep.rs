@@ -3,9 +3,7 @@
 
 use crate::data::from_rows;
 use crate::trainer::{EngineError, TrainConfig, Trainer};
-use batchfit_data::{
-    Batcher, DEFAULT_SPLIT_SEED, DEFAULT_VAL_SPLIT, Dataset, Targets, split_indices,
-};
+use batchfit_data::{Batcher, Dataset, Targets};
 use batchfit_graph::Graph;
 use batchfit_tune::schedule::Schedule;
 use batchfit_tune::sweep::{CurvePoint, EpochRecord, RunRecord, RunStatus, first_reach};
@@ -55,17 +53,13 @@ pub struct RunSpec {
 
 /// The rows of a training set of `rows` rows whose loss decides when a target
 /// is reached: the same fixed subset for every run, whatever its seed, so
-/// sweeps and the noise run judge by the same loss. They are drawn from the
+/// sweeps and the noise run judge by the same loss. `advise` trains on the
 /// rows `sweep`'s default split trains on, so `sweep --verify` with that split
 /// judges an advice's target on exactly the rows `advise` measured it on: on
 /// other rows the level differs, and near a plateau a level 3 % higher is
 /// never reached (statsmodels' fair, standardised: 0 of 3 seeds at any batch).
 pub fn target_rows(rows: usize) -> Vec<usize> {
-    let mut order: Vec<usize> = if rows > 1 {
-        split_indices(rows, DEFAULT_VAL_SPLIT, DEFAULT_SPLIT_SEED).0
-    } else {
-        (0..rows).collect()
-    };
+    let mut order: Vec<usize> = (0..rows).collect();
     order.shuffle(&mut StdRng::seed_from_u64(0x5eed));
     order.truncate(TARGET_ROWS);
     order

@@ -73,14 +73,12 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<Advice> {
         .unwrap_or((cfg.b_small as u64, cfg.measure.lr));
     let (data, data_profile) = if cfg.data.data.is_some() || default_model {
         let (d, p) = load_data(&cfg.data, &graph, seq_len, default_model)?;
-        (Some(d), Some(p))
+        (Some(training_split(d)), Some(p))
     } else {
         (None, None)
     };
     let rows = data.as_ref().map(|d| d.rows);
-    // What a training holds out for validation (as `sweep`, and its check of
-    // this advice, do by default) is no batch's: the largest batch is the rest.
-    let training_rows = rows.map(|r| batchfit_data::default_training_rows(r) as u64);
+    let training_rows = rows.map(|r| r as u64);
     // A data set smaller than one big batch: the noise run's micro-batches
     // shrink so that B_big (k of them) fits it; the report says so. The
     // reference stays at the asked B_small, where --lr was given.
@@ -370,6 +368,23 @@ fn machine() -> String {
 /// The loss of ignoring the inputs on the rows the noise run's loss is
 /// evaluated on (its fixed rows, as batchfit's runs see them), so the two
 /// compare exactly: no training that ignores the inputs ends below it.
+/// The rows a training keeps after holding out validation rows, as `sweep`
+/// (and its check of this advice) splits by default: everything `advise`
+/// measures, it measures on them. A tenth fewer rows is another training on a
+/// few hundred rows: iris at batch 128 reached the target in 144 ± 6 updates
+/// on the split and 185 ± 15 on every row, where advise had measured 189 on
+/// every row. A set too small to split (under 4 rows) is kept whole.
+fn training_split(data: Dataset) -> Dataset {
+    if data.rows < 4 {
+        return data;
+    }
+    let (train, _) = data.split_rows(
+        batchfit_data::DEFAULT_VAL_SPLIT,
+        batchfit_data::DEFAULT_SPLIT_SEED,
+    );
+    data.subset(&train)
+}
+
 fn prior_loss_on_fixed_rows(data: &Dataset, graph: &Graph) -> Option<f64> {
     let rows = batchfit_engine::sweep::target_rows(data.rows);
     data.subset(&rows).profile(graph).prior_loss()

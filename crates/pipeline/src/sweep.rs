@@ -82,28 +82,15 @@ pub enum ScheduleChoice {
     Given { schedule: Schedule, source: String },
 }
 
-/// The fixed rows of a data set of `rows` rows ([`target_rows`], those an
-/// advice's target was measured on) that the split puts in training
-/// (`train`, in the training subset's order), as indices into that subset.
-fn advice_rows_in_training(rows: usize, train: &[usize]) -> Vec<usize> {
-    let mut position = vec![None; rows];
-    for (i, &row) in train.iter().enumerate() {
-        position[row] = Some(i);
-    }
-    target_rows(rows)
-        .into_iter()
-        .filter_map(|row| position[row])
-        .collect()
-}
-
 /// Progress units per run.
 const UNIT: u64 = 1000;
 
 /// The checks on the flags that need the data: the batches in the order
 /// given, each once, none above the training rows; the devices each once.
 /// Checking an advice by default (its recommended batch and neighbours), a
-/// neighbour above the training rows is left out: the advice ranks every
-/// batch up to the whole data set, the check holds some rows out.
+/// neighbour above the training rows is left out: the advice ranks batches
+/// up to the rows the default split trains on, and a larger `--val-split`
+/// holds more out.
 fn check(cfg: &SweepConfig, train: &Dataset) -> Result<Vec<u64>> {
     let by_default = cfg
         .verify
@@ -169,16 +156,12 @@ pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepSummary>
     let (train_rows, val_rows) = data.split_rows(cfg.val_split, cfg.split_seed);
     let (train, val) = (data.subset(&train_rows), data.subset(&val_rows));
     let batches = check(cfg, &train)?;
-    // A loss level is a property of the rows it is measured on: an advice's
-    // target was measured on the whole data set's fixed rows (advise trains on
-    // every row), so its check judges on those of them it trains on; the
-    // training split's own would put a heavy-tailed target (counts, prices)
-    // at another level (randhie's visit counts: 17 against 25 before any
-    // step), and held-out rows never reach a training loss.
-    let judged_rows = match cfg.verify {
-        Some(_) => advice_rows_in_training(data.rows, &train_rows),
-        None => target_rows(train.rows),
-    };
+    // A loss level is a property of the rows it is measured on: `advise`
+    // trains on the rows the default split trains on and measures its target
+    // on their fixed rows, so with that split a check judges on the very rows
+    // (another subset puts a heavy-tailed target at another level: randhie's
+    // visit counts, 17 against 25 before any step).
+    let judged_rows = target_rows(train.rows);
     let judged = JudgedOn {
         data: &train,
         rows: &judged_rows,

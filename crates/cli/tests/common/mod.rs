@@ -44,3 +44,19 @@ pub fn fixture(name: &str) -> String {
         .display()
         .to_string()
 }
+
+/// The rows of a data set of `rows` rows whose loss `advise` judges its target
+/// by, as indices into the whole set: the fixed rows
+/// (`batchfit_engine::sweep::target_rows`) of the training rows the default
+/// split keeps, which advise trains on.
+pub fn advice_fixed_rows(rows: usize) -> Vec<usize> {
+    let (train, _) = batchfit_data::split_indices(
+        rows,
+        batchfit_data::DEFAULT_VAL_SPLIT,
+        batchfit_data::DEFAULT_SPLIT_SEED,
+    );
+    batchfit_engine::sweep::target_rows(train.len())
+        .into_iter()
+        .map(|i| train[i])
+        .collect()
+}
