@@ -237,15 +237,18 @@ fn check_rates(
         for h in 0..=if below_run { 0 } else { halvings } {
             let lr = rule / 2f64.powi(h as i32);
             let max_steps = check_limit(basis, batch, lr);
-            let (start, end, reached) = run_to_target(
-                graph,
-                base,
-                data,
-                batch as usize,
-                lr,
-                basis.target_loss,
-                max_steps,
-            )?;
+            let train = |cfg: &TrainConfig| {
+                run_to_target(
+                    graph,
+                    cfg,
+                    data,
+                    batch as usize,
+                    lr,
+                    basis.target_loss,
+                    max_steps,
+                )
+            };
+            let (start, end, reached) = train(base)?;
             let verdict = match judge(start, end, reached) {
                 RateVerdict::Stalled if below_run => RateVerdict::SlowerThanPredicted,
                 v => v,
@@ -260,15 +263,7 @@ fn check_rates(
                         seed: base.seed + k,
                         ..base.clone()
                     };
-                    let (_, _, r) = run_to_target(
-                        graph,
-                        &seeded,
-                        data,
-                        batch as usize,
-                        lr,
-                        basis.target_loss,
-                        max_steps,
-                    )?;
+                    let (_, _, r) = train(&seeded)?;
                     steps.push(r.unwrap_or(max_steps as f64));
                     let (mean, sd, settled) = seeds_settled(&steps);
                     (steps_to_target, seeds, steps_sd) = (Some(mean), k + 1, sd);
