@@ -27,7 +27,10 @@ while read -r name rows features task; do
         flags=()
         [ "$how" = standardized ] && flags=(--standardize)
         run="$out/$name.$how"
-        $bin advise "$out/data/$name.toml" --data "$out/data/$name.csv" "${flags[@]}" --json \
+        # The exporter writes the label last; said outright, as a feature column
+        # named `class` (MASS's nlschools: a school class's id) would otherwise
+        # stop the reader, asking which column is the label.
+        $bin advise "$out/data/$name.toml" --data "$out/data/$name.csv" --label-col -1 "${flags[@]}" --json \
             > "$run.advise.json" 2> "$run.advise.err"
         rc=$?
         named=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["recommendations"][0]["recommended_batch"])' \
