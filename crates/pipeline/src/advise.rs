@@ -365,9 +365,6 @@ fn machine() -> String {
     format!("{cpu} ({cores} cores), {ram} RAM")
 }
 
-/// The loss of ignoring the inputs on the rows the noise run's loss is
-/// evaluated on (its fixed rows, as batchfit's runs see them), so the two
-/// compare exactly: no training that ignores the inputs ends below it.
 /// The rows a training keeps after holding out validation rows, as `sweep`
 /// (and its check of this advice) splits by default: everything `advise`
 /// measures, it measures on them. A tenth fewer rows is another training on a
@@ -385,6 +382,9 @@ fn training_split(data: Dataset) -> Dataset {
     data.subset(&train)
 }
 
+/// The loss of ignoring the inputs on the rows the noise run's loss is
+/// evaluated on (its fixed rows, as batchfit's runs see them), so the two
+/// compare exactly: no training that ignores the inputs ends below it.
 fn prior_loss_on_fixed_rows(data: &Dataset, graph: &Graph) -> Option<f64> {
     let rows = batchfit_engine::sweep::target_rows(data.rows);
     data.subset(&rows).profile(graph).prior_loss()
