@@ -282,10 +282,11 @@ impl DeviceProbe {
 /// a larger one takes the larger one's time. A step of more rows does at
 /// least the work of one of fewer with the same kernels, and interference
 /// (other processes, another virtual machine) only ever slows a step, so a
-/// smaller batch measured slower was measured in a busier moment. Seen on models whose step is a few tens of
-/// microseconds, where the per-step overhead is the whole step: one process
-/// timed batch 16 at 0.068 ms and another batch 40 at 0.050, and trainings
-/// ran both at 0.052-0.055. Points keep their order.
+/// smaller batch measured slower was measured in a busier moment. Seen on
+/// models whose step is a few tens of microseconds, where the per-step
+/// overhead is the whole step: one process timed batch 16 at 0.068 ms and
+/// another batch 40 at 0.050, and trainings ran both at 0.052-0.055. Points
+/// keep their order.
 pub fn non_decreasing_in_batch(mut points: Vec<StepPoint>) -> Vec<StepPoint> {
     let mut order: Vec<usize> = (0..points.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(points[i].batch));

@@ -126,8 +126,6 @@ pub const CHECK_SEEDS: u64 = 3;
 /// The standard error, relative to the mean, at which a check's seeds stop.
 pub const CHECK_SEEDS_REL_ERR: f64 = 0.1;
 
-/// The mean of seeds' updates to the target, and whether they are known well
-/// enough ([`CHECK_SEEDS_REL_ERR`]) to stop adding seeds.
 /// The mean of seeds' updates to the target, their standard deviation (`None`
 /// for one seed), and whether the mean is known well enough
 /// ([`CHECK_SEEDS_REL_ERR`]) to stop adding seeds.
