@@ -176,6 +176,7 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<Advice> {
             rate_failed_from: rates.failed_from,
             rate_unreached_to: rates.unreached_to,
             checked_b_noise: rates.b_noise,
+            checked_reference: rates.reference_updates,
             prior_loss,
         })
     };

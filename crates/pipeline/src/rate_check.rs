@@ -17,7 +17,7 @@ use batchfit_tune::decide::Decision;
 use batchfit_tune::lr::LrScaling;
 use batchfit_tune::stability::{
     CHECK_SEEDS, HALVINGS, RateCheck, RateVerdict, cap_from, check_limit, checked_b_noise,
-    failed_from, judge, mark_no_gain, seeds_settled, unreached_to,
+    failed_from, judge, mark_no_gain, reference_updates, seeds_settled, unreached_to,
 };
 
 /// Rounds of check-then-decide: each round checks the batches the last
@@ -38,6 +38,8 @@ pub struct RateFindings {
     pub unreached_to: Option<u64>,
     /// B_noise as the checks measured it ([`checked_b_noise`]).
     pub b_noise: Option<f64>,
+    /// The reference check's mean updates ([`reference_updates`]).
+    pub reference_updates: Option<f64>,
 }
 
 /// Checks the batches `decide` names, deciding again after each round, until
@@ -101,6 +103,7 @@ pub fn checked_decision(
         // noise scales of 1,620 and 2,844. They still cap the rate and stop a
         // batch that does not train.
         found.b_noise = checked_b_noise(&run_basis, &advised, &fitted);
+        found.reference_updates = reference_updates(&run_basis, &fitted);
         let next = decide(&found);
         if next
             .recommendations

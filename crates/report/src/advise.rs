@@ -166,6 +166,9 @@ pub fn render(d: &Advice) -> String {
         {
             out.push_str(&format!("    {o}\n"));
         }
+        if let Some(a) = d.decision.basis.as_ref().and_then(prose::reference_anchor) {
+            out.push_str(&format!("    {a}\n"));
+        }
     }
     if let Some(p) = &d.decision.basis {
         out.push_str(&format!(

@@ -580,6 +580,21 @@ pub fn rate_check(c: &batchfit_tune::stability::RateCheck) -> String {
     )
 }
 
+/// Where S(B) is drawn through after the checks: the updates the reference
+/// check took (its seeds' mean), beside the noise run's own.
+pub fn reference_anchor(b: &PredictionBasis) -> Option<String> {
+    let (reference, run) = (b.reference_updates?, b.run()?);
+    let own = b
+        .updates_to_target()
+        .filter(|u| u.is_finite())
+        .map(|u| format!(" (the run itself took {u:.0})"))
+        .unwrap_or_default();
+    Some(format!(
+        "S(B) goes through the {reference:.0} updates the checks took at batch {} and the noise run's rate{own}: they trained as a training of the advice does, from their seeds",
+        run.batch
+    ))
+}
+
 /// What the rate checks changed: S(B) refitted to them, the cap, and the
 /// batch from which no rate tried trained.
 pub fn rate_outcome(
@@ -616,6 +631,45 @@ pub fn rate_outcome(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use batchfit_tune::basis::NoiseRunAt;
+    use batchfit_tune::target::StepsCurve;
+
+    /// Once the checks anchor S(B), the report gives their updates beside the run's.
+    #[test]
+    fn the_anchor_names_the_checks_updates_and_the_runs() {
+        let mut basis = PredictionBasis {
+            lr: LrScaling {
+                rule: LrRule::Sqrt,
+                ref_batch: 16,
+                ref_lr: 1e-3,
+                cap_batch: None,
+            },
+            warmup_epochs: 0.0,
+            target_loss: 0.1,
+            curve: StepsCurve {
+                s_min: 50.0,
+                b_noise: 128.0,
+            },
+            source: BasisSource::EndValue {
+                run: NoiseRunAt {
+                    batch: 128,
+                    lr: 2.8e-3,
+                },
+                updates: 146.0,
+                b_simple_end: 128.0,
+            },
+            b_noise_run: None,
+            reference_updates: None,
+        };
+        assert_eq!(reference_anchor(&basis), None, "not anchored");
+        basis.reference_updates = Some(82.0);
+        let text = reference_anchor(&basis).unwrap();
+        assert!(
+            text.contains("82 updates")
+                && text.contains("batch 128 and the noise run's rate (the run itself took 146)"),
+            "{text}"
+        );
+    }
 
     /// A check trained from several seeds gives their mean and spread.
     #[test]

@@ -649,6 +649,7 @@ mod tests {
                     b_simple_end: 400.0,
                 },
                 b_noise_run: None,
+                reference_updates: None,
             },
             rows,
             verdict,

@@ -200,6 +200,7 @@ fn advice() -> Advice {
         rate_failed_from: None,
         rate_unreached_to: None,
         checked_b_noise: None,
+        checked_reference: None,
         prior_loss: Some(10f64.ln()),
     });
     Advice {

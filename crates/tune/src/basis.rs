@@ -28,6 +28,10 @@ pub struct PredictionBasis {
     /// speed-up than it predicts and `curve` was refitted to them
     /// ([`PredictionBasis::held_to_checks`]); `None`: the curve is the run's.
     pub b_noise_run: Option<f64>,
+    /// The mean updates the rate checks took at the noise run's own batch and
+    /// rate, which `curve` is drawn through after the checks; `None`: through
+    /// the run's own updates.
+    pub reference_updates: Option<f64>,
 }
 
 /// Where S(B) came from. One time of an update is the same in every kind: the
@@ -134,15 +138,33 @@ impl PredictionBasis {
         }
     }
 
-    /// The curve refitted to the noise scale `b_noise` the rate checks
-    /// measured, through the run's own updates at its batch (which it
-    /// measured); a basis without a run is returned as it is.
-    pub fn held_to_checks(mut self, b_noise: f64) -> PredictionBasis {
-        if let Some(run) = self.run() {
-            let anchor = self.curve.steps(run.batch as f64);
+    /// The curve refitted to what the rate checks measured: through
+    /// `reference`, the mean updates of the checks at the run's own batch and
+    /// rate (else the run's own updates there), with the noise scale
+    /// `b_noise` they measured (else the curve's). The checks train as a
+    /// training of the advice does, from several seeds; the run's own updates
+    /// are one run's first passage to the level it ends at, which it reaches
+    /// only near its end while another seed, fluctuating around that level,
+    /// crosses it earlier (breast-cancer at 128: the run 146, the checks and
+    /// `sweep --verify` 82 ± 60). A basis without a run is returned as it is.
+    pub fn held_to_checks(
+        mut self,
+        b_noise: Option<f64>,
+        reference: Option<f64>,
+    ) -> PredictionBasis {
+        let Some(run) = self.run() else {
+            return self;
+        };
+        let at = run.batch as f64;
+        let reference = reference.filter(|r| r.is_finite() && *r > 0.0);
+        let anchor = reference.unwrap_or_else(|| self.curve.steps(at));
+        if let Some(bn) = b_noise {
             self.b_noise_run = Some(self.b_noise_run.unwrap_or(self.curve.b_noise));
-            self.curve = StepsCurve::through(anchor, run.batch as f64, b_noise);
+            self.curve = StepsCurve::through(anchor, at, bn);
+        } else {
+            self.curve = StepsCurve::through(anchor, at, self.curve.b_noise);
         }
+        self.reference_updates = reference.or(self.reference_updates);
         self
     }
 
@@ -194,6 +216,9 @@ struct BasisRecord {
     /// The noise run's own B_noise when the rate checks refitted the curve.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     b_noise_run: Option<f64>,
+    /// The checks' updates at the run's batch the curve is drawn through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    reference_updates: Option<f64>,
     /// Read back from earlier documents (the method in words) to tell the
     /// preconditioned estimates apart; written by the report, not here.
     #[serde(default, skip_serializing)]
@@ -222,6 +247,7 @@ impl From<PredictionBasis> for BasisRecord {
             b_noise_low: b.band().map(|(lo, _)| lo),
             b_noise_high: b.band().and_then(|(_, hi)| hi),
             b_noise_run: b.b_noise_run,
+            reference_updates: b.reference_updates,
             sweep: match b.source {
                 BasisSource::Sweep(s) => Some(s),
                 _ => None,
@@ -277,6 +303,7 @@ impl From<BasisRecord> for PredictionBasis {
             curve: r.curve,
             source,
             b_noise_run: r.b_noise_run,
+            reference_updates: r.reference_updates,
         }
     }
 }
@@ -367,6 +394,7 @@ pub fn prediction_basis_to(
         curve,
         source,
         b_noise_run: None,
+        reference_updates: None,
     })
 }
 
@@ -386,6 +414,7 @@ pub fn measured_basis(
         curve,
         source: BasisSource::Sweep(fit),
         b_noise_run: None,
+        reference_updates: None,
     }
 }
 
@@ -417,6 +446,7 @@ mod tests {
                 b_simple_end: 200.0,
             },
             b_noise_run: None,
+            reference_updates: Some(150.0),
         };
         let v = serde_json::to_value(&basis).unwrap();
         assert_eq!(v["method_code"], "end_value");

@@ -45,8 +45,11 @@ pub struct Evidence<'a> {
     /// ([`crate::stability::unreached_to`]): only larger ones are recommended.
     pub rate_unreached_to: Option<u64>,
     /// B_noise the rate checks measured ([`crate::stability::checked_b_noise`]):
-    /// S(B) is refitted to it through the noise run.
+    /// S(B) is refitted to it.
     pub checked_b_noise: Option<f64>,
+    /// The mean updates the check at the noise run's own batch and rate took
+    /// ([`crate::stability::reference_updates`]): S(B) is drawn through it.
+    pub checked_reference: Option<f64>,
     /// The loss of ignoring the inputs ([`crate::dataset::DataProfile::prior_loss`]):
     /// a noise run that ends no lower learned nothing to predict from.
     pub prior_loss: Option<f64>,
@@ -179,8 +182,8 @@ pub fn decide(e: &Evidence) -> Decision {
     if let (Some(b), Some(cap)) = (basis.as_mut(), e.rate_cap) {
         b.lr.cap_batch = Some(b.lr.cap_batch.map_or(cap, |c| c.min(cap)));
     }
-    if let Some(bn) = e.checked_b_noise {
-        basis = basis.map(|b| b.held_to_checks(bn));
+    if e.checked_b_noise.is_some() || e.checked_reference.is_some() {
+        basis = basis.map(|b| b.held_to_checks(e.checked_b_noise, e.checked_reference));
     }
     let b_noise = basis
         .as_ref()
@@ -450,6 +453,7 @@ mod tests {
             rate_failed_from: None,
             rate_unreached_to: None,
             checked_b_noise: None,
+            checked_reference: None,
             prior_loss: None,
         }
     }

@@ -146,8 +146,17 @@ pub fn seeds_settled(steps: &[f64]) -> (f64, Option<f64>, bool) {
 /// scale with the rate, so a check there that is slower than the run at the
 /// same rate has not stalled; a prediction that is too optimistic (B_noise
 /// refitted high) must not call it so, or the stall feeds the next refit.
+///
+/// Where the curve is drawn through the checks' mean updates at the run's
+/// batch and that is fewer than the run's own, the limit stays where the
+/// run's curve put it: one seed spreads around that mean (breast-cancer at
+/// 128: 82 ± 60), and a slow seed is not a stall.
 pub fn check_limit(basis: &PredictionBasis, batch: u64, lr: f64) -> u64 {
-    let predicted = basis.curve.steps(batch as f64) * CHECK_LIMIT;
+    let run_over_reference = match (basis.updates_to_target(), basis.reference_updates) {
+        (Some(run), Some(reference)) if run > reference => run / reference,
+        _ => 1.0,
+    };
+    let predicted = basis.curve.steps(batch as f64) * CHECK_LIMIT * run_over_reference;
     let run_floor = match (basis.run(), basis.updates_to_target()) {
         (Some(run), Some(updates)) if batch >= run.batch && lr > 0.0 => updates * run.lr / lr,
         _ => 0.0,
@@ -221,19 +230,28 @@ pub fn unreached_to(checks: &[RateCheck]) -> Option<u64> {
         .max()
 }
 
-/// The updates a check at the noise run's own batch and rate took, over the
-/// run's own: S(B) predicts 1; what it makes is the checks' offset from the
-/// run (the run's seeds pooled, its evaluations on another schedule), and
-/// every other check is read relative to it. 1 without such a check.
+/// The mean updates the check at the noise run's own batch and rule rate
+/// took (the reference): what a training of the advice takes there, which
+/// S(B) is drawn through once the checks have run
+/// ([`PredictionBasis::held_to_checks`]). `None` where it did not reach the target.
+pub fn reference_updates(basis: &PredictionBasis, checks: &[RateCheck]) -> Option<f64> {
+    let run = basis.run()?;
+    checks
+        .iter()
+        .find(|c| c.batch == run.batch && c.rule_rate)?
+        .steps_to_target
+        .filter(|s| s.is_finite() && *s > 0.0)
+}
+
+/// The reference's updates over the run's own: S(B) predicts 1; what it
+/// makes is the checks' offset from the run (the run's seeds pooled, its
+/// evaluations on another schedule), and every other check is read relative
+/// to it. 1 without such a check.
 pub fn reference_share(basis: &PredictionBasis, checks: &[RateCheck]) -> f64 {
     basis
         .run()
-        .and_then(|run| {
-            let check = checks
-                .iter()
-                .find(|c| c.batch == run.batch && c.rule_rate)?;
-            Some(check.steps_to_target? / basis.curve.steps(run.batch as f64))
-        })
+        .zip(reference_updates(basis, checks))
+        .map(|(run, r)| r / basis.curve.steps(run.batch as f64))
         .filter(|k| k.is_finite() && *k > 0.0)
         .unwrap_or(1.0)
 }
@@ -443,6 +461,7 @@ mod tests {
                 b_simple_end: 128.0,
             },
             b_noise_run: None,
+            reference_updates: None,
         }
     }
 
@@ -657,11 +676,46 @@ mod tests {
         // Slower than predicted at a small batch: B_noise is larger.
         let slow_small = check(32, 1.4e-3, true, Some(400.0 * 1.1), RateVerdict::Trains);
         assert!(checked_b_noise(&b, &b.lr, &[reference, slow_small]).unwrap() > 128.0);
-        let held = b.clone().held_to_checks(32.0);
+        let held = b.clone().held_to_checks(Some(32.0), None);
         assert_eq!(held.b_noise_run, Some(128.0));
         assert!(
             (held.curve.steps(128.0) - b.curve.steps(128.0)).abs() < 1e-9,
             "through the run"
         );
+    }
+
+    /// Once the checks ran, S(B) goes through the updates they took at the
+    /// run's batch and rate (their mean over seeds), not the run's own; the
+    /// other checks, read relative to that reference, keep its shape. A
+    /// check's limit stays where the run's curve put it.
+    #[test]
+    fn the_checks_anchor_s_of_b_at_the_run_batch_and_their_limits_stay_the_runs() {
+        let b = basis();
+        let reference = check(128, 2.8e-3, true, Some(60.0), RateVerdict::Trains);
+        assert_eq!(reference_updates(&b, &[reference]), Some(60.0));
+        // 512 took 37.5: relative to the reference, S(512) / S(128) = 0.625 as the run said.
+        let at_512 = check(512, 5.6e-3, true, Some(37.5), RateVerdict::Trains);
+        let bn = checked_b_noise(&b, &b.lr, &[reference, at_512]).unwrap();
+        assert!((bn - 128.0).abs() / 128.0 < 0.03, "{bn}");
+        let held = b
+            .clone()
+            .held_to_checks(Some(bn), reference_updates(&b, &[reference]));
+        assert!((held.curve.steps(128.0) - 60.0).abs() < 1e-9);
+        assert!((held.curve.steps(512.0) - 37.5).abs() / 37.5 < 0.02);
+        assert_eq!(held.reference_updates, Some(60.0));
+        let through_run = b.clone().held_to_checks(Some(bn), None);
+        assert_eq!(
+            check_limit(&held, 512, 5.6e-3),
+            check_limit(&through_run, 512, 5.6e-3)
+        );
+        // Without a B_noise from the checks, the anchor alone moves the curve.
+        let anchored = b.clone().held_to_checks(None, Some(60.0));
+        assert_eq!(anchored.curve.b_noise, 128.0);
+        assert_eq!(anchored.b_noise_run, None);
+        assert!((anchored.curve.s_min - 30.0).abs() < 1e-9);
+        // A reference that never reached the target anchors nothing.
+        let stalled = check(128, 2.8e-3, true, None, RateVerdict::Stalled);
+        assert_eq!(reference_updates(&b, &[stalled]), None);
+        assert_eq!(b.clone().held_to_checks(None, None).curve, b.curve);
     }
 }

@@ -391,6 +391,7 @@ pub fn noise_of(trials: &[RunTrial], rate: &RunRate) -> (Option<RunNoise>, Optio
                     band,
                 },
                 b_noise_run: None,
+                reference_updates: None,
             };
             checked_b_noise(&basis, scaling, &checks)
         }
