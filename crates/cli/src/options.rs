@@ -315,6 +315,12 @@ pub struct MeasureFlags {
     /// Seconds of timed steps per batch size at most.
     #[arg(long, default_value_t = 2.0, value_parser = parse_seconds)]
     pub time_cap: f64,
+    /// Seconds of timed steps per batch size at least (within --time-cap). On a
+    /// shared virtual machine whose speed moves in phases of a fraction of a
+    /// second, 1 or 2 makes one batch's time repeat closer from run to run
+    /// (docs/time-to-target.md), at that much more time per batch.
+    #[arg(long, default_value_t = 0.25, value_parser = parse_seconds)]
+    pub min_time: f64,
     /// Largest batch sampled when no --memory-limit bounds it.
     #[arg(long, default_value_t = 1024, value_parser = positive_u64)]
     pub up_to: u64,
@@ -346,6 +352,7 @@ impl MeasureFlags {
             threads: self.threads.threads,
             warmup: self.warmup,
             time_cap_s: self.time_cap,
+            min_time_s: self.min_time,
             up_to: self.up_to,
             optimizer: self.optimizer.optimizer,
             lr: self.lr.lr,

@@ -107,6 +107,7 @@ fn bad_input_exits_2_and_says_what_to_do() {
         (&["probe", "--device", "tpu"], "unknown device `tpu`"),
         (&["probe", "--device", "cuda:0"], "--features cuda"),
         (&["probe", "--efficiency", "1.5"], "share"),
+        (&["probe", "--min-time", "0"], "positive number of seconds"),
     ];
     for (args, msg) in cases {
         batchfit()

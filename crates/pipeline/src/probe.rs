@@ -37,6 +37,8 @@ pub struct MeasureConfig {
     pub warmup: usize,
     /// Seconds of timed steps per batch at most.
     pub time_cap_s: f64,
+    /// Seconds of timed steps per batch at least (within `time_cap_s`).
+    pub min_time_s: f64,
     /// Largest batch sampled when no memory limit bounds it.
     pub up_to: u64,
     pub optimizer: Optimizer,
@@ -63,6 +65,10 @@ pub struct Target<'a> {
     pub graph: &'a Graph,
     pub seq_len: usize,
 }
+
+/// Timed steps a second of `min_time_s` may take: a step of 50 us, the
+/// fastest the engine takes, fills it.
+const MAX_STEPS_PER_S: f64 = 20_000.0;
 
 /// How long a trial runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,6 +110,38 @@ impl MeasureConfig {
         }
     }
 
+    /// The warm-up steps and the stop rule of a trial of `length`: a timed
+    /// one for at least `min_time_s` (within the cap), with room for steps of
+    /// 50 us to fill it.
+    fn stop_rule(&self, length: TrialLength) -> (usize, StopRule) {
+        let stop = StopRule {
+            time_cap_s: self.time_cap_s,
+            ..StopRule::default()
+        };
+        match length {
+            TrialLength::OneStep => (
+                1,
+                StopRule {
+                    min_steps: 1,
+                    min_time_s: 0.0,
+                    max_steps: 1,
+                    ..stop
+                },
+            ),
+            TrialLength::Timed(warmup) => (
+                warmup,
+                StopRule {
+                    min_steps: 5,
+                    min_time_s: self.min_time_s.min(self.time_cap_s),
+                    max_steps: stop
+                        .max_steps
+                        .max((MAX_STEPS_PER_S * self.min_time_s) as usize),
+                    ..stop
+                },
+            ),
+        }
+    }
+
     /// Runs one worker: a timed measurement or a one-step trial.
     pub(crate) fn run(
         &self,
@@ -112,16 +150,7 @@ impl MeasureConfig {
         batch: u64,
         length: TrialLength,
     ) -> WorkerResult {
-        let stop = StopRule::default();
-        let (warmup, min_steps, min_time_s, max_steps) = match length {
-            TrialLength::OneStep => (1, 1, 0.0, 1),
-            TrialLength::Timed(warmup) => (
-                warmup,
-                5,
-                stop.min_time_s.min(self.time_cap_s / 2.0),
-                stop.max_steps,
-            ),
-        };
+        let (warmup, stop) = self.stop_rule(length);
         let req = WorkerRequest {
             model: t.source.clone(),
             loss: t.loss,
@@ -132,10 +161,10 @@ impl MeasureConfig {
             seq_len: t.seq_len,
             seed: self.seed,
             warmup,
-            min_steps,
-            min_time_s,
-            max_steps,
-            time_cap_s: self.time_cap_s,
+            min_steps: stop.min_steps,
+            min_time_s: stop.min_time_s,
+            max_steps: stop.max_steps,
+            time_cap_s: stop.time_cap_s,
             target_rel_err: stop.target_rel_err,
             // The worker holds the CPU's allocator or the GPU's pools to it.
             memory_limit: self.memory_limit.map(|b| b.0),
@@ -391,4 +420,48 @@ pub fn parse_devices(names: &[String]) -> Result<Vec<DeviceSpec>> {
             Ok(spec)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(min_time_s: f64, time_cap_s: f64) -> MeasureConfig {
+        MeasureConfig {
+            batches: Vec::new(),
+            memory_limit: None,
+            efficiency: 0.9,
+            threads: None,
+            warmup: 3,
+            time_cap_s,
+            min_time_s,
+            up_to: 1024,
+            optimizer: Optimizer::Adam,
+            lr: 1e-3,
+            seq_len: None,
+            seed: 0,
+            timeout: Duration::from_secs(60),
+            worker: PathBuf::from("batchfit"),
+            budget_s: None,
+        }
+    }
+
+    /// `--min-time` sets how long a batch is timed at least, within the cap,
+    /// with room for steps of 50 us to fill it; a one-step trial is one step.
+    #[test]
+    fn a_timed_trial_runs_at_least_min_time_within_the_cap() {
+        let (warmup, stop) = config(0.25, 2.0).stop_rule(TrialLength::Timed(3));
+        assert_eq!(warmup, 3);
+        assert_eq!((stop.min_time_s, stop.time_cap_s), (0.25, 2.0));
+        assert_eq!(stop.max_steps, StopRule::default().max_steps);
+        let (_, longer) = config(1.0, 2.0).stop_rule(TrialLength::Timed(3));
+        assert_eq!((longer.min_time_s, longer.max_steps), (1.0, 20_000));
+        let (_, capped) = config(3.0, 2.0).stop_rule(TrialLength::Timed(3));
+        assert_eq!(capped.min_time_s, 2.0);
+        let (warmup, one) = config(1.0, 2.0).stop_rule(TrialLength::OneStep);
+        assert_eq!(
+            (warmup, one.min_steps, one.max_steps, one.min_time_s),
+            (1, 1, 1, 0.0)
+        );
+    }
 }

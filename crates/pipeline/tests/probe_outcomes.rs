@@ -30,6 +30,7 @@ fn config(worker: PathBuf, limit: Option<Bytes>) -> MeasureConfig {
         threads: Some(1),
         warmup: 1,
         time_cap_s: 1.0,
+        min_time_s: 0.25,
         up_to: 64,
         optimizer: Optimizer::Adam,
         lr: 1e-3,

@@ -47,6 +47,7 @@ fn probe_loop_on_a_stand_in_worker() {
             threads: Some(1),
             warmup: 1,
             time_cap_s: 1.0,
+            min_time_s: 0.25,
             up_to: 512,
             optimizer: Optimizer::Adam,
             lr: 1e-3,
