@@ -158,12 +158,11 @@ impl PredictionBasis {
         let at = run.batch as f64;
         let reference = reference.filter(|r| r.is_finite() && *r > 0.0);
         let anchor = reference.unwrap_or_else(|| self.curve.steps(at));
-        if let Some(bn) = b_noise {
+        if b_noise.is_some() {
             self.b_noise_run = Some(self.b_noise_run.unwrap_or(self.curve.b_noise));
-            self.curve = StepsCurve::through(anchor, at, bn);
-        } else {
-            self.curve = StepsCurve::through(anchor, at, self.curve.b_noise);
         }
+        let b_noise = b_noise.unwrap_or(self.curve.b_noise);
+        self.curve = StepsCurve::through(anchor, at, b_noise);
         self.reference_updates = reference.or(self.reference_updates);
         self
     }
