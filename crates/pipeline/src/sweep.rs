@@ -399,7 +399,13 @@ fn plan_schedule(
             };
             let lo = *batches.iter().min().unwrap_or(&1);
             let hi = *batches.iter().max().unwrap_or(&1);
-            let r = ramp(basis.segments(), &powers_of_two(lo, hi), &scaling).ok_or_else(|| {
+            let r = ramp(
+                basis.segments(),
+                &powers_of_two(lo, hi),
+                &scaling,
+                basis.curve.rows,
+            )
+            .ok_or_else(|| {
                 Error::input("--schedule ramp: the noise run has no stretch to build it from")
             })?;
             (r.schedule, ScheduleSource::Ramp)

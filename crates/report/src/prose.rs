@@ -215,6 +215,17 @@ pub fn run_rate(rate: &RunRate, model: RateModel) -> String {
 
 /// How a prediction's S(B) was obtained.
 pub fn basis_method(b: &PredictionBasis) -> String {
+    let method = basis_source(b);
+    match b.curve.rows {
+        Some(n) => format!(
+            "{method}; B drawn without replacement from the {} training rows, each epoch's batches distinct rows, counts as B N / (N - B) (the noise term is B_noise (1/B - 1/N): a batch of every row has none)",
+            crate::thousands(n.round() as u64)
+        ),
+        None => method,
+    }
+}
+
+fn basis_source(b: &PredictionBasis) -> String {
     match &b.source {
         BasisSource::Stretches {
             updates_to_target,
@@ -649,6 +660,7 @@ mod tests {
             curve: StepsCurve {
                 s_min: 50.0,
                 b_noise: 128.0,
+                rows: None,
             },
             source: BasisSource::EndValue {
                 run: NoiseRunAt {

@@ -550,6 +550,7 @@ pub fn figures(d: &SweepSummary) -> Vec<(Figure, String)> {
             let from = StepsFit {
                 s_min,
                 b_noise: n.b_simple,
+                rows: d.settings.rows_drawn_from(),
             };
             series.push(Series {
                 label: format!("from noise: B_simple {:.0} (predicted)", n.b_simple),
@@ -639,6 +640,7 @@ mod tests {
                 curve: StepsCurve {
                     s_min: 50.0,
                     b_noise: 400.0,
+                    rows: None,
                 },
                 source: BasisSource::EndValue {
                     run: NoiseRunAt {

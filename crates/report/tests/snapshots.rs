@@ -170,7 +170,7 @@ fn noise_doc() -> NoiseRun {
         b_simple_high: Some(520.0),
         critical_batch: Some(360),
         history,
-        predictions: batchfit_tune::noise::predict(360.0, &[16, 64, 256, 1024]),
+        predictions: batchfit_tune::noise::predict(360.0, &[16, 64, 256, 1024], None),
         lr_advice: Some(LrAdvice {
             rule: LrRule::Sqrt,
             source: LrRule::Sqrt.source(),

@@ -8,7 +8,7 @@ use crate::diagnose::StepPoint;
 use crate::lr::{LrRule, scale};
 use crate::step_times::{REPEATABILITY, local_line, smoothed};
 pub use crate::step_times::{smoothed_step_times, step_time_line};
-use crate::target::{TrainingOption, updates_vs_min};
+use crate::target::{TrainingOption, noise_batch, updates_vs_min};
 use serde::Serialize;
 use serde::ser::{SerializeMap, Serializer};
 
@@ -185,6 +185,19 @@ fn nearest_tied(tied: &[u64], optimum: f64) -> Option<u64> {
         .min_by(|&a, &b| distance(a).total_cmp(&distance(b)))
 }
 
+/// The batch where (1 + B_noise (1/B - 1/N)) (fixed + per_sample B), the time
+/// to target of a step-time line on N rows, is least: B* = sqrt(B_noise fixed
+/// / (per_sample (1 - B_noise/N))), sqrt(B_noise fixed / per_sample) on
+/// unlimited data. Where B_noise reaches N the time falls all the way to a
+/// full batch: B* = N.
+fn optimum_batch(b_noise: f64, fixed: f64, per_sample: f64, rows: Option<f64>) -> f64 {
+    let share = rows.map_or(1.0, |n| 1.0 - b_noise / n);
+    match rows {
+        Some(n) if share <= 0.0 => n,
+        _ => (b_noise * fixed / (per_sample * share)).sqrt(),
+    }
+}
+
 /// The tied powers of two, or every tied batch where none is one.
 fn ladder_of(tied: &[u64]) -> Vec<u64> {
     let ladder: Vec<u64> = tied
@@ -199,14 +212,26 @@ fn ladder_of(tied: &[u64]) -> Vec<u64> {
     }
 }
 
+/// Updates to target at `batch` relative to S_min, for batches drawn from
+/// `rows` training rows ([`noise_batch`]).
+fn vs_min(b_noise: f64, batch: u64, rows: Option<f64>) -> f64 {
+    updates_vs_min(b_noise, noise_batch(batch as f64, rows))
+}
+
 /// The tied batch (among the tied powers of two where there are any) whose
 /// measured time to target at B_noise, (1 + B_noise/B) x step, is lowest,
 /// when it is lower than `near`'s beyond both step times' errors (the ratio's
 /// upper one-sided 95 % bound below 1); `None` when no measurement
 /// contradicts `near`.
-fn measured_faster(points: &[StepPoint], tied: &[u64], near: u64, b_noise: f64) -> Option<u64> {
+fn measured_faster(
+    points: &[StepPoint],
+    tied: &[u64],
+    near: u64,
+    b_noise: f64,
+    rows: Option<f64>,
+) -> Option<u64> {
     let point = |b: u64| points.iter().find(|q| q.batch == b);
-    let time = |q: &StepPoint| updates_vs_min(b_noise, q.batch as f64) * q.step_s;
+    let time = |q: &StepPoint| vs_min(b_noise, q.batch, rows) * q.step_s;
     let err = |q: &StepPoint| {
         if q.rel_err.is_finite() {
             q.rel_err.max(REPEATABILITY)
@@ -249,12 +274,17 @@ fn straddled(tied: &[u64], optimum: f64, low: f64, high: Option<f64>) -> Option<
 
 /// Of two batches, the one whose measured step time gives the lower time to
 /// target at B_noise; `None` where either was not measured.
-fn measured_fastest_of(points: &[StepPoint], pair: (u64, u64), b_noise: f64) -> Option<u64> {
+fn measured_fastest_of(
+    points: &[StepPoint],
+    pair: (u64, u64),
+    b_noise: f64,
+    rows: Option<f64>,
+) -> Option<u64> {
     let time = |b: u64| {
         points
             .iter()
             .find(|q| q.batch == b)
-            .map(|q| updates_vs_min(b_noise, b as f64) * q.step_s)
+            .map(|q| vs_min(b_noise, b, rows) * q.step_s)
     };
     let (a, b) = (time(pair.0)?, time(pair.1)?);
     Some(if b < a { pair.1 } else { pair.0 })
@@ -290,6 +320,10 @@ pub struct DeviceEvidence<'a> {
     /// predicted ([`crate::stability::unreached_to`]): only larger batches
     /// are recommended.
     pub rate_unreached_to: Option<u64>,
+    /// The training rows each epoch's batches are drawn from without
+    /// replacement ([`noise_batch`]); `None`: unlimited (a user's script that
+    /// does not say).
+    pub rows: Option<f64>,
 }
 
 /// The noise scale with its 90 % band.
@@ -332,7 +366,7 @@ const BAND_STEPS: usize = 16;
 /// 128: 1.69 to 1.76 in five runs); where the probe measured how far two
 /// processes stray, the errors include that already
 /// ([`crate::probe::DeviceProbe::step_points`]). Ascending.
-pub fn tied_batches(options: &[(u64, f64, f64)], band: NoiseBand) -> Vec<u64> {
+pub fn tied_batches(options: &[(u64, f64, f64)], band: NoiseBand, rows: Option<f64>) -> Vec<u64> {
     let rel = |e: f64| {
         if e.is_finite() {
             e.clamp(REPEATABILITY, 1.0)
@@ -345,7 +379,7 @@ pub fn tied_batches(options: &[(u64, f64, f64)], band: NoiseBand) -> Vec<u64> {
     let across = (0..=BAND_STEPS).map(|i| low * (high / low).powf(i as f64 / BAND_STEPS as f64));
     let mut tied: Vec<u64> = Vec::new();
     for bn in across.chain([band.b_noise]) {
-        let time = |o: &(u64, f64, f64)| updates_vs_min(bn, o.0 as f64) * o.1;
+        let time = |o: &(u64, f64, f64)| vs_min(bn, o.0, rows) * o.1;
         let Some(best) = options.iter().min_by(|a, b| time(a).total_cmp(&time(b))) else {
             return tied;
         };
@@ -409,28 +443,30 @@ pub fn recommend(
                 .copied()
                 .collect();
             let (times, line) = smoothed(&fitting);
-            tied = tied_batches(&times, band);
+            tied = tied_batches(&times, band, e.rows);
             // Within the tie, the batch nearest the optimum of the fitted curve,
             // (1 + B_noise/B)(fixed + per_sample B): B* = sqrt(B_noise fixed / per_sample).
             // Where the whole curve is not a line (per-step overheads at tiny
             // batches bend it), the line through the tied batches' neighbourhood.
-            let optimum = line
+            let fitted_line = line
                 .or_else(|| local_line(&fitting, &tied))
-                .filter(|(f, p)| *f > 0.0 && *p > 0.0)
-                .map(|(f, p)| (bn * f / p).sqrt());
+                .filter(|(f, p)| *f > 0.0 && *p > 0.0);
+            let optimum_at =
+                |b_noise: f64| fitted_line.map(|(f, p)| optimum_batch(b_noise, f, p, e.rows));
+            let optimum = optimum_at(bn);
             let mut tie_break = TieBreak::Smallest;
             if let Some((opt, near)) =
                 optimum.and_then(|opt| nearest_tied(&tied, opt).map(|near| (opt, near)))
             {
-                // B* = sqrt(B_noise fixed / per_sample) moves with the square
-                // root of B_noise across its band.
+                // B* moves with B_noise across its band (as its square root
+                // on unlimited data).
                 let (low, high) = (
-                    opt * (band.low / bn).sqrt(),
-                    band.high.map(|h| opt * (h / bn).sqrt()),
+                    optimum_at(band.low).unwrap_or(opt),
+                    band.high.and_then(optimum_at),
                 );
                 let midpoint = straddled(&tied, opt, low, high)
-                    .and_then(|pair| measured_fastest_of(&fitting, pair, bn));
-                let named = match (measured_faster(&fitting, &tied, near, bn), midpoint) {
+                    .and_then(|pair| measured_fastest_of(&fitting, pair, bn, e.rows));
+                let named = match (measured_faster(&fitting, &tied, near, bn, e.rows), midpoint) {
                     (Some(faster), _) => {
                         tie_break = TieBreak::Measured { optimum: opt };
                         faster
@@ -451,8 +487,7 @@ pub fn recommend(
                 tied.retain(|&b| b != named);
                 tied.insert(0, named);
             }
-            let time =
-                |o: &TrainingOption| updates_vs_min(bn, o.micro_batch as f64) * o.micro_step_s;
+            let time = |o: &TrainingOption| vs_min(bn, o.micro_batch, e.rows) * o.micro_step_s;
             let fastest = options
                 .iter()
                 .filter(|o| candidate(o.micro_batch))

@@ -162,7 +162,7 @@ impl PredictionBasis {
             self.b_noise_run = Some(self.b_noise_run.unwrap_or(self.curve.b_noise));
         }
         let b_noise = b_noise.unwrap_or(self.curve.b_noise);
-        self.curve = StepsCurve::through(anchor, at, b_noise);
+        self.curve = StepsCurve::through(anchor, at, b_noise, self.curve.rows);
         self.reference_updates = reference.or(self.reference_updates);
         self
     }
@@ -354,7 +354,9 @@ pub fn prediction_basis_to(
         lr: n.lr,
     };
     let preconditioned = n.history.iter().any(|r| r.g2_raw_preconditioned.is_some());
-    let (curve, source) = match trajectory(&points, &losses, n.b_big as f64, target) {
+    // The run drew its batches from these rows, as the trainings it predicts do.
+    let rows = Some(n.rows as f64).filter(|r| *r > 0.0);
+    let (curve, source) = match trajectory(&points, &losses, n.b_big as f64, rows, target) {
         Some(t) => (
             t.curve(),
             BasisSource::Stretches {
@@ -369,7 +371,7 @@ pub fn prediction_basis_to(
         None => {
             let b = n.b_simple?;
             (
-                StepsCurve::through(n.steps as f64, n.b_big as f64, b),
+                StepsCurve::through(n.steps as f64, n.b_big as f64, b, rows),
                 BasisSource::EndValue {
                     run,
                     updates: n.steps as f64,
@@ -435,6 +437,7 @@ mod tests {
             curve: StepsCurve {
                 s_min: 50.0,
                 b_noise: 200.0,
+                rows: Some(1000.0),
             },
             source: BasisSource::EndValue {
                 run: NoiseRunAt {

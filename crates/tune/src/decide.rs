@@ -190,6 +190,11 @@ pub fn decide(e: &Evidence) -> Decision {
         .map(|b| b.curve.b_noise)
         .or(noise.and_then(|n| n.b_simple));
     let band = noise_band(e.measured, noise, basis.as_ref(), b_noise);
+    // The rows batches are drawn from without replacement, as S(B) counts them.
+    let rows = match &basis {
+        Some(b) => b.curve.rows,
+        None => noise.map(|n| n.rows as f64).filter(|r| *r > 0.0),
+    };
     let mut recommendations = Vec::new();
     let mut options = Vec::new();
     let mut findings: Vec<Finding> = Vec::new();
@@ -237,6 +242,7 @@ pub fn decide(e: &Evidence) -> Decision {
                 },
                 rate_failed_from: e.rate_failed_from,
                 rate_unreached_to: e.rate_unreached_to,
+                rows,
             },
             band,
             LrAdviceInput {
@@ -264,7 +270,7 @@ pub fn decide(e: &Evidence) -> Decision {
     }
     let s_min = basis.as_ref().map(|b| b.curve.s_min);
     let mut time_to_target = b_noise
-        .map(|bn| rank(&options, bn, s_min))
+        .map(|bn| rank(&options, bn, s_min, rows))
         .unwrap_or_default();
     let lr = basis.as_ref().map_or(
         LrScaling {
@@ -320,7 +326,12 @@ fn device_schedules(
                 .map(|q| (q.batch, q.step_s))
                 .collect();
             let smallest = times.first()?.0;
-            let r = ramp(segments, &doubling(smallest, widest), &basis.lr)?;
+            let r = ramp(
+                segments,
+                &doubling(smallest, widest),
+                &basis.lr,
+                basis.curve.rows,
+            )?;
             let best = table
                 .iter()
                 .filter(|t| t.option.device == p.device)
@@ -337,7 +348,8 @@ fn device_schedules(
 fn steps_band(basis: &PredictionBasis, band: NoiseBand, batch: u64) -> Option<(f64, f64)> {
     let run = basis.run()?;
     let anchor = basis.curve.steps(run.batch as f64);
-    let at = |bn: f64| StepsCurve::through(anchor, run.batch as f64, bn).steps(batch as f64);
+    let rows = basis.curve.rows;
+    let at = |bn: f64| StepsCurve::through(anchor, run.batch as f64, bn, rows).steps(batch as f64);
     let (a, b) = (at(band.low), at(band.high?));
     Some((a.min(b), a.max(b)))
 }
@@ -543,9 +555,11 @@ mod tests {
             .collect();
         let (gpu, cpu) = (DeviceSpec::Cuda(0), DeviceSpec::Cpu);
         assert_eq!(order, [(gpu, 25, 1), (gpu, 25, 10), (cpu, 250, 1)]);
-        // (1 + 250/25) x 10 ms = 110 ms; x10 accumulation: 2 x 100 ms = 200 ms; CPU 2 x 400 ms.
-        assert!((d.time_to_target[1].vs_best - 200.0 / 110.0).abs() < 1e-9);
-        assert!((d.time_to_target[2].vs_best - 800.0 / 110.0).abs() < 1e-9);
+        // Batches of the run's 1,000 rows, 1 + 250 (1/B - 1/1000): (1 + 10 -
+        // 0.25) x 10 ms = 107.5 ms; x10 accumulation: 1.75 x 100 ms = 175 ms;
+        // CPU 1.75 x 400 ms.
+        assert!((d.time_to_target[1].vs_best - 175.0 / 107.5).abs() < 1e-9);
+        assert!((d.time_to_target[2].vs_best - 700.0 / 107.5).abs() < 1e-9);
         let gpu = &d.recommendations[0];
         assert_eq!(gpu.recommended_batch, Some(25));
         assert_eq!(gpu.accumulation.as_ref().map(|a| a.steps), Some(10));

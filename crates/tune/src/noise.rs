@@ -211,14 +211,21 @@ pub struct BatchPrediction {
     pub samples_vs_min: f64,
 }
 
-/// Predictions for each batch.
-pub fn predict(b_noise: f64, batches: &[u64]) -> Vec<BatchPrediction> {
+/// Predictions for each batch, its batches drawn from `rows` training rows
+/// without replacement ([`crate::target::noise_batch`]; `None`: unlimited):
+/// S(B) / S_min = 1 + B_noise (1/B - 1/N), and the samples B S(B) over their
+/// small-batch limit S_min B_noise, 1 + B (1/B_noise - 1/N).
+pub fn predict(b_noise: f64, batches: &[u64], rows: Option<f64>) -> Vec<BatchPrediction> {
     batches
         .iter()
-        .map(|&b| BatchPrediction {
-            batch: b,
-            steps_vs_min: crate::target::updates_vs_min(b_noise, b as f64),
-            samples_vs_min: 1.0 + b as f64 / b_noise,
+        .map(|&b| {
+            let steps_vs_min =
+                crate::target::updates_vs_min(b_noise, crate::target::noise_batch(b as f64, rows));
+            BatchPrediction {
+                batch: b,
+                steps_vs_min,
+                samples_vs_min: steps_vs_min * b as f64 / b_noise,
+            }
         })
         .collect()
 }
@@ -418,7 +425,9 @@ impl NoiseRun {
             b_simple_high: high,
             critical_batch: b_simple.map(critical_batch),
             history,
-            predictions: b_simple.map(|b| predict(b, &batches)).unwrap_or_default(),
+            predictions: b_simple
+                .map(|b| predict(b, &batches, Some(setup.rows as f64).filter(|r| *r > 0.0)))
+                .unwrap_or_default(),
             lr_advice,
         }
     }
@@ -538,11 +547,17 @@ mod tests {
 
     #[test]
     fn predictions_follow_the_formulas() {
-        let p = predict(100.0, &[10, 100, 1000]);
+        let p = predict(100.0, &[10, 100, 1000], None);
         assert_eq!(p[0].steps_vs_min, 11.0);
         assert_eq!(p[1].steps_vs_min, 2.0);
         assert_eq!(p[1].samples_vs_min, 2.0);
         assert_eq!(p[2].samples_vs_min, 11.0);
+        // From 1,000 rows: 1,000 is the full gradient, S_min updates.
+        let p = predict(100.0, &[100, 1000], Some(1000.0));
+        assert!((p[0].steps_vs_min - 1.9).abs() < 1e-12);
+        assert!((p[0].samples_vs_min - 1.9).abs() < 1e-12);
+        assert_eq!(p[1].steps_vs_min, 1.0);
+        assert!((p[1].samples_vs_min - 10.0).abs() < 1e-12);
         assert_eq!(critical_batch(99.6), 100);
     }
 }

@@ -4,6 +4,7 @@
 //! is independent of how many steps each stage takes.
 
 use crate::lr::LrScaling;
+use crate::target::{noise_batch, updates_vs_min};
 use crate::trajectory::Segment;
 use serde::{Deserialize, Serialize};
 
@@ -111,8 +112,14 @@ pub fn noise_so_far(segments: &[Segment]) -> Vec<f64> {
 /// doubles (between powers of two) once the noise scale has grown past twice
 /// the batch. A stretch needs ΔS_min,i (1 + B_i / B) updates at batch B
 /// (McCandlish et al. 2018, applied stretch by stretch); its samples are
-/// those updates times B.
-pub fn ramp(segments: &[Segment], batches: &[u64], lr: &LrScaling) -> Option<Ramp> {
+/// those updates times B (noise-effective on `rows` training rows:
+/// [`crate::target::noise_batch`]).
+pub fn ramp(
+    segments: &[Segment],
+    batches: &[u64],
+    lr: &LrScaling,
+    rows: Option<f64>,
+) -> Option<Ramp> {
     let smallest = *batches.first()?;
     let mut stages: Vec<Stage> = Vec::new();
     let (mut stage_steps, mut stage_samples) = (Vec::<f64>::new(), Vec::<f64>::new());
@@ -126,7 +133,7 @@ pub fn ramp(segments: &[Segment], batches: &[u64], lr: &LrScaling) -> Option<Ram
             .max()
             .unwrap_or(smallest);
         current = current.max(fits);
-        let steps = s.s_min * (1.0 + s.b_noise / current as f64);
+        let steps = s.s_min * updates_vs_min(s.b_noise, noise_batch(current as f64, rows));
         let samples = steps * current as f64;
         match stages.last() {
             Some(last) if last.batch == current => {
@@ -159,12 +166,13 @@ pub fn ramp(segments: &[Segment], batches: &[u64], lr: &LrScaling) -> Option<Ram
 
 /// Predicted updates and samples of `schedule` over a run's stretches: each
 /// stretch at the batch in force where it starts (in samples seen),
-/// ΔS_min,i (1 + B_i / B) updates. A fixed batch gets [`crate::trajectory::Trajectory::steps`].
-pub fn predict(schedule: &Schedule, segments: &[Segment]) -> (f64, f64) {
+/// ΔS_min,i (1 + B_i / B) updates, B noise-effective on `rows`. A fixed
+/// batch gets [`crate::trajectory::Trajectory::steps`].
+pub fn predict(schedule: &Schedule, segments: &[Segment], rows: Option<f64>) -> (f64, f64) {
     let (mut steps, mut samples) = (0.0f64, 0.0f64);
     for s in segments {
         let b = schedule.at(samples.round() as u64).batch as f64;
-        let n = s.s_min * (1.0 + s.b_noise / b);
+        let n = s.s_min * updates_vs_min(s.b_noise, noise_batch(b, rows));
         steps += n;
         samples += n * b;
     }
@@ -308,7 +316,7 @@ mod tests {
         // So far: 40, 70, 260, 200, 680.
         let so_far = noise_so_far(&segments);
         assert!((so_far[2] - 260.0).abs() < 1e-9 && (so_far[4] - 680.0).abs() < 1e-9);
-        let r = ramp(&segments, &batches, &LR).unwrap();
+        let r = ramp(&segments, &batches, &LR, None).unwrap();
         let b: Vec<u64> = r.schedule.stages.iter().map(|s| s.batch).collect();
         // 40 -> 32; 70 -> 64; 260 -> 256; 200 stays at 256; 680 -> 512.
         assert_eq!(b, [32, 64, 256, 512]);
@@ -331,10 +339,10 @@ mod tests {
         assert_eq!(r.schedule.at(0).batch, 32);
         assert_eq!(r.schedule.at(u64::MAX).batch, 512);
         // Predicting the ramp's own schedule gives back its steps and samples.
-        let (steps, samples) = predict(&r.schedule, &segments);
+        let (steps, samples) = predict(&r.schedule, &segments, None);
         assert!((steps - r.steps).abs() < 1e-6 && (samples - r.samples).abs() < 1e-3);
         // A fixed batch: the sum of the stretches at that batch.
-        let (fixed, _) = predict(&Schedule::fixed(64, 1e-3), &segments);
+        let (fixed, _) = predict(&Schedule::fixed(64, 1e-3), &segments, None);
         let want: f64 = segments
             .iter()
             .map(|s| s.s_min * (1.0 + s.b_noise / 64.0))
@@ -346,7 +354,7 @@ mod tests {
     fn a_stage_above_the_largest_batch_accumulates() {
         // So far: 40, then (400 + 17,600) / 20 = 900.
         let segments = [seg(10.0, 40.0), seg(10.0, 1760.0)];
-        let r = ramp(&segments, &doubling(32, 900.0), &LR).unwrap();
+        let r = ramp(&segments, &doubling(32, 900.0), &LR, None).unwrap();
         let b: Vec<u64> = r.schedule.stages.iter().map(|s| s.batch).collect();
         assert_eq!(b, [32, 512]);
         let times = [(32, 0.001), (64, 0.0015), (128, 0.0025)];

@@ -12,7 +12,7 @@
 
 use crate::basis::PredictionBasis;
 use crate::lr::{LrRule, LrScaling};
-use crate::target::b_noise_on_grid;
+use crate::target::{StepsCurve, b_noise_on_grid, noise_batch};
 use serde::Serialize;
 
 /// A check trains for at most this many times its predicted updates (and at
@@ -369,18 +369,19 @@ pub fn checked_b_noise(
         return None;
     }
     let (br, s_run) = (run.batch as f64, basis.curve.steps(run.batch as f64));
+    let rows = basis.curve.rows;
     let misfit = |bn: f64| -> f64 {
         measured
             .iter()
             .map(|p| {
                 let (b, m) = (p.batch as f64, p.measured);
-                let predicted = s_run * (1.0 + bn / b) / (1.0 + bn / br);
+                let predicted = StepsCurve::through(s_run, br, bn, rows).steps(b);
                 // A lower bound weighs only against a curve that predicts fewer
                 // updates. No S(B) through the run predicts more than s_run br / b at
-                // b (its limit as B_noise grows): a bound above that says the batch
-                // trained slower than any noise scale explains, and nothing about
-                // B_noise.
-                let beyond_any_curve = m > s_run * br / b;
+                // b (its limit as B_noise grows; noise-effective batches on a
+                // finite data set): a bound above that says the batch trained
+                // slower than any noise scale explains, and nothing about B_noise.
+                let beyond_any_curve = m > s_run * noise_batch(br, rows) / noise_batch(b, rows);
                 if p.lower_bound && (predicted >= m || beyond_any_curve) {
                     0.0
                 } else {
@@ -436,7 +437,6 @@ pub fn cap_from(lr: &LrScaling, checks: &[RateCheck]) -> Option<u64> {
 mod tests {
     use super::*;
     use crate::basis::{BasisSource, NoiseRunAt};
-    use crate::target::StepsCurve;
 
     fn basis() -> PredictionBasis {
         PredictionBasis {
@@ -451,6 +451,7 @@ mod tests {
             curve: StepsCurve {
                 s_min: 50.0,
                 b_noise: 128.0,
+                rows: None,
             },
             source: BasisSource::EndValue {
                 run: NoiseRunAt {

@@ -15,7 +15,7 @@
 //! sum is again one [`StepsCurve`], so every table that ranks by S(B) takes it
 //! unchanged.
 
-use crate::target::{StepsCurve, updates_vs_min};
+use crate::target::{StepsCurve, noise_batch, updates_vs_min};
 use serde::{Deserialize, Serialize};
 
 /// Measurements in one stretch of the run: the noise scale of a stretch is the
@@ -55,6 +55,9 @@ pub struct Segment {
 pub struct Trajectory {
     /// The batch the run trained at.
     pub run_batch: f64,
+    /// The training rows its batches were drawn from without replacement
+    /// ([`noise_batch`]); `None`: unlimited.
+    pub rows: Option<f64>,
     /// Updates the run took to reach the target.
     pub updates_to_target: f64,
     pub segments: Vec<Segment>,
@@ -77,7 +80,7 @@ impl Trajectory {
     pub fn steps(&self, batch: f64) -> f64 {
         self.segments
             .iter()
-            .map(|s| s.s_min * updates_vs_min(s.b_noise, batch))
+            .map(|s| s.s_min * updates_vs_min(s.b_noise, noise_batch(batch, self.rows)))
             .sum()
     }
 
@@ -88,6 +91,7 @@ impl Trajectory {
         StepsCurve {
             s_min,
             b_noise: weighted / s_min,
+            rows: self.rows,
         }
     }
 }
@@ -137,7 +141,8 @@ fn loss_at(losses: &[(f64, f64)], updates: f64) -> f64 {
 
 /// The stretches of a run at `run_batch`, from its noise measurements
 /// `points` and its evaluated training loss `losses` (updates, loss), up to
-/// where that loss first reaches `target`. `None` when it never does, reaches
+/// where that loss first reaches `target`, its batches drawn from `rows`
+/// training rows (`None`: unlimited). `None` when it never does, reaches
 /// it before any update, or no stretch has positive estimates (the noise
 /// scale is not measurable). A stretch whose summed |G|^2 or tr(Sigma) is not
 /// positive is merged into its neighbour.
@@ -145,8 +150,11 @@ pub fn trajectory(
     points: &[RunPoint],
     losses: &[(f64, f64)],
     run_batch: f64,
+    rows: Option<f64>,
     target: f64,
 ) -> Option<Trajectory> {
+    // The run's noise is its batch's without replacement.
+    let run_noise_batch = noise_batch(run_batch, rows);
     let reached = reach(losses, target)?;
     let start = points.first()?.updates;
     if reached <= start {
@@ -217,13 +225,14 @@ pub fn trajectory(
                 loss_start: loss_at(losses, from),
                 loss_end: loss_at(losses, to),
                 b_noise,
-                s_min: (to - from) / updates_vs_min(b_noise, run_batch),
+                s_min: (to - from) / updates_vs_min(b_noise, run_noise_batch),
             }
         })
         .collect();
-    let b_noise_band = band(points, &bounds, &updates_at, run_batch);
+    let b_noise_band = band(points, &bounds, &updates_at, run_noise_batch);
     Some(Trajectory {
         run_batch,
+        rows,
         updates_to_target: reached - start,
         segments,
         b_noise_band,
@@ -254,7 +263,7 @@ fn band(
     points: &[RunPoint],
     bounds: &[(usize, usize)],
     updates_at: &dyn Fn(usize) -> f64,
-    run_batch: f64,
+    run_noise_batch: f64,
 ) -> (f64, f64) {
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
@@ -274,7 +283,7 @@ fn band(
                     return f64::INFINITY;
                 }
                 let b_i = tr / g2;
-                let ds = (updates_at(b) - updates_at(a)) / updates_vs_min(b_i, run_batch);
+                let ds = (updates_at(b) - updates_at(a)) / updates_vs_min(b_i, run_noise_batch);
                 s_min += ds;
                 weighted += ds * b_i;
             }
@@ -312,7 +321,7 @@ mod tests {
             .map(|j| (10.0 * j as f64, 2.0 - 0.1 * j as f64))
             .collect();
         // 0.25 lies halfway between the evaluations at 170 (0.3) and 180 (0.2).
-        let t = trajectory(&points, &losses, run_batch, 0.25).unwrap();
+        let t = trajectory(&points, &losses, run_batch, None, 0.25).unwrap();
         assert!(
             (t.updates_to_target - 175.0).abs() < 1e-9,
             "{}",
@@ -328,10 +337,37 @@ mod tests {
         // The run's own batch gets exactly the run's updates back.
         assert!((t.steps(run_batch) - 175.0).abs() < 1e-9);
         // The end value alone overstates the steps of small batches.
-        let end_only = StepsCurve::through(175.0, run_batch, 400.0);
+        let end_only = StepsCurve::through(175.0, run_batch, 400.0, None);
         assert!(end_only.steps(16.0) > 1.2 * t.steps(16.0));
         assert!((t.segments[0].loss_start - 2.0).abs() < 1e-12);
         assert!((t.segments.last().unwrap().loss_end - 0.25).abs() < 1e-9);
+    }
+
+    /// On a finite data set the run's batch was less noisy than with
+    /// replacement: each stretch's S_min is counted with the noise-effective
+    /// batch, the run's own updates come back at its batch, and a batch of
+    /// all the rows needs S_min exactly (no noise left).
+    #[test]
+    fn a_finite_data_set_counts_the_batch_without_replacement() {
+        let (run_batch, rows) = (64.0, 256.0);
+        let points = run(200, |_| 100.0, |_| 1.0);
+        let losses: Vec<(f64, f64)> = (0..=20)
+            .map(|j| (10.0 * j as f64, 2.0 - 0.1 * j as f64))
+            .collect();
+        let t = trajectory(&points, &losses, run_batch, Some(rows), 0.25).unwrap();
+        // B_noise 100 at 64 of 256 rows: 1 + 100 (1/64 - 1/256) = 2.171875.
+        let s_min = 175.0 / (1.0 + 100.0 * (1.0 / 64.0 - 1.0 / 256.0));
+        assert!((t.curve().s_min - s_min).abs() < 1e-9);
+        assert!((t.steps(run_batch) - 175.0).abs() < 1e-9);
+        assert!((t.curve().steps(run_batch) - 175.0).abs() < 1e-9);
+        assert!((t.curve().steps(rows) - s_min).abs() < 1e-9);
+        let at_128 = s_min * (1.0 + 100.0 * (1.0 / 128.0 - 1.0 / 256.0));
+        assert!((t.curve().steps(128.0) - at_128).abs() < 1e-9);
+        // Doubling from 64 to 128 saves more than 1 + B_noise/B allows (2x at most).
+        let unlimited = trajectory(&points, &losses, run_batch, None, 0.25).unwrap();
+        let saved = |t: &Trajectory| t.steps(64.0) / t.steps(128.0);
+        assert!(saved(&t) > saved(&unlimited));
+        assert!(saved(&t) > 1.5 && saved(&unlimited) < 1.5);
     }
 
     #[test]
@@ -343,13 +379,13 @@ mod tests {
             |i| if (20..40).contains(&i) { -0.5 } else { 1.0 },
         );
         let losses = [(0.0, 1.0), (50.0, 0.5), (59.0, 0.45)];
-        let t = trajectory(&points, &losses, 64.0, 0.5).unwrap();
+        let t = trajectory(&points, &losses, 64.0, None, 0.5).unwrap();
         assert_eq!(t.segments.len(), 2);
         assert_eq!(t.segments[0].updates, 40.0);
         assert!((t.segments[0].b_noise - 2000.0 / 10.0).abs() < 1e-9);
         assert!((t.steps(64.0) - t.updates_to_target).abs() < 1e-9);
-        assert!(trajectory(&points, &losses, 64.0, 0.1).is_none());
-        assert!(trajectory(&points, &losses, 64.0, 5.0).is_none());
+        assert!(trajectory(&points, &losses, 64.0, None, 0.1).is_none());
+        assert!(trajectory(&points, &losses, 64.0, None, 5.0).is_none());
     }
 
     /// A plateau: the last stretch's |G|^2 scatters around zero (its ratio would
@@ -377,7 +413,7 @@ mod tests {
             })
             .collect();
         let losses = [(0.0, 2.0), (59.0, 0.5)];
-        let t = trajectory(&points, &losses, 64.0, 0.5).unwrap();
+        let t = trajectory(&points, &losses, 64.0, None, 0.5).unwrap();
         assert_eq!(t.segments.len(), 2, "{:?}", t.segments);
         assert_eq!(
             t.segments[1].updates, 39.0,
@@ -409,7 +445,7 @@ mod tests {
             })
             .collect();
         let losses = [(0.0, 2.0), (59.0, 0.5)];
-        let t = trajectory(&points, &losses, 64.0, 0.5).unwrap();
+        let t = trajectory(&points, &losses, 64.0, None, 0.5).unwrap();
         assert_eq!(t.segments.len(), 3, "{:?}", t.segments);
     }
 
@@ -424,7 +460,7 @@ mod tests {
             })
             .collect();
         let losses = [(0.0, 1.0), (500.0, 0.5)];
-        let t = trajectory(&points, &losses, 64.0, 0.75).unwrap();
+        let t = trajectory(&points, &losses, 64.0, None, 0.75).unwrap();
         assert_eq!(t.updates_to_target, 250.0);
         // B_noise 64 at the run's own batch 64: half the updates are the minimum.
         assert!((t.curve().s_min - 125.0).abs() < 1e-9);

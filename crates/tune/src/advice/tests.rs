@@ -26,6 +26,7 @@ fn evidence<'a>(points: &'a [StepPoint], max: Option<u64>) -> DeviceEvidence<'a>
         noise_hint: NoiseHint::GiveData,
         rate_failed_from: None,
         rate_unreached_to: None,
+        rows: None,
     }
 }
 
@@ -54,7 +55,7 @@ fn with_a_noise_scale_the_fastest_predicted_time_wins() {
     assert_eq!(rec.recommended_batch, Some(256));
     assert_eq!(options.len(), 4);
     assert!(rec.accumulation.is_none());
-    let table = rank(&options, 400.0, None);
+    let table = rank(&options, 400.0, None, None);
     assert_eq!(table[0].option.micro_batch, 256);
     assert!(
         (table[1].vs_best - 11.89 / 9.1225).abs() < 1e-2,
@@ -417,12 +418,36 @@ fn a_batch_fastest_inside_the_band_is_tied() {
         low: 50.0,
         high: Some(20_000.0),
     };
-    assert_eq!(tied_batches(&options, band), vec![128, 512, 2048]);
+    assert_eq!(tied_batches(&options, band, None), vec![128, 512, 2048]);
 }
 
 #[test]
 fn exact_measurements_tie_only_at_equal_times() {
     let pts = [(64u64, 1e-3, 0.0), (128, 1.5e-3, 0.0), (256, 3.0e-3, 0.0)];
     // B_noise 128: 64: 3 x 1 = 3.0; 128: 2 x 1.5 = 3.0; 256: 1.5 x 3 = 4.5.
-    assert_eq!(tied_batches(&pts, NoiseBand::exact(128.0)), vec![64, 128]);
+    assert_eq!(
+        tied_batches(&pts, NoiseBand::exact(128.0), None),
+        vec![64, 128]
+    );
+}
+
+/// On a data set of 1,100 rows a batch of 1,024 is nearly the full gradient:
+/// with B_noise 2,000 it needs 1 + 2000 (1/1024 - 1/1100) = 1.13x S_min, not
+/// the 2.95x of unlimited data, and it wins; on unlimited data 256 is named.
+#[test]
+fn on_a_small_data_set_a_batch_near_all_its_rows_is_counted_as_nearly_noiseless() {
+    let p = one_ms_plus_ten_us_a_sample();
+    let unlimited = recommend(&evidence(&p, None), Some(NoiseBand::exact(2000.0)), ADAM).0;
+    assert_eq!(unlimited.recommended_batch, Some(256));
+    let small = DeviceEvidence {
+        rows: Some(1100.0),
+        ..evidence(&p, None)
+    };
+    let (rec, options) = recommend(&small, Some(NoiseBand::exact(2000.0)), ADAM);
+    assert_eq!(rec.recommended_batch, Some(1024));
+    assert_eq!(rec.tied_batches, vec![1024]);
+    let table = rank(&options, 2000.0, None, Some(1100.0));
+    assert_eq!(table[0].option.micro_batch, 1024);
+    let at_256 = table.iter().find(|t| t.option.micro_batch == 256).unwrap();
+    assert!((at_256.steps_vs_min - (1.0 + 2000.0 * (1.0 / 256.0 - 1.0 / 1100.0))).abs() < 1e-9);
 }

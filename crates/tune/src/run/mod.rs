@@ -260,6 +260,7 @@ pub fn advise_run(
             noise_hint: NoiseHint::PythonHelper,
             rate_failed_from: noise.and_then(|n| failed_from(&n.checks)),
             rate_unreached_to: noise.and_then(|n| unreached_to(&n.checks)),
+            rows: noise.and_then(|n| n.data_rows),
         },
         noise.map(|n| NoiseBand {
             b_noise: n.b_noise,
@@ -284,7 +285,10 @@ pub fn advise_run(
     }
     let model = rate.rate_model(noise.map(|n| n.batch));
     let mut time_to_target: Vec<TimeToTarget> = b_noise
-        .map(|bn| rank_at(&options, bn, noise.and_then(|n| n.s_min), model))
+        .map(|bn| {
+            let rows = noise.and_then(|n| n.data_rows);
+            rank_at(&options, bn, noise.and_then(|n| n.s_min), rows, model)
+        })
         .unwrap_or_default();
     if let RunRate::Handed { scaling, .. } = rate {
         for t in &mut time_to_target {

@@ -10,7 +10,7 @@ use crate::search::TrialReason;
 use crate::stability::{
     CHECK_LIMIT, REFIT_CEILING, RateCheck, RateVerdict, checked_b_noise, judge, mark_no_gain,
 };
-use crate::target::StepsCurve;
+use crate::target::{StepsCurve, noise_batch};
 use crate::trajectory::{RunPoint, Segment, trajectory};
 use crate::trial::{NoiseReport, RunTrial, StepReport, TrialResult};
 use serde::Serialize;
@@ -314,11 +314,22 @@ pub fn noise_of(trials: &[RunTrial], rate: &RunRate) -> (Option<RunNoise>, Optio
         p.updates = 0.0;
     }
     let batch = best.batch as f64;
+    // The rows the helper says the script draws its batches from without
+    // replacement (a shuffled loader's epoch), as `advise` counts S(B).
+    let rows = measurements(&best.reports)
+        .iter()
+        .find_map(|(_, m)| m.finite_rows());
     let traj = target.and_then(|t| {
         // The target is a mean of the curve's own last points: the curve
         // reaches it, whatever the rounding of the sums.
         let curve = t.curve(&best.reports);
-        trajectory(&points, &curve, batch, t.target + 1e-9 * t.target.abs())
+        trajectory(
+            &points,
+            &curve,
+            batch,
+            rows,
+            t.target + 1e-9 * t.target.abs(),
+        )
     });
     let model = rate.rate_model(Some(best.batch));
     let (b_noise, band, method, segments, to_target) = match &traj {
@@ -340,7 +351,7 @@ pub fn noise_of(trials: &[RunTrial], rate: &RunRate) -> (Option<RunNoise>, Optio
     // The other trials are `advise`'s rate checks: each trained at its own
     // batch's rate for the command's steps, so where it reached the target it
     // measured S(B) there, and B_noise is refitted to them as advise does.
-    let curve = StepsCurve::through(to_target, batch, b_noise);
+    let curve = StepsCurve::through(to_target, batch, b_noise, rows);
     let mut checks = match target {
         Some(t) => trial_checks(trials, t, curve, &best.reports, to_target),
         None => Vec::new(),
@@ -368,7 +379,7 @@ pub fn noise_of(trials: &[RunTrial], rate: &RunRate) -> (Option<RunNoise>, Optio
                 .chain([(batch, to_target)])
                 .collect();
             let largest = points.iter().map(|p| p.0).fold(batch, f64::max);
-            StepsCurve::fit(&points, REFIT_CEILING * b_noise.max(largest))
+            StepsCurve::fit(&points, REFIT_CEILING * b_noise.max(largest), rows)
         }
         _ => None,
     };
@@ -406,7 +417,7 @@ pub fn noise_of(trials: &[RunTrial], rate: &RunRate) -> (Option<RunNoise>, Optio
     };
     let s_min = match fitted {
         Some(c) => Some(c.s_min),
-        None => target.map(|_| to_target / model.updates_vs_min(b_noise, batch)),
+        None => target.map(|_| to_target / model.updates_vs_min(b_noise, noise_batch(batch, rows))),
     }
     .filter(|s| *s > 0.0 && s.is_finite());
     let mut per_trial: Vec<(u64, f64)> = per
@@ -423,9 +434,7 @@ pub fn noise_of(trials: &[RunTrial], rate: &RunRate) -> (Option<RunNoise>, Optio
             b_noise_high: band.1.is_finite().then_some(band.1),
             method,
             preconditioned,
-            data_rows: measurements(&best.reports)
-                .iter()
-                .find_map(|(_, m)| m.finite_rows()),
+            data_rows: rows,
             segments,
             steps_to_target: traj.as_ref().map(|t| t.updates_to_target),
             target_on_fixed_rows: target.is_some_and(|t| t.fixed_rows),
@@ -741,7 +750,7 @@ mod tests {
         assert_eq!(check(32).projected_steps, None);
         // Two batches only: the curve is refitted through the noise trial,
         // to the projection's steps at 64.
-        let fitted = StepsCurve::through(to, 128.0, n.b_noise).steps(64.0);
+        let fitted = StepsCurve::through(to, 128.0, n.b_noise, n.data_rows).steps(64.0);
         assert!(
             (fitted / projected - 1.0).abs() < 0.02,
             "{fitted} vs {projected}"

@@ -12,6 +12,7 @@ pub use summary::{
     measured_steps, summarize,
 };
 
+use crate::target::noise_batch;
 use serde::{Deserialize, Serialize};
 
 /// How a training run ended.
@@ -102,16 +103,17 @@ pub fn first_reach(curve: &[CurvePoint], target: f64) -> Option<(f64, f64, f64)>
 /// S_min and B_noise fitted to measured (batch, steps to target): S(B) itself.
 pub type StepsFit = crate::target::StepsCurve;
 
-/// Fits S = S_min + (S_min B_noise) / B, a line in 1/B, by least squares on
+/// Fits S = S_min + (S_min B_noise) / B, a line in 1/B (B noise-effective on
+/// `rows` training rows: [`crate::target::noise_batch`]), by least squares on
 /// relative errors (weights 1/S^2: step counts scatter in proportion to their
 /// size). Needs two distinct batches; `None` when the fit has no positive
 /// S_min or B_noise (steps that do not fall with the batch, or fall faster
 /// than 1/B), which the report says in words.
-pub fn fit_steps(points: &[(f64, f64)]) -> Option<StepsFit> {
+pub fn fit_steps(points: &[(f64, f64)], rows: Option<f64>) -> Option<StepsFit> {
     let pts: Vec<(f64, f64, f64)> = points
         .iter()
         .filter(|p| p.0 > 0.0 && p.1 > 0.0 && p.1.is_finite())
-        .map(|&(b, s)| (1.0 / b, s, 1.0 / (s * s)))
+        .map(|&(b, s)| (1.0 / noise_batch(b, rows), s, 1.0 / (s * s)))
         .collect();
     let distinct = pts.iter().any(|p| (p.0 - pts[0].0).abs() > 1e-15);
     if pts.len() < 2 || !distinct {
@@ -127,17 +129,19 @@ pub fn fit_steps(points: &[(f64, f64)]) -> Option<StepsFit> {
     (s_min > 0.0 && slope > 0.0).then(|| StepsFit {
         s_min,
         b_noise: slope / s_min,
+        rows,
     })
 }
 
 /// S_min for a given B_noise (from `noise`): the weighted least-squares scale
 /// of (1 + B_noise/B) to the measured steps, so a measured noise scale can be
-/// turned into step predictions and checked against the runs.
-pub fn fit_s_min(b_noise: f64, points: &[(f64, f64)]) -> Option<f64> {
+/// turned into step predictions and checked against the runs (batches drawn
+/// from `rows`).
+pub fn fit_s_min(b_noise: f64, points: &[(f64, f64)], rows: Option<f64>) -> Option<f64> {
     // minimise sum ((S_i - a f_i) / S_i)^2 with f_i = 1 + B_noise/B_i.
     let (mut num, mut den) = (0.0, 0.0);
     for &(b, s) in points.iter().filter(|p| p.0 > 0.0 && p.1 > 0.0) {
-        let f = crate::target::updates_vs_min(b_noise, b);
+        let f = crate::target::updates_vs_min(b_noise, noise_batch(b, rows));
         num += f / s;
         den += (f / s).powi(2);
     }
@@ -246,9 +250,12 @@ mod tests {
 
     #[test]
     fn fit_recovers_s_min_and_b_noise_from_noisy_points() {
+        // Batches of distinct rows from 2,000: 1,024 is half the data.
+        let rows = Some(2000.0);
         let truth = StepsFit {
             s_min: 400.0,
             b_noise: 300.0,
+            rows,
         };
         let batches = [16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0];
         let mut points = Vec::new();
@@ -259,22 +266,26 @@ mod tests {
                 points.push((b, s));
             }
         }
-        let fit = fit_steps(&points).unwrap();
+        let fit = fit_steps(&points, rows).unwrap();
         assert!((fit.s_min / truth.s_min - 1.0).abs() < 0.08, "{fit:?}");
         assert!((fit.b_noise / truth.b_noise - 1.0).abs() < 0.15, "{fit:?}");
         // Exact points give the exact answer.
         let exact: Vec<(f64, f64)> = batches.iter().map(|&b| (b, truth.steps(b))).collect();
-        let fit = fit_steps(&exact).unwrap();
+        let fit = fit_steps(&exact, rows).unwrap();
         assert!((fit.s_min - 400.0).abs() < 1e-6 && (fit.b_noise - 300.0).abs() < 1e-6);
-        assert!((fit_s_min(300.0, &exact).unwrap() - 400.0).abs() < 1e-9);
+        assert_eq!(fit.rows, rows);
+        assert!((fit_s_min(300.0, &exact, rows).unwrap() - 400.0).abs() < 1e-9);
+        // Read as unlimited data, the same steps give a different curve.
+        let unlimited = fit_steps(&exact, None).unwrap();
+        assert!((unlimited.b_noise - 300.0).abs() > 10.0, "{unlimited:?}");
     }
 
     #[test]
     fn fit_refuses_what_the_formula_cannot_explain() {
-        assert!(fit_steps(&[(32.0, 100.0)]).is_none());
-        assert!(fit_steps(&[(32.0, 100.0), (32.0, 120.0)]).is_none());
+        assert!(fit_steps(&[(32.0, 100.0)], None).is_none());
+        assert!(fit_steps(&[(32.0, 100.0), (32.0, 120.0)], None).is_none());
         // Steps rising with the batch: no positive B_noise.
-        assert!(fit_steps(&[(32.0, 100.0), (64.0, 150.0)]).is_none());
+        assert!(fit_steps(&[(32.0, 100.0), (64.0, 150.0)], None).is_none());
     }
 
     #[test]

@@ -21,7 +21,8 @@ pub fn schedule_summary(
         .iter()
         .filter(|r| r.device == first && r.record.schedule.is_some())
         .collect();
-    let predicted = segments.map(|s| predict(&schedule, s));
+    let rows = sweep.settings.rows_drawn_from();
+    let predicted = segments.map(|s| predict(&schedule, s, rows));
     let stat = |v: Vec<f64>| (!v.is_empty()).then(|| mean_std(&v));
     let steps: Vec<f64> = of.iter().filter_map(|r| r.steps_to_target).collect();
     let seconds: Vec<f64> = of.iter().filter_map(|r| r.seconds_to_target).collect();
@@ -63,7 +64,7 @@ pub fn schedule_summary(
         predicted_samples: predicted.map(|p| p.1),
         predicted_steps_best_fixed: segments
             .zip(best)
-            .map(|(s, b)| predict(&Schedule::fixed(b, 1.0), s).0),
+            .map(|(s, b)| predict(&Schedule::fixed(b, 1.0), s, rows).0),
         schedule,
         runs: of.len(),
         reached: steps.len(),

@@ -54,6 +54,12 @@ impl SweepSettings {
     pub fn first_device(&self) -> DeviceSpec {
         self.devices.first().copied().unwrap_or(DeviceSpec::Cpu)
     }
+
+    /// The training rows each epoch's batches are drawn from without
+    /// replacement, as S(B) counts them ([`crate::target::noise_batch`]).
+    pub fn rows_drawn_from(&self) -> Option<f64> {
+        (self.train_rows > 0).then_some(self.train_rows as f64)
+    }
 }
 
 /// One run as the report shows it.
@@ -282,12 +288,13 @@ pub fn summarize(
         .iter()
         .filter_map(|r| r.steps_to_target.map(|s| (r.record.batch as f64, s)))
         .collect();
-    let fit = fit_steps(&points);
+    let rows = settings.rows_drawn_from();
+    let fit = fit_steps(&points, rows);
     let noise = noise.map(|(b, low, high)| MeasuredNoise {
         b_simple: b,
         low,
         high: high.is_finite().then_some(high),
-        s_min: fit_s_min(b, &points),
+        s_min: fit_s_min(b, &points, rows),
     });
     let per_batch = per_batch(&settings, &runs, fit.as_ref(), noise.as_ref());
     let groups = |f: fn(&RunRecord) -> Option<f64>| -> Vec<(u64, Vec<f64>)> {
@@ -357,6 +364,7 @@ fn per_batch(
                     StepsCurve {
                         s_min,
                         b_noise: n.b_simple,
+                        rows: settings.rows_drawn_from(),
                     }
                     .steps(b as f64)
                 })
@@ -490,7 +498,8 @@ pub fn measured_steps(
         .filter(|r| !matches!(r.status, RunStatus::Diverged { .. }))
         .filter_map(|r| first_reach(&r.curve, target).map(|(s, _, _)| (r.batch as f64, s)))
         .collect();
-    let curve = fit_steps(&points).ok_or(MeasuredStepsError::NoFit(points.len()))?;
+    let curve = fit_steps(&points, settings.rows_drawn_from())
+        .ok_or(MeasuredStepsError::NoFit(points.len()))?;
     let mut batches: Vec<u64> = points.iter().map(|p| p.0 as u64).collect();
     batches.sort_unstable();
     batches.dedup();
