@@ -218,7 +218,7 @@ pub fn basis_method(b: &PredictionBasis) -> String {
     let method = basis_source(b);
     match b.curve.rows {
         Some(n) => format!(
-            "{method}; B drawn without replacement from the {} training rows, each epoch's batches distinct rows, counts as B N / (N - B) (the noise term is B_noise (1/B - 1/N): a batch of every row has none)",
+            "{method}; each epoch's batches are distinct rows of the N = {} training rows, so B counts as B N / (N - B) (noise term B_noise (1/B - 1/N))",
             crate::thousands(n.round() as u64)
         ),
         None => method,
