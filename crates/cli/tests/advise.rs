@@ -127,6 +127,22 @@ fn gpus_give_time_to_target_across_world_sizes() {
         .map(|r| r["world_size"].as_u64().unwrap())
         .max();
     assert_eq!(w["within_b_noise"].as_u64(), within);
+    // The table's S(B) is the prediction's curve, on the rows it was drawn from.
+    let curve = &doc["prediction"]["curve"];
+    assert_eq!(w["b_noise"].as_f64(), curve["b_noise"].as_f64());
+    let rows = curve["rows"].as_f64().expect("digits' training rows");
+    for r in table {
+        let global = r["global_batch"].as_f64().unwrap();
+        // A global batch of every row has no noise: S_min.
+        let want = 1.0 + b_noise * (1.0 / global - 1.0 / rows).max(0.0);
+        let got = r["updates_vs_min"].as_f64().unwrap();
+        assert!(
+            (got - want).abs() < 1e-9 * want,
+            "{got} against {want} at {global}"
+        );
+        let steps = curve["s_min"].as_f64().unwrap() * want;
+        assert!((r["updates"].as_f64().unwrap() - steps).abs() < 1e-6 * steps);
+    }
 
     let out = common::batchfit()
         .args(["advise", "--gpus", "1,2,4,8", "--noise-steps", "50"])

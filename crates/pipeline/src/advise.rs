@@ -17,6 +17,7 @@ use batchfit_tune::decide::{
 };
 use batchfit_tune::lr::{LrRule, LrScaling, scale};
 use batchfit_tune::noise::NoiseRun;
+use batchfit_tune::target::rows_drawn_from;
 use batchfit_tune::world::across_world_sizes;
 use std::time::Instant;
 
@@ -221,11 +222,16 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<Advice> {
     };
     // A run that learned nothing from the inputs has no noise scale to scale out with.
     let learned = decision.learning.is_none_or(|l| l.learned);
-    let world_sizes = match (
-        noise.as_ref().and_then(|n| n.b_simple).filter(|_| learned),
-        probes.first(),
-    ) {
-        (Some(bn), Some(p)) if !cfg.gpus.is_empty() => {
+    // S(B) across world sizes is the time-to-target table's: the prediction's
+    // curve (its S_min belongs to its B_noise), else B_simple relative to S_min.
+    let steps = match &decision.basis {
+        Some(b) => Some((b.curve.b_noise, Some(b.curve.s_min), b.curve.rows)),
+        None => noise
+            .as_ref()
+            .and_then(|n| n.b_simple.map(|bn| (bn, None, rows_drawn_from(n.rows)))),
+    };
+    let world_sizes = match (steps.filter(|_| learned), probes.first()) {
+        (Some((bn, s_min, data_rows)), Some(p)) if !cfg.gpus.is_empty() => {
             let gpu_plan = plan(&graph, &batchfit_plan::distributed::plan_options(&train));
             Some(across_world_sizes(
                 &gpu_plan,
@@ -234,7 +240,8 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<Advice> {
                 cfg.strategy,
                 &cfg.link,
                 bn,
-                decision.s_min,
+                s_min,
+                data_rows,
             ))
         }
         _ => None,

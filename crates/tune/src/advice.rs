@@ -8,7 +8,7 @@ use crate::diagnose::StepPoint;
 use crate::lr::{LrRule, scale};
 use crate::step_times::{REPEATABILITY, local_line, smoothed};
 pub use crate::step_times::{smoothed_step_times, step_time_line};
-use crate::target::{TrainingOption, noise_batch, updates_vs_min};
+use crate::target::{TrainingOption, critical_batch_on, updates_vs_min_on};
 use serde::Serialize;
 use serde::ser::{SerializeMap, Serializer};
 
@@ -212,12 +212,6 @@ fn ladder_of(tied: &[u64]) -> Vec<u64> {
     }
 }
 
-/// Updates to target at `batch` relative to S_min, for batches drawn from
-/// `rows` training rows ([`noise_batch`]).
-fn vs_min(b_noise: f64, batch: u64, rows: Option<f64>) -> f64 {
-    updates_vs_min(b_noise, noise_batch(batch as f64, rows))
-}
-
 /// The tied batch (among the tied powers of two where there are any) whose
 /// measured time to target at B_noise, (1 + B_noise/B) x step, is lowest,
 /// when it is lower than `near`'s beyond both step times' errors (the ratio's
@@ -231,7 +225,7 @@ fn measured_faster(
     rows: Option<f64>,
 ) -> Option<u64> {
     let point = |b: u64| points.iter().find(|q| q.batch == b);
-    let time = |q: &StepPoint| vs_min(b_noise, q.batch, rows) * q.step_s;
+    let time = |q: &StepPoint| updates_vs_min_on(b_noise, q.batch as f64, rows) * q.step_s;
     let err = |q: &StepPoint| {
         if q.rel_err.is_finite() {
             q.rel_err.max(REPEATABILITY)
@@ -284,7 +278,7 @@ fn measured_fastest_of(
         points
             .iter()
             .find(|q| q.batch == b)
-            .map(|q| vs_min(b_noise, b, rows) * q.step_s)
+            .map(|q| updates_vs_min_on(b_noise, b as f64, rows) * q.step_s)
     };
     let (a, b) = (time(pair.0)?, time(pair.1)?);
     Some(if b < a { pair.1 } else { pair.0 })
@@ -321,7 +315,7 @@ pub struct DeviceEvidence<'a> {
     /// are recommended.
     pub rate_unreached_to: Option<u64>,
     /// The training rows each epoch's batches are drawn from without
-    /// replacement ([`noise_batch`]); `None`: unlimited (a user's script that
+    /// replacement ([`noise_batch`](crate::target::noise_batch)); `None`: unlimited (a user's script that
     /// does not say).
     pub rows: Option<f64>,
 }
@@ -379,7 +373,7 @@ pub fn tied_batches(options: &[(u64, f64, f64)], band: NoiseBand, rows: Option<f
     let across = (0..=BAND_STEPS).map(|i| low * (high / low).powf(i as f64 / BAND_STEPS as f64));
     let mut tied: Vec<u64> = Vec::new();
     for bn in across.chain([band.b_noise]) {
-        let time = |o: &(u64, f64, f64)| vs_min(bn, o.0, rows) * o.1;
+        let time = |o: &(u64, f64, f64)| updates_vs_min_on(bn, o.0 as f64, rows) * o.1;
         let Some(best) = options.iter().min_by(|a, b| time(a).total_cmp(&time(b))) else {
             return tied;
         };
@@ -405,7 +399,8 @@ pub struct LrAdviceInput {
 
 /// The recommendation for one device, and its training options for the
 /// time-to-target table (every measured batch that fits, plus the
-/// accumulation option when memory caps the batch below B_noise).
+/// accumulation option when memory caps the batch below the critical batch,
+/// [`critical_batch_on`]).
 ///
 /// With a noise scale, the batch with the lowest predicted time to target,
 /// (1 + B_noise/B) x step time; without one, the knee.
@@ -487,7 +482,9 @@ pub fn recommend(
                 tied.retain(|&b| b != named);
                 tied.insert(0, named);
             }
-            let time = |o: &TrainingOption| vs_min(bn, o.micro_batch, e.rows) * o.micro_step_s;
+            let time = |o: &TrainingOption| {
+                updates_vs_min_on(bn, o.micro_batch as f64, e.rows) * o.micro_step_s
+            };
             let fastest = options
                 .iter()
                 .filter(|o| candidate(o.micro_batch))
@@ -521,14 +518,17 @@ pub fn recommend(
     // Accumulation where memory caps the batch below the critical batch; the
     // largest batch a user listed is not a cap (it may well have room above).
     let capped_by_memory = e.max_batch_source != MaxBatchSource::LargestTried;
-    let accumulation = match (b_noise, e.max_batch) {
-        (Some(bn), Some(m)) if capped_by_memory && (m as f64) < bn => e
+    // The critical batch counts a finite data set's rows: on N rows the
+    // update that is as noisy as B_noise with replacement is B_noise N / (N + B_noise).
+    let critical = b_noise.map(|bn| critical_batch_on(bn, e.rows));
+    let accumulation = match (critical, e.max_batch) {
+        (Some(bc), Some(m)) if capped_by_memory && (m as f64) < bc => e
             .points
             .iter()
             .filter(|q| q.batch <= m)
             .max_by_key(|q| q.batch)
             .map(|q| {
-                let steps = (bn / q.batch as f64).ceil().max(2.0) as u64;
+                let steps = (bc / q.batch as f64).ceil().max(2.0) as u64;
                 options.push(TrainingOption {
                     device: e.device,
                     micro_batch: q.batch,

@@ -355,7 +355,7 @@ pub fn prediction_basis_to(
     };
     let preconditioned = n.history.iter().any(|r| r.g2_raw_preconditioned.is_some());
     // The run drew its batches from these rows, as the trainings it predicts do.
-    let rows = Some(n.rows as f64).filter(|r| *r > 0.0);
+    let rows = crate::target::rows_drawn_from(n.rows);
     let (curve, source) = match trajectory(&points, &losses, n.b_big as f64, rows, target) {
         Some(t) => (
             t.curve(),

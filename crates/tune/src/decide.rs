@@ -193,7 +193,7 @@ pub fn decide(e: &Evidence) -> Decision {
     // The rows batches are drawn from without replacement, as S(B) counts them.
     let rows = match &basis {
         Some(b) => b.curve.rows,
-        None => noise.map(|n| n.rows as f64).filter(|r| *r > 0.0),
+        None => noise.and_then(|n| crate::target::rows_drawn_from(n.rows)),
     };
     let mut recommendations = Vec::new();
     let mut options = Vec::new();
@@ -554,15 +554,17 @@ mod tests {
             .map(|t| (t.option.device, t.option.micro_batch, t.option.accumulation))
             .collect();
         let (gpu, cpu) = (DeviceSpec::Cuda(0), DeviceSpec::Cpu);
-        assert_eq!(order, [(gpu, 25, 1), (gpu, 25, 10), (cpu, 250, 1)]);
-        // Batches of the run's 1,000 rows, 1 + 250 (1/B - 1/1000): (1 + 10 -
-        // 0.25) x 10 ms = 107.5 ms; x10 accumulation: 1.75 x 100 ms = 175 ms;
-        // CPU 1.75 x 400 ms.
-        assert!((d.time_to_target[1].vs_best - 175.0 / 107.5).abs() < 1e-9);
+        // On the run's 1,000 rows the critical batch is 250 x 1000 / 1250 =
+        // 200: 8 x 25 accumulated.
+        assert_eq!(order, [(gpu, 25, 1), (gpu, 25, 8), (cpu, 250, 1)]);
+        // Batches of those rows, 1 + 250 (1/B - 1/1000): (1 + 10 - 0.25) x
+        // 10 ms = 107.5 ms; x8 accumulation: 2 x 80 ms = 160 ms; CPU 1.75 x
+        // 400 ms.
+        assert!((d.time_to_target[1].vs_best - 160.0 / 107.5).abs() < 1e-9);
         assert!((d.time_to_target[2].vs_best - 700.0 / 107.5).abs() < 1e-9);
         let gpu = &d.recommendations[0];
         assert_eq!(gpu.recommended_batch, Some(25));
-        assert_eq!(gpu.accumulation.as_ref().map(|a| a.steps), Some(10));
+        assert_eq!(gpu.accumulation.as_ref().map(|a| a.steps), Some(8));
         assert!(d.findings.iter().all(|f| f.rule() != Rule::AboveCritical));
     }
 

@@ -219,8 +219,7 @@ pub fn predict(b_noise: f64, batches: &[u64], rows: Option<f64>) -> Vec<BatchPre
     batches
         .iter()
         .map(|&b| {
-            let steps_vs_min =
-                crate::target::updates_vs_min(b_noise, crate::target::noise_batch(b as f64, rows));
+            let steps_vs_min = crate::target::updates_vs_min_on(b_noise, b as f64, rows);
             BatchPrediction {
                 batch: b,
                 steps_vs_min,
@@ -426,7 +425,7 @@ impl NoiseRun {
             critical_batch: b_simple.map(critical_batch),
             history,
             predictions: b_simple
-                .map(|b| predict(b, &batches, Some(setup.rows as f64).filter(|r| *r > 0.0)))
+                .map(|b| predict(b, &batches, crate::target::rows_drawn_from(setup.rows)))
                 .unwrap_or_default(),
             lr_advice,
         }

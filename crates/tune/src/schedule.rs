@@ -4,7 +4,7 @@
 //! is independent of how many steps each stage takes.
 
 use crate::lr::LrScaling;
-use crate::target::{noise_batch, updates_vs_min};
+use crate::target::updates_vs_min_on;
 use crate::trajectory::Segment;
 use serde::{Deserialize, Serialize};
 
@@ -133,7 +133,7 @@ pub fn ramp(
             .max()
             .unwrap_or(smallest);
         current = current.max(fits);
-        let steps = s.s_min * updates_vs_min(s.b_noise, noise_batch(current as f64, rows));
+        let steps = s.s_min * updates_vs_min_on(s.b_noise, current as f64, rows);
         let samples = steps * current as f64;
         match stages.last() {
             Some(last) if last.batch == current => {
@@ -172,7 +172,7 @@ pub fn predict(schedule: &Schedule, segments: &[Segment], rows: Option<f64>) -> 
     let (mut steps, mut samples) = (0.0f64, 0.0f64);
     for s in segments {
         let b = schedule.at(samples.round() as u64).batch as f64;
-        let n = s.s_min * updates_vs_min(s.b_noise, noise_batch(b, rows));
+        let n = s.s_min * updates_vs_min_on(s.b_noise, b, rows);
         steps += n;
         samples += n * b;
     }

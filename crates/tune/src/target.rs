@@ -35,6 +35,27 @@ pub fn noise_batch(batch: f64, rows: Option<f64>) -> f64 {
     }
 }
 
+/// [`updates_vs_min`] at a batch of `batch` distinct rows of a data set of
+/// `rows` ([`noise_batch`]; `None`: unlimited): S(B) / S_min = 1 + B_noise (1/B - 1/N).
+pub fn updates_vs_min_on(b_noise: f64, batch: f64, rows: Option<f64>) -> f64 {
+    updates_vs_min(b_noise, noise_batch(batch, rows))
+}
+
+/// The critical batch on `rows` rows: where S(B) = 2 S_min, B_noise N / (N + B_noise)
+/// (B_noise on unlimited data). Past it, doubling the batch saves less than a
+/// third of the updates.
+pub fn critical_batch_on(b_noise: f64, rows: Option<f64>) -> f64 {
+    match rows {
+        Some(n) if n.is_finite() && n > 0.0 => b_noise * n / (n + b_noise),
+        _ => b_noise,
+    }
+}
+
+/// A data set's row count as [`noise_batch`] takes it: none known (0) is unlimited.
+pub fn rows_drawn_from(rows: usize) -> Option<f64> {
+    (rows > 0).then_some(rows as f64)
+}
+
 /// How a training's learning rate follows its batch, as the predicted updates count it.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "code", rename_all = "snake_case")]
@@ -52,13 +73,14 @@ impl RateModel {
     /// gains `2x - x^2 (1 + B_noise/B)` of the best possible; the best rate
     /// at `best_at` is x = 1 / (1 + B_noise/best_at), where this equals the
     /// scaled count. Infinite where that rate is too large for `batch`'s
-    /// noise (the loss is predicted not to fall).
-    pub fn updates_vs_min(self, b_noise: f64, batch: f64) -> f64 {
+    /// noise (the loss is predicted not to fall). Both batches are drawn from
+    /// `rows` ([`noise_batch`]).
+    pub fn updates_vs_min(self, b_noise: f64, batch: f64, rows: Option<f64>) -> f64 {
         match self {
-            RateModel::Scaled => updates_vs_min(b_noise, batch),
+            RateModel::Scaled => updates_vs_min_on(b_noise, batch, rows),
             RateModel::Fixed { best_at } => {
-                let x = 1.0 / updates_vs_min(b_noise, best_at);
-                let gain = 2.0 * x - x * x * updates_vs_min(b_noise, batch);
+                let x = 1.0 / updates_vs_min_on(b_noise, best_at, rows);
+                let gain = 2.0 * x - x * x * updates_vs_min_on(b_noise, batch, rows);
                 if gain > 0.0 {
                     1.0 / gain
                 } else {
@@ -90,13 +112,13 @@ impl StepsCurve {
 
     /// Updates at `batch` relative to S_min.
     pub fn vs_min(&self, batch: f64) -> f64 {
-        updates_vs_min(self.b_noise, noise_batch(batch, self.rows))
+        updates_vs_min_on(self.b_noise, batch, self.rows)
     }
 
     /// The curve through one run that took `steps` updates at `batch`, on `rows`.
     pub fn through(steps: f64, batch: f64, b_noise: f64, rows: Option<f64>) -> StepsCurve {
         StepsCurve {
-            s_min: steps / updates_vs_min(b_noise, noise_batch(batch, rows)),
+            s_min: steps / updates_vs_min_on(b_noise, batch, rows),
             b_noise,
             rows,
         }
@@ -134,14 +156,12 @@ impl StepsCurve {
         let curve = |bn: f64| {
             let log_s_min = points
                 .iter()
-                .map(|&(b, s)| s.ln() - updates_vs_min(bn, noise_batch(b, rows)).ln())
+                .map(|&(b, s)| s.ln() - updates_vs_min_on(bn, b, rows).ln())
                 .sum::<f64>()
                 / n;
             let misfit: f64 = points
                 .iter()
-                .map(|&(b, s)| {
-                    (s.ln() - log_s_min - updates_vs_min(bn, noise_batch(b, rows)).ln()).powi(2)
-                })
+                .map(|&(b, s)| (s.ln() - log_s_min - updates_vs_min_on(bn, b, rows).ln()).powi(2))
                 .sum();
             (
                 misfit,
@@ -238,9 +258,8 @@ pub fn rank_at(
     rows: Option<f64>,
     model: RateModel,
 ) -> Vec<TimeToTarget> {
-    let vs_min = |o: &TrainingOption| {
-        model.updates_vs_min(b_noise, noise_batch(o.effective_batch() as f64, rows))
-    };
+    let vs_min =
+        |o: &TrainingOption| model.updates_vs_min(b_noise, o.effective_batch() as f64, rows);
     let mut out: Vec<TimeToTarget> = options
         .iter()
         .filter(|o| vs_min(o).is_finite())
@@ -296,7 +315,8 @@ pub struct ScaleTime {
     pub option: ScaleOption,
     /// World size x micro-batch x accumulation.
     pub global_batch: u64,
-    /// Updates needed relative to the minimum: `1 + B_noise / B_global`.
+    /// Updates needed relative to the minimum: `1 + B_noise / B_global`
+    /// (B_global noise-effective on a finite data set, [`noise_batch`]).
     pub updates_vs_min: f64,
     /// Updates needed, when `S_min` is known.
     pub updates: Option<f64>,
@@ -307,16 +327,18 @@ pub struct ScaleTime {
 }
 
 /// Time to target of each option, in the given order: `S(B_global) x update time`, with
-/// S(B) from [`StepsCurve`] (relative to S_min when it is not known).
+/// S(B) from [`StepsCurve`] (relative to S_min when it is not known), the global
+/// batch drawn from `rows` training rows ([`noise_batch`]).
 pub fn time_across_world_sizes(
     options: &[ScaleOption],
     b_noise: f64,
     s_min: Option<f64>,
+    rows: Option<f64>,
 ) -> Vec<ScaleTime> {
     let curve = StepsCurve {
         s_min: s_min.unwrap_or(1.0),
         b_noise,
-        rows: None,
+        rows,
     };
     let mut out: Vec<ScaleTime> = options
         .iter()
@@ -325,10 +347,10 @@ pub fn time_across_world_sizes(
             ScaleTime {
                 option: o.clone(),
                 global_batch: o.global_batch(),
-                updates_vs_min: updates_vs_min(b_noise, b),
+                updates_vs_min: curve.vs_min(b),
                 updates: s_min.map(|_| curve.steps(b)),
                 seconds: s_min.map(|_| curve.seconds(b, o.update_s)),
-                vs_best: updates_vs_min(b_noise, b) * o.update_s,
+                vs_best: curve.vs_min(b) * o.update_s,
             }
         })
         .collect();
@@ -439,10 +461,18 @@ mod tests {
     #[test]
     fn a_fixed_rate_gains_less_above_its_batch_and_fails_far_below() {
         let fixed = RateModel::Fixed { best_at: 32.0 };
-        assert!((fixed.updates_vs_min(96.0, 32.0) - 4.0).abs() < 1e-12);
-        assert!((fixed.updates_vs_min(96.0, 128.0) - 1.0 / 0.390625).abs() < 1e-12);
-        assert!(fixed.updates_vs_min(96.0, 8.0).is_infinite());
-        assert!((RateModel::Scaled.updates_vs_min(96.0, 128.0) - 1.75).abs() < 1e-12);
+        assert!((fixed.updates_vs_min(96.0, 32.0, None) - 4.0).abs() < 1e-12);
+        assert!((fixed.updates_vs_min(96.0, 128.0, None) - 1.0 / 0.390625).abs() < 1e-12);
+        assert!(fixed.updates_vs_min(96.0, 8.0, None).is_infinite());
+        assert!((RateModel::Scaled.updates_vs_min(96.0, 128.0, None) - 1.75).abs() < 1e-12);
+        // On 256 rows both batches are noise-effective: at its own batch the
+        // fixed rate is still the scaled count, 1 + 96 (1/32 - 1/256) = 3.625.
+        let rows = Some(256.0);
+        assert!((fixed.updates_vs_min(96.0, 32.0, rows) - 3.625).abs() < 1e-12);
+        let (x, at_128) = (1.0 / 3.625, 1.0 + 96.0 * (1.0 / 128.0 - 1.0 / 256.0));
+        let want = 1.0 / (2.0 * x - x * x * at_128);
+        assert!((fixed.updates_vs_min(96.0, 128.0, rows) - want).abs() < 1e-12);
+        assert!(want < 1.0 / 0.390625);
         let r = rank_at(
             &[
                 opt("cpu", 8, 1, 1e-3),
@@ -497,6 +527,10 @@ mod tests {
         assert!((noise_batch(64.0, Some(256.0)) - 64.0 * 256.0 / 192.0).abs() < 1e-9);
         assert!(noise_batch(256.0, Some(256.0)).is_infinite());
         assert!(noise_batch(300.0, Some(256.0)).is_infinite());
+        assert_eq!(
+            updates_vs_min_on(256.0, 64.0, Some(256.0)),
+            updates_vs_min(256.0, noise_batch(64.0, Some(256.0)))
+        );
         let c = StepsCurve::through(300.0, 128.0, 256.0, Some(512.0));
         // 1 + 256 (1/128 - 1/512) = 2.5: S_min 120.
         assert!((c.s_min - 120.0).abs() < 1e-9);
@@ -527,6 +561,30 @@ mod tests {
         }
     }
 
+    /// The critical batch is where S(B) = 2 S_min, on finite rows too.
+    #[test]
+    fn the_critical_batch_on_finite_rows_doubles_the_minimum() {
+        assert_eq!(critical_batch_on(300.0, None), 300.0);
+        for (bn, n) in [(300.0, 1_000.0), (2_000.0, 1_100.0), (50.0, 60.0)] {
+            let b = critical_batch_on(bn, Some(n));
+            assert!(b < bn.min(n), "{b} on {n} rows with B_noise {bn}");
+            assert!((updates_vs_min_on(bn, b, Some(n)) - 2.0).abs() < 1e-9);
+        }
+        assert_eq!(rows_drawn_from(0), None);
+        assert_eq!(rows_drawn_from(135), Some(135.0));
+    }
+
+    /// On a finite data set a global batch counts its rows without
+    /// replacement: 8 x 32 of 512 rows is as noisy as 512 drawn with it.
+    #[test]
+    fn world_sizes_count_a_global_batch_of_distinct_rows() {
+        let opts = [scale(1, 32, 1, 1.0), scale(8, 32, 1, 1.0)];
+        let t = time_across_world_sizes(&opts, 1000.0, Some(100.0), Some(512.0));
+        assert!((t[1].updates_vs_min - (1.0 + 1000.0 / 512.0)).abs() < 1e-9);
+        let unlimited = time_across_world_sizes(&opts, 1000.0, Some(100.0), None);
+        assert!(t[1].updates.unwrap() < unlimited[1].updates.unwrap());
+    }
+
     /// B_noise = 1000, S_min = 100, 32 per device, 1 s per update whatever N.
     #[test]
     fn time_across_world_sizes_by_hand() {
@@ -535,7 +593,7 @@ mod tests {
             scale(8, 32, 1, 1.0),
             scale(8, 32, 4, 4.0),
         ];
-        let t = time_across_world_sizes(&opts, 1000.0, Some(100.0));
+        let t = time_across_world_sizes(&opts, 1000.0, Some(100.0), None);
         // N = 1: B = 32, S = 100 x (1 + 31.25) = 3225 s. N = 8: B = 256, S = 100 x 4.90625.
         assert_eq!(t[1].global_batch, 256);
         assert!((t[0].seconds.unwrap() - 3225.0).abs() < 1e-9);
@@ -545,7 +603,7 @@ mod tests {
         assert!((t[1].vs_best - 1.0).abs() < 1e-12);
         assert!((t[0].vs_best - 3225.0 / 490.625).abs() < 1e-9);
         // Without S_min: only ratios.
-        let r = time_across_world_sizes(&opts, 1000.0, None);
+        let r = time_across_world_sizes(&opts, 1000.0, None, None);
         assert_eq!(r[0].seconds, None);
         assert!((r[0].vs_best - t[0].vs_best).abs() < 1e-12);
     }
@@ -560,7 +618,7 @@ mod tests {
             .iter()
             .map(|&n| scale(n, 32, 1, 1.0))
             .collect();
-        let t = time_across_world_sizes(&opts, b_noise, None);
+        let t = time_across_world_sizes(&opts, b_noise, None, None);
         let l = scaling_limit(&t).unwrap();
         // Doubling from B to 2B: e = log2((1 + b/B) / (1 + b/2B)). From 32 x 16 = 512 to 1024:
         // (1 + 2) / (1 + 1) = 1.5, e = 0.585 (pays); from 1024 to 2048: 2 / 1.5, e = 0.415.
@@ -577,7 +635,7 @@ mod tests {
             scale(2, 16, 1, 1.0),
             scale(4, 16, 1, 1.8),
         ];
-        let t = time_across_world_sizes(&opts, 1e6, None);
+        let t = time_across_world_sizes(&opts, 1e6, None, None);
         // Far below B_noise the updates halve per doubling; 1 -> 2 pays (e = 1), 2 -> 4:
         // T falls by 2 / 1.8, e = log2(1.111) = 0.152.
         let l = scaling_limit(&t).unwrap();
@@ -586,7 +644,7 @@ mod tests {
             l.fastest_world_size, 4,
             "still fastest, at 1.8x the device-hours for 1.1x the speed"
         );
-        let perfect = time_across_world_sizes(&opts[..2], 1e6, None);
+        let perfect = time_across_world_sizes(&opts[..2], 1e6, None, None);
         assert_eq!(scaling_limit(&perfect).unwrap().stop_after, None);
         assert_eq!(scaling_limit(&[]), None);
     }

@@ -15,7 +15,7 @@
 //! sum is again one [`StepsCurve`], so every table that ranks by S(B) takes it
 //! unchanged.
 
-use crate::target::{StepsCurve, noise_batch, updates_vs_min};
+use crate::target::{StepsCurve, noise_batch, updates_vs_min, updates_vs_min_on};
 use serde::{Deserialize, Serialize};
 
 /// Measurements in one stretch of the run: the noise scale of a stretch is the
@@ -80,7 +80,7 @@ impl Trajectory {
     pub fn steps(&self, batch: f64) -> f64 {
         self.segments
             .iter()
-            .map(|s| s.s_min * updates_vs_min(s.b_noise, noise_batch(batch, self.rows)))
+            .map(|s| s.s_min * updates_vs_min_on(s.b_noise, batch, self.rows))
             .sum()
     }
 

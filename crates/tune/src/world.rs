@@ -31,7 +31,9 @@ pub struct WorldSizes {
 
 /// The world sizes `gpus` of devices like `device`, whose model states are
 /// planned by `gpu_plan` (the data-parallel runtime's plan) and sharded by
-/// `strategy` over `link`.
+/// `strategy` over `link`, with S(B) = `s_min` (1 + `b_noise` (1/B - 1/N)) on
+/// N = `data_rows` (relative to S_min where `s_min` is not known).
+#[allow(clippy::too_many_arguments)] // the world (plan, device, sizes, strategy, link) and S(B)'s three numbers
 pub fn across_world_sizes(
     gpu_plan: &Plan,
     device: &DeviceProbe,
@@ -40,6 +42,7 @@ pub fn across_world_sizes(
     link: &Link,
     b_noise: f64,
     s_min: Option<f64>,
+    data_rows: Option<f64>,
 ) -> WorldSizes {
     let layer_params: Vec<u64> = gpu_plan.layers.iter().map(|l| l.parameters).collect();
     let model = CommModel::of(gpu_plan, &layer_params);
@@ -59,12 +62,12 @@ pub fn across_world_sizes(
                 }
             })
             .collect();
-        let best = time_across_world_sizes(&options, b_noise, s_min)
+        let best = time_across_world_sizes(&options, b_noise, s_min, data_rows)
             .into_iter()
             .min_by(|a, b| a.vs_best.total_cmp(&b.vs_best));
         rows.extend(best.map(|t| t.option));
     }
-    let table = time_across_world_sizes(&rows, b_noise, s_min);
+    let table = time_across_world_sizes(&rows, b_noise, s_min, data_rows);
     WorldSizes {
         device: device.device,
         strategy,

@@ -10,7 +10,7 @@ use crate::search::TrialReason;
 use crate::stability::{
     CHECK_LIMIT, REFIT_CEILING, RateCheck, RateVerdict, checked_b_noise, judge, mark_no_gain,
 };
-use crate::target::{StepsCurve, noise_batch};
+use crate::target::StepsCurve;
 use crate::trajectory::{RunPoint, Segment, trajectory};
 use crate::trial::{NoiseReport, RunTrial, StepReport, TrialResult};
 use serde::Serialize;
@@ -417,7 +417,7 @@ pub fn noise_of(trials: &[RunTrial], rate: &RunRate) -> (Option<RunNoise>, Optio
     };
     let s_min = match fitted {
         Some(c) => Some(c.s_min),
-        None => target.map(|_| to_target / model.updates_vs_min(b_noise, noise_batch(batch, rows))),
+        None => target.map(|_| to_target / model.updates_vs_min(b_noise, batch, rows)),
     }
     .filter(|s| *s > 0.0 && s.is_finite());
     let mut per_trial: Vec<(u64, f64)> = per

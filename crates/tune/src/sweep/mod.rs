@@ -141,7 +141,7 @@ pub fn fit_s_min(b_noise: f64, points: &[(f64, f64)], rows: Option<f64>) -> Opti
     // minimise sum ((S_i - a f_i) / S_i)^2 with f_i = 1 + B_noise/B_i.
     let (mut num, mut den) = (0.0, 0.0);
     for &(b, s) in points.iter().filter(|p| p.0 > 0.0 && p.1 > 0.0) {
-        let f = crate::target::updates_vs_min(b_noise, noise_batch(b, rows));
+        let f = crate::target::updates_vs_min_on(b_noise, b, rows);
         num += f / s;
         den += (f / s).powi(2);
     }

@@ -58,7 +58,7 @@ impl SweepSettings {
     /// The training rows each epoch's batches are drawn from without
     /// replacement, as S(B) counts them ([`crate::target::noise_batch`]).
     pub fn rows_drawn_from(&self) -> Option<f64> {
-        (self.train_rows > 0).then_some(self.train_rows as f64)
+        crate::target::rows_drawn_from(self.train_rows)
     }
 }
 
