@@ -35,6 +35,7 @@ pub fn reason(r: &Reason) -> String {
                     "the one the measured step times put faster of the two around the fitted curve's optimum B* ≈ {optimum:.0}: over B_noise's band B* moves {low:.0}–{}, across the midpoint between them, so the curve cannot say which is nearer",
                     high.map_or("∞".to_string(), |h| format!("{h:.0}"))
                 ),
+                TieBreak::MeasuredFastest => "the one the measured step times put fastest (no line fits the step times around them; among the tied powers of two, where any)".to_string(),
                 TieBreak::Smallest => "the smallest".to_string(),
             };
             format!(
@@ -145,10 +146,13 @@ pub fn finding(f: &Finding) -> String {
             "{device}: while batch {batch} was timed, other virtual machines on this host took {:.0} % of its CPU time (steal time, /proc/stat, measured): step times are slower and noisier than on a quiet machine, and so is every choice made from them; measure again when the host is quiet, or on dedicated hardware",
             100.0 * share
         ),
-        FindingKind::AboveCritical { batch, critical } => format!(
-            "{device}: batch {batch} is {:.0}x the critical batch ({critical:.0}): it needs about {:.1}x the epochs of a small batch to reach the same loss (E(B) = E_min (1 + B/B_noise))",
+        FindingKind::AboveCritical {
+            batch,
+            critical,
+            epochs_vs_min,
+        } => format!(
+            "{device}: batch {batch} is {:.0}x the critical batch ({critical:.0}): it needs about {epochs_vs_min:.1}x the epochs of a small batch to reach the same loss (E(B) = E_min (1 + B/B_noise - B/N) on N training rows)",
             batch as f64 / critical,
-            1.0 + batch as f64 / critical
         ),
         FindingKind::NearMemoryLimit {
             batch,

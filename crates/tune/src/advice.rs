@@ -155,7 +155,11 @@ pub enum TieBreak {
         low: f64,
         high: Option<f64>,
     },
-    /// No line fits the step times: the smallest tied batch.
+    /// No line fits the step times around the tie: the tied batch (among
+    /// the tied powers of two where there are any) whose measured step time
+    /// gives the lowest time to target.
+    MeasuredFastest,
+    /// No line, and a tied batch not measured: the smallest tied batch.
     Smallest,
 }
 
@@ -170,9 +174,10 @@ pub enum TieBreak {
 /// a floor and a rise, under wide between-process errors, can put its
 /// optimum where no measurement does); where B_noise's band moves the
 /// optimum across the midpoint of the tied powers of two around it, the one
-/// of those two the measured step times put faster; without a fitted curve, the smallest
-/// (the most memory free and updates per epoch).
-pub const TIE_BREAK: &str = "of the batches whose predicted time to target cannot be told apart from the fastest (step-time errors and B_noise's 90 % band), the one nearest the fitted curve's optimum sqrt(B_noise x fixed / per_sample), among the tied powers of two where there are any, unless the measured step times put another of those faster beyond both their errors (then that one); where B_noise's band moves the optimum across the midpoint of the two tied powers of two around it, the one of those two the measured step times put faster; without a fitted curve, the smallest";
+/// of those two the measured step times put faster; without a fitted curve
+/// (step times that bend at a hinge), the one of the tied powers of two the
+/// measured step times put fastest.
+pub const TIE_BREAK: &str = "of the batches whose predicted time to target cannot be told apart from the fastest (step-time errors and B_noise's 90 % band), the one nearest the fitted curve's optimum sqrt(B_noise x fixed / per_sample), among the tied powers of two where there are any, unless the measured step times put another of those faster beyond both their errors (then that one); where B_noise's band moves the optimum across the midpoint of the two tied powers of two around it, the one of those two the measured step times put faster; without a fitted curve, the one of the tied powers of two (where any) the measured step times put fastest";
 
 /// The tied batch nearest `optimum` (in ratio), among the tied powers of two
 /// where there are any: the ladder's powers of two are measured in every run,
@@ -266,11 +271,11 @@ fn straddled(tied: &[u64], optimum: f64, low: f64, high: Option<f64>) -> Option<
     (low <= midpoint && high.is_none_or(|h| midpoint <= h)).then_some((below, above))
 }
 
-/// Of two batches, the one whose measured step time gives the lower time to
-/// target at B_noise; `None` where either was not measured.
+/// Of `batches`, the one whose measured step time gives the lowest time to
+/// target at B_noise (the first of equals); `None` where one was not measured.
 fn measured_fastest_of(
     points: &[StepPoint],
-    pair: (u64, u64),
+    batches: &[u64],
     b_noise: f64,
     rows: Option<f64>,
 ) -> Option<u64> {
@@ -280,8 +285,11 @@ fn measured_fastest_of(
             .find(|q| q.batch == b)
             .map(|q| updates_vs_min_on(b_noise, b as f64, rows) * q.step_s)
     };
-    let (a, b) = (time(pair.0)?, time(pair.1)?);
-    Some(if b < a { pair.1 } else { pair.0 })
+    let times: Option<Vec<(u64, f64)>> = batches.iter().map(|&b| Some((b, time(b)?))).collect();
+    times?
+        .into_iter()
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(b, _)| b)
 }
 
 /// Micro-batches accumulated into one update.
@@ -460,7 +468,7 @@ pub fn recommend(
                     band.high.and_then(optimum_at),
                 );
                 let midpoint = straddled(&tied, opt, low, high)
-                    .and_then(|pair| measured_fastest_of(&fitting, pair, bn, e.rows));
+                    .and_then(|(a, b)| measured_fastest_of(&fitting, &[a, b], bn, e.rows));
                 let named = match (measured_faster(&fitting, &tied, near, bn, e.rows), midpoint) {
                     (Some(faster), _) => {
                         tie_break = TieBreak::Measured { optimum: opt };
@@ -479,6 +487,15 @@ pub fn recommend(
                         near
                     }
                 };
+                tied.retain(|&b| b != named);
+                tied.insert(0, named);
+            } else if let Some(named) = measured_fastest_of(&fitting, &ladder_of(&tied), bn, e.rows)
+            {
+                // No line around the tie (a hinge in the step times): the
+                // measurements themselves. Where step time is flat up to a
+                // hinge the largest batch before it is fastest, and the
+                // smallest of the tie the slowest.
+                tie_break = TieBreak::MeasuredFastest;
                 tied.retain(|&b| b != named);
                 tied.insert(0, named);
             }

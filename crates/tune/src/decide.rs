@@ -106,7 +106,12 @@ pub fn b_noise_for_probing(
 /// throughput flat above some batch, a large fixed cost per step, other
 /// virtual machines taking the CPU while it was timed, and the knee or the
 /// largest batch far above the critical batch.
-pub fn curve_findings(p: &DeviceProbe, points: &[StepPoint], b_noise: Option<f64>) -> Vec<Finding> {
+pub fn curve_findings(
+    p: &DeviceProbe,
+    points: &[StepPoint],
+    b_noise: Option<f64>,
+    rows: Option<f64>,
+) -> Vec<Finding> {
     let mut findings = Vec::new();
     findings.extend(diagnose::flat_throughput(points, p.device));
     findings.extend(diagnose::fixed_overhead(points, p.device));
@@ -121,7 +126,7 @@ pub fn curve_findings(p: &DeviceProbe, points: &[StepPoint], b_noise: Option<f64
         findings.extend(
             [p.knee_batch.unwrap_or(0), largest]
                 .into_iter()
-                .find_map(|b| diagnose::above_critical(b, bn, p.device)),
+                .find_map(|b| diagnose::above_critical(b, bn, rows, p.device)),
         );
     }
     findings
@@ -250,7 +255,7 @@ pub fn decide(e: &Evidence) -> Decision {
                 reference: Some(e.reference),
             },
         );
-        findings.extend(curve_findings(p, &points, b_noise));
+        findings.extend(curve_findings(p, &points, b_noise, rows));
         if let (Some(b), Some(m), MaxBatchSource::Measured) =
             (rec.recommended_batch, rec.max_batch, rec.max_batch_source)
         {

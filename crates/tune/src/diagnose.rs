@@ -3,6 +3,7 @@
 //! says it in words.
 
 use crate::device::DeviceSpec;
+use crate::target::{critical_batch_on, epochs_vs_min_on};
 use serde::Serialize;
 
 /// One finding on one device, with the figures that support it.
@@ -40,8 +41,13 @@ pub enum FindingKind {
         batch: u64,
         share: f64,
     },
-    /// `batch` is far above the critical batch.
-    AboveCritical { batch: u64, critical: f64 },
+    /// `batch` is far above the critical batch (on the data set's rows), and
+    /// needs `epochs_vs_min` times the fewest epochs to the target.
+    AboveCritical {
+        batch: u64,
+        critical: f64,
+        epochs_vs_min: f64,
+    },
     /// `batch` is within 10 % of the largest that fits; `safe` leaves 10 % free.
     NearMemoryLimit {
         batch: u64,
@@ -171,11 +177,22 @@ pub fn input_bound(load_s: f64, step_s: f64, batch: u64, device: DeviceSpec) -> 
     })
 }
 
-/// The batch is far above the critical batch: many more epochs will be needed.
-pub fn above_critical(batch: u64, critical: f64, device: DeviceSpec) -> Option<Finding> {
-    (batch as f64 > 4.0 * critical).then_some(Finding {
+/// The batch is far above the critical batch of `b_noise` on `rows` training
+/// rows ([`critical_batch_on`]): many more epochs will be needed.
+pub fn above_critical(
+    batch: u64,
+    b_noise: f64,
+    rows: Option<f64>,
+    device: DeviceSpec,
+) -> Option<Finding> {
+    let critical = critical_batch_on(b_noise, rows);
+    (batch as f64 > 4.0 * critical).then(|| Finding {
         device,
-        kind: FindingKind::AboveCritical { batch, critical },
+        kind: FindingKind::AboveCritical {
+            batch,
+            critical,
+            epochs_vs_min: epochs_vs_min_on(b_noise, batch as f64, rows),
+        },
     })
 }
 
@@ -261,8 +278,21 @@ mod tests {
         let cpu = DeviceSpec::Cpu;
         assert!(input_bound(0.004, 0.010, 64, cpu).is_some());
         assert!(input_bound(0.0001, 0.010, 64, cpu).is_none());
-        assert!(above_critical(8192, 300.0, cpu).is_some());
-        assert!(above_critical(256, 300.0, cpu).is_none());
+        assert!(above_critical(8192, 300.0, None, cpu).is_some());
+        assert!(above_critical(256, 300.0, None, cpu).is_none());
+        // On 1,500 rows the critical batch is 250: 1,024 is more than 4x it.
+        let f = above_critical(1024, 300.0, Some(1500.0), cpu).unwrap();
+        match f.kind {
+            FindingKind::AboveCritical {
+                critical,
+                epochs_vs_min,
+                ..
+            } => {
+                assert!((critical - 250.0).abs() < 1e-9);
+                assert!((epochs_vs_min - (1.0 + 1024.0 / 300.0 - 1024.0 / 1500.0)).abs() < 1e-9);
+            }
+            _ => unreachable!(),
+        }
         let f = near_memory_limit(98, 100, DeviceSpec::Cuda(0)).unwrap();
         assert!(
             matches!(f.kind, FindingKind::NearMemoryLimit { safe: 90, .. }),

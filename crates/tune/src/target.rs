@@ -51,6 +51,20 @@ pub fn critical_batch_on(b_noise: f64, rows: Option<f64>) -> f64 {
     }
 }
 
+/// Epochs to target at `batch` relative to the fewest any batch needs (the
+/// small-batch limit, S_min B_noise / N epochs): S(B) B / N over that, 1 +
+/// B / B_noise - B / N on N rows (1 + B / B_noise on unlimited data; a batch
+/// of every row counts as N).
+pub fn epochs_vs_min_on(b_noise: f64, batch: f64, rows: Option<f64>) -> f64 {
+    match rows {
+        Some(n) if n.is_finite() && n > 0.0 => {
+            let b = batch.min(n);
+            1.0 + b / b_noise - b / n
+        }
+        _ => 1.0 + batch / b_noise,
+    }
+}
+
 /// A data set's row count as [`noise_batch`] takes it: none known (0) is unlimited.
 pub fn rows_drawn_from(rows: usize) -> Option<f64> {
     (rows > 0).then_some(rows as f64)
@@ -570,6 +584,11 @@ mod tests {
             assert!(b < bn.min(n), "{b} on {n} rows with B_noise {bn}");
             assert!((updates_vs_min_on(bn, b, Some(n)) - 2.0).abs() < 1e-9);
         }
+        assert_eq!(epochs_vs_min_on(300.0, 600.0, None), 3.0);
+        // S(B) B / N over S_min B_noise / N, at 500 of 1,000 rows.
+        let (bn, b, n) = (300.0, 500.0, 1_000.0);
+        let want = updates_vs_min_on(bn, b, Some(n)) * b / bn;
+        assert!((epochs_vs_min_on(bn, b, Some(n)) - want).abs() < 1e-12);
         assert_eq!(rows_drawn_from(0), None);
         assert_eq!(rows_drawn_from(135), Some(135.0));
     }

@@ -272,7 +272,7 @@ pub fn advise_run(
             reference: rate.reference(),
         },
     );
-    let mut findings = curve_findings(device, &points, b_noise);
+    let mut findings = curve_findings(device, &points, b_noise, noise.and_then(|n| n.data_rows));
     if let Some(b) = rec.recommended_batch
         && let Some(util) = trials
             .iter()
