@@ -24,6 +24,18 @@ pub fn reason(r: &Reason) -> String {
             fastest_step_s,
             tie_break,
         } => {
+            let band_text = format!(
+                "B_noise ≈ {:.0}, band {:.0}–{}",
+                band.b_noise,
+                band.low,
+                band.high.map_or("∞".to_string(), |h| format!("{h:.0}"))
+            );
+            if tied.len() <= 1 {
+                return format!(
+                    "lowest predicted time to target, (1 + B_noise/B) x step time; no other batch comes within the measurement's noise of it ({band_text}; step {:.2} ms measured at B = {fastest_batch})",
+                    fastest_step_s * 1e3
+                );
+            }
             let tie_break = match tie_break {
                 TieBreak::Optimum(opt) => format!(
                     "the nearest to the fitted curve's optimum B* ≈ {opt:.0} (among the tied powers of two, where any)"
@@ -39,14 +51,11 @@ pub fn reason(r: &Reason) -> String {
                 TieBreak::Smallest => "the smallest".to_string(),
             };
             format!(
-                "lowest predicted time to target, (1 + B_noise/B) x step time, within the measurement's noise: batches {} cannot be told apart (B_noise ≈ {:.0}, band {:.0}–{}; fastest point estimate B = {}, step {:.2} ms measured); of those, {tie_break}",
+                "lowest predicted time to target, (1 + B_noise/B) x step time, within the measurement's noise: batches {} cannot be told apart ({band_text}; fastest point estimate B = {}, step {:.2} ms measured); of those, {tie_break}",
                 tied.iter()
                     .map(|b| b.to_string())
                     .collect::<Vec<_>>()
                     .join(", "),
-                band.b_noise,
-                band.low,
-                band.high.map_or("∞".to_string(), |h| format!("{h:.0}")),
                 fastest_batch,
                 fastest_step_s * 1e3
             )
@@ -648,6 +657,33 @@ mod tests {
     use super::*;
     use batchfit_tune::basis::NoiseRunAt;
     use batchfit_tune::target::StepsCurve;
+
+    /// A tie of one batch is no tie: the reason says nothing came near it.
+    #[test]
+    fn a_single_batch_is_not_called_a_tie() {
+        let of = |tied: Vec<u64>| {
+            reason(&Reason::TimeToTarget {
+                tied,
+                band: batchfit_tune::advice::NoiseBand {
+                    b_noise: 249.0,
+                    low: 204.0,
+                    high: Some(388.0),
+                },
+                fastest_batch: 256,
+                fastest_step_s: 7.07e-5,
+                tie_break: TieBreak::MeasuredFastest,
+            })
+        };
+        let alone = of(vec![256]);
+        assert!(alone.contains("no other batch comes within"), "{alone}");
+        assert!(!alone.contains("cannot be told apart"), "{alone}");
+        let pair = of(vec![256, 203]);
+        assert!(
+            pair.contains("batches 256, 203 cannot be told apart"),
+            "{pair}"
+        );
+        assert!(pair.contains("measured step times put fastest"), "{pair}");
+    }
 
     /// Once the checks anchor S(B), the report gives their updates beside the run's.
     #[test]
