@@ -120,17 +120,24 @@ fn gpus_give_time_to_target_across_world_sizes() {
         assert!([16, 64, 256].contains(&r["micro_batch"].as_u64().unwrap()));
         assert!(r["vs_best"].as_f64().unwrap() >= 1.0 - 1e-9);
     }
-    // The named world size is the largest whose global batch is within B_noise.
-    let within = table
-        .iter()
-        .filter(|r| r["global_batch"].as_f64().unwrap() <= b_noise)
-        .map(|r| r["world_size"].as_u64().unwrap())
-        .max();
-    assert_eq!(w["within_b_noise"].as_u64(), within);
     // The table's S(B) is the prediction's curve, on the rows it was drawn from.
     let curve = &doc["prediction"]["curve"];
     assert_eq!(w["b_noise"].as_f64(), curve["b_noise"].as_f64());
     let rows = curve["rows"].as_f64().expect("digits' training rows");
+    // The named world size is the largest whose global batch is within the
+    // critical batch on those rows, where S(B) is twice S_min.
+    let critical = w["critical_batch"].as_f64().unwrap();
+    let want = b_noise * rows / (rows + b_noise);
+    assert!(
+        (critical - want).abs() < 1e-9 * want,
+        "{critical} vs {want}"
+    );
+    let within = table
+        .iter()
+        .filter(|r| r["global_batch"].as_f64().unwrap() <= critical)
+        .map(|r| r["world_size"].as_u64().unwrap())
+        .max();
+    assert_eq!(w["within_critical_batch"].as_u64(), within);
     for r in table {
         let global = r["global_batch"].as_f64().unwrap();
         // A global batch of every row has no noise: S_min.

@@ -689,14 +689,21 @@ pub fn world_size_table(w: &WorldSizes) -> String {
     align_numbers(&mut t, 0);
     out.push_str(&t.to_string());
     out.push('\n');
-    match w.within_b_noise {
+    let critical = if (w.critical_batch - w.b_noise).abs() < 0.5 {
+        format!("the critical batch (B_noise) ≈ {:.0}", w.critical_batch)
+    } else {
+        format!(
+            "the critical batch ≈ {:.0} (B_noise {:.0} on the data's rows)",
+            w.critical_batch, w.b_noise
+        )
+    };
+    match w.within_critical_batch {
         Some(n) => out.push_str(&format!(
-            "  past {n} devices the global batch exceeds B_noise ≈ {:.0}: each added device then buys less than it costs in samples\n",
-            w.b_noise
+            "  past {n} device{} the global batch exceeds {critical}: each added device then buys less than it costs in samples\n",
+            if n == 1 { "" } else { "s" }
         )),
         None => out.push_str(&format!(
-            "  every world size given puts the global batch above B_noise ≈ {:.0}\n",
-            w.b_noise
+            "  every world size given puts the global batch above {critical}\n"
         )),
     }
     if let Some(l) = &w.limit {

@@ -2,11 +2,13 @@
 //! for each world size the measured micro-batch per device with the lowest
 //! predicted time, S(N x micro) x (measured step + exposed communication of
 //! the ring); where extra devices stop paying; and the largest world size
-//! whose global batch stays within B_noise.
+//! whose global batch stays within the critical batch.
 
 use crate::device::DeviceSpec;
 use crate::probe::DeviceProbe;
-use crate::target::{ScaleOption, ScaleTime, ScalingLimit, scaling_limit, time_across_world_sizes};
+use crate::target::{
+    ScaleOption, ScaleTime, ScalingLimit, critical_batch_on, scaling_limit, time_across_world_sizes,
+};
 use batchfit_plan::Plan;
 use batchfit_plan::distributed::{CommModel, Link, Strategy, comm_time};
 use serde::Serialize;
@@ -25,8 +27,11 @@ pub struct WorldSizes {
     pub table: Vec<ScaleTime>,
     /// Where extra devices stop paying.
     pub limit: Option<ScalingLimit>,
-    /// The largest world size whose global batch stays within B_noise.
-    pub within_b_noise: Option<u64>,
+    /// The batch where S(B) = 2 S_min on the rows drawn from: B_noise N / (N +
+    /// B_noise) on N rows (B_noise on unlimited data).
+    pub critical_batch: f64,
+    /// The largest world size whose global batch stays within the critical batch.
+    pub within_critical_batch: Option<u64>,
 }
 
 /// The world sizes `gpus` of devices like `device`, whose model states are
@@ -68,17 +73,21 @@ pub fn across_world_sizes(
         rows.extend(best.map(|t| t.option));
     }
     let table = time_across_world_sizes(&rows, b_noise, s_min, data_rows);
+    // Past it a global batch needs more than twice the fewest updates: on N
+    // rows that comes before B_noise, where a batch of every row has no noise.
+    let critical_batch = critical_batch_on(b_noise, data_rows);
     WorldSizes {
         device: device.device,
         strategy,
         link_gbps: link.bytes_per_s * 8.0 / 1e9,
         limit: scaling_limit(&table),
-        within_b_noise: table
+        within_critical_batch: table
             .iter()
-            .filter(|t| t.global_batch as f64 <= b_noise)
+            .filter(|t| t.global_batch as f64 <= critical_batch)
             .map(|t| t.option.world_size)
             .max(),
         b_noise,
+        critical_batch,
         table,
     }
 }
