@@ -113,7 +113,8 @@ def main(out):
         for r in v["rows"]:
             e = r.get("vs_best_error_pct")
             if r["reached"] > 0 and e is not None and abs(e) > TOLERANCE_PCT:
-                noise = ratio_noise_pct(r, best)
+                # sweep --verify states it since it computes it; older files: here.
+                noise = r["vs_best_noise_pct"] if "vs_best_noise_pct" in r else ratio_noise_pct(r, best)
                 failures.append(f"{name}: batch {r['batch']} predicted time relative to the best off by {e:+.0f} %"
                                 + (f" (the seeds' noise on the measured ratio: ±{noise:.0f} %, two standard errors)" if noise else ""))
             if r["batch"] == rec and r["reached"] < r["runs"]:

@@ -189,9 +189,37 @@ pub fn verify_rows(rows: &[VerifyRow], verdict: &Verdict) -> String {
             format!("{:.0} % (batch {b})", e.abs())
         })
     };
+    // Whether the relative errors are larger than the seeds alone make the
+    // measured ratio move: with a few seeds, a 20 % miss can be noise.
+    let noise = |b: u64| {
+        rows.iter()
+            .find(|r| r.batch == b)
+            .and_then(|r| r.vs_best_noise_pct)
+    };
+    let relative = match verdict.worst_relative {
+        Some((b, e)) => match noise(b) {
+            Some(n) => format!(
+                "{:.0} % (batch {b}; the seeds' noise there ±{n:.0} %), {}",
+                e.abs(),
+                match verdict.relative_beyond_noise.as_slice() {
+                    [] => "every error within the seeds' noise".to_string(),
+                    beyond => format!(
+                        "beyond the seeds' noise at batch{} {}",
+                        if beyond.len() == 1 { "" } else { "es" },
+                        beyond
+                            .iter()
+                            .map(|b| thousands(*b))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                }
+            ),
+            None => worst(Some((b, e))),
+        },
+        None => worst(None),
+    };
     out.push_str(&format!(
-        "predicted time relative to the best: worst error {}; predicted seconds: worst error {}\n",
-        worst(verdict.worst_relative),
+        "predicted time relative to the best: worst error {relative}; predicted seconds: worst error {}\n",
         worst(verdict.worst_absolute)
     ));
     out.push_str(&prose::verdict_line(verdict.recommended, verdict.outcome));

@@ -54,6 +54,11 @@ pub struct VerifyRow {
     pub steps_error_pct: Option<f64>,
     pub seconds_error_pct: Option<f64>,
     pub vs_best_error_pct: Option<f64>,
+    /// Two standard errors of the measured `vs_best`, percent: how far the
+    /// seeds alone move it (each batch's and the fastest's spread over its
+    /// seeds; 0 for the fastest itself). None with fewer than two seeds.
+    #[serde(default)]
+    pub vs_best_noise_pct: Option<f64>,
 }
 
 /// Whether the advice held.
@@ -73,6 +78,9 @@ pub struct Verdict {
     pub worst_relative: Option<(u64, f64)>,
     /// The largest |error| of the predicted seconds, and its batch.
     pub worst_absolute: Option<(u64, f64)>,
+    /// The batches whose error of the predicted time relative to the best
+    /// exceeds the seeds' noise of the measured one (`vs_best_noise_pct`).
+    pub relative_beyond_noise: Vec<u64>,
     /// What the verdict line says (`line` in words is the report's).
     #[serde(rename = "line_code")]
     pub outcome: VerdictOutcome,
@@ -169,6 +177,10 @@ pub fn verify(
                 _ => None,
             };
             let predicted_vs_best = p.seconds.map(|s| s / best_predicted);
+            let vs_best_noise_pct = match (m, fastest) {
+                (Some(m), Some((f, _))) if complete(m) => ratio_noise_pct(&m.seconds, &f.seconds),
+                _ => None,
+            };
             VerifyRow {
                 batch: p.batch,
                 predicted_steps: p.steps,
@@ -184,6 +196,13 @@ pub fn verify(
                 steps_error_pct: steps.map(|s| pct(p.steps, s.0)),
                 seconds_error_pct: p.seconds.zip(seconds).map(|(p, s)| pct(p, s.0)),
                 vs_best_error_pct: predicted_vs_best.zip(vs_best).map(|(p, m)| pct(p, m)),
+                vs_best_noise_pct: if m
+                    .is_some_and(|m| fastest.is_some_and(|f| f.0.batch == m.batch))
+                {
+                    vs_best_noise_pct.map(|_| 0.0)
+                } else {
+                    vs_best_noise_pct
+                },
             }
         })
         .collect();
@@ -194,6 +213,14 @@ pub fn verify(
     };
     let worst_relative = worst(|r| r.vs_best_error_pct);
     let worst_absolute = worst(|r| r.seconds_error_pct);
+    let relative_beyond_noise = rows
+        .iter()
+        .filter(|r| match (r.vs_best_error_pct, r.vs_best_noise_pct) {
+            (Some(e), Some(n)) => e.abs() > n,
+            _ => false,
+        })
+        .map(|r| r.batch)
+        .collect();
     let rec = of(recommended);
     let rec_seconds = rec
         .filter(|m| complete(m) && !started_there(m))
@@ -240,9 +267,25 @@ pub fn verify(
             held,
             worst_relative,
             worst_absolute,
+            relative_beyond_noise,
             outcome,
         },
     )
+}
+
+/// Two standard errors of mean(`a`) / mean(`b`), percent of it, from each
+/// group's spread over its seeds (first order: the ratio's relative variance is
+/// the sum of the means' relative variances). None with fewer than two seeds in
+/// either.
+fn ratio_noise_pct(a: &[f64], b: &[f64]) -> Option<f64> {
+    if a.len() < 2 || b.len() < 2 {
+        return None;
+    }
+    let rel_var = |v: &[f64]| {
+        let (m, s) = mean_std(v);
+        (m > 0.0).then(|| s * s / (v.len() as f64 * m * m))
+    };
+    Some(200.0 * (rel_var(a)? + rel_var(b)?).sqrt())
 }
 
 /// `recommended` and the batches either side of it in `batches` (ascending),
@@ -425,6 +468,54 @@ mod tests {
         );
         assert!((rows[1].seconds_error_pct.unwrap() - 100.0 * (0.10 / 0.11 - 1.0)).abs() < 1e-9);
         assert_eq!(v.worst_relative.unwrap().0, 64);
+    }
+
+    /// The noise of a measured ratio: two standard errors from both batches'
+    /// spreads over their seeds; an error beyond it is named, one within it
+    /// is not.
+    #[test]
+    fn a_relative_error_is_read_against_the_seeds_noise_of_the_measured_ratio() {
+        let pred = [p(32, 0.30), p(64, 0.13), p(128, 0.10)];
+        let meas = [
+            // Scattered seeds: 0.4 ± 0.1 over 3 against 0.1 ± 0.01.
+            m(32, &[0.3, 0.4, 0.5]),
+            // Tight seeds: 0.16 ± 0.001.
+            m(64, &[0.159, 0.160, 0.161]),
+            m(128, &[0.09, 0.10, 0.11]),
+        ];
+        let (rows, v) = verify(&pred, &meas, 128, &[]);
+        let want = |a: [f64; 2], b: [f64; 2]| {
+            // mean, sd of each; 3 seeds.
+            200.0 * ((a[1] / a[0]).powi(2) / 3.0 + (b[1] / b[0]).powi(2) / 3.0).sqrt()
+        };
+        let n32 = rows[0].vs_best_noise_pct.unwrap();
+        assert!((n32 - want([0.4, 0.1], [0.1, 0.01])).abs() < 1e-9, "{n32}");
+        let n64 = rows[1].vs_best_noise_pct.unwrap();
+        assert!(
+            (n64 - want([0.16, 0.001], [0.1, 0.01])).abs() < 1e-9,
+            "{n64}"
+        );
+        // The fastest against itself: exactly 1, no noise.
+        assert_eq!(rows[2].vs_best_noise_pct, Some(0.0));
+        // 32: predicted 3.0x, measured 4.0x: -25 %, within its ±35 %.
+        // 64: predicted 1.3x, measured 1.6x: -19 %, beyond its ±12 %.
+        assert!((rows[0].vs_best_error_pct.unwrap() + 25.0).abs() < 1e-9);
+        assert!(n32 > 25.0 && n64 < 18.75, "{n32} {n64}");
+        assert_eq!(v.relative_beyond_noise, [64]);
+        // One seed: no spread to read.
+        let one = [
+            Measured {
+                runs: 1,
+                ..m(64, &[0.16])
+            },
+            Measured {
+                runs: 1,
+                ..m(128, &[0.10])
+            },
+        ];
+        let (rows, v) = verify(&pred[1..], &one, 128, &[]);
+        assert!(rows.iter().all(|r| r.vs_best_noise_pct.is_none()));
+        assert!(v.relative_beyond_noise.is_empty());
     }
 
     #[test]
