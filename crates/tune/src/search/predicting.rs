@@ -356,16 +356,15 @@ mod tests {
         assert_eq!(r.smallest_failure, None);
     }
 
-    /// A process's VmPeak moves by tens of MB at one batch, and the process
-    /// fails before its neighbours' peaks say (examples/run_pytorch.py under
-    /// 4,096,000,000 bytes: the plan's slope 33.7 KB a sample, the process's
-    /// 42.7 KB). A peak 10 MB low at the prediction that ran tilts the refitted
-    /// line 3 % past it: the confirmation 2 % up is tried rather than that
-    /// prediction, and its failure closes the bracket in four trials.
-    #[test]
-    fn a_prediction_within_two_steps_gives_way_to_the_confirmation() {
-        let line = |b: u64| 3.65e9 + 42.7e3 * b as f64;
-        let fails_above = 10_440;
+    /// examples/run_pytorch.py's search under 4,096,000,000 bytes, from 64
+    /// with the plan's slope (33.7 KB a sample) where the process's is 42.7
+    /// KB: a command that runs out of memory above `fails_above` (before its
+    /// neighbours' peaks say), its peak `low(b)` under the line. Returns the
+    /// search and why each batch was tried.
+    fn search_failing_above(
+        fails_above: u64,
+        low: impl Fn(u64) -> f64,
+    ) -> (LadderResult, Vec<TrialReason>) {
         let r = predict_then_bracket(
             &PredictOptions {
                 start: 64,
@@ -376,27 +375,35 @@ mod tests {
                 per_sample_hint: Some(33.7e3),
             },
             |b, _| {
-                let low = if (10_000..10_450).contains(&b) {
-                    10e6
-                } else {
-                    0.0
-                };
                 if b <= fails_above {
-                    Verdict::fits(Bytes((line(b) - low) as u64))
+                    Verdict::fits(Bytes((3.65e9 + 42.7e3 * b as f64 - low(b)) as u64))
                 } else {
                     Verdict::OutOfMemory
                 }
             },
         );
-        let reasons: Vec<TrialReason> = r.trials.iter().map(|t| t.1).collect();
+        let reasons = r.trials.iter().map(|t| t.1).collect();
+        (r, reasons)
+    }
+
+    /// A process's VmPeak moves by tens of MB at one batch. A peak 10 MB low
+    /// at the prediction that ran tilts the refitted line 3 % past it: the
+    /// confirmation 2 % up is tried rather than that prediction, and its
+    /// failure closes the bracket in four trials.
+    #[test]
+    fn a_prediction_within_two_steps_gives_way_to_the_confirmation() {
+        let fails_above = 10_440;
+        let (r, reasons) = search_failing_above(fails_above, |b| {
+            if (10_000..10_450).contains(&b) {
+                10e6
+            } else {
+                0.0
+            }
+        });
+        use TrialReason::{Confirmation, Prediction, Start};
         assert_eq!(
             reasons,
-            [
-                TrialReason::Start,
-                TrialReason::Prediction,
-                TrialReason::Prediction,
-                TrialReason::Confirmation
-            ],
+            [Start, Prediction, Prediction, Confirmation],
             "{:?}",
             r.trials
         );
@@ -404,39 +411,18 @@ mod tests {
         assert!(found <= fails_above && found as f64 * 1.02 >= fails_above as f64);
     }
 
-    /// The same command failing below the line's limit (10,200 where the
-    /// line says 10,445): the prediction runs out of memory, and the back-off
-    /// a tolerance step under it, h / 1.02, runs and closes the bracket: four
+    /// The command failing below the line's limit (10,200 where the line
+    /// says 10,445): the prediction runs out of memory, and the back-off a
+    /// tolerance step under it, h / 1.02, runs and closes the bracket: four
     /// trials (h x 0.98 lands a few samples short and needs a fifth).
     #[test]
     fn a_back_off_from_a_failed_prediction_closes_the_bracket() {
         let fails_above = 10_200;
-        let r = predict_then_bracket(
-            &PredictOptions {
-                start: 64,
-                cap: 1 << 30,
-                budget: Bytes(4_096_000_000),
-                tolerance: 0.02,
-                max_trials: 40,
-                per_sample_hint: Some(33.7e3),
-            },
-            |b, _| {
-                if b <= fails_above {
-                    Verdict::fits(Bytes((3.65e9 + 42.7e3 * b as f64) as u64))
-                } else {
-                    Verdict::OutOfMemory
-                }
-            },
-        );
-        let reasons: Vec<TrialReason> = r.trials.iter().map(|t| t.1).collect();
+        let (r, reasons) = search_failing_above(fails_above, |_| 0.0);
+        use TrialReason::{BackOff, Prediction, Start};
         assert_eq!(
             reasons,
-            [
-                TrialReason::Start,
-                TrialReason::Prediction,
-                TrialReason::Prediction,
-                TrialReason::BackOff
-            ],
+            [Start, Prediction, Prediction, BackOff],
             "{:?}",
             r.trials
         );
