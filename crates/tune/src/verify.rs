@@ -177,8 +177,10 @@ pub fn verify(
                 _ => None,
             };
             let predicted_vs_best = p.seconds.map(|s| s / best_predicted);
+            // The fastest against itself is exactly 1: no noise.
             let vs_best_noise_pct = match (m, fastest) {
-                (Some(m), Some((f, _))) if complete(m) => ratio_noise_pct(&m.seconds, &f.seconds),
+                (Some(m), Some((f, _))) if complete(m) => ratio_noise_pct(&m.seconds, &f.seconds)
+                    .map(|n| if f.batch == m.batch { 0.0 } else { n }),
                 _ => None,
             };
             VerifyRow {
@@ -196,13 +198,7 @@ pub fn verify(
                 steps_error_pct: steps.map(|s| pct(p.steps, s.0)),
                 seconds_error_pct: p.seconds.zip(seconds).map(|(p, s)| pct(p, s.0)),
                 vs_best_error_pct: predicted_vs_best.zip(vs_best).map(|(p, m)| pct(p, m)),
-                vs_best_noise_pct: if m
-                    .is_some_and(|m| fastest.is_some_and(|f| f.0.batch == m.batch))
-                {
-                    vs_best_noise_pct.map(|_| 0.0)
-                } else {
-                    vs_best_noise_pct
-                },
+                vs_best_noise_pct,
             }
         })
         .collect();
