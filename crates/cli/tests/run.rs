@@ -733,6 +733,10 @@ fn verify_case(fixed_rows: bool) {
     assert_eq!(doc["target"]["fixed_rows"], fixed_rows);
     let trials = doc["trials"].as_array().unwrap();
     assert_eq!(trials.len(), 4, "two batches, two seeds each");
+    // The run's own trials trained with seed 0: the check with the next two.
+    let mut seeds: Vec<u64> = trials.iter().map(|t| t["seed"].as_u64().unwrap()).collect();
+    seeds.sort_unstable();
+    assert_eq!(seeds, [1, 1, 2, 2]);
     for t in trials {
         let b = t["batch"].as_f64().unwrap();
         assert!((t["learning_rate"].as_f64().unwrap() - 0.001 * (b / 32.0).sqrt()).abs() < 1e-12);

@@ -271,6 +271,24 @@ fn verify_trains_what_the_advice_predicted_and_says_whether_it_held() {
     let file = advice_file.to_str().unwrap();
     let d = json(&["sweep", "--verify", file, "--seeds", "2"]);
     assert_eq!(d["settings"]["target_loss"].as_f64(), Some(target));
+    // The check trains from seeds none of the advice's trainings used: its
+    // rate checks trained from `--seed` (0) up, as many as each took.
+    assert_eq!(advice["inputs"]["seed"].as_u64(), Some(0));
+    let used = advice["rate_checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        // Absent where a check trained one seed.
+        .map(|c| c["seeds"].as_u64().unwrap_or(1))
+        .max()
+        .unwrap_or(1);
+    let seeds: Vec<u64> = d["settings"]["seeds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_u64().unwrap())
+        .collect();
+    assert_eq!(seeds, [used, used + 1], "after the advice's {used}");
     assert_eq!(d["settings"]["warmup_epochs"].as_f64(), Some(0.0));
     let batches: Vec<u64> = d["settings"]["batches"]
         .as_array()

@@ -265,6 +265,7 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<Advice> {
             blank: cfg.data.loss.and_then(|l| l.blank),
             optimizer: cfg.measure.optimizer,
             standardize: cfg.data.standardize,
+            seed: settings.seed,
         },
         machine: machine(),
         data: data.as_ref().map(|d| d.source.clone()),

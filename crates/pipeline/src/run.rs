@@ -28,6 +28,11 @@ use std::time::{Duration, Instant};
 
 pub use batchfit_exec::{Launcher, LauncherKind};
 
+/// `{seed}` in every trial of `run` (and `BATCHFIT_SEED`): `run --verify`
+/// trains from the seeds after it, so that it measures trainings the run
+/// never saw.
+pub const RUN_TRIAL_SEED: u64 = 0;
+
 /// How to run the user's command.
 #[derive(Clone, Debug)]
 pub struct RunConfig {
@@ -232,8 +237,7 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunSummary> {
         memory_limit: cfg.memory_limit.map(|b| b.0),
         launcher: cfg.launcher.clone(),
         lr: cfg.lr,
-        // `{seed}` is 0 in a run's trials (`run --verify` trains several).
-        seed: Some(0),
+        seed: Some(RUN_TRIAL_SEED),
         stop_at: None,
         noise_every: None,
     };

@@ -4,7 +4,7 @@
 //! reported losses reach the run's target. `batchfit_tune::verify` puts
 //! predicted beside measured, as for `sweep --verify`.
 
-use crate::run::RunConfig;
+use crate::run::{RUN_TRIAL_SEED, RunConfig};
 use crate::{Error, Progress, Result};
 use batchfit_exec::{CommandTemplate, StepReader, TrialOptions, run_trial};
 use batchfit_tune::run::{LossTarget, RunRate};
@@ -169,7 +169,8 @@ pub fn run_verify(
             steps: Vec::new(),
             seconds: Vec::new(),
         };
-        for seed in 0..seeds {
+        // Seeds the run's own trials did not train with.
+        for seed in (RUN_TRIAL_SEED + 1)..=(RUN_TRIAL_SEED + seeds) {
             progress.message(format!("batch {b}, seed {seed}: training to the target"));
             let result = run_trial(
                 &template,

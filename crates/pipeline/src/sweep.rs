@@ -49,7 +49,8 @@ pub struct SweepConfig {
     pub epochs: u32,
     /// Share of the rows held out for validation.
     pub val_split: f64,
-    /// Seeds 0..seeds per batch.
+    /// Seeds per batch: 0, 1, ...; under `verify`, from the advice's
+    /// [`CheckedAdvice::first_seed`].
     pub seeds: u64,
     pub split_seed: u64,
     /// Skip the noise-scale measurement the fit is compared with.
@@ -207,7 +208,11 @@ pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepSummary>
         val_split: cfg.val_split,
         split_seed: cfg.split_seed,
         batches: batches.clone(),
-        seeds: (0..cfg.seeds).collect(),
+        // A check trains from seeds the advice's own trainings did not use.
+        seeds: {
+            let first = cfg.verify.as_ref().map_or(0, |a| a.first_seed);
+            (first..first + cfg.seeds).collect()
+        },
         optimizer: cfg.optimizer,
         lr_rule: rule,
         ref_batch,

@@ -25,6 +25,28 @@ struct AdviceFile {
     /// Absent in documents written before it.
     #[serde(default)]
     learning: Option<Learning>,
+    /// One per noise run where there were several (absent before them).
+    #[serde(default)]
+    noise_seeds: Vec<SeedOf>,
+    /// The rate checks, each trained from `inputs.seed` up (absent before them).
+    #[serde(default)]
+    rate_checks: Vec<SeedsOf>,
+}
+
+#[derive(Deserialize)]
+struct SeedOf {
+    seed: u64,
+}
+
+#[derive(Deserialize)]
+struct SeedsOf {
+    /// Absent where the check trained one seed.
+    #[serde(default = "one")]
+    seeds: u64,
+}
+
+fn one() -> u64 {
+    1
 }
 
 #[derive(Deserialize)]
@@ -91,6 +113,7 @@ pub fn parse_advice(path: &Path, text: &str) -> Result<CheckedAdvice> {
         .map(|t| (t.option.micro_batch, t.option.update_s()))
         .collect();
     update_s.sort_by_key(|p| p.0);
+    let first_seed = first_free_seed(file.inputs.seed, &file.noise_seeds, &file.rate_checks);
     Ok(CheckedAdvice {
         path: name,
         inputs: file.inputs,
@@ -99,7 +122,18 @@ pub fn parse_advice(path: &Path, text: &str) -> Result<CheckedAdvice> {
         recommended,
         tied,
         update_s,
+        first_seed,
     })
+}
+
+/// The first seed none of the advice's trainings used: the noise run (its
+/// seed, or one per seed), then each rate check from the same seed up.
+fn first_free_seed(base: u64, noise_seeds: &[SeedOf], checks: &[SeedsOf]) -> u64 {
+    noise_seeds
+        .iter()
+        .map(|s| s.seed + 1)
+        .chain(checks.iter().map(|c| base + c.seeds))
+        .fold(base + 1, u64::max)
 }
 
 /// The model and data the advice measured, where the command line names none.
@@ -128,4 +162,42 @@ pub fn data_source(advice: &CheckedAdvice, given: &DataSource) -> Result<DataSou
         loss,
         standardize: given.standardize || advice.inputs.standardize,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The seeds of an advice's trainings as its JSON has them: `--seed`,
+    /// the noise runs' seeds, each rate check's count (absent: one).
+    fn seeds_of(json: &str) -> u64 {
+        #[derive(Deserialize)]
+        struct Parts {
+            inputs: Seed,
+            #[serde(default)]
+            noise_seeds: Vec<SeedOf>,
+            #[serde(default)]
+            rate_checks: Vec<SeedsOf>,
+        }
+        #[derive(Deserialize)]
+        struct Seed {
+            #[serde(default)]
+            seed: u64,
+        }
+        let p: Parts = serde_json::from_str(json).unwrap();
+        first_free_seed(p.inputs.seed, &p.noise_seeds, &p.rate_checks)
+    }
+
+    #[test]
+    fn the_check_trains_after_every_seed_the_advice_trained() {
+        // Before the fields: one noise run at seed 0.
+        assert_eq!(seeds_of(r#"{"inputs": {}}"#), 1);
+        // Two noise runs, checks of one (absent) and three seeds.
+        let json = r#"{"inputs": {"seed": 0}, "noise_seeds": [{"seed": 0}, {"seed": 1}],
+            "rate_checks": [{}, {"seeds": 3}, {"seeds": 2}]}"#;
+        assert_eq!(seeds_of(json), 3);
+        // From --seed 7.
+        let json = r#"{"inputs": {"seed": 7}, "rate_checks": [{"seeds": 2}]}"#;
+        assert_eq!(seeds_of(json), 9);
+    }
 }

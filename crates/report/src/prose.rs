@@ -22,6 +22,7 @@ pub fn reason(r: &Reason) -> String {
             band,
             fastest_batch,
             fastest_step_s,
+            step_line,
             tie_break,
         } => {
             let band_text = format!(
@@ -31,10 +32,27 @@ pub fn reason(r: &Reason) -> String {
                 band.high.map_or("∞".to_string(), |h| format!("{h:.0}"))
             );
             if tied.len() <= 1 {
-                return format!(
-                    "lowest predicted time to target, (1 + B_noise/B) x step time; no other batch comes within the measurement's noise of it ({band_text}; step {:.2} ms measured at B = {fastest_batch})",
-                    fastest_step_s * 1e3
-                );
+                let named = tied.first().copied().unwrap_or(*fastest_batch);
+                return match step_line {
+                    // The table ranks by single medians: where one of them puts
+                    // another batch first, say why the line does not.
+                    Some((fixed, per)) if named != *fastest_batch => format!(
+                        "lowest predicted time to target, (1 + B_noise/B) x step time, with the step times of the line through every measured one ({:.3} ms + {:.4} ms per sample); on it no other batch comes within the measurement's noise ({band_text}). The single medians of the table put B = {fastest_batch} first (step {:.2} ms measured): one median moves between runs by more than the line does",
+                        fixed * 1e3,
+                        per * 1e3,
+                        fastest_step_s * 1e3
+                    ),
+                    Some((fixed, per)) => format!(
+                        "lowest predicted time to target, (1 + B_noise/B) x step time, with the step times of the line through every measured one ({:.3} ms + {:.4} ms per sample); on it no other batch comes within the measurement's noise ({band_text}; step {:.2} ms measured at B = {fastest_batch})",
+                        fixed * 1e3,
+                        per * 1e3,
+                        fastest_step_s * 1e3
+                    ),
+                    None => format!(
+                        "lowest predicted time to target, (1 + B_noise/B) x step time; no other batch comes within the measurement's noise of it ({band_text}; step {:.2} ms measured at B = {fastest_batch})",
+                        fastest_step_s * 1e3
+                    ),
+                };
             }
             let tie_break = match tie_break {
                 TieBreak::Optimum(opt) => format!(

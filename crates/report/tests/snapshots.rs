@@ -217,6 +217,7 @@ fn advice() -> Advice {
             blank: None,
             optimizer: Optimizer::Adam,
             standardize: false,
+            seed: 0,
         },
         machine: "stand-in (2 cores), 24.0 GiB RAM".into(),
         data: Some("builtin:digits".into()),
@@ -433,6 +434,7 @@ fn sweep_and_verify() {
             u.sort_by_key(|p| p.0);
             u
         },
+        first_seed: 3,
     };
     doc.verify = Some(batchfit_tune::verify::VerifyReport::new(
         &checked,

@@ -71,6 +71,10 @@ pub enum Reason {
         /// The fastest point estimate: its batch and measured step.
         fastest_batch: u64,
         fastest_step_s: f64,
+        /// The line `(fixed, per_sample)` in seconds whose step times the tie
+        /// was judged on, where it replaced the single medians
+        /// ([`crate::step_times::smoothed_step_times`]); `None`: the medians.
+        step_line: Option<(f64, f64)>,
         /// How the tie was broken.
         tie_break: TieBreak,
     },
@@ -518,6 +522,7 @@ pub fn recommend(
                         band,
                         fastest_batch: f.micro_batch,
                         fastest_step_s: f.micro_step_s,
+                        step_line: line,
                         tie_break,
                     },
                 ),

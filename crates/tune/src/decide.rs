@@ -380,6 +380,10 @@ pub struct AdviceInputs {
     /// `sweep --verify` trains the same.
     #[serde(default)]
     pub standardize: bool,
+    /// `--seed`: the first seed of the noise runs and rate checks (0 in
+    /// documents before it).
+    #[serde(default)]
+    pub seed: u64,
 }
 
 /// One noise run of `--noise-seeds`, decided on alone: how far the seeds agree.

@@ -310,6 +310,12 @@ pub struct CheckedAdvice {
     /// Measured seconds per update at each batch of the table on that device
     /// (no accumulation), ascending by batch.
     pub update_s: Vec<(u64, f64)>,
+    /// The first seed none of the advice's own trainings (its noise runs and
+    /// rate checks) used: the check trains from it, so that it measures
+    /// trainings the advice never saw. A rate check trains exactly as the
+    /// check does (same rows, weights and order for a seed), so a check on the
+    /// advice's seeds would read back its own measurements.
+    pub first_seed: u64,
 }
 
 impl CheckedAdvice {

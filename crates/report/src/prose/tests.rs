@@ -2,22 +2,45 @@ use super::*;
 use batchfit_tune::basis::NoiseRunAt;
 use batchfit_tune::target::StepsCurve;
 
+/// The reason for `tied`, the fastest single median at 256, judged on `line`.
+fn time_to_target(tied: Vec<u64>, line: Option<(f64, f64)>) -> String {
+    reason(&Reason::TimeToTarget {
+        tied,
+        band: batchfit_tune::advice::NoiseBand {
+            b_noise: 249.0,
+            low: 204.0,
+            high: Some(388.0),
+        },
+        fastest_batch: 256,
+        fastest_step_s: 7.07e-5,
+        step_line: line,
+        tie_break: TieBreak::MeasuredFastest,
+    })
+}
+
+/// Judged on the line through the step times, a batch the table's single
+/// medians put behind another is named with the line, and the other named
+/// as the medians' first (raw MNIST: 128 named, 256 at 1.00x in the table).
+#[test]
+fn a_batch_named_on_the_line_says_which_the_medians_put_first() {
+    let line = Some((1.17e-3, 1.6e-5));
+    let apart = time_to_target(vec![128], line);
+    assert!(apart.contains("1.170 ms + 0.0160 ms per sample"), "{apart}");
+    assert!(
+        apart.contains("single medians of the table put B = 256 first"),
+        "{apart}"
+    );
+    let same = time_to_target(vec![256], line);
+    assert!(same.contains("line through every measured one"), "{same}");
+    assert!(!same.contains("single medians"), "{same}");
+    let medians = time_to_target(vec![128], None);
+    assert!(!medians.contains("line"), "{medians}");
+}
+
 /// A tie of one batch is no tie: the reason says nothing came near it.
 #[test]
 fn a_single_batch_is_not_called_a_tie() {
-    let of = |tied: Vec<u64>| {
-        reason(&Reason::TimeToTarget {
-            tied,
-            band: batchfit_tune::advice::NoiseBand {
-                b_noise: 249.0,
-                low: 204.0,
-                high: Some(388.0),
-            },
-            fastest_batch: 256,
-            fastest_step_s: 7.07e-5,
-            tie_break: TieBreak::MeasuredFastest,
-        })
-    };
+    let of = |tied: Vec<u64>| time_to_target(tied, None);
     let alone = of(vec![256]);
     assert!(alone.contains("no other batch comes within"), "{alone}");
     assert!(!alone.contains("cannot be told apart"), "{alone}");
