@@ -274,28 +274,25 @@ fn verify_trains_what_the_advice_predicted_and_says_whether_it_held() {
     // The check trains from seeds none of the advice's trainings used: its
     // rate checks trained from `--seed` (0) up, as many as each took.
     assert_eq!(advice["inputs"]["seed"].as_u64(), Some(0));
-    let used = advice["rate_checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        // Absent where a check trained one seed.
-        .map(|c| c["seeds"].as_u64().unwrap_or(1))
+    let field = |v: &serde_json::Value, key: &str| -> Vec<u64> {
+        // A check's `seeds` is absent where it trained one.
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| if key.is_empty() { x } else { &x[key] })
+            .map(|x| x.as_u64().unwrap_or(1))
+            .collect()
+    };
+    let noise_runs = field(&advice["noise_seeds"], "seed").len() as u64;
+    let used = field(&advice["rate_checks"], "seeds")
+        .into_iter()
+        .chain([noise_runs, 1])
         .max()
-        .unwrap_or(1);
-    let seeds: Vec<u64> = d["settings"]["seeds"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s.as_u64().unwrap())
-        .collect();
+        .unwrap();
+    let seeds = field(&d["settings"]["seeds"], "");
     assert_eq!(seeds, [used, used + 1], "after the advice's {used}");
     assert_eq!(d["settings"]["warmup_epochs"].as_f64(), Some(0.0));
-    let batches: Vec<u64> = d["settings"]["batches"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| b.as_u64().unwrap())
-        .collect();
+    let batches = field(&d["settings"]["batches"], "");
     // The recommended batch and its neighbours among those measured.
     assert!(batches.contains(&recommended), "{batches:?}");
     assert!(batches.len() >= 2 && batches.iter().all(|b| [16, 64, 256].contains(b)));

@@ -56,7 +56,9 @@ pub struct VerifyRow {
     pub vs_best_error_pct: Option<f64>,
     /// Two standard errors of the measured `vs_best`, percent: how far the
     /// seeds alone move it (each batch's and the fastest's spread over its
-    /// seeds; 0 for the fastest itself). None with fewer than two seeds.
+    /// seeds; for the fastest itself, its ratio to the batch the prediction
+    /// put fastest, 0 where that is the same batch). None with fewer than
+    /// two seeds.
     #[serde(default)]
     pub vs_best_noise_pct: Option<f64>,
 }
@@ -166,6 +168,12 @@ pub fn verify(
         .iter()
         .filter_map(|p| p.seconds)
         .fold(f64::INFINITY, f64::min);
+    // The batch the prediction put fastest, as measured.
+    let predicted_fastest = predicted
+        .iter()
+        .filter(|p| p.seconds == Some(best_predicted))
+        .find_map(|p| of(p.batch))
+        .filter(|m| complete(m));
     let rows: Vec<VerifyRow> = predicted
         .iter()
         .map(|p| {
@@ -177,10 +185,17 @@ pub fn verify(
                 _ => None,
             };
             let predicted_vs_best = p.seconds.map(|s| s / best_predicted);
-            // The fastest against itself is exactly 1: no noise.
+            // The fastest against itself is exactly 1; its error is how much
+            // faster it measured than the batch the prediction put fastest,
+            // so its noise is that ratio's (none where the two are one batch).
             let vs_best_noise_pct = match (m, fastest) {
-                (Some(m), Some((f, _))) if complete(m) => ratio_noise_pct(&m.seconds, &f.seconds)
-                    .map(|n| if f.batch == m.batch { 0.0 } else { n }),
+                (Some(m), Some((f, _))) if complete(m) && f.batch == m.batch => {
+                    match predicted_fastest {
+                        Some(pf) if pf.batch != m.batch => ratio_noise_pct(&m.seconds, &pf.seconds),
+                        _ => (m.seconds.len() >= 2).then_some(0.0),
+                    }
+                }
+                (Some(m), Some((f, _))) if complete(m) => ratio_noise_pct(&m.seconds, &f.seconds),
                 _ => None,
             };
             VerifyRow {
@@ -518,6 +533,19 @@ mod tests {
         let (rows, v) = verify(&pred[1..], &one, 128, &[]);
         assert!(rows.iter().all(|r| r.vs_best_noise_pct.is_none()));
         assert!(v.relative_beyond_noise.is_empty());
+        // Predicted fastest 128, measured fastest 64 (1.3x predicted, 1.0x
+        // measured): 64's error is the 128-to-64 ratio's, so is its noise.
+        let faster = [m(64, &[0.08, 0.09, 0.10]), m(128, &[0.09, 0.10, 0.11])];
+        let (rows, _) = verify(&pred[1..], &faster, 128, &[]);
+        assert_eq!(rows[0].vs_best, Some(1.0));
+        let n = rows[0].vs_best_noise_pct.unwrap();
+        assert!((n - want([0.09, 0.01], [0.1, 0.01])).abs() < 1e-9, "{n}");
+        // 128's against 64, the measured fastest, as before.
+        let n128 = rows[1].vs_best_noise_pct.unwrap();
+        assert!(
+            (n128 - want([0.1, 0.01], [0.09, 0.01])).abs() < 1e-9,
+            "{n128}"
+        );
     }
 
     #[test]
