@@ -166,6 +166,9 @@ pub fn render(d: &Advice) -> String {
         {
             out.push_str(&format!("    {o}\n"));
         }
+        if let Some(n) = prose::none_trained(&d.rate_checks) {
+            out.push_str(&format!("    {n}\n"));
+        }
         if let Some(a) = d.decision.basis.as_ref().and_then(prose::reference_anchor) {
             out.push_str(&format!("    {a}\n"));
         }

@@ -637,6 +637,20 @@ pub fn reference_anchor(b: &PredictionBasis) -> Option<String> {
     ))
 }
 
+/// Where no rate check reached the target (nor came far enough to project
+/// it), the run's own batch and rate retrained included: nothing shows a
+/// rate that trains, and the ranking rests on the noise run alone. `None`
+/// where one reached it.
+pub fn none_trained(checks: &[batchfit_tune::stability::RateCheck]) -> Option<String> {
+    checks
+        .iter()
+        .all(|c| c.steps_to_target.is_none() && c.projected_steps.is_none())
+        .then(|| {
+            "no check reached the target, the noise run's own batch and rate retrained among them: no rate here is shown to train, and the time to target rests on the noise run alone (a training this erratic often has unscaled inputs: --standardize, or lower --lr)".to_string()
+        })
+        .filter(|_| !checks.is_empty())
+}
+
 /// What the rate checks changed: S(B) refitted to them, the cap, and the
 /// batch from which no rate tried trained.
 pub fn rate_outcome(

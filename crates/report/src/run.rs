@@ -270,6 +270,9 @@ pub fn render(d: &RunSummary) -> String {
             if let Some(o) = prose::rate_outcome(None, failed, unreached, refit) {
                 out.push_str(&format!("    {o}\n"));
             }
+            if let Some(none) = prose::none_trained(&n.checks) {
+                out.push_str(&format!("    {none}\n"));
+            }
         }
     }
     if let Some(r) = &d.advice.recommendation

@@ -357,7 +357,7 @@ pub(crate) const REFIT_CEILING: f64 = 100.0;
 /// interval). The checks trained to the same target as the run, each at the
 /// batch and rate the advice names, so they measure S(B) where the run only
 /// extrapolates to it. `None` without a check beside the reference that
-/// reached the target.
+/// reached the target (or, on a finished check's behalf, projected it).
 pub fn checked_b_noise(
     basis: &PredictionBasis,
     advised: &LrScaling,
@@ -365,7 +365,14 @@ pub fn checked_b_noise(
 ) -> Option<f64> {
     let run = basis.run()?;
     let measured = checked_points(basis, advised, checks);
-    if measured.is_empty() {
+    // Lower bounds place a curve only beside a reference that reached the
+    // target: with no check at the target, its own batch and rate included,
+    // nothing here trained as the run did (raw plm Cigar, inputs up to
+    // 30,703: every check stalled, and a refit to the bounds alone went from
+    // the run's 24 to 203).
+    if measured.is_empty()
+        || (measured.iter().all(|p| p.lower_bound) && reference_updates(basis, checks).is_none())
+    {
         return None;
     }
     let (br, s_run) = (run.batch as f64, basis.curve.steps(run.batch as f64));
@@ -615,6 +622,10 @@ mod tests {
         // the least that predicts no fewer than the bound.
         let bn = checked_b_noise(&b, &b.lr, &checks).unwrap();
         assert!((bn - 768.0).abs() / 768.0 < 0.03, "{bn}");
+        // The same bound where the reference did not reach the target either:
+        // nothing trained as the run did, and bounds alone fit no curve.
+        let stalled = check(128, 2.8e-3, true, None, RateVerdict::Stalled);
+        assert_eq!(checked_b_noise(&b, &b.lr, &[stalled, slow]), None);
         // Censored: a bound the curve already predicts more updates than moves
         // nothing (B_noise 128, as 512's check says); one above it pulls B_noise up.
         let at_512 = check(512, 5.6e-3, true, Some(62.5), RateVerdict::Trains);

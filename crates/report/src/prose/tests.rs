@@ -168,3 +168,32 @@ fn a_verdict_that_did_not_hold_names_a_stated_tie() {
         line(false)
     );
 }
+
+/// Checks none of which reached the target are said to show no rate that
+/// trains; one that reached it silences the line, as do no checks at all.
+#[test]
+fn no_check_at_the_target_is_said() {
+    use batchfit_tune::stability::{RateCheck, RateVerdict};
+    let check = |steps: Option<f64>, verdict| RateCheck {
+        batch: 128,
+        lr: 2.8e-3,
+        rule_rate: true,
+        max_steps: 385,
+        loss_start: 3.7e6,
+        loss_end: 235.6,
+        steps_to_target: steps,
+        predicted_steps: 192.0,
+        verdict,
+        projected_steps: None,
+        seeds: 1,
+        steps_sd: None,
+    };
+    let stalled = check(None, RateVerdict::Stalled);
+    let line = none_trained(&[stalled, stalled]).unwrap();
+    assert!(line.contains("no check reached the target"), "{line}");
+    assert_eq!(
+        none_trained(&[stalled, check(Some(180.0), RateVerdict::Trains)]),
+        None
+    );
+    assert_eq!(none_trained(&[]), None);
+}
