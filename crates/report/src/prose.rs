@@ -33,25 +33,28 @@ pub fn reason(r: &Reason) -> String {
             );
             if tied.len() <= 1 {
                 let named = tied.first().copied().unwrap_or(*fastest_batch);
-                return match step_line {
-                    // The table ranks by single medians: where one of them puts
-                    // another batch first, say why the line does not.
-                    Some((fixed, per)) if named != *fastest_batch => format!(
-                        "lowest predicted time to target, (1 + B_noise/B) x step time, with the step times of the line through every measured one ({:.3} ms + {:.4} ms per sample); on it no other batch comes within the measurement's noise ({band_text}). The single medians of the table put B = {fastest_batch} first (step {:.2} ms measured): one median moves between runs by more than the line does",
-                        fixed * 1e3,
-                        per * 1e3,
-                        fastest_step_s * 1e3
-                    ),
-                    Some((fixed, per)) => format!(
-                        "lowest predicted time to target, (1 + B_noise/B) x step time, with the step times of the line through every measured one ({:.3} ms + {:.4} ms per sample); on it no other batch comes within the measurement's noise ({band_text}; step {:.2} ms measured at B = {fastest_batch})",
-                        fixed * 1e3,
-                        per * 1e3,
-                        fastest_step_s * 1e3
-                    ),
-                    None => format!(
-                        "lowest predicted time to target, (1 + B_noise/B) x step time; no other batch comes within the measurement's noise of it ({band_text}; step {:.2} ms measured at B = {fastest_batch})",
-                        fastest_step_s * 1e3
-                    ),
+                let head = "lowest predicted time to target, (1 + B_noise/B) x step time";
+                let step = fastest_step_s * 1e3;
+                let Some((fixed, per)) = step_line else {
+                    return format!(
+                        "{head}; no other batch comes within the measurement's noise of it ({band_text}; step {step:.2} ms measured at B = {fastest_batch})"
+                    );
+                };
+                let on_line = format!(
+                    "{head}, with the step times of the line through every measured one ({:.3} ms + {:.4} ms per sample); on it no other batch comes within the measurement's noise",
+                    fixed * 1e3,
+                    per * 1e3
+                );
+                // The table ranks by single medians: where one of them puts
+                // another batch first, say why the line does not.
+                return if named != *fastest_batch {
+                    format!(
+                        "{on_line} ({band_text}). The single medians of the table put B = {fastest_batch} first (step {step:.2} ms measured): one median moves between runs by more than the line does"
+                    )
+                } else {
+                    format!(
+                        "{on_line} ({band_text}; step {step:.2} ms measured at B = {fastest_batch})"
+                    )
                 };
             }
             let tie_break = match tie_break {
@@ -642,13 +645,13 @@ pub fn reference_anchor(b: &PredictionBasis) -> Option<String> {
 /// rate that trains, and the ranking rests on the noise run alone. `None`
 /// where one reached it.
 pub fn none_trained(checks: &[batchfit_tune::stability::RateCheck]) -> Option<String> {
-    checks
-        .iter()
-        .all(|c| c.steps_to_target.is_none() && c.projected_steps.is_none())
-        .then(|| {
-            "no check reached the target, the noise run's own batch and rate retrained among them: no rate here is shown to train, and the time to target rests on the noise run alone (a training this erratic often has unscaled inputs: --standardize, or lower --lr)".to_string()
-        })
-        .filter(|_| !checks.is_empty())
+    let none = !checks.is_empty()
+        && checks
+            .iter()
+            .all(|c| c.steps_to_target.is_none() && c.projected_steps.is_none());
+    none.then(|| {
+        "no check reached the target, the noise run's own batch and rate retrained among them: no rate here is shown to train, and the time to target rests on the noise run alone (a training this erratic often has unscaled inputs: --standardize, or lower --lr)".to_string()
+    })
 }
 
 /// What the rate checks changed: S(B) refitted to them, the cap, and the
