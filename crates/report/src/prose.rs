@@ -319,10 +319,10 @@ pub fn run_noise_method(n: &RunNoise) -> String {
 }
 
 /// What one update's time is made of.
-pub const STEP_TIME: &str = "the mean of the timed steps plus gathering the batch from the data";
+pub const STEP_TIME: &str = "the 10th-percentile timed step, times the mean-to-10th-percentile ratio over every batch timed, plus gathering the batch from the data";
 
 /// The machine-readable code of [`STEP_TIME`].
-pub const STEP_TIME_CODE: &str = "timed_steps_mean_plus_batch_gathering";
+pub const STEP_TIME_CODE: &str = "timed_steps_p10_times_interference_plus_batch_gathering";
 
 /// A device's ramp beside its best fixed batch.
 pub fn schedule_statement(s: &DeviceSchedule) -> String {

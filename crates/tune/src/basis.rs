@@ -34,8 +34,8 @@ pub struct PredictionBasis {
     pub reference_updates: Option<f64>,
 }
 
-/// Where S(B) came from. One time of an update is the same in every kind: the
-/// mean of the timed steps plus gathering the batch from the data.
+/// Where S(B) came from. One time of an update is the same in every kind
+/// ([`crate::probe::DeviceProbe::update_points`]).
 #[derive(Clone, Debug, PartialEq)]
 pub enum BasisSource {
     /// S(B) = Σ ΔS_min,i (1 + B_i/B) over the stretches of a noise run, each
