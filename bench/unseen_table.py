@@ -12,20 +12,12 @@ that did not hold.
 """
 
 import glob
-import json
 import os
 import sys
 
-TOLERANCE_PCT = 20.0
+from verify_table import TOLERANCE_PCT, load
+
 HOWS = ("raw", "standardized")
-
-
-def load(path):
-    """A command's JSON, or None where it failed (an empty file)."""
-    try:
-        return json.load(open(path))
-    except (OSError, json.JSONDecodeError):
-        return None
 
 
 def text(path):

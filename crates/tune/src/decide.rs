@@ -480,22 +480,14 @@ mod tests {
     }
 
     fn probe(device: &str, steps: &[(u64, f64)], max_batch: Option<u64>) -> DeviceProbe {
+        let points = steps
+            .iter()
+            .map(|&(b, s)| ProbePoint::measured(b, &summarize(&[s, s, s]), None, None, None))
+            .collect();
         DeviceProbe {
-            device: device.parse().unwrap(),
-            threads: None,
-            points: steps
-                .iter()
-                .map(|&(b, s)| ProbePoint::measured(b, &summarize(&[s, s, s]), None, None, None))
-                .collect(),
             max_batch,
             knee_batch: Some(steps[0].0),
-            knee_range: None,
-            efficiency: 0.9,
-            search_trials: 0,
-            search: None,
-            seconds: 0.0,
-            budget: None,
-            between_process_error: None,
+            ..DeviceProbe::of_points(device.parse().unwrap(), points)
         }
     }
 

@@ -229,6 +229,26 @@ pub struct DeviceProbe {
 }
 
 impl DeviceProbe {
+    /// A device with these points and nothing else measured (no search, no
+    /// knee), for tests.
+    #[cfg(test)]
+    pub(crate) fn of_points(device: DeviceSpec, points: Vec<ProbePoint>) -> DeviceProbe {
+        DeviceProbe {
+            device,
+            threads: None,
+            points,
+            max_batch: None,
+            knee_batch: None,
+            knee_range: None,
+            efficiency: 0.9,
+            search_trials: 0,
+            search: None,
+            seconds: 0.0,
+            budget: None,
+            between_process_error: None,
+        }
+    }
+
     /// The measured (batch, median step time, its error) of the batches that
     /// ran, the error widened by [`DeviceProbe::between_process_error`].
     pub fn step_points(&self) -> Vec<StepPoint> {
@@ -402,20 +422,7 @@ mod tests {
     }
 
     fn cpu_probe(points: Vec<ProbePoint>) -> DeviceProbe {
-        DeviceProbe {
-            device: DeviceSpec::Cpu,
-            threads: None,
-            points,
-            max_batch: None,
-            knee_batch: None,
-            knee_range: None,
-            efficiency: 0.9,
-            search_trials: 0,
-            search: None,
-            seconds: 0.0,
-            budget: None,
-            between_process_error: None,
-        }
+        DeviceProbe::of_points(DeviceSpec::Cpu, points)
     }
 
     /// A burst that fell on one batch's timing (32: mean 1.44 ms over a
