@@ -19,7 +19,11 @@ pub struct ProbePoint {
     pub batch: u64,
     /// Median seconds per training step (measured).
     pub step_time_s: f64,
+    /// 10th-percentile seconds per step (measured): the step as bursts of
+    /// interference leave it; one update's time starts from it
+    /// ([`DeviceProbe::update_points`]).
     pub step_time_p10_s: f64,
+    /// 90th-percentile seconds per step (measured).
     pub step_time_p90_s: f64,
     /// Mean seconds per step (measured): what a training's total time grows
     /// by per step, slow steps included; null where not measured.

@@ -1,0 +1,191 @@
+"""Offline readings of bench/verify_suite.sh's results (OUT/NAME.advise*.json,
+OUT/NAME.verify.json): how the suite's criterion (time relative to the best
+within 20 % at every batch) would have come out had `advise` read its own
+measurements another way. Nothing is rerun; each reading rebuilds the
+predicted time at the verified batches from the first advice's files.
+
+  python3 bench/verify_offline.py OUT [OUT ...]
+
+Readings of one update's step (gathering the batch, read from the advice's
+own prediction, is kept as it was):
+  global    the 10th-percentile step x the geometric mean over the device's
+            batches of mean / 10th percentile (what `advise` does)
+  regress   that ratio fitted against the step's length (log-log line)
+  local5    that ratio averaged over the batch and two neighbours each side
+  own_mean  each batch's own mean
+Readings of the steps:
+  model     the advice's S(B) (what `advise` does)
+  checked   S(B) times the rate checks' misses (log measured / predicted at
+            each checked batch), shrunk by the checks' seed noise against
+            their spread and interpolated in log batch between them
+  capped    B_noise refitted to the checks up to the rate's cap alone (S(B)
+            through the reference check), and past the cap S(B) times the
+            geometric mean of the capped checks' measured / predicted
+Prints, per reading, the runs within 20 % at every batch and each run's worst
+error."""
+
+import glob
+import json
+import math
+import os
+import sys
+
+TOLERANCE_PCT = 20.0
+
+
+def non_decreasing(times):
+    """`non_decreasing_in_batch` of crates/tune/src/probe.rs, on times in batch order."""
+    out, least = list(times), float("inf")
+    for i in range(len(out) - 1, -1, -1):
+        least = min(least, out[i])
+        out[i] = least
+    return out
+
+
+def step_readings(points):
+    """Batches in order, and each reading's step time there (without gathering)."""
+    pts = sorted(
+        (p for p in points if p.get("failure") is None and p.get("step_time_p10_s") and p.get("step_time_mean_s")),
+        key=lambda p: p["batch"],
+    )
+    batches = [p["batch"] for p in pts]
+    p10 = [p["step_time_p10_s"] for p in pts]
+    ratio = [math.log(max(p["step_time_mean_s"] / p["step_time_p10_s"], 1.0)) for p in pts]
+    mean_ratio = sum(ratio) / len(ratio)
+    xs = [math.log(q) for q in p10]
+    mx = sum(xs) / len(xs)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - mean_ratio) for x, y in zip(xs, ratio)) / sxx if sxx > 0 else 0.0
+    local = [sum(ratio[max(0, i - 2) : i + 3]) / len(ratio[max(0, i - 2) : i + 3]) for i in range(len(pts))]
+    readings = {
+        "global": [q * math.exp(max(mean_ratio, 0.0)) for q in p10],
+        "regress": [q * math.exp(max(0.0, mean_ratio + slope * (x - mx))) for q, x in zip(p10, xs)],
+        "local5": [q * math.exp(r) for q, r in zip(p10, local)],
+        "own_mean": [p["step_time_mean_s"] for p in pts],
+    }
+    return batches, {k: non_decreasing(v) for k, v in readings.items()}
+
+
+def checked_correction(advice):
+    """log(measured / predicted) of the rate checks, shrunk and interpolated: a function of the batch."""
+    table = {r["micro_batch"]: r["steps"] for r in advice["time_to_target"] if r.get("accumulation", 1) == 1}
+    seen, misses = set(), []
+    for c in advice.get("rate_checks", []):
+        b = c["batch"]
+        if b in seen or not c.get("rule_rate") or c.get("steps_to_target") is None or b not in table:
+            continue
+        if c["verdict"] not in ("trains", "no_gain"):
+            continue
+        seen.add(b)
+        n, m = c.get("seeds", 1), c["steps_to_target"]
+        noise = (c.get("steps_sd") or 0.0) / math.sqrt(n) / m if n > 1 else 0.5
+        misses.append((math.log(b), math.log(m / table[b]), noise**2))
+    if len(misses) < 2:
+        return lambda b: 0.0
+    misses.sort()
+    spread = max(0.0, sum(r * r for _, r, _ in misses) / len(misses) - sum(v for *_, v in misses) / len(misses))
+    xs = [x for x, _, _ in misses]
+    ys = [r * spread / (spread + v) if spread + v > 0 else 0.0 for _, r, v in misses]
+
+    def at(b):
+        x = math.log(b)
+        if x <= xs[0]:
+            return ys[0]
+        if x >= xs[-1]:
+            return ys[-1]
+        i = max(j for j in range(len(xs) - 1) if xs[j] <= x)
+        return ys[i] + (x - xs[i]) / (xs[i + 1] - xs[i]) * (ys[i + 1] - ys[i])
+
+    return at
+
+
+def capped_curve(advice):
+    """S(B) with B_noise refitted to the checks up to the cap, times the capped checks' mean miss past it."""
+    pred = advice["prediction"]
+    curve, lr = pred.get("curve"), pred["lr"]
+    cap = lr.get("cap_batch")
+    if not curve:
+        return None
+    rows = curve["rows"]
+
+    def noise_batch(b):
+        return b * rows / (rows - b) if b < rows else float("inf")
+
+    def through(s_ref, b_ref, b_noise):
+        s_min = s_ref / (1.0 + b_noise / noise_batch(b_ref))
+        return lambda b: s_min * (1.0 + b_noise / noise_batch(b))
+
+    model = through(curve["s_min"] * (1.0 + curve["b_noise"] / noise_batch(pred["run_batch"])), pred["run_batch"], curve["b_noise"])
+    if not cap:
+        return model
+    run, s_ref = pred["run_batch"], pred.get("reference_updates") or model(pred["run_batch"])
+    scale = {"sqrt": lambda b: math.sqrt(b / lr["ref_batch"]), "linear": lambda b: b / lr["ref_batch"]}.get(lr["rule"], lambda b: 1.0)
+    measured = {}
+    for c in advice.get("rate_checks", []):
+        b = c["batch"]
+        if b == run or c["verdict"] != "trains" or c.get("steps_to_target") is None:
+            continue
+        rate = lr["ref_lr"] * scale(min(b, cap))
+        if abs(c["lr"] - rate) <= 1e-6 * rate or b not in measured:
+            measured[b] = c["steps_to_target"]
+    below = [(b, m) for b, m in measured.items() if b <= cap]
+    above = [(b, m) for b, m in measured.items() if b > cap]
+    if not below:
+        return model
+    grid = [math.exp(0.005 * i) for i in range(1, 3000)]
+    b_noise = min(grid, key=lambda bn: sum((math.log(m) - math.log(through(s_ref, run, bn)(b))) ** 2 for b, m in below))
+    fitted = through(s_ref, run, b_noise)
+    miss = math.exp(sum(math.log(m / fitted(b)) for b, m in above) / len(above)) if above else 1.0
+    return lambda b: fitted(b) * (miss if b > cap else 1.0)
+
+
+def worst_error(out, name, step_reading, steps_reading):
+    """The run's worst error of time relative to the best (percent) and its batch, or None."""
+    try:
+        advice = json.load(open(f"{out}/{name}.advise1.json"))
+        verify = json.load(open(f"{out}/{name}.verify.json"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    batches, steps_at = step_readings(advice["devices"][0]["points"])
+    correct = checked_correction(advice) if steps_reading == "checked" else (lambda b: 0.0)
+    capped = capped_curve(advice) if steps_reading == "capped" else None
+    predicted, measured = {}, {}
+    for r in verify["verify"]["rows"]:
+        if not r.get("predicted_steps"):
+            continue
+        b = r["batch"]
+        step = r["predicted_seconds"] / r["predicted_steps"]
+        if b in batches:
+            i = batches.index(b)
+            step += steps_at[step_reading][i] - steps_at["global"][i]
+        steps = capped(b) if capped else r["predicted_steps"] * math.exp(correct(b))
+        predicted[b] = steps * step
+        if r.get("seconds_mean") and r.get("reached") == r.get("runs"):
+            measured[b] = r["seconds_mean"]
+    if not measured:
+        return None
+    best_p, best_m = min(predicted[b] for b in measured), min(measured.values())
+    errors = {b: 100.0 * ((predicted[b] / best_p) / (measured[b] / best_m) - 1.0) for b in measured}
+    b = max(errors, key=lambda k: abs(errors[k]))
+    return errors[b], b
+
+
+def main(outs):
+    runs = [
+        (out, os.path.basename(p).split(".verify")[0]) for out in outs for p in sorted(glob.glob(f"{out}/*.verify.json"))
+    ]
+    for steps_reading in ("model", "checked", "capped"):
+        for step_reading in ("global", "regress", "local5", "own_mean"):
+            if steps_reading != "model" and step_reading != "global":
+                continue
+            results = [(out, name, worst_error(out, name, step_reading, steps_reading)) for out, name in runs]
+            results = [(o, n, w) for o, n, w in results if w]
+            within = sum(abs(w[0]) <= TOLERANCE_PCT for *_, w in results)
+            print(f"steps {steps_reading}, step {step_reading}: {within} of {len(results)} within {TOLERANCE_PCT:.0f} %")
+            print("  " + "; ".join(f"{os.path.basename(o)}/{n} {w[0]:+.0f} % at {w[1]}" for o, n, w in results))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    main(sys.argv[1:])
