@@ -12,7 +12,9 @@ use batchfit_plan::Bytes;
 const RUNG: u64 = 8;
 
 /// Trials a predicting search of a user's command may take: on linear memory it
-/// needs 4-6 (tests), on coarse or bending memory up to about 12; 40 leaves room
+/// needs 4-6 (tests), on coarse or bending memory up to about 12, and where a
+/// process's limit also moves between runs 9 on average and up to 17
+/// (simulated, tests); 40 leaves room
 /// for a curve that defeats every prediction to be bisected down to 2 % from
 /// 2^20 (about 20 rungs and halvings) before it gives up.
 pub const MAX_TRIALS: usize = 40;
