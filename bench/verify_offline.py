@@ -21,6 +21,10 @@ Readings of the steps:
   capped    B_noise refitted to the checks up to the rate's cap alone (S(B)
             through the reference check), and past the cap S(B) times the
             geometric mean of the capped checks' measured / predicted
+  held      B_noise refitted to every check, S(B) up to the cap and past it
+            SGD's updates at a fixed rate (McCandlish et al. 2018, eq. 2.6-2.7:
+            S_min / (2x - x^2 (1 + B_noise / B)), x the cap's rate over the
+            best rate, 1 / (1 + B_noise / B_cap))
 Prints, per reading, the runs within 20 % at every batch and each run's worst
 error."""
 
@@ -99,6 +103,45 @@ def checked_correction(advice):
     return at
 
 
+def held_curve(advice):
+    """S(B) up to the cap and the fixed-rate updates past it, B_noise refitted to every check."""
+    pred = advice["prediction"]
+    curve, lr = pred.get("curve"), pred["lr"]
+    cap = lr.get("cap_batch")
+    if not curve or not cap:
+        return None
+    rows, run = curve["rows"], pred["run_batch"]
+
+    def noise_batch(b):
+        return b * rows / (rows - b) if b < rows else float("inf")
+
+    def shape(b, b_noise):
+        if b <= cap:
+            return 1.0 + b_noise / noise_batch(b)
+        x = 1.0 / (1.0 + b_noise / noise_batch(cap))
+        return 1.0 / (2.0 * x - x * x * (1.0 + b_noise / noise_batch(b)))
+
+    s_ref = pred.get("reference_updates") or curve["s_min"] * shape(run, curve["b_noise"])
+    scale = {"sqrt": lambda b: math.sqrt(b / lr["ref_batch"]), "linear": lambda b: b / lr["ref_batch"]}.get(lr["rule"], lambda b: 1.0)
+    measured = {}
+    for c in advice.get("rate_checks", []):
+        b = c["batch"]
+        if b == run or c["verdict"] != "trains" or c.get("steps_to_target") is None:
+            continue
+        rate = lr["ref_lr"] * scale(min(b, cap))
+        if abs(c["lr"] - rate) <= 1e-6 * rate or b not in measured:
+            measured[b] = c["steps_to_target"]
+    if not measured:
+        return None
+    grid = [math.exp(0.005 * i) for i in range(1, 3000)]
+
+    def misfit(bn):
+        return sum((math.log(m) - math.log(s_ref * shape(b, bn) / shape(run, bn))) ** 2 for b, m in measured.items())
+
+    b_noise = min(grid, key=misfit)
+    return lambda b: s_ref * shape(b, b_noise) / shape(run, b_noise)
+
+
 def capped_curve(advice):
     """S(B) with B_noise refitted to the checks up to the cap, times the capped checks' mean miss past it."""
     pred = advice["prediction"]
@@ -148,7 +191,7 @@ def worst_error(out, name, step_reading, steps_reading):
         return None
     batches, steps_at = step_readings(advice["devices"][0]["points"])
     correct = checked_correction(advice) if steps_reading == "checked" else (lambda b: 0.0)
-    capped = capped_curve(advice) if steps_reading == "capped" else None
+    capped = {"capped": capped_curve, "held": held_curve}.get(steps_reading, lambda a: None)(advice)
     predicted, measured = {}, {}
     for r in verify["verify"]["rows"]:
         if not r.get("predicted_steps"):
@@ -174,7 +217,7 @@ def main(outs):
     runs = [
         (out, os.path.basename(p).split(".verify")[0]) for out in outs for p in sorted(glob.glob(f"{out}/*.verify.json"))
     ]
-    for steps_reading in ("model", "checked", "capped"):
+    for steps_reading in ("model", "checked", "capped", "held"):
         for step_reading in ("global", "regress", "local5", "own_mean"):
             if steps_reading != "model" and step_reading != "global":
                 continue
