@@ -103,81 +103,75 @@ def checked_correction(advice):
     return at
 
 
-def held_curve(advice):
-    """S(B) up to the cap and the fixed-rate updates past it, B_noise refitted to every check."""
+def refit_parts(advice):
+    """What a refit of S(B) needs from the advice, or None: the run's batch, the
+    reference's updates, the cap, the finite data's noise batch, S(B)'s shape
+    (1 + B_noise / B) and each checked batch's updates at its advised rate
+    (else the first rate that trained there)."""
     pred = advice["prediction"]
     curve, lr = pred.get("curve"), pred["lr"]
-    cap = lr.get("cap_batch")
-    if not curve or not cap:
+    if not curve:
         return None
-    rows, run = curve["rows"], pred["run_batch"]
+    rows, run, cap = curve["rows"], pred["run_batch"], lr.get("cap_batch")
 
     def noise_batch(b):
         return b * rows / (rows - b) if b < rows else float("inf")
 
-    def shape(b, b_noise):
-        if b <= cap:
-            return 1.0 + b_noise / noise_batch(b)
-        x = 1.0 / (1.0 + b_noise / noise_batch(cap))
-        return 1.0 / (2.0 * x - x * x * (1.0 + b_noise / noise_batch(b)))
+    def optimal(b, b_noise):
+        return 1.0 + b_noise / noise_batch(b)
 
-    s_ref = pred.get("reference_updates") or curve["s_min"] * shape(run, curve["b_noise"])
-    scale = {"sqrt": lambda b: math.sqrt(b / lr["ref_batch"]), "linear": lambda b: b / lr["ref_batch"]}.get(lr["rule"], lambda b: 1.0)
+    s_ref = pred.get("reference_updates") or curve["s_min"] * optimal(run, curve["b_noise"])
+    scale = {"sqrt": lambda b: math.sqrt(b / lr["ref_batch"]), "linear": lambda b: b / lr["ref_batch"]}
+    rate_at = scale.get(lr["rule"], lambda b: 1.0)
     measured = {}
     for c in advice.get("rate_checks", []):
         b = c["batch"]
         if b == run or c["verdict"] != "trains" or c.get("steps_to_target") is None:
             continue
-        rate = lr["ref_lr"] * scale(min(b, cap))
+        rate = lr["ref_lr"] * rate_at(min(b, cap) if cap else b)
         if abs(c["lr"] - rate) <= 1e-6 * rate or b not in measured:
             measured[b] = c["steps_to_target"]
-    if not measured:
-        return None
+    return run, s_ref, cap, noise_batch, optimal, measured
+
+
+def refit(points, run, s_ref, shape):
+    """S(B) through the reference with the B_noise (a log grid) whose `shape` fits `points` best in log."""
     grid = [math.exp(0.005 * i) for i in range(1, 3000)]
 
-    def misfit(bn):
-        return sum((math.log(m) - math.log(s_ref * shape(b, bn) / shape(run, bn))) ** 2 for b, m in measured.items())
+    def curve(b_noise):
+        return lambda b: s_ref * shape(b, b_noise) / shape(run, b_noise)
 
-    b_noise = min(grid, key=misfit)
-    return lambda b: s_ref * shape(b, b_noise) / shape(run, b_noise)
+    b_noise = min(grid, key=lambda bn: sum((math.log(m) - math.log(curve(bn)(b))) ** 2 for b, m in points))
+    return curve(b_noise)
+
+
+def held_curve(advice):
+    """S(B) up to the cap and the fixed-rate updates past it, B_noise refitted to every check."""
+    parts = refit_parts(advice)
+    if not parts or not parts[2] or not parts[5]:
+        return None
+    run, s_ref, cap, noise_batch, optimal, measured = parts
+
+    def held(b, b_noise):
+        if b <= cap:
+            return optimal(b, b_noise)
+        x = 1.0 / optimal(cap, b_noise)
+        return 1.0 / (2.0 * x - x * x * optimal(b, b_noise))
+
+    return refit(list(measured.items()), run, s_ref, held)
 
 
 def capped_curve(advice):
     """S(B) with B_noise refitted to the checks up to the cap, times the capped checks' mean miss past it."""
-    pred = advice["prediction"]
-    curve, lr = pred.get("curve"), pred["lr"]
-    cap = lr.get("cap_batch")
-    if not curve:
+    parts = refit_parts(advice)
+    if not parts or not parts[2]:
         return None
-    rows = curve["rows"]
-
-    def noise_batch(b):
-        return b * rows / (rows - b) if b < rows else float("inf")
-
-    def through(s_ref, b_ref, b_noise):
-        s_min = s_ref / (1.0 + b_noise / noise_batch(b_ref))
-        return lambda b: s_min * (1.0 + b_noise / noise_batch(b))
-
-    model = through(curve["s_min"] * (1.0 + curve["b_noise"] / noise_batch(pred["run_batch"])), pred["run_batch"], curve["b_noise"])
-    if not cap:
-        return model
-    run, s_ref = pred["run_batch"], pred.get("reference_updates") or model(pred["run_batch"])
-    scale = {"sqrt": lambda b: math.sqrt(b / lr["ref_batch"]), "linear": lambda b: b / lr["ref_batch"]}.get(lr["rule"], lambda b: 1.0)
-    measured = {}
-    for c in advice.get("rate_checks", []):
-        b = c["batch"]
-        if b == run or c["verdict"] != "trains" or c.get("steps_to_target") is None:
-            continue
-        rate = lr["ref_lr"] * scale(min(b, cap))
-        if abs(c["lr"] - rate) <= 1e-6 * rate or b not in measured:
-            measured[b] = c["steps_to_target"]
+    run, s_ref, cap, _, optimal, measured = parts
     below = [(b, m) for b, m in measured.items() if b <= cap]
     above = [(b, m) for b, m in measured.items() if b > cap]
     if not below:
-        return model
-    grid = [math.exp(0.005 * i) for i in range(1, 3000)]
-    b_noise = min(grid, key=lambda bn: sum((math.log(m) - math.log(through(s_ref, run, bn)(b))) ** 2 for b, m in below))
-    fitted = through(s_ref, run, b_noise)
+        return None
+    fitted = refit(below, run, s_ref, optimal)
     miss = math.exp(sum(math.log(m / fitted(b)) for b, m in above) / len(above)) if above else 1.0
     return lambda b: fitted(b) * (miss if b > cap else 1.0)
 
