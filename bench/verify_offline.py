@@ -25,6 +25,8 @@ Readings of the steps:
             SGD's updates at a fixed rate (McCandlish et al. 2018, eq. 2.6-2.7:
             S_min / (2x - x^2 (1 + B_noise / B)), x the cap's rate over the
             best rate, 1 / (1 + B_noise / B_cap))
+  free      S_min and B_noise both fitted to every check, the reference
+            included (none drawn through the reference)
 Prints, per reading, the runs within 20 % at every batch and each run's worst
 error."""
 
@@ -176,6 +178,28 @@ def capped_curve(advice):
     return lambda b: fitted(b) * (miss if b > cap else 1.0)
 
 
+def free_curve(advice):
+    """S(B) with S_min and B_noise both fitted to every check, the reference included, where
+    three batches or more reached the target."""
+    parts = refit_parts(advice)
+    if not parts:
+        return None
+    run, s_ref, _, _, optimal, measured = parts
+    points = list(measured.items()) + [(run, s_ref)]
+    if len(points) < 3:
+        return None
+    grid = [math.exp(0.005 * i) for i in range(1, 3000)]
+
+    def misfit(b_noise):
+        logs = [math.log(m / optimal(b, b_noise)) for b, m in points]
+        mean = sum(logs) / len(logs)
+        return sum((x - mean) ** 2 for x in logs), math.exp(mean)
+
+    b_noise = min(grid, key=lambda bn: misfit(bn)[0])
+    s_min = misfit(b_noise)[1]
+    return lambda b: s_min * optimal(b, b_noise)
+
+
 def worst_error(out, name, step_reading, steps_reading):
     """The run's worst error of time relative to the best (percent) and its batch, or None."""
     try:
@@ -185,7 +209,7 @@ def worst_error(out, name, step_reading, steps_reading):
         return None
     batches, steps_at = step_readings(advice["devices"][0]["points"])
     correct = checked_correction(advice) if steps_reading == "checked" else (lambda b: 0.0)
-    capped = {"capped": capped_curve, "held": held_curve}.get(steps_reading, lambda a: None)(advice)
+    capped = {"capped": capped_curve, "held": held_curve, "free": free_curve}.get(steps_reading, lambda a: None)(advice)
     predicted, measured = {}, {}
     for r in verify["verify"]["rows"]:
         if not r.get("predicted_steps"):
@@ -211,7 +235,7 @@ def main(outs):
     runs = [
         (out, os.path.basename(p).split(".verify")[0]) for out in outs for p in sorted(glob.glob(f"{out}/*.verify.json"))
     ]
-    for steps_reading in ("model", "checked", "capped", "held"):
+    for steps_reading in ("model", "checked", "capped", "held", "free"):
         for step_reading in ("global", "regress", "local5", "own_mean"):
             if steps_reading != "model" and step_reading != "global":
                 continue
