@@ -181,7 +181,7 @@ pub fn finding(f: &Finding) -> String {
             critical,
             epochs_vs_min,
         } => format!(
-            "{device}: batch {batch} is {:.0}x the critical batch ({critical:.0}): it needs about {epochs_vs_min:.1}x the epochs of a small batch to reach the same loss (E(B) = E_min (1 + B/B_noise - B/N) on N training rows)",
+            "{device}: batch {batch} is {:.0}x the critical batch on the training rows ({critical:.0}, B_noise N / (N + B_noise)): it needs about {epochs_vs_min:.1}x the epochs of a small batch to reach the same loss (E(B) = E_min (1 + B/B_noise - B/N) on N training rows)",
             batch as f64 / critical,
         ),
         FindingKind::NearMemoryLimit {
