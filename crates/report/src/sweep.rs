@@ -680,6 +680,7 @@ mod tests {
                 },
                 b_noise_run: None,
                 reference_updates: None,
+                s_min_refitted: false,
             },
             rows,
             verdict,
