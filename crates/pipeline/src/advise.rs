@@ -178,7 +178,6 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<Advice> {
             rate_unreached_to: rates.unreached_to,
             checked_b_noise: rates.b_noise,
             checked_reference: rates.reference_updates,
-            checked_fit_at_run: rates.fit_at_run,
             prior_loss,
         })
     };

@@ -17,7 +17,7 @@ use batchfit_tune::decide::Decision;
 use batchfit_tune::lr::LrScaling;
 use batchfit_tune::stability::{
     CHECK_SEEDS, HALVINGS, RateCheck, RateVerdict, cap_from, check_limit, checked_b_noise,
-    failed_from, free_fit, judge, mark_no_gain, reference_updates, seeds_settled, unreached_to,
+    failed_from, judge, mark_no_gain, reference_updates, seeds_settled, unreached_to,
 };
 
 /// Rounds of check-then-decide: each round checks the batches the last
@@ -40,9 +40,6 @@ pub struct RateFindings {
     pub b_noise: Option<f64>,
     /// The reference check's mean updates ([`reference_updates`]).
     pub reference_updates: Option<f64>,
-    /// S(B)'s updates at the run's batch where S_min was fitted to the
-    /// checks too ([`free_fit`]), and then `b_noise` is that fit's.
-    pub fit_at_run: Option<f64>,
 }
 
 /// Checks the batches `decide` names, deciding again after each round, until
@@ -107,13 +104,6 @@ pub fn checked_decision(
         // batch that does not train.
         found.b_noise = checked_b_noise(&run_basis, &advised, &fitted);
         found.reference_updates = reference_updates(&run_basis, &fitted);
-        let free = found
-            .b_noise
-            .and_then(|anchored| free_fit(&run_basis, &advised, &fitted, anchored));
-        found.fit_at_run = free.map(|(_, at_run)| at_run);
-        if let Some((b_noise, _)) = free {
-            found.b_noise = Some(b_noise);
-        }
         let next = decide(&found);
         if next
             .recommendations

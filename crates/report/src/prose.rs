@@ -626,17 +626,9 @@ pub fn rate_check(c: &batchfit_tune::stability::RateCheck) -> String {
 }
 
 /// Where S(B) is drawn through after the checks: the updates the reference
-/// check took (its seeds' mean), beside the noise run's own; or, where S_min
-/// was fitted to the checks too, what the curve predicts there instead.
+/// check took (its seeds' mean), beside the noise run's own.
 pub fn reference_anchor(b: &PredictionBasis) -> Option<String> {
     let (reference, run) = (b.reference_updates?, b.run()?);
-    if b.s_min_refitted {
-        return Some(format!(
-            "S(B) is fitted to every check, S_min with B_noise: drawn through the {reference:.0} updates the check at batch {} and the noise run's rate took, it missed the others by more than their seeds' spread; the fit predicts {:.0} there",
-            run.batch,
-            b.curve.steps(run.batch as f64)
-        ));
-    }
     let own = b
         .updates_to_target()
         .filter(|u| u.is_finite())

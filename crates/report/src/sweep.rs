@@ -680,7 +680,6 @@ mod tests {
                 },
                 b_noise_run: None,
                 reference_updates: None,
-                s_min_refitted: false,
             },
             rows,
             verdict,

@@ -201,7 +201,6 @@ fn advice() -> Advice {
         rate_unreached_to: None,
         checked_b_noise: None,
         checked_reference: None,
-        checked_fit_at_run: None,
         prior_loss: Some(10f64.ln()),
     });
     Advice {

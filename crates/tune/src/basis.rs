@@ -32,10 +32,6 @@ pub struct PredictionBasis {
     /// rate, which `curve` is drawn through after the checks; `None`: through
     /// the run's own updates.
     pub reference_updates: Option<f64>,
-    /// Whether S_min was fitted to the checks beside B_noise
-    /// ([`crate::stability::free_fit`]): drawn through `reference_updates`,
-    /// the curve missed them by more than their seeds' noise.
-    pub s_min_refitted: bool,
 }
 
 /// Where S(B) came from. One time of an update is the same in every kind
@@ -145,9 +141,7 @@ impl PredictionBasis {
     /// The curve refitted to what the rate checks measured: through
     /// `reference`, the mean updates of the checks at the run's own batch and
     /// rate (else the run's own updates there), with the noise scale
-    /// `b_noise` they measured (else the curve's); through `fitted` instead,
-    /// the updates at the run's batch of a curve fitted to every check
-    /// ([`crate::stability::free_fit`]), where there is one. The checks train as a
+    /// `b_noise` they measured (else the curve's). The checks train as a
     /// training of the advice does, from several seeds; the run's own updates
     /// are one run's first passage to the level it ends at, which it reaches
     /// only near its end while another seed, fluctuating around that level,
@@ -157,17 +151,13 @@ impl PredictionBasis {
         mut self,
         b_noise: Option<f64>,
         reference: Option<f64>,
-        fitted: Option<f64>,
     ) -> PredictionBasis {
         let Some(run) = self.run() else {
             return self;
         };
         let at = run.batch as f64;
-        let usable = |u: &f64| u.is_finite() && *u > 0.0;
-        let reference = reference.filter(usable);
-        let fitted = fitted.filter(usable);
-        self.s_min_refitted = fitted.is_some();
-        let anchor = fitted.or(reference).unwrap_or_else(|| self.curve.steps(at));
+        let reference = reference.filter(|r| r.is_finite() && *r > 0.0);
+        let anchor = reference.unwrap_or_else(|| self.curve.steps(at));
         if b_noise.is_some() {
             self.b_noise_run = Some(self.b_noise_run.unwrap_or(self.curve.b_noise));
         }
@@ -228,9 +218,6 @@ struct BasisRecord {
     /// The checks' updates at the run's batch the curve is drawn through.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     reference_updates: Option<f64>,
-    /// S_min fitted to the checks too: the curve is not drawn through `reference_updates`.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    s_min_refitted: bool,
     /// Read back from earlier documents (the method in words) to tell the
     /// preconditioned estimates apart; written by the report, not here.
     #[serde(default, skip_serializing)]
@@ -260,7 +247,6 @@ impl From<PredictionBasis> for BasisRecord {
             b_noise_high: b.band().and_then(|(_, hi)| hi),
             b_noise_run: b.b_noise_run,
             reference_updates: b.reference_updates,
-            s_min_refitted: b.s_min_refitted,
             sweep: match b.source {
                 BasisSource::Sweep(s) => Some(s),
                 _ => None,
@@ -317,7 +303,6 @@ impl From<BasisRecord> for PredictionBasis {
             source,
             b_noise_run: r.b_noise_run,
             reference_updates: r.reference_updates,
-            s_min_refitted: r.s_min_refitted,
         }
     }
 }
@@ -411,7 +396,6 @@ pub fn prediction_basis_to(
         source,
         b_noise_run: None,
         reference_updates: None,
-        s_min_refitted: false,
     })
 }
 
@@ -432,7 +416,6 @@ pub fn measured_basis(
         source: BasisSource::Sweep(fit),
         b_noise_run: None,
         reference_updates: None,
-        s_min_refitted: false,
     }
 }
 
@@ -466,10 +449,8 @@ mod tests {
             },
             b_noise_run: None,
             reference_updates: Some(150.0),
-            s_min_refitted: true,
         };
         let v = serde_json::to_value(&basis).unwrap();
-        assert_eq!(v["s_min_refitted"], true);
         assert_eq!(v["method_code"], "end_value");
         assert_eq!(v["measured"], false);
         assert_eq!(v["run_batch"], 128);

@@ -50,9 +50,6 @@ pub struct Evidence<'a> {
     /// The mean updates the check at the noise run's own batch and rate took
     /// ([`crate::stability::reference_updates`]): S(B) is drawn through it.
     pub checked_reference: Option<f64>,
-    /// S(B)'s updates at the noise run's batch where the checks fitted S_min
-    /// too ([`crate::stability::free_fit`]): drawn through it instead.
-    pub checked_fit_at_run: Option<f64>,
     /// The loss of ignoring the inputs ([`crate::dataset::DataProfile::prior_loss`]):
     /// a noise run that ends no lower learned nothing to predict from.
     pub prior_loss: Option<f64>,
@@ -191,9 +188,7 @@ pub fn decide(e: &Evidence) -> Decision {
         b.lr.cap_batch = Some(b.lr.cap_batch.map_or(cap, |c| c.min(cap)));
     }
     if e.checked_b_noise.is_some() || e.checked_reference.is_some() {
-        basis = basis.map(|b| {
-            b.held_to_checks(e.checked_b_noise, e.checked_reference, e.checked_fit_at_run)
-        });
+        basis = basis.map(|b| b.held_to_checks(e.checked_b_noise, e.checked_reference));
     }
     let b_noise = basis
         .as_ref()
@@ -480,7 +475,6 @@ mod tests {
             rate_unreached_to: None,
             checked_b_noise: None,
             checked_reference: None,
-            checked_fit_at_run: None,
             prior_loss: None,
         }
     }

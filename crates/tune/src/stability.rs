@@ -280,8 +280,6 @@ struct CheckedPoint {
     measured: f64,
     predicted: f64,
     lower_bound: bool,
-    /// Seeds behind `measured` (1 for a projection or a bound).
-    seeds: u64,
 }
 
 fn checked_points(
@@ -312,17 +310,17 @@ fn checked_points(
             };
             let measured = of()
                 .find(|c| (c.lr - rate).abs() <= 1e-9 * rate)
-                .and_then(|c| Some((c.steps_to_target?, c.seeds)))
+                .and_then(|c| c.steps_to_target)
                 .or_else(|| {
-                    of().filter_map(|c| Some((c.steps_to_target?, c.seeds)))
-                        .min_by(|a, b| a.0.total_cmp(&b.0))
+                    of().filter_map(|c| c.steps_to_target)
+                        .min_by(f64::total_cmp)
                 })
                 // Where no check finished, the level an unfinished one reached.
                 .or_else(|| {
                     checks
                         .iter()
                         .filter(|c| c.batch == b && c.verdict == RateVerdict::Unfinished)
-                        .find_map(|c| Some((c.projected_steps?, 1)))
+                        .find_map(|c| c.projected_steps)
                 });
             // One slower than predicted took more than its limit: a lower bound
             // (censored in the fit), which still says B_noise is larger there.
@@ -332,16 +330,15 @@ fn checked_points(
                     .find(|c| c.batch == b && c.verdict == RateVerdict::SlowerThanPredicted)
                     .map(|c| c.max_steps as f64)
             };
-            let (steps, lower_bound, seeds) = match measured {
-                Some((m, seeds)) => (m, false, seeds.max(1)),
-                None => (bound()?, true, 1),
+            let (steps, lower_bound) = match measured {
+                Some(m) => (m, false),
+                None => (bound()?, true),
             };
             Some(CheckedPoint {
                 batch: b,
                 measured: steps / reference,
                 predicted: basis.curve.steps(b as f64),
                 lower_bound,
-                seeds,
             })
         })
         .collect()
@@ -403,109 +400,6 @@ pub fn checked_b_noise(
     let largest = measured.iter().map(|p| p.batch as f64).fold(br, f64::max);
     let high = REFIT_CEILING * basis.curve.b_noise.max(largest);
     Some(b_noise_on_grid(high, misfit))
-}
-
-/// The smallest ratio of the largest to the smallest batch (the run's own
-/// included) over which S_min is fitted beside B_noise: S(B) = S_min (1 +
-/// B_noise / B) tells the two apart only by updates well below and well
-/// above B_noise, and a free fit over a narrow range extrapolates its slope
-/// (iris, checks at 64-135 only: +72 % at batch 8 where drawn through the
-/// reference it was +30 %). Three doublings.
-pub const MIN_FREE_FIT_SPAN: f64 = 8.0;
-
-/// The variance of one seed's log updates to the target, pooled over every
-/// check with more than one seed (each (sd / mean)², weighted by its degrees
-/// of freedom): one check's two seeds carry one degree of freedom, and scaled
-/// MNIST's 64 took 299 ± 1 where eight seeds spread by 11 %. `None` without a
-/// check of two seeds.
-pub fn pooled_seed_variance(checks: &[RateCheck]) -> Option<f64> {
-    let (sum, dof) = checks
-        .iter()
-        .filter(|c| c.seeds > 1)
-        .filter_map(|c| {
-            let (mean, sd) = (c.steps_to_target?, c.steps_sd?);
-            let dof = (c.seeds - 1) as f64;
-            (mean > 0.0).then(|| (dof * (sd / mean).powi(2), dof))
-        })
-        .fold((0.0, 0.0), |(s, d), (x, n)| (s + x, d + n));
-    (dof > 0.0).then(|| sum / dof)
-}
-
-/// The 95th percentile of chi-square with `dof` degrees of freedom, by
-/// Wilson and Hilferty's cube-root normal approximation (within 3 % of the
-/// tables from one degree up): one percentile of one distribution does not
-/// call for a statistics crate.
-fn chi_square_95(dof: f64) -> f64 {
-    const Z_95: f64 = 1.644_854;
-    let a = 2.0 / (9.0 * dof);
-    dof * (1.0 - a + Z_95 * a.sqrt()).powi(3)
-}
-
-/// S(B) with S_min fitted beside B_noise, where the curve drawn through the
-/// reference ([`checked_b_noise`]'s, B_noise `anchored`) misses the checks by
-/// more than their seeds' noise: a chi-square of its log misses, each over
-/// the pooled seed variance ([`pooled_seed_variance`]) of its seeds and the
-/// reference's, above the 95th percentile. The reference is then one check
-/// among the others rather than a point every curve must pass (the GRU on
-/// digits: the reference at 128 took 191 updates, and the curve through it
-/// fell 5-15 % short of every other check, 16 to 1,024, whose seeds spread
-/// by 1-5 %). Returns (B_noise, the curve's updates at the run's batch, on
-/// the reference's scale), or `None` where the curve through the reference
-/// fits, or the checks do not span [`MIN_FREE_FIT_SPAN`], number fewer than
-/// three beside the reference, or include a lower bound.
-pub fn free_fit(
-    basis: &PredictionBasis,
-    advised: &LrScaling,
-    checks: &[RateCheck],
-    anchored: f64,
-) -> Option<(f64, f64)> {
-    let run = basis.run()?;
-    let reference = checks
-        .iter()
-        .find(|c| c.batch == run.batch && c.rule_rate && c.steps_to_target.is_some())?;
-    let points = checked_points(basis, advised, checks);
-    if points.len() < 3 || points.iter().any(|p| p.lower_bound) {
-        return None;
-    }
-    let (smallest, largest) = points
-        .iter()
-        .map(|p| p.batch as f64)
-        .fold((run.batch as f64, run.batch as f64), |(lo, hi), b| {
-            (lo.min(b), hi.max(b))
-        });
-    if largest / smallest < MIN_FREE_FIT_SPAN {
-        return None;
-    }
-    // Seeds that all took the same updates say nothing of the noise.
-    let variance = pooled_seed_variance(checks).filter(|v| *v > 0.0)?;
-    let (br, s_run, rows) = (
-        run.batch as f64,
-        basis.curve.steps(run.batch as f64),
-        basis.curve.rows,
-    );
-    let through_reference = StepsCurve::through(s_run, br, anchored, rows);
-    let reference_variance = variance / reference.seeds.max(1) as f64;
-    let chi_square: f64 = points
-        .iter()
-        .map(|p| {
-            let miss = (p.measured / through_reference.steps(p.batch as f64)).ln();
-            miss * miss / (variance / p.seeds as f64 + reference_variance)
-        })
-        .sum();
-    if chi_square.is_nan() || chi_square <= chi_square_95((points.len() - 1) as f64) {
-        return None;
-    }
-    // Every check, the reference at the run's own updates among them.
-    let all: Vec<(f64, f64)> = points
-        .iter()
-        .map(|p| (p.batch as f64, p.measured))
-        .chain([(br, s_run)])
-        .collect();
-    let fitted = StepsCurve::fit(&all, REFIT_CEILING * basis.curve.b_noise.max(largest), rows)?;
-    Some((
-        fitted.b_noise,
-        fitted.steps(br) * reference_share(basis, checks),
-    ))
 }
 
 /// The batch whose rate under `lr`'s rule (uncapped) is `rate`: the rule held
@@ -576,7 +470,6 @@ mod tests {
             },
             b_noise_run: None,
             reference_updates: None,
-            s_min_refitted: false,
         }
     }
 
@@ -753,70 +646,6 @@ mod tests {
         assert!((bn - 128.0).abs() / 128.0 < 0.03, "{bn}");
     }
 
-    /// A reference below the curve every other check follows: S(B) through
-    /// it misses them all by more than their seeds' spread, and S_min is
-    /// fitted with B_noise. With seeds as spread as the misses, or checks
-    /// over a narrow range of batches, the curve stays drawn through the
-    /// reference.
-    #[test]
-    fn a_reference_off_the_checks_curve_is_fitted_past_only_beyond_their_noise() {
-        let b = basis();
-        // The checks follow S_min 60, B_noise 150; the reference at 128 took
-        // 10 % fewer updates than that curve.
-        let truth = |batch: u64| 60.0 * (1.0 + 150.0 / batch as f64);
-        let checks = |spread: f64, batches: &[u64]| -> Vec<RateCheck> {
-            let at = |batch: u64, steps: f64| RateCheck {
-                seeds: 2,
-                steps_sd: Some(spread * steps),
-                ..check(
-                    batch,
-                    b.lr.at(batch),
-                    true,
-                    Some(steps),
-                    RateVerdict::Trains,
-                )
-            };
-            let mut all = vec![at(128, 0.9 * truth(128))];
-            all.extend(batches.iter().map(|&x| at(x, truth(x))));
-            all
-        };
-        let wide = [16, 32, 64, 256, 512, 1024];
-        let tight = checks(0.02, &wide);
-        let anchored = checked_b_noise(&b, &b.lr, &tight).unwrap();
-        let (bn, at_run) = free_fit(&b, &b.lr, &tight, anchored).expect("misses beyond the noise");
-        assert!((bn - 150.0).abs() / 150.0 < 0.1, "{bn}");
-        assert!((at_run / truth(128) - 1.0).abs() < 0.05, "{at_run}");
-        let fitted =
-            b.clone()
-                .held_to_checks(Some(bn), reference_updates(&b, &tight), Some(at_run));
-        let through = b
-            .clone()
-            .held_to_checks(Some(anchored), reference_updates(&b, &tight), None);
-        assert!(fitted.s_min_refitted && !through.s_min_refitted);
-        for x in wide {
-            let (free, anchored) = (fitted.curve.steps(x as f64), through.curve.steps(x as f64));
-            assert!((free / truth(x) - 1.0).abs() < 0.05, "{x}: {free}");
-            assert!((free / truth(x) - 1.0).abs() < (anchored / truth(x) - 1.0).abs());
-        }
-        // Seeds spread by 30 %: a 10 % miss is within their noise.
-        let loose = checks(0.3, &wide);
-        let anchored = checked_b_noise(&b, &b.lr, &loose).unwrap();
-        assert_eq!(free_fit(&b, &b.lr, &loose, anchored), None);
-        // 96 to 192: S_min and B_noise are not told apart there.
-        let narrow = checks(0.02, &[96, 160, 192]);
-        let anchored = checked_b_noise(&b, &b.lr, &narrow).unwrap();
-        assert_eq!(free_fit(&b, &b.lr, &narrow, anchored), None);
-    }
-
-    /// Wilson and Hilferty's percentile beside the tables' 3.84, 5.99, 11.07, 18.31.
-    #[test]
-    fn chi_square_percentiles_are_the_tables() {
-        for (dof, table) in [(1.0, 3.841), (2.0, 5.991), (5.0, 11.070), (10.0, 18.307)] {
-            let p = chi_square_95(dof);
-            assert!((p / table - 1.0).abs() < 0.03, "{dof}: {p}");
-        }
-    }
-
     #[test]
     fn checks_off_s_of_b_refit_b_noise_to_what_they_measured_relative_to_the_reference() {
         let b = basis();
@@ -859,7 +688,7 @@ mod tests {
         // Slower than predicted at a small batch: B_noise is larger.
         let slow_small = check(32, 1.4e-3, true, Some(400.0 * 1.1), RateVerdict::Trains);
         assert!(checked_b_noise(&b, &b.lr, &[reference, slow_small]).unwrap() > 128.0);
-        let held = b.clone().held_to_checks(Some(32.0), None, None);
+        let held = b.clone().held_to_checks(Some(32.0), None);
         assert_eq!(held.b_noise_run, Some(128.0));
         assert!(
             (held.curve.steps(128.0) - b.curve.steps(128.0)).abs() < 1e-9,
@@ -882,23 +711,23 @@ mod tests {
         assert!((bn - 128.0).abs() / 128.0 < 0.03, "{bn}");
         let held = b
             .clone()
-            .held_to_checks(Some(bn), reference_updates(&b, &[reference]), None);
+            .held_to_checks(Some(bn), reference_updates(&b, &[reference]));
         assert!((held.curve.steps(128.0) - 60.0).abs() < 1e-9);
         assert!((held.curve.steps(512.0) - 37.5).abs() / 37.5 < 0.02);
         assert_eq!(held.reference_updates, Some(60.0));
-        let through_run = b.clone().held_to_checks(Some(bn), None, None);
+        let through_run = b.clone().held_to_checks(Some(bn), None);
         assert_eq!(
             check_limit(&held, 512, 5.6e-3),
             check_limit(&through_run, 512, 5.6e-3)
         );
         // Without a B_noise from the checks, the anchor alone moves the curve.
-        let anchored = b.clone().held_to_checks(None, Some(60.0), None);
+        let anchored = b.clone().held_to_checks(None, Some(60.0));
         assert_eq!(anchored.curve.b_noise, 128.0);
         assert_eq!(anchored.b_noise_run, None);
         assert!((anchored.curve.s_min - 30.0).abs() < 1e-9);
         // A reference that never reached the target anchors nothing.
         let stalled = check(128, 2.8e-3, true, None, RateVerdict::Stalled);
         assert_eq!(reference_updates(&b, &[stalled]), None);
-        assert_eq!(b.clone().held_to_checks(None, None, None).curve, b.curve);
+        assert_eq!(b.clone().held_to_checks(None, None).curve, b.curve);
     }
 }

@@ -79,7 +79,6 @@ fn the_anchor_names_the_checks_updates_and_the_runs() {
         },
         b_noise_run: None,
         reference_updates: None,
-        s_min_refitted: false,
     };
     assert_eq!(reference_anchor(&basis), None, "not anchored");
     basis.reference_updates = Some(82.0);
@@ -87,14 +86,6 @@ fn the_anchor_names_the_checks_updates_and_the_runs() {
     assert!(
         text.contains("82 updates")
             && text.contains("batch 128 and the noise run's rate (the run itself took 146)"),
-        "{text}"
-    );
-    basis.s_min_refitted = true;
-    let text = reference_anchor(&basis).unwrap();
-    assert!(
-        text.contains("fitted to every check")
-            && text.contains("82 updates the check at batch 128")
-            && text.contains("predicts 100 there"),
         "{text}"
     );
 }

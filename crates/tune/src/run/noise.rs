@@ -403,7 +403,6 @@ pub fn noise_of(trials: &[RunTrial], rate: &RunRate) -> (Option<RunNoise>, Optio
                 },
                 b_noise_run: None,
                 reference_updates: None,
-                s_min_refitted: false,
             };
             checked_b_noise(&basis, scaling, &checks)
         }
