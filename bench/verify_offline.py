@@ -5,6 +5,12 @@ measurements another way. Nothing is rerun; each reading rebuilds the
 predicted time at the verified batches from the first advice's files.
 
   python3 bench/verify_offline.py OUT [OUT ...]
+  python3 bench/verify_offline.py --steps OUT [OUT ...]   # also unseen_data.sh's OUT
+
+With --steps: predicted over measured updates at every verified batch, the
+advice's S(B) against the gated reading below, on the runs the gate changes
+(the spread, largest over smallest ratio, is what time relative to the best
+rests on).
 
 Readings of one update's step (gathering the batch, read from the advice's
 own prediction, is kept as it was):
@@ -27,6 +33,11 @@ Readings of the steps:
             best rate, 1 / (1 + B_noise / B_cap))
   free      S_min and B_noise both fitted to every check, the reference
             included (none drawn through the reference)
+  gated     the model's S(B) where its misses at the checks are within the
+            checks' seed noise (chi-square at 95 %, each check's variance the
+            seeds' pooled log variance over its seeds, plus the reference's)
+            or the checks span less than MIN_SPAN (8), else the free fit
+            (the rule of commit 7dae890, reverted: bench/README.md)
 Prints, per reading, the runs within 20 % at every batch and each run's worst
 error."""
 
@@ -200,6 +211,92 @@ def free_curve(advice):
     return lambda b: s_min * optimal(b, b_noise)
 
 
+MIN_SPAN = 8.0
+
+
+def chi_square_95(dof):
+    """The 95th percentile of chi-square (Wilson and Hilferty's cube-root normal approximation)."""
+    a = 2.0 / (9.0 * dof)
+    return dof * (1.0 - a + 1.644854 * math.sqrt(a)) ** 3
+
+
+def gated_curve(advice):
+    """The free fit where the model's S(B) misses its checks by more than their seeds' noise
+    and the checks span MIN_SPAN, else None (the rule of commit 7dae890, reverted)."""
+    parts = refit_parts(advice)
+    if not parts:
+        return None
+    run, measured = parts[0], parts[5]
+    table = {r["micro_batch"]: r["steps"] for r in advice["time_to_target"] if r.get("accumulation", 1) == 1}
+    checks = advice.get("rate_checks", [])
+    spread = [c for c in checks if c.get("seeds", 1) > 1 and c.get("steps_sd") is not None and c.get("steps_to_target")]
+    dof = sum(c["seeds"] - 1 for c in spread)
+    pooled = sum((c["seeds"] - 1) * (c["steps_sd"] / c["steps_to_target"]) ** 2 for c in spread) / dof if dof else 0.0
+    ref = next((c for c in checks if c["batch"] == run and c.get("rule_rate") and c.get("steps_to_target")), None)
+    batches = list(measured) + [run]
+    if pooled <= 0.0 or not ref or len(measured) < 3 or max(batches) / min(batches) < MIN_SPAN:
+        return None
+    chi2 = 0.0
+    for b, m in measured.items():
+        seeds = next(c.get("seeds", 1) for c in checks if c["batch"] == b and c.get("steps_to_target") == m)
+        chi2 += math.log(m / table[b]) ** 2 / (pooled / seeds + pooled / ref.get("seeds", 1))
+    return free_curve(advice) if chi2 > chi_square_95(len(measured) - 1) else None
+
+
+def runs_of(out):
+    """(label, advice, verify) of every run under OUT: the suite's NAME.advise1.json
+    and unseen_data.sh's NAME.advise.json, each beside its NAME.verify.json."""
+    found = []
+    for path in sorted(glob.glob(f"{out}/*.advise1.json")) + sorted(glob.glob(f"{out}/*.advise.json")):
+        stem = path.rsplit(".advise", 1)[0]
+        try:
+            advice = json.load(open(path))
+            verify = json.load(open(f"{stem}.verify.json"))["verify"]
+        except (OSError, json.JSONDecodeError, KeyError, TypeError):
+            continue
+        found.append((f"{os.path.basename(out)}/{os.path.basename(stem)}", advice, verify))
+    return found
+
+
+def steps_report(outs):
+    """Predicted over measured updates at every verified batch that reached the target, the
+    advice's S(B) against the gated free fit, on the runs the gate changes."""
+    within, runs, totals = {"model": 0, "gated": 0}, 0, {"model": 0.0, "gated": 0.0}
+    better = worse = 0
+    batches = 0
+    for label, advice, verify in (r for out in outs for r in runs_of(out)):
+        rows = [r for r in verify["rows"] if r.get("predicted_steps") and r.get("steps_mean") and r.get("reached") == r.get("runs")]
+        if not rows:
+            continue
+        gated = gated_curve(advice)
+        ratios = {
+            "model": [r["predicted_steps"] / r["steps_mean"] for r in rows],
+            "gated": [(gated(r["batch"]) if gated else r["predicted_steps"]) / r["steps_mean"] for r in rows],
+        }
+        batches += len(rows)
+        for k, xs in ratios.items():
+            within[k] += sum(abs(x - 1.0) <= TOLERANCE_PCT / 100.0 for x in xs)
+        if not gated:
+            continue
+        runs += 1
+        worst = {k: 100.0 * max(abs(x - 1.0) for x in xs) for k, xs in ratios.items()}
+        shape = {k: 100.0 * (max(xs) / min(xs) - 1.0) for k, xs in ratios.items()}
+        for k in totals:
+            totals[k] += shape[k]
+        better += worst["gated"] < worst["model"] - 1.0
+        worse += worst["gated"] > worst["model"] + 1.0
+        print(
+            f"  {label}: worst steps error {worst['model']:.0f} -> {worst['gated']:.0f} %, "
+            f"spread of predicted / measured {shape['model']:.0f} -> {shape['gated']:.0f} %"
+        )
+    print(f"batches with steps within {TOLERANCE_PCT:.0f} %: model {within['model']}, gated {within['gated']}, of {batches}")
+    if runs:
+        print(
+            f"runs the gate changes: {runs}; worst steps error better on {better}, worse on {worse}; "
+            f"mean spread model {totals['model'] / runs:.1f} %, gated {totals['gated'] / runs:.1f} %"
+        )
+
+
 def worst_error(out, name, step_reading, steps_reading):
     """The run's worst error of time relative to the best (percent) and its batch, or None."""
     try:
@@ -209,7 +306,7 @@ def worst_error(out, name, step_reading, steps_reading):
         return None
     batches, steps_at = step_readings(advice["devices"][0]["points"])
     correct = checked_correction(advice) if steps_reading == "checked" else (lambda b: 0.0)
-    capped = {"capped": capped_curve, "held": held_curve, "free": free_curve}.get(steps_reading, lambda a: None)(advice)
+    capped = {"capped": capped_curve, "held": held_curve, "free": free_curve, "gated": gated_curve}.get(steps_reading, lambda a: None)(advice)
     predicted, measured = {}, {}
     for r in verify["verify"]["rows"]:
         if not r.get("predicted_steps"):
@@ -235,7 +332,7 @@ def main(outs):
     runs = [
         (out, os.path.basename(p).split(".verify")[0]) for out in outs for p in sorted(glob.glob(f"{out}/*.verify.json"))
     ]
-    for steps_reading in ("model", "checked", "capped", "held", "free"):
+    for steps_reading in ("model", "checked", "capped", "held", "free", "gated"):
         for step_reading in ("global", "regress", "local5", "own_mean"):
             if steps_reading != "model" and step_reading != "global":
                 continue
@@ -247,6 +344,9 @@ def main(outs):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
+    if len(sys.argv) < 2 or sys.argv[1:] == ["--steps"]:
         sys.exit(__doc__)
-    main(sys.argv[1:])
+    if sys.argv[1] == "--steps":
+        steps_report(sys.argv[2:])
+    else:
+        main(sys.argv[1:])
