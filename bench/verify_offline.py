@@ -1,11 +1,11 @@
-"""Offline readings of bench/verify_suite.sh's results (OUT/NAME.advise*.json,
-OUT/NAME.verify.json): how the suite's criterion (time relative to the best
+"""Offline readings of bench/verify_suite.sh's results (OUT/NAME.advise1.json,
+OUT/NAME.verify.json) and bench/unseen_data.sh's (OUT/NAME.advise.json): how the suite's criterion (time relative to the best
 within 20 % at every batch) would have come out had `advise` read its own
 measurements another way. Nothing is rerun; each reading rebuilds the
 predicted time at the verified batches from the first advice's files.
 
-  python3 bench/verify_offline.py OUT [OUT ...]
-  python3 bench/verify_offline.py --steps OUT [OUT ...]   # also unseen_data.sh's OUT
+  python3 bench/verify_offline.py OUT [OUT ...]           # the suite's or unseen_data.sh's OUT
+  python3 bench/verify_offline.py --steps OUT [OUT ...]
 
 With --steps: predicted over measured updates at every verified batch, the
 advice's S(B) against the gated reading below, on the runs the gate changes
@@ -16,6 +16,9 @@ Readings of one update's step (gathering the batch, read from the advice's
 own prediction, is kept as it was):
   global    the 10th-percentile step x the geometric mean over the device's
             batches of mean / 10th percentile (what `advise` does)
+  global_iso  the same, made non-decreasing in the batch by a least-squares
+            (isotonic) fit in log instead of each batch taking the least time
+            of any larger one
   regress   that ratio fitted against the step's length (log-log line)
   local5    that ratio averaged over the batch and two neighbours each side
   own_mean  each batch's own mean
@@ -59,6 +62,17 @@ def non_decreasing(times):
     return out
 
 
+def isotonic(times):
+    """The least-squares non-decreasing fit in log (pool adjacent violators), on times in batch order."""
+    blocks = []  # [mean log, count]
+    for t in times:
+        blocks.append([math.log(t), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, n2), (m1, n1) = blocks[-2], blocks[-1]
+            blocks[-2:] = [[(m2 * n2 + m1 * n1) / (n1 + n2), n1 + n2]]
+    return [math.exp(m) for m, n in blocks for _ in range(n)]
+
+
 def step_readings(points):
     """Batches in order, and each reading's step time there (without gathering)."""
     pts = sorted(
@@ -80,7 +94,9 @@ def step_readings(points):
         "local5": [q * math.exp(r) for q, r in zip(p10, local)],
         "own_mean": [p["step_time_mean_s"] for p in pts],
     }
-    return batches, {k: non_decreasing(v) for k, v in readings.items()}
+    monotone = {k: non_decreasing(v) for k, v in readings.items()}
+    monotone["global_iso"] = isotonic(readings["global"])
+    return batches, monotone
 
 
 def checked_correction(advice):
@@ -297,18 +313,15 @@ def steps_report(outs):
         )
 
 
-def worst_error(out, name, step_reading, steps_reading):
+def worst_error(advice, verify, step_reading, steps_reading):
     """The run's worst error of time relative to the best (percent) and its batch, or None."""
-    try:
-        advice = json.load(open(f"{out}/{name}.advise1.json"))
-        verify = json.load(open(f"{out}/{name}.verify.json"))
-    except (OSError, json.JSONDecodeError):
+    if not advice.get("devices") or not advice.get("prediction"):
         return None
     batches, steps_at = step_readings(advice["devices"][0]["points"])
     correct = checked_correction(advice) if steps_reading == "checked" else (lambda b: 0.0)
     capped = {"capped": capped_curve, "held": held_curve, "free": free_curve, "gated": gated_curve}.get(steps_reading, lambda a: None)(advice)
     predicted, measured = {}, {}
-    for r in verify["verify"]["rows"]:
+    for r in verify["rows"]:
         if not r.get("predicted_steps"):
             continue
         b = r["batch"]
@@ -329,18 +342,16 @@ def worst_error(out, name, step_reading, steps_reading):
 
 
 def main(outs):
-    runs = [
-        (out, os.path.basename(p).split(".verify")[0]) for out in outs for p in sorted(glob.glob(f"{out}/*.verify.json"))
-    ]
+    runs = [r for out in outs for r in runs_of(out)]
     for steps_reading in ("model", "checked", "capped", "held", "free", "gated"):
-        for step_reading in ("global", "regress", "local5", "own_mean"):
+        for step_reading in ("global", "global_iso", "regress", "local5", "own_mean"):
             if steps_reading != "model" and step_reading != "global":
                 continue
-            results = [(out, name, worst_error(out, name, step_reading, steps_reading)) for out, name in runs]
-            results = [(o, n, w) for o, n, w in results if w]
-            within = sum(abs(w[0]) <= TOLERANCE_PCT for *_, w in results)
+            results = [(label, worst_error(advice, verify, step_reading, steps_reading)) for label, advice, verify in runs]
+            results = [(n, w) for n, w in results if w]
+            within = sum(abs(w[0]) <= TOLERANCE_PCT for _, w in results)
             print(f"steps {steps_reading}, step {step_reading}: {within} of {len(results)} within {TOLERANCE_PCT:.0f} %")
-            print("  " + "; ".join(f"{os.path.basename(o)}/{n} {w[0]:+.0f} % at {w[1]}" for o, n, w in results))
+            print("  " + "; ".join(f"{n} {w[0]:+.0f} % at {w[1]}" for n, w in results))
 
 
 if __name__ == "__main__":
