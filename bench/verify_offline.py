@@ -1,7 +1,7 @@
 """Offline readings of bench/verify_suite.sh's results (OUT/NAME.advise1.json,
-OUT/NAME.verify.json) and bench/unseen_data.sh's (OUT/NAME.advise.json): how the suite's criterion (time relative to the best
-within 20 % at every batch) would have come out had `advise` read its own
-measurements another way. Nothing is rerun; each reading rebuilds the
+OUT/NAME.verify.json) and bench/unseen_data.sh's (OUT/NAME.advise.json): how
+the suite's criterion (time relative to the best within 20 % at every batch)
+would have come out had `advise` read its own measurements another way. Nothing is rerun; each reading rebuilds the
 predicted time at the verified batches from the first advice's files.
 
   python3 bench/verify_offline.py OUT [OUT ...]           # the suite's or unseen_data.sh's OUT
