@@ -51,6 +51,8 @@ import os
 import sys
 
 TOLERANCE_PCT = 20.0
+# The B_noise values a refit tries: 1 to about 3.3e6, 0.5 % apart in log.
+B_NOISE_GRID = [math.exp(0.005 * i) for i in range(1, 3000)]
 
 
 def non_decreasing(times):
@@ -165,12 +167,11 @@ def refit_parts(advice):
 
 def refit(points, run, s_ref, shape):
     """S(B) through the reference with the B_noise (a log grid) whose `shape` fits `points` best in log."""
-    grid = [math.exp(0.005 * i) for i in range(1, 3000)]
 
     def curve(b_noise):
         return lambda b: s_ref * shape(b, b_noise) / shape(run, b_noise)
 
-    b_noise = min(grid, key=lambda bn: sum((math.log(m) - math.log(curve(bn)(b))) ** 2 for b, m in points))
+    b_noise = min(B_NOISE_GRID, key=lambda bn: sum((math.log(m) - math.log(curve(bn)(b))) ** 2 for b, m in points))
     return curve(b_noise)
 
 
@@ -215,14 +216,13 @@ def free_curve(advice):
     points = list(measured.items()) + [(run, s_ref)]
     if len(points) < 3:
         return None
-    grid = [math.exp(0.005 * i) for i in range(1, 3000)]
 
     def misfit(b_noise):
         logs = [math.log(m / optimal(b, b_noise)) for b, m in points]
         mean = sum(logs) / len(logs)
         return sum((x - mean) ** 2 for x in logs), math.exp(mean)
 
-    b_noise = min(grid, key=lambda bn: misfit(bn)[0])
+    b_noise = min(B_NOISE_GRID, key=lambda bn: misfit(bn)[0])
     s_min = misfit(b_noise)[1]
     return lambda b: s_min * optimal(b, b_noise)
 
