@@ -5,12 +5,12 @@ would have come out had `advise` read its own measurements another way. Nothing 
 predicted time at the verified batches from the first advice's files.
 
   python3 bench/verify_offline.py OUT [OUT ...]           # the suite's or unseen_data.sh's OUT
-  python3 bench/verify_offline.py --steps OUT [OUT ...]
+  python3 bench/verify_offline.py --steps [-v] OUT [OUT ...]
 
 With --steps: predicted over measured updates at every verified batch, the
-advice's S(B) against the gated reading below, on the runs the gate changes
-(the spread, largest over smallest ratio, is what time relative to the best
-rests on).
+advice's S(B) against each refitted reading below (gated, refit_linear,
+refit_adam), on the runs each changes (-v: run by run; the spread, largest
+over smallest ratio, is what time relative to the best rests on).
 
 Readings of one update's step (gathering the batch, read from the advice's
 own prediction, is kept as it was):
@@ -27,6 +27,10 @@ Readings of the steps:
   checked   S(B) times the rate checks' misses (log measured / predicted at
             each checked batch), shrunk by the checks' seed noise against
             their spread and interpolated in log batch between them
+            (flat beyond the outermost checks)
+  checked_inner  the same, with no correction outside the checked batches
+  refit_linear  B_noise refitted to every check through the reference, S(B) as `advise` has it
+  refit_adam    the same with Adam's finite-data term, (B_noise / B) sqrt(1 - B/N)
   capped    B_noise refitted to the checks up to the rate's cap alone (S(B)
             through the reference check), and past the cap S(B) times the
             geometric mean of the capped checks' measured / predicted
@@ -101,8 +105,9 @@ def step_readings(points):
     return batches, monotone
 
 
-def checked_correction(advice):
-    """log(measured / predicted) of the rate checks, shrunk and interpolated: a function of the batch."""
+def checked_correction(advice, extrapolate=True):
+    """log(measured / predicted) of the rate checks, shrunk and interpolated: a function of the batch.
+    Without `extrapolate`, none outside the checked batches' range."""
     table = {r["micro_batch"]: r["steps"] for r in advice["time_to_target"] if r.get("accumulation", 1) == 1}
     seen, misses = set(), []
     for c in advice.get("rate_checks", []):
@@ -124,6 +129,8 @@ def checked_correction(advice):
 
     def at(b):
         x = math.log(b)
+        if not extrapolate and (x < xs[0] or x > xs[-1]):
+            return 0.0
         if x <= xs[0]:
             return ys[0]
         if x >= xs[-1]:
@@ -227,6 +234,24 @@ def free_curve(advice):
     return lambda b: s_min * optimal(b, b_noise)
 
 
+def fpc_curve(advice, adaptive):
+    """S(B) refitted to every check through the reference, the finite data's noise term
+    B_noise (1/B - 1/N) (`adaptive` False, as `advise` has it) or, for Adam's step, whose
+    noise enters through its standard deviation, (B_noise / B) sqrt(1 - B/N)."""
+    parts = refit_parts(advice)
+    if not parts or not parts[5]:
+        return None
+    run, s_ref, _, noise_batch, optimal, measured = parts
+    rows = advice["prediction"]["curve"]["rows"]
+
+    def shape(b, b_noise):
+        if not adaptive or not rows:
+            return optimal(b, b_noise)
+        return 1.0 + b_noise / b * math.sqrt(max(0.0, 1.0 - b / rows))
+
+    return refit(list(measured.items()), run, s_ref, shape)
+
+
 MIN_SPAN = 8.0
 
 
@@ -274,43 +299,53 @@ def runs_of(out):
     return found
 
 
+STEPS_READINGS = {
+    "gated": gated_curve,
+    "refit_linear": lambda a: fpc_curve(a, False),
+    "refit_adam": lambda a: fpc_curve(a, True),
+}
+
+
 def steps_report(outs):
     """Predicted over measured updates at every verified batch that reached the target, the
-    advice's S(B) against the gated free fit, on the runs the gate changes."""
-    within, runs, totals = {"model": 0, "gated": 0}, 0, {"model": 0.0, "gated": 0.0}
-    better = worse = 0
-    batches = 0
-    for label, advice, verify in (r for out in outs for r in runs_of(out)):
-        rows = [r for r in verify["rows"] if r.get("predicted_steps") and r.get("steps_mean") and r.get("reached") == r.get("runs")]
-        if not rows:
-            continue
-        gated = gated_curve(advice)
-        ratios = {
-            "model": [r["predicted_steps"] / r["steps_mean"] for r in rows],
-            "gated": [(gated(r["batch"]) if gated else r["predicted_steps"]) / r["steps_mean"] for r in rows],
-        }
-        batches += len(rows)
-        for k, xs in ratios.items():
-            within[k] += sum(abs(x - 1.0) <= TOLERANCE_PCT / 100.0 for x in xs)
-        if not gated:
-            continue
-        runs += 1
-        worst = {k: 100.0 * max(abs(x - 1.0) for x in xs) for k, xs in ratios.items()}
-        shape = {k: 100.0 * (max(xs) / min(xs) - 1.0) for k, xs in ratios.items()}
-        for k in totals:
-            totals[k] += shape[k]
-        better += worst["gated"] < worst["model"] - 1.0
-        worse += worst["gated"] > worst["model"] + 1.0
-        print(
-            f"  {label}: worst steps error {worst['model']:.0f} -> {worst['gated']:.0f} %, "
-            f"spread of predicted / measured {shape['model']:.0f} -> {shape['gated']:.0f} %"
-        )
-    print(f"batches with steps within {TOLERANCE_PCT:.0f} %: model {within['model']}, gated {within['gated']}, of {batches}")
-    if runs:
-        print(
-            f"runs the gate changes: {runs}; worst steps error better on {better}, worse on {worse}; "
-            f"mean spread model {totals['model'] / runs:.1f} %, gated {totals['gated'] / runs:.1f} %"
-        )
+    advice's S(B) against each refitted reading, on the runs that reading changes."""
+    runs = [r for out in outs for r in runs_of(out)]
+    for name, build in STEPS_READINGS.items():
+        within = {"model": 0, name: 0}
+        changed, better, worse, batches = 0, 0, 0, 0
+        totals = {"model": 0.0, name: 0.0}
+        for label, advice, verify in runs:
+            rows = [r for r in verify["rows"] if r.get("predicted_steps") and r.get("steps_mean") and r.get("reached") == r.get("runs")]
+            if not rows:
+                continue
+            curve = build(advice)
+            ratios = {
+                "model": [r["predicted_steps"] / r["steps_mean"] for r in rows],
+                name: [(curve(r["batch"]) if curve else r["predicted_steps"]) / r["steps_mean"] for r in rows],
+            }
+            batches += len(rows)
+            for k, xs in ratios.items():
+                within[k] += sum(abs(x - 1.0) <= TOLERANCE_PCT / 100.0 for x in xs)
+            if not curve:
+                continue
+            changed += 1
+            worst = {k: 100.0 * max(abs(x - 1.0) for x in xs) for k, xs in ratios.items()}
+            shape = {k: 100.0 * (max(xs) / min(xs) - 1.0) for k, xs in ratios.items()}
+            for k in totals:
+                totals[k] += shape[k]
+            better += worst[name] < worst["model"] - 1.0
+            worse += worst[name] > worst["model"] + 1.0
+            if "-v" in sys.argv:
+                print(
+                    f"  {label}: worst steps error {worst['model']:.0f} -> {worst[name]:.0f} %, "
+                    f"spread of predicted / measured {shape['model']:.0f} -> {shape[name]:.0f} %"
+                )
+        print(f"{name}: batches with steps within {TOLERANCE_PCT:.0f} %: model {within['model']}, {name} {within[name]}, of {batches}")
+        if changed:
+            print(
+                f"  runs it changes: {changed}; worst steps error better on {better}, worse on {worse}; "
+                f"mean spread model {totals['model'] / changed:.1f} %, {name} {totals[name] / changed:.1f} %"
+            )
 
 
 def worst_error(advice, verify, step_reading, steps_reading):
@@ -318,8 +353,18 @@ def worst_error(advice, verify, step_reading, steps_reading):
     if not advice.get("devices") or not advice.get("prediction"):
         return None
     batches, steps_at = step_readings(advice["devices"][0]["points"])
-    correct = checked_correction(advice) if steps_reading == "checked" else (lambda b: 0.0)
-    capped = {"capped": capped_curve, "held": held_curve, "free": free_curve, "gated": gated_curve}.get(steps_reading, lambda a: None)(advice)
+    correct = {
+        "checked": lambda: checked_correction(advice),
+        "checked_inner": lambda: checked_correction(advice, extrapolate=False),
+    }.get(steps_reading, lambda: (lambda b: 0.0))()
+    capped = {
+        "capped": capped_curve,
+        "held": held_curve,
+        "free": free_curve,
+        "gated": gated_curve,
+        "refit_linear": lambda a: fpc_curve(a, False),
+        "refit_adam": lambda a: fpc_curve(a, True),
+    }.get(steps_reading, lambda a: None)(advice)
     predicted, measured = {}, {}
     for r in verify["rows"]:
         if not r.get("predicted_steps"):
@@ -343,7 +388,7 @@ def worst_error(advice, verify, step_reading, steps_reading):
 
 def main(outs):
     runs = [r for out in outs for r in runs_of(out)]
-    for steps_reading in ("model", "checked", "capped", "held", "free", "gated"):
+    for steps_reading in ("model", "checked", "checked_inner", "refit_linear", "refit_adam", "capped", "held", "free", "gated"):
         for step_reading in ("global", "global_iso", "regress", "local5", "own_mean"):
             if steps_reading != "model" and step_reading != "global":
                 continue
@@ -358,6 +403,6 @@ if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1:] == ["--steps"]:
         sys.exit(__doc__)
     if sys.argv[1] == "--steps":
-        steps_report(sys.argv[2:])
+        steps_report([a for a in sys.argv[2:] if a != "-v"])
     else:
         main(sys.argv[1:])

@@ -126,8 +126,12 @@ fn gpus_give_time_to_target_across_world_sizes() {
     let rows = curve["rows"].as_f64().expect("digits' training rows");
     // The named world size is the largest whose global batch is within the
     // critical batch on those rows, where S(B) is twice S_min.
+    // Trained by Adam, the noise term is (B_noise / B) sqrt(1 - B/N): the
+    // root of B^2 + (B_noise^2 / N) B - B_noise^2.
+    assert_eq!(curve["adaptive"].as_bool(), Some(true), "{curve}");
     let critical = w["critical_batch"].as_f64().unwrap();
-    let want = b_noise * rows / (rows + b_noise);
+    let a = b_noise * b_noise / rows;
+    let want = (-a + (a * a + 4.0 * b_noise * b_noise).sqrt()) / 2.0;
     assert!(
         (critical - want).abs() < 1e-9 * want,
         "{critical} vs {want}"
@@ -140,8 +144,8 @@ fn gpus_give_time_to_target_across_world_sizes() {
     assert_eq!(w["within_critical_batch"].as_u64(), within);
     for r in table {
         let global = r["global_batch"].as_f64().unwrap();
-        // A global batch of every row has no noise: S_min.
-        let want = 1.0 + b_noise * (1.0 / global - 1.0 / rows).max(0.0);
+        // Adam's form; a global batch of every row has no noise: S_min.
+        let want = 1.0 + b_noise / global * (1.0 - global / rows).max(0.0).sqrt();
         let got = r["updates_vs_min"].as_f64().unwrap();
         assert!(
             (got - want).abs() < 1e-9 * want,

@@ -313,10 +313,12 @@ fn verify_trains_what_the_advice_predicted_and_says_whether_it_held() {
     let curve = &basis["curve"];
     for row in rows {
         let b = row["batch"].as_f64().unwrap();
-        // S(B) on the training rows the batches are drawn from without replacement.
+        // S(B) on the training rows the batches are drawn from without
+        // replacement, Adam's form: (B_noise / B) sqrt(1 - B/N).
         let rows = curve["rows"].as_f64().unwrap();
+        assert_eq!(curve["adaptive"].as_bool(), Some(true), "{curve}");
         let predicted = curve["s_min"].as_f64().unwrap()
-            * (1.0 + curve["b_noise"].as_f64().unwrap() * (1.0 / b - 1.0 / rows));
+            * (1.0 + curve["b_noise"].as_f64().unwrap() / b * (1.0 - b / rows).max(0.0).sqrt());
         assert!((row["predicted_steps"].as_f64().unwrap() - predicted).abs() < 1e-6 * predicted);
         assert!(row["predicted_seconds"].as_f64().unwrap() > 0.0, "{row}");
         assert_eq!(row["runs"], 2);

@@ -226,9 +226,10 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<Advice> {
     // curve (its S_min belongs to its B_noise), else B_simple relative to S_min.
     let steps = match &decision.basis {
         Some(b) => Some((b.curve.b_noise, Some(b.curve.s_min), b.curve.rows)),
-        None => noise
-            .as_ref()
-            .and_then(|n| n.b_simple.map(|bn| (bn, None, rows_drawn_from(n.rows)))),
+        None => noise.as_ref().and_then(|n| {
+            n.b_simple
+                .map(|bn| (bn, None, rows_drawn_from(n.rows, n.optimizer)))
+        }),
     };
     let world_sizes = match (steps.filter(|_| learned), probes.first()) {
         (Some((bn, s_min, data_rows)), Some(p)) if !cfg.gpus.is_empty() => {

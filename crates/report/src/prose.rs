@@ -59,7 +59,7 @@ pub fn reason(r: &Reason) -> String {
             }
             let tie_break = match tie_break {
                 TieBreak::Optimum(opt) => format!(
-                    "the nearest to the fitted curve's optimum B* ≈ {opt:.0} (among the tied powers of two, where any)"
+                    "the nearest to the fitted curve's optimum B* ≈ {opt:.0} (among the tied powers of two and the full batch, where any)"
                 ),
                 TieBreak::Measured { optimum } => format!(
                     "the one the measured step times put fastest: the fitted curve's optimum B* ≈ {optimum:.0} lies nearer a batch they measured slower beyond both errors"
@@ -68,7 +68,7 @@ pub fn reason(r: &Reason) -> String {
                     "the one the measured step times put faster of the two around the fitted curve's optimum B* ≈ {optimum:.0}: over B_noise's band B* moves {low:.0}–{}, across the midpoint between them, so the curve cannot say which is nearer",
                     high.map_or("∞".to_string(), |h| format!("{h:.0}"))
                 ),
-                TieBreak::MeasuredFastest => "the one the measured step times put fastest (no line fits the step times around them; among the tied powers of two, where any)".to_string(),
+                TieBreak::MeasuredFastest => "the one the measured step times put fastest (no line fits the step times around them; among the tied powers of two and the full batch, where any)".to_string(),
                 TieBreak::Smallest => "the smallest".to_string(),
             };
             format!(
@@ -251,11 +251,22 @@ pub fn run_rate(rate: &RunRate, model: RateModel) -> String {
 pub fn basis_method(b: &PredictionBasis) -> String {
     let method = basis_source(b);
     match b.curve.rows {
-        Some(n) => format!(
-            "{method}; each epoch's batches are distinct rows of the N = {} training rows, so B counts as B N / (N - B) (noise term B_noise (1/B - 1/N))",
-            crate::thousands(n.round() as u64)
+        Some(rows) => format!(
+            "{method}; each epoch's batches are distinct rows of the N = {} training rows, so {}",
+            crate::thousands(rows.n.round() as u64),
+            finite_rows_form(rows.adaptive)
         ),
         None => method,
+    }
+}
+
+/// How a batch of distinct rows of N counts in S(B), by optimizer family
+/// ([`batchfit_tune::target::noise_batch`]).
+pub fn finite_rows_form(adaptive: bool) -> &'static str {
+    if adaptive {
+        "B counts as B / sqrt(1 - B/N) (noise term (B_noise / B) sqrt(1 - B/N): Adam's step is slowed by the noise's standard deviation)"
+    } else {
+        "B counts as B N / (N - B) (noise term B_noise (1/B - 1/N))"
     }
 }
 
@@ -301,7 +312,7 @@ pub fn run_noise_method(n: &RunNoise) -> String {
         .map(|rows| {
             format!(
                 ", |G|² corrected for the finite data ({} rows drawn without replacement)",
-                rows.round()
+                rows.n.round()
             )
         })
         .unwrap_or_default();

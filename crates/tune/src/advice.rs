@@ -8,7 +8,7 @@ use crate::diagnose::StepPoint;
 use crate::lr::{LrRule, scale};
 use crate::step_times::{REPEATABILITY, local_line, smoothed};
 pub use crate::step_times::{smoothed_step_times, step_time_line};
-use crate::target::{TrainingOption, critical_batch_on, updates_vs_min_on};
+use crate::target::{Rows, TrainingOption, critical_batch_on, updates_vs_min_on};
 use serde::Serialize;
 use serde::ser::{SerializeMap, Serializer};
 
@@ -160,7 +160,7 @@ pub enum TieBreak {
         high: Option<f64>,
     },
     /// No line fits the step times around the tie: the tied batch (among
-    /// the tied powers of two where there are any) whose measured step time
+    /// the tied powers of two and full batch where there are any) whose measured step time
     /// gives the lowest time to target.
     MeasuredFastest,
     /// No line, and a tied batch not measured: the smallest tied batch.
@@ -171,8 +171,8 @@ pub enum TieBreak {
 /// faster to the target): the one nearest the optimum of the curve fitted to
 /// all measured step times, B* = sqrt(B_noise x fixed / per_sample), which a
 /// second run reproduces because it rests on every point rather than on which
-/// single point measured fastest; among the tied powers of two where there
-/// are any (the ladder every run measures; the batches refined between them
+/// single point measured fastest; among the tied powers of two and the full batch
+/// where there are any (the ladder every run measures; the batches refined between them
 /// vary from run to run); unless the measured step times themselves put
 /// another tied power of two faster beyond both errors (a line drawn through
 /// a floor and a rise, under wide between-process errors, can put its
@@ -181,38 +181,58 @@ pub enum TieBreak {
 /// of those two the measured step times put faster; without a fitted curve
 /// (step times that bend at a hinge), the one of the tied powers of two the
 /// measured step times put fastest.
-pub const TIE_BREAK: &str = "of the batches whose predicted time to target cannot be told apart from the fastest (step-time errors and B_noise's 90 % band), the one nearest the fitted curve's optimum sqrt(B_noise x fixed / per_sample), among the tied powers of two where there are any, unless the measured step times put another of those faster beyond both their errors (then that one); where B_noise's band moves the optimum across the midpoint of the two tied powers of two around it, the one of those two the measured step times put faster; without a fitted curve, the one of the tied powers of two (where any) the measured step times put fastest";
+pub const TIE_BREAK: &str = "of the batches whose predicted time to target cannot be told apart from the fastest (step-time errors and B_noise's 90 % band), the one nearest the fitted curve's optimum (sqrt(B_noise x fixed / per_sample) on unlimited data), among the tied powers of two and full batch where there are any, unless the measured step times put another of those faster beyond both their errors (then that one); where B_noise's band moves the optimum across the midpoint of the two tied powers of two around it, the one of those two the measured step times put faster; without a fitted curve, the one of the tied powers of two and full batch (where any) the measured step times put fastest";
 
-/// The tied batch nearest `optimum` (in ratio), among the tied powers of two
-/// where there are any: the ladder's powers of two are measured in every run,
+/// The tied batch nearest `optimum` (in ratio), of `ladder` ([`ladder_of`]:
+/// the tied powers of two and full batch): those are measured in every run,
 /// the batches refined between them vary with the run's timings, so a tie
 /// broken among those would name a different batch when asked twice.
-fn nearest_tied(tied: &[u64], optimum: f64) -> Option<u64> {
+fn nearest_tied(ladder: &[u64], optimum: f64) -> Option<u64> {
     let distance = |b: u64| (b as f64 / optimum).ln().abs();
-    ladder_of(tied)
-        .into_iter()
+    ladder
+        .iter()
+        .copied()
         .min_by(|&a, &b| distance(a).total_cmp(&distance(b)))
 }
 
-/// The batch where (1 + B_noise (1/B - 1/N)) (fixed + per_sample B), the time
-/// to target of a step-time line on N rows, is least: B* = sqrt(B_noise fixed
-/// / (per_sample (1 - B_noise/N))), sqrt(B_noise fixed / per_sample) on
-/// unlimited data. Where B_noise reaches N the time falls all the way to a
-/// full batch: B* = N.
-fn optimum_batch(b_noise: f64, fixed: f64, per_sample: f64, rows: Option<f64>) -> f64 {
-    let share = rows.map_or(1.0, |n| 1.0 - b_noise / n);
+/// The batch where S(B) / S_min x (fixed + per_sample B), the time to target
+/// of a step-time line, is least. SGD on N rows, (1 + B_noise (1/B - 1/N)):
+/// B* = sqrt(B_noise fixed / (per_sample (1 - B_noise/N))), and where
+/// B_noise reaches N the time falls all the way to a full batch: B* = N.
+/// sqrt(B_noise fixed / per_sample) on unlimited data. Adam's form on N rows
+/// ([`crate::target::noise_batch`]) has no closed form: the least of a
+/// log-spaced grid from 1 to N, where the time first stops falling (else N).
+/// Its noise term falls steeply into N (a full batch has no noise), so the
+/// time can dip again at N below the minimum before it; which of the two is
+/// lower turns on a few percent of the fitted line, and the tie-break would
+/// swing between them from run to run. The first minimum is SGD's B*'s
+/// counterpart; a full batch is B* where the time falls all the way to it.
+fn optimum_batch(b_noise: f64, fixed: f64, per_sample: f64, rows: Option<Rows>) -> f64 {
     match rows {
-        Some(n) if share <= 0.0 => n,
-        _ => (b_noise * fixed / (per_sample * share)).sqrt(),
+        Some(Rows { n, adaptive: true }) => {
+            const GRID: usize = 2000;
+            let time = |b: f64| updates_vs_min_on(b_noise, b, rows) * (fixed + per_sample * b);
+            let grid: Vec<f64> = (0..=GRID).map(|i| n.powf(i as f64 / GRID as f64)).collect();
+            grid.windows(2)
+                .find(|w| time(w[1]) > time(w[0]))
+                .map_or(n, |w| w[0])
+        }
+        Some(Rows { n, adaptive: false }) if b_noise >= n => n,
+        Some(Rows { n, adaptive: false }) => {
+            (b_noise * fixed / (per_sample * (1.0 - b_noise / n))).sqrt()
+        }
+        None => (b_noise * fixed / per_sample).sqrt(),
     }
 }
 
-/// The tied powers of two, or every tied batch where none is one.
-fn ladder_of(tied: &[u64]) -> Vec<u64> {
+/// The tied batches of the ladder every run measures: the powers of two and
+/// the full batch (`full`, the training rows, the ladder's top where the data
+/// is smaller than it), or every tied batch where none is one.
+fn ladder_of(tied: &[u64], full: Option<u64>) -> Vec<u64> {
     let ladder: Vec<u64> = tied
         .iter()
         .copied()
-        .filter(|b| b.is_power_of_two())
+        .filter(|&b| b.is_power_of_two() || Some(b) == full)
         .collect();
     if ladder.is_empty() {
         tied.to_vec()
@@ -221,17 +241,17 @@ fn ladder_of(tied: &[u64]) -> Vec<u64> {
     }
 }
 
-/// The tied batch (among the tied powers of two where there are any) whose
+/// The tied batch (among the tied powers of two and full batch where there are any) whose
 /// measured time to target at B_noise, (1 + B_noise/B) x step, is lowest,
 /// when it is lower than `near`'s beyond both step times' errors (the ratio's
 /// upper one-sided 95 % bound below 1); `None` when no measurement
 /// contradicts `near`.
 fn measured_faster(
     points: &[StepPoint],
-    tied: &[u64],
+    ladder: &[u64],
     near: u64,
     b_noise: f64,
-    rows: Option<f64>,
+    rows: Option<Rows>,
 ) -> Option<u64> {
     let point = |b: u64| points.iter().find(|q| q.batch == b);
     let time = |q: &StepPoint| updates_vs_min_on(b_noise, q.batch as f64, rows) * q.step_s;
@@ -243,9 +263,9 @@ fn measured_faster(
         }
     };
     let at_near = point(near)?;
-    ladder_of(tied)
-        .into_iter()
-        .filter_map(point)
+    ladder
+        .iter()
+        .filter_map(|&b| point(b))
         .filter(|q| {
             let ratio = time(q) / time(at_near);
             let e = (err(q).powi(2) + err(at_near).powi(2)).sqrt();
@@ -255,12 +275,11 @@ fn measured_faster(
         .map(|q| q.batch)
 }
 
-/// The two tied batches (among the tied powers of two where there are any)
+/// The two tied batches (among the tied powers of two and full batch where there are any)
 /// on either side of `optimum`, when the optimum's band (`low`..`high`,
 /// `None`: unbounded) holds their geometric midpoint: which of the two the
 /// optimum is nearer to is then down to where in its band B_noise is.
-fn straddled(tied: &[u64], optimum: f64, low: f64, high: Option<f64>) -> Option<(u64, u64)> {
-    let ladder = ladder_of(tied);
+fn straddled(ladder: &[u64], optimum: f64, low: f64, high: Option<f64>) -> Option<(u64, u64)> {
     let below = ladder
         .iter()
         .copied()
@@ -281,7 +300,7 @@ fn measured_fastest_of(
     points: &[StepPoint],
     batches: &[u64],
     b_noise: f64,
-    rows: Option<f64>,
+    rows: Option<Rows>,
 ) -> Option<u64> {
     let time = |b: u64| {
         points
@@ -329,7 +348,7 @@ pub struct DeviceEvidence<'a> {
     /// The training rows each epoch's batches are drawn from without
     /// replacement ([`noise_batch`](crate::target::noise_batch)); `None`: unlimited (a user's script that
     /// does not say).
-    pub rows: Option<f64>,
+    pub rows: Option<Rows>,
 }
 
 /// The noise scale with its 90 % band.
@@ -372,7 +391,7 @@ const BAND_STEPS: usize = 16;
 /// 128: 1.69 to 1.76 in five runs); where the probe measured how far two
 /// processes stray, the errors include that already
 /// ([`crate::probe::DeviceProbe::step_points`]). Ascending.
-pub fn tied_batches(options: &[(u64, f64, f64)], band: NoiseBand, rows: Option<f64>) -> Vec<u64> {
+pub fn tied_batches(options: &[(u64, f64, f64)], band: NoiseBand, rows: Option<Rows>) -> Vec<u64> {
     let rel = |e: f64| {
         if e.is_finite() {
             e.clamp(REPEATABILITY, 1.0)
@@ -461,9 +480,10 @@ pub fn recommend(
             let optimum_at =
                 |b_noise: f64| fitted_line.map(|(f, p)| optimum_batch(b_noise, f, p, e.rows));
             let optimum = optimum_at(bn);
+            let ladder = ladder_of(&tied, e.rows.map(|r| r.n as u64));
             let mut tie_break = TieBreak::Smallest;
             if let Some((opt, near)) =
-                optimum.and_then(|opt| nearest_tied(&tied, opt).map(|near| (opt, near)))
+                optimum.and_then(|opt| nearest_tied(&ladder, opt).map(|near| (opt, near)))
             {
                 // B* moves with B_noise across its band (as its square root
                 // on unlimited data).
@@ -471,9 +491,12 @@ pub fn recommend(
                     optimum_at(band.low).unwrap_or(opt),
                     band.high.and_then(optimum_at),
                 );
-                let midpoint = straddled(&tied, opt, low, high)
+                let midpoint = straddled(&ladder, opt, low, high)
                     .and_then(|(a, b)| measured_fastest_of(&fitting, &[a, b], bn, e.rows));
-                let named = match (measured_faster(&fitting, &tied, near, bn, e.rows), midpoint) {
+                let named = match (
+                    measured_faster(&fitting, &ladder, near, bn, e.rows),
+                    midpoint,
+                ) {
                     (Some(faster), _) => {
                         tie_break = TieBreak::Measured { optimum: opt };
                         faster
@@ -493,8 +516,7 @@ pub fn recommend(
                 };
                 tied.retain(|&b| b != named);
                 tied.insert(0, named);
-            } else if let Some(named) = measured_fastest_of(&fitting, &ladder_of(&tied), bn, e.rows)
-            {
+            } else if let Some(named) = measured_fastest_of(&fitting, &ladder, bn, e.rows) {
                 // No line around the tie (a hinge in the step times): the
                 // measurements themselves. Where step time is flat up to a
                 // hinge the largest batch before it is fastest, and the

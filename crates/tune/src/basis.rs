@@ -355,7 +355,7 @@ pub fn prediction_basis_to(
     };
     let preconditioned = n.history.iter().any(|r| r.g2_raw_preconditioned.is_some());
     // The run drew its batches from these rows, as the trainings it predicts do.
-    let rows = crate::target::rows_drawn_from(n.rows);
+    let rows = crate::target::rows_drawn_from(n.rows, n.optimizer);
     let (curve, source) = match trajectory(&points, &losses, n.b_big as f64, rows, target) {
         Some(t) => (
             t.curve(),
@@ -437,7 +437,7 @@ mod tests {
             curve: StepsCurve {
                 s_min: 50.0,
                 b_noise: 200.0,
-                rows: Some(1000.0),
+                rows: crate::target::sgd_rows(1000.0),
             },
             source: BasisSource::EndValue {
                 run: NoiseRunAt {

@@ -15,7 +15,7 @@ use crate::lr::{LrRule, LrScaling};
 use crate::noise::NoiseRun;
 use crate::probe::DeviceProbe;
 use crate::schedule::DeviceSchedule;
-use crate::target::{StepsCurve, TimeToTarget, rank};
+use crate::target::{Rows, StepsCurve, TimeToTarget, rank};
 use batchfit_plan::{Bytes, Plan};
 
 /// What the decision is made from: measurements only.
@@ -110,7 +110,7 @@ pub fn curve_findings(
     p: &DeviceProbe,
     points: &[StepPoint],
     b_noise: Option<f64>,
-    rows: Option<f64>,
+    rows: Option<Rows>,
 ) -> Vec<Finding> {
     let mut findings = Vec::new();
     findings.extend(diagnose::flat_throughput(points, p.device));
@@ -198,7 +198,7 @@ pub fn decide(e: &Evidence) -> Decision {
     // The rows batches are drawn from without replacement, as S(B) counts them.
     let rows = match &basis {
         Some(b) => b.curve.rows,
-        None => noise.and_then(|n| crate::target::rows_drawn_from(n.rows)),
+        None => noise.and_then(|n| crate::target::rows_drawn_from(n.rows, n.optimizer)),
     };
     let mut recommendations = Vec::new();
     let mut options = Vec::new();
@@ -555,17 +555,21 @@ mod tests {
             .map(|t| (t.option.device, t.option.micro_batch, t.option.accumulation))
             .collect();
         let (gpu, cpu) = (DeviceSpec::Cuda(0), DeviceSpec::Cpu);
-        // On the run's 1,000 rows the critical batch is 250 x 1000 / 1250 =
-        // 200: 8 x 25 accumulated.
-        assert_eq!(order, [(gpu, 25, 1), (gpu, 25, 8), (cpu, 250, 1)]);
-        // Batches of those rows, 1 + 250 (1/B - 1/1000): (1 + 10 - 0.25) x
-        // 10 ms = 107.5 ms; x8 accumulation: 2 x 80 ms = 160 ms; CPU 1.75 x
-        // 400 ms.
-        assert!((d.time_to_target[1].vs_best - 160.0 / 107.5).abs() < 1e-9);
-        assert!((d.time_to_target[2].vs_best - 700.0 / 107.5).abs() < 1e-9);
+        // On the run's 1,000 rows, trained by Adam, the critical batch is
+        // where (250 / B) sqrt(1 - B/1000) = 1, the root of B^2 + 62.5 B -
+        // 62,500, 220.7: 9 x 25 accumulated.
+        assert_eq!(order, [(gpu, 25, 1), (gpu, 25, 9), (cpu, 250, 1)]);
+        // Batches of those rows, 1 + (250 / B) sqrt(1 - B/1000): (1 + 10
+        // sqrt(0.975)) x 10 ms; x9 accumulation: (1 + (250/225) sqrt(0.775))
+        // x 90 ms; CPU (1 + sqrt(0.75)) x 400 ms.
+        let gpu_25 = (1.0 + 10.0 * 0.975f64.sqrt()) * 10.0;
+        let gpu_225 = (1.0 + 250.0 / 225.0 * 0.775f64.sqrt()) * 90.0;
+        let cpu_250 = (1.0 + 0.75f64.sqrt()) * 400.0;
+        assert!((d.time_to_target[1].vs_best - gpu_225 / gpu_25).abs() < 1e-9);
+        assert!((d.time_to_target[2].vs_best - cpu_250 / gpu_25).abs() < 1e-9);
         let gpu = &d.recommendations[0];
         assert_eq!(gpu.recommended_batch, Some(25));
-        assert_eq!(gpu.accumulation.as_ref().map(|a| a.steps), Some(8));
+        assert_eq!(gpu.accumulation.as_ref().map(|a| a.steps), Some(9));
         assert!(d.findings.iter().all(|f| f.rule() != Rule::AboveCritical));
     }
 

@@ -3,7 +3,7 @@
 //! says it in words.
 
 use crate::device::DeviceSpec;
-use crate::target::{critical_batch_on, epochs_vs_min_on};
+use crate::target::{Rows, critical_batch_on, epochs_vs_min_on};
 use serde::Serialize;
 
 /// One finding on one device, with the figures that support it.
@@ -182,7 +182,7 @@ pub fn input_bound(load_s: f64, step_s: f64, batch: u64, device: DeviceSpec) -> 
 pub fn above_critical(
     batch: u64,
     b_noise: f64,
-    rows: Option<f64>,
+    rows: Option<Rows>,
     device: DeviceSpec,
 ) -> Option<Finding> {
     let critical = critical_batch_on(b_noise, rows);
@@ -281,7 +281,7 @@ mod tests {
         assert!(above_critical(8192, 300.0, None, cpu).is_some());
         assert!(above_critical(256, 300.0, None, cpu).is_none());
         // On 1,500 rows the critical batch is 250: 1,024 is more than 4x it.
-        let f = above_critical(1024, 300.0, Some(1500.0), cpu).unwrap();
+        let f = above_critical(1024, 300.0, crate::target::sgd_rows(1500.0), cpu).unwrap();
         match f.kind {
             FindingKind::AboveCritical {
                 critical,

@@ -3,6 +3,7 @@
 //! from gradient norms at two batch sizes, smoothed, and their ratio B_simple.
 
 use crate::lr::{LrRule, scale};
+use crate::target::Rows;
 use batchfit_plan::Optimizer;
 use serde::Serialize;
 
@@ -215,7 +216,7 @@ pub struct BatchPrediction {
 /// without replacement ([`crate::target::noise_batch`]; `None`: unlimited):
 /// S(B) / S_min = 1 + B_noise (1/B - 1/N), and the samples B S(B) over their
 /// small-batch limit S_min B_noise, 1 + B (1/B_noise - 1/N).
-pub fn predict(b_noise: f64, batches: &[u64], rows: Option<f64>) -> Vec<BatchPrediction> {
+pub fn predict(b_noise: f64, batches: &[u64], rows: Option<Rows>) -> Vec<BatchPrediction> {
     batches
         .iter()
         .map(|&b| {
@@ -425,7 +426,13 @@ impl NoiseRun {
             critical_batch: b_simple.map(critical_batch),
             history,
             predictions: b_simple
-                .map(|b| predict(b, &batches, crate::target::rows_drawn_from(setup.rows)))
+                .map(|b| {
+                    predict(
+                        b,
+                        &batches,
+                        crate::target::rows_drawn_from(setup.rows, setup.optimizer),
+                    )
+                })
                 .unwrap_or_default(),
             lr_advice,
         }
@@ -552,7 +559,7 @@ mod tests {
         assert_eq!(p[1].samples_vs_min, 2.0);
         assert_eq!(p[2].samples_vs_min, 11.0);
         // From 1,000 rows: 1,000 is the full gradient, S_min updates.
-        let p = predict(100.0, &[100, 1000], Some(1000.0));
+        let p = predict(100.0, &[100, 1000], crate::target::sgd_rows(1000.0));
         assert!((p[0].steps_vs_min - 1.9).abs() < 1e-12);
         assert!((p[0].samples_vs_min - 1.9).abs() < 1e-12);
         assert_eq!(p[1].steps_vs_min, 1.0);

@@ -4,7 +4,7 @@
 //! is independent of how many steps each stage takes.
 
 use crate::lr::LrScaling;
-use crate::target::updates_vs_min_on;
+use crate::target::{Rows, updates_vs_min_on};
 use crate::trajectory::Segment;
 use serde::{Deserialize, Serialize};
 
@@ -118,7 +118,7 @@ pub fn ramp(
     segments: &[Segment],
     batches: &[u64],
     lr: &LrScaling,
-    rows: Option<f64>,
+    rows: Option<Rows>,
 ) -> Option<Ramp> {
     let smallest = *batches.first()?;
     let mut stages: Vec<Stage> = Vec::new();
@@ -168,7 +168,7 @@ pub fn ramp(
 /// stretch at the batch in force where it starts (in samples seen),
 /// ΔS_min,i (1 + B_i / B) updates, B noise-effective on `rows`. A fixed
 /// batch gets [`crate::trajectory::Trajectory::steps`].
-pub fn predict(schedule: &Schedule, segments: &[Segment], rows: Option<f64>) -> (f64, f64) {
+pub fn predict(schedule: &Schedule, segments: &[Segment], rows: Option<Rows>) -> (f64, f64) {
     let (mut steps, mut samples) = (0.0f64, 0.0f64);
     for s in segments {
         let b = schedule.at(samples.round() as u64).batch as f64;

@@ -15,7 +15,7 @@
 //! sum is again one [`StepsCurve`], so every table that ranks by S(B) takes it
 //! unchanged.
 
-use crate::target::{StepsCurve, noise_batch, updates_vs_min, updates_vs_min_on};
+use crate::target::{Rows, StepsCurve, noise_batch, updates_vs_min, updates_vs_min_on};
 use serde::{Deserialize, Serialize};
 
 /// Measurements in one stretch of the run: the noise scale of a stretch is the
@@ -57,7 +57,8 @@ pub struct Trajectory {
     pub run_batch: f64,
     /// The training rows its batches were drawn from without replacement
     /// ([`noise_batch`]); `None`: unlimited.
-    pub rows: Option<f64>,
+    #[serde(serialize_with = "crate::target::serialize_row_count")]
+    pub rows: Option<Rows>,
     /// Updates the run took to reach the target.
     pub updates_to_target: f64,
     pub segments: Vec<Segment>,
@@ -150,7 +151,7 @@ pub fn trajectory(
     points: &[RunPoint],
     losses: &[(f64, f64)],
     run_batch: f64,
-    rows: Option<f64>,
+    rows: Option<Rows>,
     target: f64,
 ) -> Option<Trajectory> {
     // The run's noise is its batch's without replacement.
@@ -354,7 +355,14 @@ mod tests {
         let losses: Vec<(f64, f64)> = (0..=20)
             .map(|j| (10.0 * j as f64, 2.0 - 0.1 * j as f64))
             .collect();
-        let t = trajectory(&points, &losses, run_batch, Some(rows), 0.25).unwrap();
+        let t = trajectory(
+            &points,
+            &losses,
+            run_batch,
+            crate::target::sgd_rows(rows),
+            0.25,
+        )
+        .unwrap();
         // B_noise 100 at 64 of 256 rows: 1 + 100 (1/64 - 1/256) = 2.171875.
         let s_min = 175.0 / (1.0 + 100.0 * (1.0 / 64.0 - 1.0 / 256.0));
         assert!((t.curve().s_min - s_min).abs() < 1e-9);

@@ -7,7 +7,8 @@
 use crate::device::DeviceSpec;
 use crate::probe::DeviceProbe;
 use crate::target::{
-    ScaleOption, ScaleTime, ScalingLimit, critical_batch_on, scaling_limit, time_across_world_sizes,
+    Rows, ScaleOption, ScaleTime, ScalingLimit, critical_batch_on, scaling_limit,
+    time_across_world_sizes,
 };
 use batchfit_plan::Plan;
 use batchfit_plan::distributed::{CommModel, Link, Strategy, comm_time};
@@ -47,7 +48,7 @@ pub fn across_world_sizes(
     link: &Link,
     b_noise: f64,
     s_min: Option<f64>,
-    data_rows: Option<f64>,
+    data_rows: Option<Rows>,
 ) -> WorldSizes {
     let layer_params: Vec<u64> = gpu_plan.layers.iter().map(|l| l.parameters).collect();
     let model = CommModel::of(gpu_plan, &layer_params);

@@ -390,17 +390,24 @@ fn precise_step_times_that_bend_are_not_smoothed_into_a_line() {
     assert!(step_time_line(&noisy).is_some());
 }
 
-/// A tie is broken among the ladder's powers of two, which every run
-/// measures: the refinement at 203 that one run added does not take the
-/// answer from 256 (B* 216, mnist-mlp on scaled MNIST); without a tied
-/// power of two, the nearest of all.
+/// A tie is broken among the ladder's powers of two and the full batch,
+/// which every run measures: the refinement at 203 that one run added does
+/// not take the answer from 256 (B* 216, mnist-mlp on scaled MNIST); the
+/// full batch (iris's 135 training rows) is as much the ladder's as 128;
+/// without a tied batch of the ladder, the nearest of all.
 #[test]
-fn a_tie_is_broken_among_the_powers_of_two_every_run_measures() {
-    assert_eq!(nearest_tied(&[203, 256, 512], 216.0), Some(256));
-    assert_eq!(nearest_tied(&[256, 406, 512], 380.0), Some(512));
-    assert_eq!(nearest_tied(&[32, 64, 81, 102], 46.0), Some(64));
-    assert_eq!(nearest_tied(&[323, 406], 380.0), Some(406));
-    assert_eq!(nearest_tied(&[], 380.0), None);
+fn a_tie_is_broken_among_the_batches_every_run_measures() {
+    let nearest = |tied: &[u64], full: Option<u64>, optimum: f64| {
+        nearest_tied(&ladder_of(tied, full), optimum)
+    };
+    assert_eq!(nearest(&[203, 256, 512], None, 216.0), Some(256));
+    assert_eq!(nearest(&[256, 406, 512], None, 380.0), Some(512));
+    assert_eq!(nearest(&[32, 64, 81, 102], None, 46.0), Some(64));
+    assert_eq!(nearest(&[323, 406], None, 380.0), Some(406));
+    assert_eq!(nearest(&[], None, 380.0), None);
+    assert_eq!(nearest(&[128, 130, 133, 135], Some(135), 135.0), Some(135));
+    assert_eq!(nearest(&[128, 130, 133, 135], None, 135.0), Some(128));
+    assert_eq!(nearest(&[128, 133], Some(135), 135.0), Some(128));
 }
 
 /// A batch that is fastest only inside the band, neither at its ends nor
@@ -440,13 +447,13 @@ fn on_a_small_data_set_a_batch_near_all_its_rows_is_counted_as_nearly_noiseless(
     let unlimited = recommend(&evidence(&p, None), Some(NoiseBand::exact(2000.0)), ADAM).0;
     assert_eq!(unlimited.recommended_batch, Some(256));
     let small = DeviceEvidence {
-        rows: Some(1100.0),
+        rows: crate::target::sgd_rows(1100.0),
         ..evidence(&p, None)
     };
     let (rec, options) = recommend(&small, Some(NoiseBand::exact(2000.0)), ADAM);
     assert_eq!(rec.recommended_batch, Some(1024));
     assert_eq!(rec.tied_batches, vec![1024]);
-    let table = rank(&options, 2000.0, None, Some(1100.0));
+    let table = rank(&options, 2000.0, None, crate::target::sgd_rows(1100.0));
     assert_eq!(table[0].option.micro_batch, 1024);
     let at_256 = table.iter().find(|t| t.option.micro_batch == 256).unwrap();
     assert!((at_256.steps_vs_min - (1.0 + 2000.0 * (1.0 / 256.0 - 1.0 / 1100.0))).abs() < 1e-9);
@@ -490,7 +497,7 @@ fn a_tie_without_a_line_names_the_tied_power_of_two_measured_fastest() {
         high: Some(388.0),
     };
     let e = DeviceEvidence {
-        rows: Some(520.0),
+        rows: crate::target::sgd_rows(520.0),
         ..evidence(&pts, None)
     };
     let (rec, _) = recommend(&e, Some(band), ADAM);
@@ -503,4 +510,45 @@ fn a_tie_without_a_line_names_the_tied_power_of_two_measured_fastest() {
             ..
         }
     ));
+}
+
+/// The optimum of a step-time line: SGD's closed form, and for Adam's
+/// finite-data form the least of its grid, which is the closed form on data
+/// far larger than the batch and a full batch where the noise outlasts it.
+#[test]
+fn the_optimum_batch_under_each_optimizers_form() {
+    let (bn, fixed, per_sample): (f64, f64, f64) = (400.0, 1e-3, 1e-5);
+    let unlimited = (bn * fixed / per_sample).sqrt();
+    assert!((optimum_batch(bn, fixed, per_sample, None) - unlimited).abs() < 1e-9);
+    let adam = |n: f64| Some(Rows { n, adaptive: true });
+    let far = optimum_batch(bn, fixed, per_sample, adam(1e8));
+    assert!(
+        (far / unlimited - 1.0).abs() < 0.01,
+        "{far} against {unlimited}"
+    );
+    // On 1,000 rows: no batch of the grid's neighbourhood is faster.
+    let rows = adam(1000.0);
+    let time = |b: f64| crate::target::updates_vs_min_on(bn, b, rows) * (fixed + per_sample * b);
+    let best = optimum_batch(bn, fixed, per_sample, rows);
+    assert!(best > 1.0 && best <= 1000.0);
+    for b in [best * 0.97, best * 1.03] {
+        assert!(
+            time(b.min(1000.0)) >= time(best) - 1e-12,
+            "{b} beats {best}"
+        );
+    }
+    // Where the time dips again into the full batch below the minimum before
+    // it (540 rows, B_noise 281, a line of 165 samples' fixed cost: 705
+    // against about 755 around 300), the first minimum.
+    let fair = adam(540.0);
+    let time = |b: f64| crate::target::updates_vs_min_on(281.0, b, fair) * (165.0 + b);
+    let first = optimum_batch(281.0, 165.0, 1.0, fair);
+    assert!(time(540.0) < time(first), "the dip at the full batch");
+    assert!((200.0..400.0).contains(&first), "{first}");
+    // A step that costs nothing per sample: the full batch, as SGD's.
+    assert_eq!(optimum_batch(bn, fixed, 1e-12, rows), 1000.0);
+    assert_eq!(
+        optimum_batch(2000.0, fixed, per_sample, crate::target::sgd_rows(1000.0)),
+        1000.0
+    );
 }

@@ -5,12 +5,13 @@
 
 use super::{LossTarget, RunRate, fixed_row_losses, rank0_losses};
 use crate::basis::{BasisSource, MethodCode, NoiseRunAt, PredictionBasis};
+use crate::lr::LrRule;
 use crate::noise::{NoiseEstimator, RawEstimate, two_batch, without_replacement};
 use crate::search::TrialReason;
 use crate::stability::{
     CHECK_LIMIT, REFIT_CEILING, RateCheck, RateVerdict, checked_b_noise, judge, mark_no_gain,
 };
-use crate::target::StepsCurve;
+use crate::target::{Rows, StepsCurve};
 use crate::trajectory::{RunPoint, Segment, trajectory};
 use crate::trial::{NoiseReport, RunTrial, StepReport, TrialResult};
 use serde::Serialize;
@@ -38,7 +39,8 @@ pub struct RunNoise {
     /// The training set's rows the helper reported (`rows=`, `noise.rows`):
     /// |G|² is corrected for the finite data with it; `None`: not reported,
     /// no correction.
-    pub data_rows: Option<f64>,
+    #[serde(serialize_with = "crate::target::serialize_row_count")]
+    pub data_rows: Option<Rows>,
     /// The trial's stretches (empty for the end value).
     pub segments: Vec<Segment>,
     /// Steps the trial took to the target (see [`LossTarget`]).
@@ -316,9 +318,13 @@ pub fn noise_of(trials: &[RunTrial], rate: &RunRate) -> (Option<RunNoise>, Optio
     let batch = best.batch as f64;
     // The rows the helper says the script draws its batches from without
     // replacement (a shuffled loader's epoch), as `advise` counts S(B).
+    // Adam's family (the helper's preconditioned norms, else the rule of
+    // Adam's family the command's optimizer gives) counts them as Adam does.
+    let adaptive = preconditioned || rate.rule() == LrRule::Sqrt;
     let rows = measurements(&best.reports)
         .iter()
-        .find_map(|(_, m)| m.finite_rows());
+        .find_map(|(_, m)| m.finite_rows())
+        .map(|n| Rows { n, adaptive });
     let traj = target.and_then(|t| {
         // The target is a mean of the curve's own last points: the curve
         // reaches it, whatever the rounding of the sums.
@@ -589,7 +595,7 @@ mod tests {
             (corrected - trace * rows / (rows - 1.0)).abs() < 1e-6,
             "{corrected}"
         );
-        assert_eq!(said, Some(rows));
+        assert_eq!(said.map(|r| r.n), Some(rows));
         let (uncorrected, said) = with_rows(64.0);
         let short = trace * rows / (rows - 1.0) / (1.0 - trace / (rows - 1.0));
         assert!(

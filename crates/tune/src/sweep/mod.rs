@@ -12,7 +12,7 @@ pub use summary::{
     measured_steps, summarize,
 };
 
-use crate::target::noise_batch;
+use crate::target::{Rows, noise_batch};
 use serde::{Deserialize, Serialize};
 
 /// How a training run ended.
@@ -109,7 +109,7 @@ pub type StepsFit = crate::target::StepsCurve;
 /// size). Needs two distinct batches; `None` when the fit has no positive
 /// S_min or B_noise (steps that do not fall with the batch, or fall faster
 /// than 1/B), which the report says in words.
-pub fn fit_steps(points: &[(f64, f64)], rows: Option<f64>) -> Option<StepsFit> {
+pub fn fit_steps(points: &[(f64, f64)], rows: Option<Rows>) -> Option<StepsFit> {
     let pts: Vec<(f64, f64, f64)> = points
         .iter()
         .filter(|p| p.0 > 0.0 && p.1 > 0.0 && p.1.is_finite())
@@ -137,7 +137,7 @@ pub fn fit_steps(points: &[(f64, f64)], rows: Option<f64>) -> Option<StepsFit> {
 /// of (1 + B_noise/B) to the measured steps, so a measured noise scale can be
 /// turned into step predictions and checked against the runs (batches drawn
 /// from `rows`).
-pub fn fit_s_min(b_noise: f64, points: &[(f64, f64)], rows: Option<f64>) -> Option<f64> {
+pub fn fit_s_min(b_noise: f64, points: &[(f64, f64)], rows: Option<Rows>) -> Option<f64> {
     // minimise sum ((S_i - a f_i) / S_i)^2 with f_i = 1 + B_noise/B_i.
     let (mut num, mut den) = (0.0, 0.0);
     for &(b, s) in points.iter().filter(|p| p.0 > 0.0 && p.1 > 0.0) {
@@ -251,7 +251,7 @@ mod tests {
     #[test]
     fn fit_recovers_s_min_and_b_noise_from_noisy_points() {
         // Batches of distinct rows from 2,000: 1,024 is half the data.
-        let rows = Some(2000.0);
+        let rows = crate::target::sgd_rows(2000.0);
         let truth = StepsFit {
             s_min: 400.0,
             b_noise: 300.0,

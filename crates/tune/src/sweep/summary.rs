@@ -57,8 +57,8 @@ impl SweepSettings {
 
     /// The training rows each epoch's batches are drawn from without
     /// replacement, as S(B) counts them ([`crate::target::noise_batch`]).
-    pub fn rows_drawn_from(&self) -> Option<f64> {
-        crate::target::rows_drawn_from(self.train_rows)
+    pub fn rows_drawn_from(&self) -> Option<crate::target::Rows> {
+        crate::target::rows_drawn_from(self.train_rows, self.optimizer)
     }
 }
 
