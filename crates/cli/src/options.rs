@@ -17,7 +17,7 @@ use std::time::Duration;
 use std::time::Instant;
 
 pub use batchfit_pipeline::DEFAULT_MODEL;
-pub use batchfit_pipeline::output::check_output_folder;
+pub use batchfit_pipeline::output::check_html_output;
 
 // Every flag that more than one command takes is defined once, here, as a
 // group the commands flatten: one help text, one default, one validation
@@ -487,10 +487,16 @@ pub fn parse_share(s: &str) -> Result<f64, String> {
     }
 }
 
+/// The longest duration a flag takes, in seconds.
+const MAX_SECONDS: f64 = 1e9;
+
 pub fn parse_seconds(s: &str) -> Result<f64, String> {
     let t = s.trim_end_matches('s');
     match t.parse::<f64>() {
-        Ok(x) if x > 0.0 && x.is_finite() => Ok(x),
+        // A duration becomes a deadline (now + it): at most about 31 years,
+        // which neither `Duration` nor an `Instant` overflows.
+        Ok(x) if x > 0.0 && x <= MAX_SECONDS => Ok(x),
+        Ok(x) if x > 0.0 => Err(format!("`{s}` is more than {MAX_SECONDS:e} seconds")),
         _ => Err(format!("`{s}` must be a positive number of seconds")),
     }
 }

@@ -191,7 +191,7 @@ fn a_full_disk_during_out_names_the_record_and_leaves_no_truncated_file() {
 /// from before is as it was.
 #[test]
 fn a_full_disk_during_html_keeps_the_previous_report() {
-    let old = "<html>the report from before</html>";
+    let old = "<!DOCTYPE html>\n<html>the report from before</html>";
     for fault in faults() {
         let o = run(
             fault,

@@ -3,6 +3,7 @@
 mod common;
 
 use common::{batchfit, document, json};
+use predicates::prelude::PredicateBooleanExt;
 use predicates::str::contains;
 use std::io::Write;
 use std::path::Path;
@@ -538,4 +539,69 @@ fn a_ctc_model_trains_on_padded_label_sequences() {
         .assert()
         .code(2)
         .stderr(contains("is the blank"));
+}
+
+/// Input that would reach a training only to panic there is refused first,
+/// with exit 2 naming what is wrong: a loss that depends on no trainable
+/// parameter, a drop probability out of range, a duration no timer holds.
+#[test]
+fn untrainable_models_and_flags_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let no_weights = "[[input]]\nname = \"x\"\nshape = [1]\n[[layer]]\nname = \"r\"\nop = \"relu\"\n[loss]\nkind = \"mse\"\n";
+    std::fs::write(d("none.toml"), no_weights).unwrap();
+    let rows: String = (0..50)
+        .map(|i| format!("{},{}\n", i as f64 / 10.0, i as f64 / 5.0))
+        .collect();
+    std::fs::write(d("p.csv"), format!("a,y\n{rows}")).unwrap();
+    let drop_path = TINY_CLASSIFIER.replace(
+        "[loss]",
+        "[[layer]]\nname = \"d\"\nop = \"drop_path\"\np = 2.0\n[loss]",
+    );
+    std::fs::write(d("dp.toml"), drop_path).unwrap();
+    std::fs::write(d("tiny.toml"), TINY_CLASSIFIER).unwrap();
+    let four: String = (0..60).map(|i| format!("{i},1,2,3,{}\n", i % 3)).collect();
+    std::fs::write(d("c.csv"), format!("a,b,c,d,y\n{four}")).unwrap();
+    let small = ["--steps", "5", "--b-small", "4", "--k", "2"];
+    batchfit()
+        .args(["noise", &d("none.toml"), "--data", &d("p.csv")])
+        .args(small)
+        .assert()
+        .code(2)
+        .stderr(contains("none.toml").and(contains("no trainable parameter")));
+    batchfit()
+        .args(["noise", &d("dp.toml"), "--data", &d("c.csv")])
+        .args(small)
+        .assert()
+        .code(2)
+        .stderr(contains("node `d`").and(contains("drop probability")));
+    batchfit()
+        .args(["probe", "--batches", "8", "--timeout", "1e30"])
+        .assert()
+        .code(2)
+        .stderr(contains("--timeout"));
+    // A report in the data's place: refused before any work, the data kept.
+    let data = std::fs::read_to_string(d("c.csv")).unwrap();
+    batchfit()
+        .args([
+            "sweep",
+            &d("tiny.toml"),
+            "--data",
+            &d("c.csv"),
+            "--html",
+            &d("c.csv"),
+        ])
+        .args([
+            "--batches",
+            "8",
+            "--seeds",
+            "1",
+            "--epochs",
+            "1",
+            "--no-noise",
+        ])
+        .assert()
+        .code(2)
+        .stderr(contains("--html").and(contains("not an HTML report")));
+    assert_eq!(std::fs::read_to_string(d("c.csv")).unwrap(), data);
 }

@@ -775,3 +775,20 @@ fn verify_case(fixed_rows: bool) {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("plan.json"));
 }
+
+/// A SIGKILL the kernel's OOM killer did not count (a script's own `exit
+/// 137`, someone's `kill -9`) is a crash, not out of memory.
+#[test]
+fn a_sigkill_without_an_oom_kill_is_a_crash() {
+    for script in ["exit 137", "kill -9 $$"] {
+        let doc = document(
+            batchfit()
+                .args(["run", "--batches", "8", "--json", "--", "sh", "-c"])
+                .arg(format!("{script} # {{batch}}"))
+                .output()
+                .unwrap(),
+        );
+        let outcome = doc["trials"][0]["outcome"].as_str().unwrap();
+        assert_eq!(outcome, "crashed", "{script}: {}", doc["trials"][0]);
+    }
+}

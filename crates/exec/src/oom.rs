@@ -23,23 +23,42 @@ const MARKERS: &[(&str, &str)] = &[
     ("memory exhausted", "GNU tools (xalloc_die)"),
 ];
 
+/// The kernel's count of processes its OOM killer has killed since boot
+/// (`oom_kill` in /proc/vmstat, Linux 4.13 on; a memory cgroup's kills count
+/// there too); `None` where it cannot be read.
+pub fn oom_kills() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/vmstat").ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("oom_kill "))
+        .and_then(|n| n.trim().parse().ok())
+}
+
 /// Whether a process that ended with `stderr`, terminating `signal` and exit
-/// `code` ran out of memory; says how it was recognised. A process we killed
-/// ourselves (time-out) must not be passed here.
-pub fn looks_like_oom(stderr: &str, signal: Option<i32>, code: Option<i32>) -> Option<String> {
+/// `code` ran out of memory; says how it was recognised. `oom_killed`: whether
+/// the kernel's OOM killer killed a process while it ran ([`oom_kills`] before
+/// and after; `None`: unknown). A SIGKILL (or a shell's exit status 137 for
+/// one) is out of memory only where the kernel counted a kill: anyone can
+/// send SIGKILL, and a crash is never called out of memory on a guess. A
+/// process we killed ourselves (time-out) must not be passed here.
+pub fn looks_like_oom(
+    stderr: &str,
+    signal: Option<i32>,
+    code: Option<i32>,
+    oom_killed: Option<bool>,
+) -> Option<String> {
     let lower = stderr.to_lowercase();
     if let Some((m, who)) = MARKERS.iter().find(|(m, _)| lower.contains(m)) {
         return Some(format!("printed `{m}` ({who})"));
     }
-    // SIGKILL with no message: the kernel's OOM killer. A shell in between
-    // reports the same as exit status 128 + 9.
-    if signal == Some(libc::SIGKILL) {
-        return Some("killed by SIGKILL without a message (the kernel's OOM killer)".into());
-    }
-    if code == Some(128 + libc::SIGKILL) {
-        return Some("exit status 137 = killed by SIGKILL (the kernel's OOM killer)".into());
-    }
-    None
+    // Itself, through a shell (exit status 128 + 9), or a rank through a
+    // launcher (torchrun: "Signal 9 (SIGKILL) received by PID ...").
+    let killed = signal == Some(libc::SIGKILL)
+        || code == Some(128 + libc::SIGKILL)
+        || lower.contains("signal 9 (sigkill)");
+    (killed && oom_killed == Some(true)).then(|| {
+        "killed by SIGKILL while the kernel's OOM killer killed a process (its count in /proc/vmstat rose)"
+            .into()
+    })
 }
 
 #[cfg(test)]
@@ -58,10 +77,33 @@ mod tests {
             "terminate called after throwing an instance of 'std::bad_alloc'",
             "MemoryError: Unable to allocate 8.00 GiB for an array",
         ] {
-            assert!(looks_like_oom(text, None, Some(1)).is_some(), "{text}");
+            assert!(
+                looks_like_oom(text, None, Some(1), None).is_some(),
+                "{text}"
+            );
         }
-        assert!(looks_like_oom("", Some(libc::SIGKILL), None).is_some());
-        assert!(looks_like_oom("", None, Some(137)).is_some());
+        let sigkill = Some(libc::SIGKILL);
+        assert!(looks_like_oom("", sigkill, None, Some(true)).is_some());
+        assert!(looks_like_oom("", None, Some(137), Some(true)).is_some());
+    }
+
+    /// SIGKILL (or exit status 137) without a kill the kernel counted is
+    /// someone's `kill -9` or a script's own exit status: a crash.
+    #[test]
+    fn a_sigkill_is_out_of_memory_only_where_the_kernel_counted_one() {
+        for known in [Some(false), None] {
+            assert!(looks_like_oom("", Some(libc::SIGKILL), None, known).is_none());
+            assert!(looks_like_oom("", None, Some(137), known).is_none());
+        }
+        assert!(looks_like_oom("", Some(libc::SIGSEGV), None, Some(true)).is_none());
+        let rank = "torch.distributed.elastic.multiprocessing.api: failed (exitcode: -9)\nSignal 9 (SIGKILL) received by PID 4242";
+        assert!(looks_like_oom(rank, None, Some(1), Some(true)).is_some());
+        assert!(looks_like_oom(rank, None, Some(1), Some(false)).is_none());
+        #[cfg(target_os = "linux")]
+        assert!(
+            oom_kills().is_some(),
+            "/proc/vmstat has oom_kill since Linux 4.13"
+        );
     }
 
     #[test]
@@ -72,8 +114,11 @@ mod tests {
             "RuntimeError: CUDA error: device-side assert triggered",
             "Segmentation fault (core dumped)",
         ] {
-            assert!(looks_like_oom(text, None, Some(1)).is_none(), "{text}");
+            assert!(
+                looks_like_oom(text, None, Some(1), None).is_none(),
+                "{text}"
+            );
         }
-        assert!(looks_like_oom("", Some(libc::SIGSEGV), None).is_none());
+        assert!(looks_like_oom("", Some(libc::SIGSEGV), None, Some(true)).is_none());
     }
 }

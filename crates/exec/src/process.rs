@@ -94,12 +94,15 @@ pub struct Finished {
     /// it was: a launcher prints its own summary after the failing worker's
     /// traceback, which can push the worker's message out of the tails.
     pub oom_seen: Option<String>,
+    /// Whether the kernel's OOM killer killed a process while it ran
+    /// ([`crate::oom::oom_kills`] before and after); `None`: unknown.
+    pub oom_killed: Option<bool>,
 }
 
 impl Finished {
     /// How it ended: ran, out of memory (by its text or the OOM killer), timed
     /// out, or crashed with the tail of its output. A crash is never called
-    /// out of memory unless the output or the signal says so.
+    /// out of memory unless the output or the kernel's count of OOM kills says so.
     pub fn outcome(&self) -> Outcome {
         if self.stopped {
             return Outcome::Ran;
@@ -111,7 +114,7 @@ impl Finished {
             return Outcome::Ran;
         }
         let text = format!("{}\n{}", self.stderr_tail, self.stdout_tail);
-        if let Some(why) = looks_like_oom(&text, self.exit.signal, self.exit.code)
+        if let Some(why) = looks_like_oom(&text, self.exit.signal, self.exit.code, self.oom_killed)
             .or_else(|| self.oom_seen.clone())
         {
             return Outcome::OutOfMemory(why);
@@ -169,7 +172,7 @@ fn spawn_reader(
             if let Ok(mut o) = oom.lock()
                 && o.is_none()
             {
-                *o = looks_like_oom(&line, None, None);
+                *o = looks_like_oom(&line, None, None, None);
             }
             let Ok(mut t) = tail.lock() else { break };
             if t.len() == TAIL_LINES {
@@ -189,6 +192,7 @@ pub fn run_process(
     opts: ProcessOptions<'_>,
 ) -> Result<Finished, std::io::Error> {
     let started = Instant::now();
+    let kills_before = crate::oom::oom_kills();
     die_with_parent(command);
     let mut child = command
         .stdin(Stdio::null())
@@ -293,6 +297,9 @@ pub fn run_process(
         stdout_tail: tail(&out_tail),
         stderr_tail: tail(&err_tail),
         oom_seen: oom_seen.lock().ok().and_then(|o| o.clone()),
+        oom_killed: kills_before
+            .zip(crate::oom::oom_kills())
+            .map(|(before, after)| after > before),
     })
 }
 

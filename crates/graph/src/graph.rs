@@ -177,6 +177,27 @@ impl Graph {
             .expect("the builder checks the loss input")
     }
 
+    /// Whether the loss depends on a trainable parameter: some node with
+    /// parameters lies on a path from the inputs to the loss's input. A
+    /// model without one (no weights, or weights only on a branch the output
+    /// never reads) has nothing to train and no gradient to take.
+    pub fn trains_a_parameter(&self) -> bool {
+        let mut wanted = vec![self.loss.input.as_str()];
+        let mut seen = std::collections::HashSet::new();
+        while let Some(name) = wanted.pop() {
+            if !seen.insert(name) {
+                continue;
+            }
+            if let Some(node) = self.nodes.iter().find(|n| n.name == name) {
+                if node.op.param_count() > 0 {
+                    return true;
+                }
+                wanted.extend(node.inputs.iter().map(String::as_str));
+            }
+        }
+        false
+    }
+
     /// Whether any tensor has the symbolic sequence length.
     pub fn has_seq(&self) -> bool {
         self.inputs.iter().any(|i| i.shape.has_seq())

@@ -34,6 +34,24 @@ pub fn load(source: &str) -> Result<Graph, GraphError> {
     load_with_loss(source, None)
 }
 
+/// Loads a model to be trained, as [`load_with_loss`] does, and refuses one
+/// whose loss depends on no trainable parameter ([`Graph::trains_a_parameter`]):
+/// every training step would have no gradient to take.
+pub fn load_trainable(source: &str, loss: Option<&LossRequest>) -> Result<Graph, GraphError> {
+    let graph = load_with_loss(source, loss)?;
+    if graph.trains_a_parameter() {
+        return Ok(graph);
+    }
+    let why = GraphError::Invalid(format!(
+        "the loss (on node `{}`) depends on no trainable parameter: no layer with weights lies between the inputs and it, so there is nothing to train",
+        graph.loss.input
+    ));
+    Err(match source.strip_prefix("zoo:") {
+        Some(_) => why,
+        None => why.in_file(std::path::Path::new(source)),
+    })
+}
+
 /// Loads a model as [`load`] does, trained with `loss` where one is given
 /// ([`Graph::with_loss`]).
 pub fn load_with_loss(source: &str, loss: Option<&LossRequest>) -> Result<Graph, GraphError> {

@@ -57,7 +57,7 @@ pub fn advise(cfg: &AdviseConfig, progress: &dyn Progress) -> Result<Advice> {
     let started = Instant::now();
     let default_model = cfg.model.is_none();
     let source = cfg.model.as_deref().unwrap_or(crate::DEFAULT_MODEL);
-    let graph = batchfit_graph::load_with_loss(source, cfg.data.loss.as_ref())?;
+    let graph = batchfit_graph::load_trainable(source, cfg.data.loss.as_ref())?;
     batchfit_engine::model::check_trainable(&graph)?;
     let (devices, devices_not_used) = if cfg.devices.is_empty() {
         let survey = batchfit_engine::device::survey();

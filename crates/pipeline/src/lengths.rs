@@ -119,7 +119,7 @@ pub fn probe_lengths(
             "probe --lengths needs --memory-limit: the budget the buckets are sized for",
         ));
     };
-    let graph = batchfit_graph::load_with_loss(source, loss)?;
+    let graph = batchfit_graph::load_trainable(source, loss)?;
     batchfit_engine::model::check_trainable(&graph)?;
     let lengths = read(&graph, &req.source)?;
     let planner = LengthPlanner::on(&graph, &cfg.train_options(device), cfg.host(device))

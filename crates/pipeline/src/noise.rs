@@ -214,7 +214,7 @@ pub fn noise(
 ) -> Result<(NoiseRun, DataProfile)> {
     let default_model = model.is_none();
     let graph =
-        batchfit_graph::load_with_loss(model.unwrap_or(crate::DEFAULT_MODEL), data.loss.as_ref())?;
+        batchfit_graph::load_trainable(model.unwrap_or(crate::DEFAULT_MODEL), data.loss.as_ref())?;
     let seq_len = graph.default_seq_len.unwrap_or(1);
     let (dataset, profile) = load_data(data, &graph, seq_len, default_model)?;
     Ok((

@@ -379,7 +379,7 @@ pub fn probe(
     devices: &[DeviceSpec],
     progress: &dyn Progress,
 ) -> Result<ProbeOutput> {
-    let graph = batchfit_graph::load_with_loss(source, loss)?;
+    let graph = batchfit_graph::load_trainable(source, loss)?;
     batchfit_engine::model::check_trainable(&graph)?;
     let seq_len = cfg.seq_len.or(graph.default_seq_len).unwrap_or(1);
     let target = Target {

@@ -3,7 +3,7 @@
 //! ([`CommandTrials`]). The searches, the measuring loop and the advice are
 //! `batchfit_tune`'s.
 
-use crate::output::check_output_folder;
+use crate::output::check_html_output;
 use crate::{Error, Progress, Result};
 use batchfit_exec::{CommandTemplate, Outcome, StepReader, TrialOptions, TrialResult, run_trial};
 use batchfit_plan::Bytes;
@@ -204,7 +204,7 @@ pub fn run(cfg: &RunConfig, progress: &dyn Progress) -> Result<RunSummary> {
         )));
     }
     if let Some(path) = &cfg.html {
-        check_output_folder("--html", path)?;
+        check_html_output("--html", path)?;
     }
     if let Some(l) = &cfg.launcher {
         l.check()?;

@@ -4,7 +4,7 @@
 //! records (`crate::sweep_out`); what they conclude is `batchfit_tune::sweep`'s.
 
 use crate::noise::{DataSource, NoiseSettings, load_data, run_noise};
-use crate::output::check_output_folder;
+use crate::output::check_html_output;
 use crate::sweep_out::{prepare_out, read_record, run_file, write_record};
 use crate::{Error, Progress, Result};
 use batchfit_data::Dataset;
@@ -141,7 +141,7 @@ fn check(cfg: &SweepConfig, train: &Dataset) -> Result<Vec<u64>> {
 pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepSummary> {
     let started = Instant::now();
     let default_model = cfg.model.is_none();
-    let graph = batchfit_graph::load_with_loss(
+    let graph = batchfit_graph::load_trainable(
         cfg.model.as_deref().unwrap_or(crate::DEFAULT_MODEL),
         cfg.data.loss.as_ref(),
     )?;
@@ -169,7 +169,7 @@ pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepSummary>
     };
     let smallest = *batches.iter().min().expect("checked: at least one");
     if let Some(p) = &cfg.html {
-        check_output_folder("--html", p)?;
+        check_html_output("--html", p)?;
     }
     if let Some(n) = cfg.threads {
         let _ = batchfit_engine::set_threads(n);

@@ -135,7 +135,7 @@ fn config(args: &AdviseArgs) -> CliResult<AdviseConfig> {
 
 pub fn run(args: AdviseArgs) -> CliResult {
     if let Some(path) = &args.html.html {
-        crate::options::check_output_folder("--html", path)?;
+        crate::options::check_html_output("--html", path)?;
     }
     let cfg = config(&args)?;
     let bar = progress(args.json.json);

@@ -170,9 +170,16 @@ impl Op {
             | Op::Exp
             | Op::HardSigmoid { .. }
             | Op::HardSwish
-            | Op::Scale { .. }
-            | Op::Dropout { .. }
-            | Op::DropPath { .. } => Ok(x.clone()),
+            | Op::Scale { .. } => Ok(x.clone()),
+            // PyTorch's ranges: a dropout may drop everything; stochastic depth
+            // divides what it keeps by 1 - p, so it must keep something.
+            Op::Dropout { p } if !(0.0..=1.0).contains(p) => Err(ShapeError(format!(
+                "a drop probability p in [0, 1], got {p}"
+            ))),
+            Op::DropPath { p } if !(0.0..1.0).contains(p) => Err(ShapeError(format!(
+                "a drop probability p in [0, 1), got {p}"
+            ))),
+            Op::Dropout { .. } | Op::DropPath { .. } => Ok(x.clone()),
             Op::Lrn { size, .. } => {
                 if x.rank() < 2 || *size == 0 {
                     return Err(ShapeError(format!(
@@ -254,6 +261,9 @@ impl Op {
                 });
                 Ok(Shape(out.collect::<Result<_, _>>()?))
             }
+            Op::Expand { shape } if shape.contains(&0) => Err(ShapeError(format!(
+                "expand to {shape:?}: every size must be at least 1"
+            ))),
             Op::Expand { shape } => {
                 let out = broadcast(x, &Shape::fixed(shape))?;
                 if out.rank() != x.rank() {
@@ -595,5 +605,25 @@ mod tests {
             "[B, 234]".to_string()
         );
         assert!(reshape(&x, &[100]).is_err());
+    }
+
+    /// Settings a training cannot run with are refused with the shapes, not
+    /// found by the engine: a drop probability out of range or NaN, an
+    /// expansion to an empty axis.
+    #[test]
+    fn out_of_range_settings_are_refused() {
+        let x = Shape::fixed(&[4]);
+        for p in [1.5, -0.5, f32::NAN] {
+            assert!(Op::Dropout { p }.infer(&[&x]).is_err(), "dropout {p}");
+        }
+        for p in [1.0, 2.0, f32::NAN] {
+            assert!(Op::DropPath { p }.infer(&[&x]).is_err(), "drop_path {p}");
+        }
+        assert!(Op::Dropout { p: 1.0 }.infer(&[&x]).is_ok());
+        assert!(Op::DropPath { p: 0.0 }.infer(&[&x]).is_ok());
+        let e = Op::Expand { shape: vec![0, 4] }
+            .infer(&[&Shape::fixed(&[1, 4])])
+            .unwrap_err();
+        assert!(e.to_string().contains("at least 1"), "{e}");
     }
 }
