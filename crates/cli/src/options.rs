@@ -44,8 +44,26 @@ pub struct ThreadsFlag {
 #[derive(Args, Clone, Debug)]
 pub struct SeqLenFlag {
     /// Sequence length T for recurrent models [default: the model's].
-    #[arg(long, value_name = "T", value_parser = positive_usize)]
+    #[arg(long, value_name = "T", value_parser = parse_seq_len)]
     pub seq_len: Option<usize>,
+}
+
+/// `--gpus` and `--nodes`: at least 1 and at most 2^20 each, so their
+/// product times a batch stays a count (the largest clusters hold 10^5 GPUs).
+pub fn parse_device_count(s: &str) -> Result<u64, String> {
+    match positive_u64(s)? {
+        n if n <= 1 << 20 => Ok(n),
+        _ => Err(format!("`{s}` is more than 2^20 devices")),
+    }
+}
+
+/// `--seq-len`: at least 1 and at most 2^24 steps (16.7 million frames), past
+/// which the plan's products of sizes would no longer be a length's.
+fn parse_seq_len(s: &str) -> Result<usize, String> {
+    match positive_usize(s)? {
+        t if t <= 1 << 24 => Ok(t),
+        _ => Err(format!("`{s}` is more than 2^24 steps")),
+    }
 }
 
 /// `--lr`.
@@ -156,7 +174,8 @@ pub struct JsonFlag {
 /// `--html`.
 #[derive(Args, Clone, Debug)]
 pub struct HtmlFlag {
-    /// Also write a self-contained HTML report with plots to this file.
+    /// Also write a self-contained HTML report with plots to this file. A file already there is
+    /// replaced only if it is empty or an earlier batchfit report; a symlink is written through.
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
 }
@@ -167,7 +186,7 @@ pub struct ParallelFlags {
     /// Data-parallel GPUs, comma-separated for several: plan: GPUs per node (x --nodes), memory
     /// per device, micro-batch, accumulation and communication; advise: world sizes of devices
     /// like the first one measured, with their time to target.
-    #[arg(long, value_name = "N", value_delimiter = ',', value_parser = positive_u64)]
+    #[arg(long, value_name = "N", value_delimiter = ',', value_parser = parse_device_count)]
     pub gpus: Vec<u64>,
     /// How model states are sharded, comma-separated (fsdp is FULL_SHARD) [plan: all; advise,
     /// which takes one: ddp].

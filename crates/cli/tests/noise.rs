@@ -167,7 +167,7 @@ fn bad_data_exits_2_naming_what_is_wrong() {
         ),
         (
             vec![p("sex.csv")],
-            "row 2, column 2 (`sex`): `male` is not a number (a category: encode it",
+            "row 1 (line 2), column 2 (`sex`): `male` is not a number (a category: encode it",
         ),
     ];
     for (data, msg) in cases {
@@ -575,6 +575,25 @@ fn untrainable_models_and_flags_exit_2() {
         .assert()
         .code(2)
         .stderr(contains("node `d`").and(contains("drop probability")));
+    // A flag the data cannot use is refused, not ignored.
+    batchfit()
+        .args([
+            "noise",
+            &d("tiny.toml"),
+            "--data",
+            &d("c.csv"),
+            "--labels",
+            &d("p.csv"),
+        ])
+        .args(small)
+        .assert()
+        .code(2)
+        .stderr(contains("--labels"));
+    batchfit()
+        .args(["noise", "--beta", "NaN"])
+        .assert()
+        .code(2)
+        .stderr(contains("--beta"));
     batchfit()
         .args(["probe", "--batches", "8", "--timeout", "1e30"])
         .assert()

@@ -329,6 +329,17 @@ fn verify_trains_what_the_advice_predicted_and_says_whether_it_held() {
         v["verdict"]["held"].as_bool().unwrap(),
         line.starts_with("The advice held")
     );
+    // An edited advice whose rate no flag would take is refused, not trained.
+    let mut edited = advice.clone();
+    edited["prediction"]["lr"]["ref_lr"] = serde_json::json!(-5.0);
+    std::fs::write(&advice_file, edited.to_string()).unwrap();
+    common::batchfit()
+        .args(["sweep", "--verify", file, "--seeds", "1"])
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains(
+            "prediction.lr: ref_lr -5 is not a positive rate",
+        ));
 }
 
 /// A one-layer model file in `dir`: `inputs` features to `outputs`, with `loss`.
@@ -528,8 +539,26 @@ fn advise_from_a_sweep_uses_its_measured_steps() {
     assert_eq!(again["prediction"]["curve"], p["curve"]);
     std::fs::remove_file(&broken).unwrap();
 
-    // Another model's sweep, or no sweep, is bad input.
+    // Another model's sweep, another data set's, or no sweep, is bad input.
+    let other = dir.path().join("other.csv");
+    let rows: String = (0..40)
+        .map(|r| {
+            let x: Vec<String> = (0..64).map(|j| ((r * j) % 17).to_string()).collect();
+            format!("{},{}\n", x.join(","), r % 10)
+        })
+        .collect();
+    std::fs::write(&other, rows).unwrap();
     for (args, says) in [
+        (
+            vec![
+                "advise",
+                "--from-sweep",
+                out_arg,
+                "--data",
+                other.to_str().unwrap(),
+            ],
+            "the sweep trained on builtin:digits",
+        ),
         (
             vec!["advise", "zoo:mnist-mlp", "--from-sweep", out_arg],
             "not mnist-mlp",

@@ -127,6 +127,16 @@ impl Dataset {
         let p = Path::new(path);
         let name = p.file_name().and_then(|n| n.to_str()).unwrap_or(path);
         let mut class_names = None;
+        // Only a single array (.npy, IDX) takes its targets from a file of
+        // their own: an .npz holds them, a CSV has its label column.
+        if let Some(l) = &opts.labels
+            && !(name.ends_with(".npy") || name.contains("idx") || name.contains("ubyte"))
+        {
+            return Err(DataError::File {
+                path: path.to_string(),
+                source: format!("--labels {l} is for single-array data (.npy, IDX); this file carries its own targets (an .npz its `target` array, a CSV its label column: --label-col)").into(),
+            });
+        }
         let arrays: Vec<(String, Array)> = if name.ends_with(".npz") {
             read::npz(p)?
         } else if name.ends_with(".npy") {
@@ -157,7 +167,7 @@ impl Dataset {
         if let Some(names) = &class_names {
             names_fit_the_model(path, names, graph, seq_len)?;
         }
-        let mut data = Dataset::bind(path, arrays, graph, seq_len)?;
+        let mut data = Dataset::bind_from(path, opts.labels.as_deref(), arrays, graph, seq_len)?;
         data.class_names = class_names;
         Ok(data)
     }
@@ -169,8 +179,24 @@ impl Dataset {
         graph: &Graph,
         seq_len: usize,
     ) -> Result<Dataset, DataError> {
+        Dataset::bind_from(source, None, arrays, graph, seq_len)
+    }
+
+    /// [`Dataset::bind`] with the targets read from a file of their own
+    /// (`--labels`): what is wrong with them names that file.
+    pub fn bind_from(
+        source: &str,
+        labels_source: Option<&str>,
+        arrays: Vec<(String, Array)>,
+        graph: &Graph,
+        seq_len: usize,
+    ) -> Result<Dataset, DataError> {
         let fail = |why: String| DataError::File {
             path: source.to_string(),
+            source: why.into(),
+        };
+        let target_fail = |why: String| DataError::File {
+            path: labels_source.unwrap_or(source).to_string(),
             source: why.into(),
         };
         let keys: Vec<&str> = arrays.iter().map(|(k, _)| k.as_str()).collect();
@@ -250,13 +276,13 @@ impl Dataset {
             fail(format!("no `target` array (the file has {}); labels for single-array formats come from --labels", keys.join(", ")))
         })?;
         check_rows(key, t.rows())?;
-        check_finite(key, t, &fail)?;
+        check_finite(key, t, &target_fail)?;
         let out = graph.output().shape.resolve(seq_len);
         let targets = match graph.loss.kind {
             LossKind::Mse => {
                 let elems: usize = out.iter().product();
                 if t.row_elems() != elems {
-                    return Err(fail(format!(
+                    return Err(target_fail(format!(
                         "key `{key}`: the model's output has {elems} values per row ({out:?}), the target {:?}",
                         t.row_shape()
                     )));
@@ -273,7 +299,7 @@ impl Dataset {
                 let decoded;
                 let values: &[f32] = if classes > 1 && t.row_elems() == per_row * classes {
                     decoded = one_hot_classes(&t.values, classes).map_err(|i| {
-                        fail(format!(
+                        target_fail(format!(
                             "key `{key}` row {}: {classes} values a label are read as one-hot, and these are not (one 1, the rest 0)",
                             i / per_row + 1
                         ))
@@ -282,7 +308,7 @@ impl Dataset {
                 } else if t.row_elems() == per_row {
                     &t.values
                 } else {
-                    return Err(fail(format!(
+                    return Err(target_fail(format!(
                         "key `{key}`: expected {per_row} class label(s) per row (or {} one-hot values), found shape {:?}",
                         per_row * classes,
                         t.row_shape()
@@ -295,7 +321,7 @@ impl Dataset {
                 let mut labels = Vec::with_capacity(values.len());
                 for (i, &v) in values.iter().enumerate() {
                     if v < 0.0 || v.fract() != 0.0 || v as usize >= classes {
-                        return Err(fail(format!(
+                        return Err(target_fail(format!(
                             "key `{key}` row {}: label {v} is not a class of the model (0..{classes}){}",
                             i / per_row + 1,
                             if from_one {
@@ -317,8 +343,8 @@ impl Dataset {
             }
             LossKind::Ctc { blank } => {
                 sequences(t, &out, blank).map_err(|(row, why)| match row {
-                    Some(r) => fail(format!("key `{key}` row {r}: {why}")),
-                    None => fail(format!("key `{key}`: {why}")),
+                    Some(r) => target_fail(format!("key `{key}` row {r}: {why}")),
+                    None => target_fail(format!("key `{key}`: {why}")),
                 })?
             }
         };

@@ -279,7 +279,7 @@ pub fn npz_bytes(bytes: &[u8]) -> Result<Vec<(String, Array)>, FormatError> {
 /// missing value as an empty field. The label column (`skip`) may hold class
 /// names and is not looked at.
 fn not_a_number(
-    row: usize,
+    row: &str,
     rec: &csv::StringRecord,
     header: Option<&csv::StringRecord>,
     skip: Option<usize>,
@@ -449,7 +449,14 @@ pub fn csv_bytes(bytes: &[u8], label_col: Option<&LabelCol>) -> Result<Csv, Form
     // are numbers ("0,1,...,783,label"), or a first row with a class name.
     let mut first_named = false;
     for (i, rec) in reader.records().enumerate() {
-        let rec = rec.map_err(|e| FormatError::because(format!("row {}", i + 1), e))?;
+        // Rows are counted as the data's (a header is none of them), as the
+        // later checks of the values count them; with a header, the file's
+        // line beside it.
+        let place = |i: usize, header: bool| match header {
+            true => format!("row {i} (line {})", i + 1),
+            false => format!("row {}", i + 1),
+        };
+        let rec = rec.map_err(|e| FormatError::because(place(i, header.is_some()), e))?;
         let (width, col) = match layout {
             Some(l) => l,
             None => {
@@ -484,8 +491,8 @@ pub fn csv_bytes(bytes: &[u8], label_col: Option<&LabelCol>) -> Result<Csv, Form
         };
         if rec.len() != width {
             return Err(format!(
-                "row {} has {} fields, the first has {width}",
-                i + 1,
+                "{} has {} fields, the first has {width}",
+                place(i, header.is_some()),
                 rec.len()
             )
             .into());
@@ -501,13 +508,21 @@ pub fn csv_bytes(bytes: &[u8], label_col: Option<&LabelCol>) -> Result<Csv, Form
                 header = Some(rec); // a header
                 continue;
             }
-            return Err(not_a_number(i + 1, &rec, header.as_ref(), Some(col)).into());
+            return Err(not_a_number(
+                &place(i, header.is_some()),
+                &rec,
+                header.as_ref(),
+                Some(col),
+            )
+            .into());
         };
         let field = rec[col].trim();
         let label = match field.parse::<f32>() {
             Ok(v) => Label::Number(v),
             Err(_) if field.is_empty() => {
-                return Err(not_a_number(i + 1, &rec, header.as_ref(), None).into());
+                return Err(
+                    not_a_number(&place(i, header.is_some()), &rec, header.as_ref(), None).into(),
+                );
             }
             Err(_) if i == 0 => {
                 first_named = true;

@@ -103,6 +103,29 @@ fn one_hot_labels_are_their_classes() {
     );
 }
 
+/// Targets from a file of their own (`--labels`): what is wrong with them
+/// names that file, not the features'.
+#[test]
+fn a_labels_file_is_named_for_its_own_errors() {
+    let g = zoo::build("digits-mlp").unwrap();
+    let array = |shape: Vec<usize>, values: Vec<f32>| Array {
+        shape,
+        values,
+        integral: true,
+    };
+    let arrays = vec![
+        ("x".to_string(), array(vec![2, 64], vec![0.5; 128])),
+        ("target".to_string(), array(vec![2], vec![1.0, 12.0])),
+    ];
+    let why = Dataset::bind_from("x-idx3-ubyte", Some("y-idx1-ubyte"), arrays, &g, 1)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        why.starts_with("y-idx1-ubyte") && why.contains("label 12"),
+        "{why}"
+    );
+}
+
 /// A [T = 6, C = 5] CTC model over 4 features a frame, blank 0.
 fn ctc_model() -> Graph {
     batchfit_graph::spec::parse(

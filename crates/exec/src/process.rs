@@ -19,6 +19,9 @@ use std::time::{Duration, Instant};
 
 /// Lines of each stream kept for error messages.
 const TAIL_LINES: usize = 30;
+/// The longest piece of one output line handled at a time, in bytes: a
+/// BATCHFIT line is well under 1 KiB.
+const MAX_LINE: u64 = 64 * 1024;
 /// Lines of output a crash report shows.
 const CRASH_LINES: usize = 8;
 
@@ -163,7 +166,13 @@ fn spawn_reader(
     std::thread::spawn(move || {
         let mut r = BufReader::new(stream);
         let mut buf = Vec::new();
-        while r.read_until(b'\n', &mut buf).is_ok_and(|n| n > 0) {
+        // A "line" of progress bars redrawn with carriage returns never ends:
+        // read at most MAX_LINE bytes of one at a time, each piece a line.
+        while (&mut r)
+            .take(MAX_LINE)
+            .read_until(b'\n', &mut buf)
+            .is_ok_and(|n| n > 0)
+        {
             let line = String::from_utf8_lossy(&buf).trim_end().to_string();
             buf.clear();
             if let Some(f) = &on_line {
@@ -376,6 +385,22 @@ mod tests {
             },
         )
         .expect("sh starts")
+    }
+
+    /// Output redrawn with carriage returns and no newline (a progress bar)
+    /// is read in pieces: no piece is held longer than MAX_LINE, and the
+    /// line after it arrives whole.
+    #[test]
+    fn an_endless_line_is_read_in_pieces() {
+        let f = sh(
+            "i=0; while [ $i -lt 20000 ]; do printf '\\r 42%%|#####     | 420/1000'; i=$((i+1)); done; echo; echo done",
+            Duration::from_secs(30),
+        );
+        assert_eq!(f.outcome(), Outcome::Ran);
+        let lines: Vec<&str> = f.stdout_tail.lines().collect();
+        assert!(lines.len() > 2, "{} lines", lines.len());
+        assert!(lines.iter().all(|l| l.len() as u64 <= MAX_LINE));
+        assert_eq!(lines.last(), Some(&"done"));
     }
 
     #[test]

@@ -224,6 +224,39 @@ pub struct GraphBuilder {
     default_seq_len: Option<usize>,
 }
 
+/// The most values one sample of a tensor, or one parameter, may hold: 2^40
+/// (4 TiB of fp32), far past any device; sizes beyond it are typos, and their
+/// products would wrap around in the plan's arithmetic.
+const MAX_ELEMENTS: u64 = 1 << 40;
+
+/// Refuses a node whose output (per sample, the sequence length at 1) or
+/// parameters hold more than [`MAX_ELEMENTS`] values.
+fn check_size(node: &str, shape: &Shape, params: &[crate::op::Param]) -> Result<(), GraphError> {
+    let product = |dims: &[usize]| {
+        dims.iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64))
+            .filter(|&n| n <= MAX_ELEMENTS)
+    };
+    if product(&shape.resolve(1)).is_none() {
+        return Err(GraphError::node(
+            node,
+            format!("a sample of {shape} holds more than 2^40 values"),
+        ));
+    }
+    for p in params {
+        if product(&p.shape).is_none() {
+            return Err(GraphError::node(
+                node,
+                format!(
+                    "parameter `{}` of {:?} holds more than 2^40 values",
+                    p.name, p.shape
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl GraphBuilder {
     /// An empty graph called `name`.
     pub fn new(name: impl Into<String>) -> GraphBuilder {
@@ -286,6 +319,7 @@ impl GraphBuilder {
         kind: InputKind,
     ) -> Result<String, GraphError> {
         self.claim(name)?;
+        check_size(name, &shape, &[])?;
         self.shapes.insert(name.to_string(), shape.clone());
         self.inputs.push(Input {
             name: name.to_string(),
@@ -340,6 +374,7 @@ impl GraphBuilder {
         let shape = op
             .infer(&shapes)
             .map_err(|why| GraphError::node(name, format!("{} {why}", op.name())))?;
+        check_size(name, &shape, &op.params())?;
         if let Op::Embedding { vocab, .. } = op {
             self.check_tokens(name, inputs[0], vocab)?;
         }

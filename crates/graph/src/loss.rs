@@ -10,7 +10,7 @@
 use crate::error::GraphError;
 use crate::graph::{Graph, GraphBuilder, LossKind};
 use crate::op::Op;
-use crate::shape::Dim;
+use crate::shape::{Dim, Shape};
 use serde::{Deserialize, Serialize};
 
 /// The losses a user can name.
@@ -25,6 +25,18 @@ pub enum LossChoice {
     /// Connectionist temporal classification of a sequence output `[B, T, C]`
     /// (or `[B, C, T]` with the class axis named).
     Ctc,
+}
+
+/// The loss a model's output is trained with when none is named (docs/model-spec.md,
+/// "The loss"): cross-entropy for logits `[B, C]`, per-frame cross-entropy for
+/// `[B, T, C]` (C > 1), else MSE. An ONNX export and a spec without `[loss]` alike.
+pub fn by_layout(shape: &Shape) -> LossKind {
+    let classes = shape.last().and_then(Dim::fixed).unwrap_or(0);
+    match shape.rank() {
+        1 if classes > 1 => LossKind::CrossEntropy,
+        2 if classes > 1 => LossKind::CrossEntropyPerFrame,
+        _ => LossKind::Mse,
+    }
 }
 
 impl LossChoice {

@@ -60,7 +60,20 @@ pub fn parse(text: &str) -> Result<Graph, GraphError> {
     let loss = top.table_opt("loss")?;
     // Cross-entropy and CTC read the output by its layout (`Graph::with_loss`).
     let (kind, input, request) = match loss {
-        None => (LossKind::Mse, last, None),
+        // As an ONNX export's, by the output's layout: logits are trained
+        // as `kind = "cross_entropy"` would train them.
+        None => match crate::loss::by_layout(g.shape(&last)?) {
+            LossKind::Mse => (LossKind::Mse, last, None),
+            _ => (
+                LossKind::Mse,
+                last,
+                Some(LossRequest {
+                    choice: LossChoice::CrossEntropy,
+                    class_axis: None,
+                    blank: None,
+                }),
+            ),
+        },
         Some(t) => {
             let mut k = Keys::new("[loss]", t);
             let by_layout = |k: &mut Keys<'_>, choice| -> Result<_, GraphError> {
@@ -660,6 +673,36 @@ mod tests {
         assert_eq!(from_spec.param_count(), 87_229);
         assert_eq!(from_spec.nodes, zoo.nodes);
         assert_eq!(from_spec.inputs, zoo.inputs);
+    }
+
+    /// Without `[loss]` the loss is chosen by the output's layout, as for an
+    /// ONNX export (docs/model-spec.md): logits `[B, 3]` as `kind =
+    /// "cross_entropy"` trains them, one output `[B, 1]` by MSE.
+    #[test]
+    fn without_a_loss_table_the_layout_chooses() {
+        let spec = |out: usize, loss: &str| {
+            format!(
+                "[[input]]\nname = \"x\"\nshape = [4]\n[[layer]]\nname = \"fc\"\n\
+                 op = \"linear\"\nout_features = {out}\n{loss}"
+            )
+        };
+        let named = parse(&spec(3, "[loss]\nkind = \"cross_entropy\"\n")).unwrap();
+        let chosen = parse(&spec(3, "")).unwrap();
+        assert_eq!(chosen.loss, named.loss);
+        assert_ne!(chosen.loss.kind, LossKind::Mse);
+        assert_eq!(parse(&spec(1, "")).unwrap().loss.kind, LossKind::Mse);
+    }
+
+    /// Sizes whose products would wrap around are refused by name: an input
+    /// of 2^32 x 2^32 values a sample, a layer of 2^21 x 2^21 weights.
+    #[test]
+    fn sizes_past_any_device_are_refused() {
+        let huge = "[[input]]\nname = \"x\"\nshape = [4294967296, 4294967296]\n[[layer]]\nname = \"r\"\nop = \"relu\"\n";
+        let err = parse(huge).unwrap_err().to_string();
+        assert!(err.contains("`x`") && err.contains("2^40"), "{err}");
+        let wide = "[[input]]\nname = \"x\"\nshape = [2097152]\n[[layer]]\nname = \"fc\"\nop = \"linear\"\nout_features = 2097152\n";
+        let err = parse(wide).unwrap_err().to_string();
+        assert!(err.contains("`fc`") && err.contains("weight"), "{err}");
     }
 
     /// `clamp` with one bound is unbounded on the other side; an empty range is

@@ -304,6 +304,31 @@ fn sweep_basis(
             graph.name
         )));
     }
+    // The same data: S(B) is a property of it. Paths that both resolve and
+    // name different files are refused; one that no longer resolves cannot
+    // be told apart and is taken at its word.
+    let given = cfg
+        .data
+        .data
+        .clone()
+        .unwrap_or_else(|| batchfit_data::digits::NAME.to_string());
+    let builtin = |d: &str| d.starts_with("builtin:");
+    let same = match (
+        std::fs::canonicalize(&settings.data),
+        std::fs::canonicalize(&given),
+    ) {
+        (Ok(a), Ok(b)) => a == b,
+        _ if builtin(&settings.data) || builtin(&given) => settings.data == given,
+        _ => true,
+    };
+    if !same {
+        return Err(crate::Error::input(format!(
+            "--from-sweep {}: the sweep trained on {}, not {given}; give --data {}",
+            dir.display(),
+            settings.data,
+            settings.data
+        )));
+    }
     if settings.optimizer != cfg.measure.optimizer {
         return Err(crate::Error::input(format!(
             "--from-sweep {}: the sweep trained with {}; add --optimizer {}",

@@ -133,6 +133,11 @@ pub fn load_data(
         }
     };
     let mut data = if path == batchfit_data::digits::NAME {
+        if let Some(l) = &source.labels {
+            return Err(Error::input(format!(
+                "--labels {l}: {path} carries its own labels"
+            )));
+        }
         batchfit_data::digits::load(graph)?
     } else {
         Dataset::load(

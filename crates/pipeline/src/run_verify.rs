@@ -59,6 +59,13 @@ pub fn read_run_advice(path: &Path) -> Result<CheckedRun> {
             file.kind
         )));
     }
+    if let RunRate::Handed { scaling, .. } = &file.learning_rate
+        && let Some(why) = scaling.invalid()
+    {
+        return Err(Error::input(format!(
+            "--verify {name}: learning_rate: {why}; give the file `batchfit run --json` wrote"
+        )));
+    }
     let (Some(target), Some(noise)) = (file.target_loss, file.noise) else {
         return Err(Error::input(format!(
             "--verify {name}: the run predicts no time to target (its command printed no noise \

@@ -256,7 +256,21 @@ pub fn sweep(cfg: &SweepConfig, progress: &dyn Progress) -> Result<SweepSummary>
             && let Some(f) = &file
             && f.exists()
         {
-            match read_record(f) {
+            // A record is this run's only where it says so: one edited or
+            // copied from another run is trained again, not read as this one.
+            let this_run = |r: &batchfit_tune::sweep::RunRecord| match fixed {
+                Some(b) => r.batch == b && r.seed == seed,
+                None => r.seed == seed,
+            };
+            match read_record(f).and_then(|r| match this_run(&r) {
+                true => Ok(r),
+                false => Err(format!(
+                    "{} holds the run at batch {}, seed {}, not this one",
+                    f.display(),
+                    r.batch,
+                    r.seed
+                )),
+            }) {
                 Ok(record) => {
                     runs.push(SweepRun::new(record, device, true));
                     progress.set_position((i as u64 + 1) * UNIT);

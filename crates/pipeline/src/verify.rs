@@ -92,6 +92,7 @@ pub fn parse_advice(path: &Path, text: &str) -> Result<CheckedAdvice> {
             "--verify {name}: the advice predicts no time to target (it needs the noise run: --data, a learning rate above 0, --noise-steps above 0)"
         )));
     };
+    check_basis(&name, &basis)?;
     let Some((device, recommended, tied)) = file
         .recommendations
         .iter()
@@ -124,6 +125,34 @@ pub fn parse_advice(path: &Path, text: &str) -> Result<CheckedAdvice> {
         update_s,
         first_seed,
     })
+}
+
+/// The numbers a verification trains with, as `advise` would have written
+/// them: a positive rate at a positive batch, a finite target, a curve with
+/// positive S_min and B_noise. An edited file with a rate of -5 would
+/// otherwise train at -10 (the flags that set them refuse such values).
+fn check_basis(name: &str, b: &PredictionBasis) -> Result {
+    let bad = if let Some(why) = b.lr.invalid() {
+        Some(format!("prediction.lr: {why}"))
+    } else if !b.target_loss.is_finite() {
+        Some(format!(
+            "prediction.target_loss {} is not a loss",
+            b.target_loss
+        ))
+    } else if ![b.curve.s_min, b.curve.b_noise]
+        .iter()
+        .all(|v| v.is_finite() && *v > 0.0)
+    {
+        Some("prediction.curve: S_min and B_noise must be positive".to_string())
+    } else {
+        None
+    };
+    match bad {
+        Some(why) => Err(Error::input(format!(
+            "--verify {name}: {why}; give the file `batchfit advise --json` wrote"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// The first seed none of the advice's trainings used: the noise run (its

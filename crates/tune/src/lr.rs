@@ -73,6 +73,18 @@ pub struct LrScaling {
 }
 
 impl LrScaling {
+    /// Why a rule read from a file cannot train (the flags that set one
+    /// refuse the same): a rate that is not positive, a batch of 0.
+    pub fn invalid(&self) -> Option<String> {
+        if !(self.ref_lr.is_finite() && self.ref_lr > 0.0) {
+            Some(format!("ref_lr {} is not a positive rate", self.ref_lr))
+        } else if self.ref_batch == 0 || self.cap_batch == Some(0) {
+            Some("a batch of 0 (ref_batch, cap_batch)".to_string())
+        } else {
+            None
+        }
+    }
+
     /// The learning rate at `batch`.
     pub fn at(&self, batch: u64) -> f64 {
         let b = self.cap_batch.map_or(batch, |c| batch.min(c));
@@ -93,6 +105,31 @@ pub fn warmup_steps(ref_batch: u64, batch: u64, samples_per_epoch: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A rule read from a file is held to what the flags take.
+    #[test]
+    fn a_rule_that_cannot_train_says_why() {
+        let ok = LrScaling {
+            rule: LrRule::Sqrt,
+            ref_batch: 16,
+            ref_lr: 1e-3,
+            cap_batch: Some(256),
+        };
+        assert_eq!(ok.invalid(), None);
+        for lr in [0.0, -5.0, f64::NAN, f64::INFINITY] {
+            let why = LrScaling { ref_lr: lr, ..ok }.invalid().unwrap();
+            assert!(why.contains("ref_lr"), "{why}");
+        }
+        assert!(LrScaling { ref_batch: 0, ..ok }.invalid().is_some());
+        assert!(
+            LrScaling {
+                cap_batch: Some(0),
+                ..ok
+            }
+            .invalid()
+            .is_some()
+        );
+    }
 
     #[test]
     fn linear_and_sqrt_rules() {

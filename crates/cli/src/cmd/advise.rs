@@ -86,9 +86,18 @@ pub fn run_schedule(args: AdviseArgs) -> CliResult {
     }
     let doc = advise(&config(&args)?, &progress(json))?;
     let Some(schedule) = ScheduleDocument::of(&doc) else {
-        return Err(batchfit_pipeline::Error::input(
-            "no schedule: it comes from the noise scale along a real run on your data; give --data PATH (and --noise-steps above 0, a learning rate above 0)",
-        )
+        // Why the run gave no stretches to ramp over, as far as it says.
+        let why = match (doc.decision.learning, args.data.data.is_some()) {
+            (Some(l), _) if !l.learned => format!(
+                "its noise run learned nothing from the inputs (loss {:.4}, no lower than {:.4} for ignoring them): scale the inputs (--standardize) or lower --lr",
+                l.run_loss, l.prior_loss
+            ),
+            (_, true) => "its noise run measured no noise scale along the way (too few rows or updates: more data, or more --noise-steps)".to_string(),
+            _ => "give --data PATH (and --noise-steps above 0, a learning rate above 0)".to_string(),
+        };
+        return Err(batchfit_pipeline::Error::input(format!(
+            "no schedule: it comes from the noise scale along a real run on your data; {why}"
+        ))
         .into());
     };
     emit(&schedule, &schedule, json, render_schedule)

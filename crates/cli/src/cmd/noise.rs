@@ -34,7 +34,7 @@ pub struct NoiseFlags {
     #[command(flatten)]
     pub estimator: EstimatorFlags,
     /// Smoothing factor of the moving averages (0 = none; default 0.95, or a plain mean at --lr 0).
-    #[arg(long)]
+    #[arg(long, value_parser = parse_beta)]
     pub beta: Option<f64>,
     #[command(flatten)]
     pub batches: BatchesFlag,
@@ -95,4 +95,14 @@ pub fn run(args: NoiseArgs) -> CliResult {
         args.json.json,
         |(d, p)| render(d) + &batchfit_report::data::section(p),
     )
+}
+
+/// `--beta`: a smoothing factor in [0, 1).
+fn parse_beta(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(b) if (0.0..1.0).contains(&b) => Ok(b),
+        _ => Err(format!(
+            "`{s}` must be a smoothing factor in [0, 1), e.g. 0.95"
+        )),
+    }
 }

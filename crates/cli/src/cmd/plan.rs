@@ -45,7 +45,7 @@ pub struct ScaleFlags {
     #[command(flatten)]
     pub parallel: ParallelFlags,
     /// Nodes, each with --gpus GPUs.
-    #[arg(long, value_name = "M", default_value_t = 1, value_parser = positive_u64)]
+    #[arg(long, value_name = "M", default_value_t = 1, value_parser = crate::options::parse_device_count)]
     pub nodes: u64,
     /// Global batch to reach per update (micro-batch x accumulation x world size).
     #[arg(long, value_name = "G", value_parser = positive_u64)]

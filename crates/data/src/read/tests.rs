@@ -17,7 +17,7 @@ fn a_field_that_is_not_a_number_is_named_by_row_and_column() {
     let missing = "bill,mass,species\n39.1,3750,0\n,3800,0\n".as_bytes();
     let why = csv_bytes(missing, None).unwrap_err().to_string();
     assert!(
-        why.contains("row 3, column 1 (`bill`) is empty: a missing value"),
+        why.contains("row 2 (line 3), column 1 (`bill`) is empty: a missing value"),
         "{why}"
     );
     let word = "1,2,0\n1,two,1\n".as_bytes();
@@ -89,7 +89,7 @@ fn class_names_in_the_label_column_are_numbered_in_sorted_order() {
     let na = "a,b,y\n1,2,0\n3,NA,1\n".as_bytes();
     let why = csv_bytes(na, None).unwrap_err().to_string();
     assert!(
-        why.contains("row 3, column 2 (`b`): `NA` marks a missing value"),
+        why.contains("row 2 (line 3), column 2 (`b`): `NA` marks a missing value"),
         "{why}"
     );
     // A byte-order mark before the first field is not part of it.

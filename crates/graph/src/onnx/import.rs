@@ -256,7 +256,7 @@ impl Importer {
         // kind by the output's layout is `Graph::with_loss`'s to set.
         let kind = match self.loss {
             Some(LossKind::Mse) => LossKind::Mse,
-            Some(_) | None => auto_loss(self.b.shape(&ir)?),
+            Some(_) | None => crate::loss::by_layout(self.b.shape(&ir)?),
         };
         self.b.finish(kind, &ir)
     }
@@ -770,16 +770,6 @@ pub(super) fn label(n: &NodeProto) -> String {
         o.clone()
     } else {
         n.op_type.clone()
-    }
-}
-
-/// Cross-entropy for logits `[B, C]`, per-frame cross-entropy for `[B, T, C]`, else MSE.
-pub(super) fn auto_loss(shape: &Shape) -> LossKind {
-    let classes = shape.last().and_then(Dim::fixed).unwrap_or(0);
-    match shape.rank() {
-        1 if classes > 1 => LossKind::CrossEntropy,
-        2 if classes > 1 => LossKind::CrossEntropyPerFrame,
-        _ => LossKind::Mse,
     }
 }
 

@@ -3,8 +3,9 @@
 
 use crate::error::GraphError;
 use crate::graph::LossKind;
+use crate::loss::by_layout;
 use crate::onnx::decode::{Attrs, positive, tensor_f32, tensor_floats};
-use crate::onnx::import::{Importer, auto_loss, label};
+use crate::onnx::import::{Importer, label};
 use crate::onnx::proto::{NodeProto, TensorProto};
 use crate::onnx::view::Val;
 use crate::op::{Op, sample_axis};
@@ -139,7 +140,7 @@ impl Importer {
         let classify = match self.loss {
             Some(LossKind::Mse) => false,
             Some(_) => true,
-            None => class_axis.is_some() || auto_loss(&shape) != LossKind::Mse,
+            None => class_axis.is_some() || by_layout(&shape) != LossKind::Mse,
         };
         // Keep a softmax applied straight to an input: the loss needs a node.
         let from_node = !self.graph_inputs.contains(&x);
